@@ -1,0 +1,325 @@
+//! A duplex pair of SPSC rings between two processes in one segment, with a registry of the
+//! two ends so each side can tell whether the other is alive. This is the transport under
+//! `mizu-pool`'s channels and the fixture of this crate's cross-process tests.
+//!
+//! Extents: 0 registry, 1–2 ring host→guest, 3–4 ring guest→host.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mizu_shm::sync::{AtomicU32, AtomicU64, Ordering};
+use mizu_shm::{
+    CacheLine, DeathWatch, Layout, ParkWord, ProcessId, Segment, ShmSafe, WaitError, Waiter,
+};
+
+use crate::error::QueueError;
+use crate::layout::{add_ring, attach_ring, init_ring};
+use crate::ring::{Consumer, Producer, Ring, SendError};
+
+/// Segment kind tag of a duplex.
+pub const DUPLEX_KIND: u32 = u32::from_le_bytes(*b"DPX1");
+
+/// One end's registration: written by that end, read by the other.
+#[repr(C)]
+#[derive(Debug, Default)]
+struct PeerSlot {
+    nonce: AtomicU64,
+    pid: AtomicU32,
+    joined: AtomicU32,
+}
+
+#[repr(C)]
+#[derive(Debug, Default)]
+struct Registry {
+    host: CacheLine<PeerSlot>,
+    guest: CacheLine<PeerSlot>,
+    joined: CacheLine<ParkWord>,
+}
+
+// SAFETY: repr(C) atomics only; zero is "nobody registered".
+unsafe impl ShmSafe for Registry {}
+
+impl PeerSlot {
+    fn set(&self, id: ProcessId) {
+        self.nonce.store(id.nonce, Ordering::Relaxed);
+        self.pid.store(id.pid, Ordering::Relaxed);
+        self.joined.store(1, Ordering::Release);
+    }
+    fn get(&self) -> Option<ProcessId> {
+        (self.joined.load(Ordering::Acquire) == 1).then(|| {
+            ProcessId::new(
+                self.pid.load(Ordering::Relaxed),
+                self.nonce.load(Ordering::Relaxed),
+            )
+        })
+    }
+}
+
+/// Which end of the duplex this process holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The creator.
+    Host,
+    /// The process that joined by token.
+    Guest,
+}
+
+/// Why a blocking receive returned without a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecvError {
+    /// Nothing arrived within the timeout.
+    Timeout,
+    /// The peer closed its sending ring and every message was read.
+    Closed,
+    /// The peer process died (every message it published was read first).
+    PeerGone,
+}
+
+/// One end of a duplex channel.
+pub struct Duplex {
+    // Field order matters: the watch (which holds a segment Arc) stops before the segment drops.
+    watch: Option<DeathWatch>,
+    seg: Arc<Segment>,
+    side: Side,
+}
+
+impl Duplex {
+    /// Creates the segment with two rings of `capacity` slots of `slot_size` bytes and
+    /// registers this process as the host.
+    pub fn create(capacity: u64, slot_size: u64) -> Result<Self, QueueError> {
+        let mut l = Layout::new(DUPLEX_KIND);
+        l.add(std::mem::size_of::<Registry>() as u64, 128)?;
+        add_ring(&mut l, capacity, slot_size)?;
+        add_ring(&mut l, capacity, slot_size)?;
+        let seg = Segment::create(&l, true)?;
+        init_ring(&seg, 1, 2, capacity, slot_size)?;
+        init_ring(&seg, 3, 4, capacity, slot_size)?;
+        let d = Duplex {
+            watch: None,
+            seg: Arc::new(seg),
+            side: Side::Host,
+        };
+        d.registry()?.host.set(d.seg.me());
+        Ok(d)
+    }
+
+    /// Joins the duplex named by `token` as the guest.
+    pub fn join(token: &str) -> Result<Self, QueueError> {
+        let seg = Segment::open(token, DUPLEX_KIND)?;
+        attach_ring(&seg, 1, 2)?;
+        attach_ring(&seg, 3, 4)?;
+        let mut d = Duplex {
+            watch: None,
+            seg: Arc::new(seg),
+            side: Side::Guest,
+        };
+        let reg = d.registry()?;
+        if reg.guest.get().is_some() {
+            return Err(QueueError::Layout {
+                segment: token.to_owned(),
+                why: "a guest has already joined this duplex".into(),
+            });
+        }
+        reg.guest.set(d.seg.me());
+        reg.joined.wake_all();
+        if let Some(host) = reg.host.get() {
+            d.watch_peer(host)?;
+        }
+        Ok(d)
+    }
+
+    fn registry(&self) -> Result<&Registry, QueueError> {
+        Ok(self.seg.get(self.seg.extent(0)?.offset)?)
+    }
+
+    fn reg(&self) -> &Registry {
+        self.registry().expect("registry validated at create/join")
+    }
+
+    fn watch_peer(&mut self, peer: ProcessId) -> Result<(), QueueError> {
+        let seg = Arc::clone(&self.seg);
+        self.watch = Some(DeathWatch::spawn(peer, move || {
+            // Wake whoever sleeps on any of our words so they look at the peer's liveness.
+            if let Ok(d) = DuplexView::new(&seg) {
+                d.wake_everyone();
+            }
+        })?);
+        Ok(())
+    }
+
+    /// The token a guest passes to [`Duplex::join`].
+    pub fn token(&self) -> &str {
+        self.seg.token()
+    }
+
+    /// The underlying segment.
+    pub fn segment(&self) -> &Segment {
+        &self.seg
+    }
+
+    /// Which end this is.
+    pub fn side(&self) -> Side {
+        self.side
+    }
+
+    /// The other end, once it has registered.
+    pub fn peer(&self) -> Option<ProcessId> {
+        match self.side {
+            Side::Host => self.reg().guest.get(),
+            Side::Guest => self.reg().host.get(),
+        }
+    }
+
+    /// Host: waits until a guest joins (or `check` fails, e.g. the launched child exited),
+    /// then unlinks the segment's name so nothing can leak from here on, whatever dies.
+    pub fn wait_guest<E>(
+        &mut self,
+        timeout: Duration,
+        mut check: impl FnMut() -> Result<(), E>,
+    ) -> Result<ProcessId, WaitError<E>> {
+        let reg = self.reg();
+        let mut w = Waiter::new(Duration::from_micros(50), Duration::from_millis(10));
+        let guest = w.wait(&reg.joined, || reg.guest.get(), Some(timeout), &mut check)?;
+        let _ = self.seg.unlink();
+        // Without a watch (no threads left, say) death is still noticed at the end of each
+        // park slice, so a failure here only costs promptness.
+        let _ = self.watch_peer(guest);
+        Ok(guest)
+    }
+
+    fn rings(&self) -> (Ring<'_>, Ring<'_>) {
+        let a = attach_ring(&self.seg, 1, 2).expect("validated at create/join");
+        let b = attach_ring(&self.seg, 3, 4).expect("validated at create/join");
+        match self.side {
+            Side::Host => (a, b),
+            Side::Guest => (b, a),
+        }
+    }
+
+    /// The sending ring's producer.
+    pub fn tx(&self) -> Producer<'_> {
+        self.rings().0.producer()
+    }
+
+    /// The receiving ring's consumer.
+    pub fn rx(&self) -> Consumer<'_> {
+        self.rings().1.consumer()
+    }
+
+    /// Whether the peer is registered and alive.
+    pub fn peer_alive(&self) -> bool {
+        self.peer().is_some_and(|p| p.is_alive())
+    }
+
+    fn peer_check(&self) -> Result<(), RecvError> {
+        match self.peer() {
+            Some(p) if !p.is_alive() => {
+                // The survivor removes what the dead peer cannot: its lock file.
+                p.reap();
+                Err(RecvError::PeerGone)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Receives one message with `f`, waiting at most `timeout` (forever when `None`).
+    pub fn recv_with<R>(
+        &self,
+        rx: &mut Consumer<'_>,
+        waiter: &mut Waiter,
+        timeout: Option<Duration>,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, RecvError> {
+        // Hand consumed slots back before we might sleep, or a blocked producer could wait on us.
+        rx.release();
+        let ring = rx.ring();
+        let ready = waiter.wait(
+            ring.consumer_park(),
+            || {
+                if rx.poll() {
+                    Some(true)
+                } else if ring.is_closed() {
+                    Some(false)
+                } else {
+                    None
+                }
+            },
+            timeout,
+            || self.peer_check(),
+        );
+        match ready {
+            Ok(true) => Ok(rx.try_recv_with(f).expect("polled ready")),
+            Ok(false) => match rx.try_recv_with(f) {
+                Some(r) => Ok(r),
+                None => Err(RecvError::Closed),
+            },
+            Err(WaitError::TimedOut) => Err(RecvError::Timeout),
+            Err(WaitError::Aborted(e)) => {
+                // Death is sticky, but messages published before it are still delivered.
+                rx.try_recv_with(f).ok_or(e)
+            }
+        }
+    }
+
+    /// Sends one message, waiting for space at most `timeout`.
+    pub fn send(
+        &self,
+        tx: &mut Producer<'_>,
+        waiter: &mut Waiter,
+        timeout: Option<Duration>,
+        msg: &[u8],
+    ) -> Result<(), SendBlockingError> {
+        match tx.try_send(msg) {
+            Ok(()) => return Ok(()),
+            Err(SendError::Full) => {}
+            Err(e @ SendError::TooLarge { .. }) => return Err(SendBlockingError::Send(e)),
+        }
+        let ring = tx.ring();
+        waiter
+            .wait(
+                ring.producer_park(),
+                || tx.poll_space().then_some(()),
+                timeout,
+                || self.peer_check(),
+            )
+            .map_err(|e| match e {
+                WaitError::TimedOut => SendBlockingError::Timeout,
+                WaitError::Aborted(_) => SendBlockingError::PeerGone,
+            })?;
+        tx.try_send(msg).map_err(SendBlockingError::Send)
+    }
+}
+
+/// Why a blocking send failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendBlockingError {
+    /// No space within the timeout.
+    Timeout,
+    /// The peer died.
+    PeerGone,
+    /// The message cannot be sent at all.
+    Send(SendError),
+}
+
+/// Borrowed view used by the death watch to wake sleepers.
+struct DuplexView<'a> {
+    rings: [Ring<'a>; 2],
+    reg: &'a Registry,
+}
+
+impl<'a> DuplexView<'a> {
+    fn new(seg: &'a Segment) -> Result<Self, QueueError> {
+        Ok(DuplexView {
+            rings: [attach_ring(seg, 1, 2)?, attach_ring(seg, 3, 4)?],
+            reg: seg.get(seg.extent(0)?.offset)?,
+        })
+    }
+
+    fn wake_everyone(&self) {
+        for r in &self.rings {
+            r.consumer_park().wake_all_unconditionally();
+            r.producer_park().wake_all_unconditionally();
+        }
+        self.reg.joined.wake_all_unconditionally();
+    }
+}

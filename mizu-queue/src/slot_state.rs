@@ -1,0 +1,164 @@
+//! CAS-driven state machine of a task/result slot, with a generation counter so a stale handle
+//! can never act on a slot that was freed and reused.
+//!
+//! ```text
+//! Free --submit--> Pending --claim--> Running --finish--> Ok | Err
+//!                     |                  `--reaper--> Died
+//!                     `--cancel--> Cancelled
+//! Ok | Err | Cancelled | Died --collect--> Collected --free--> Free (generation + 1)
+//! ```
+//! The word packs the state in the low 8 bits and the generation in the high 56, so one CAS
+//! checks both.
+
+use mizu_shm::sync::{AtomicU64, Ordering};
+
+/// States of a slot.
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotState {
+    /// Unused.
+    Free = 0,
+    /// Submitted, not yet claimed by a worker.
+    Pending = 1,
+    /// Claimed by a worker.
+    Running = 2,
+    /// Finished with a result.
+    Ok = 3,
+    /// Finished with an error.
+    Err = 4,
+    /// Cancelled before it ran.
+    Cancelled = 5,
+    /// Its worker died while running it.
+    Died = 6,
+    /// The outcome was taken by the submitter; the slot awaits `free`.
+    Collected = 7,
+}
+
+impl SlotState {
+    fn from_bits(b: u8) -> Option<Self> {
+        use SlotState::*;
+        Some(match b {
+            0 => Free,
+            1 => Pending,
+            2 => Running,
+            3 => Ok,
+            4 => Err,
+            5 => Cancelled,
+            6 => Died,
+            7 => Collected,
+            _ => return None,
+        })
+    }
+
+    /// Whether the task has an outcome a collector can take.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            SlotState::Ok | SlotState::Err | SlotState::Cancelled | SlotState::Died
+        )
+    }
+
+    /// Whether the machine allows `self -> to` (freeing is [`StateWord::free`]).
+    pub fn allows(self, to: SlotState) -> bool {
+        use SlotState::*;
+        matches!(
+            (self, to),
+            (Free, Pending)
+                | (Pending, Running)
+                | (Pending, Cancelled)
+                | (Running, Ok)
+                | (Running, Err)
+                | (Running, Died)
+                | (Ok | Err | Cancelled | Died, Collected)
+        )
+    }
+}
+
+/// Why a transition did not happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransitionError {
+    /// The slot was in another state or generation (someone else won the race).
+    Lost {
+        /// Generation found.
+        generation: u64,
+        /// State found (`None` for a corrupted word).
+        state: Option<SlotState>,
+    },
+    /// The requested transition is not part of the machine.
+    Illegal {
+        /// From.
+        from: SlotState,
+        /// To.
+        to: SlotState,
+    },
+}
+
+/// A slot's state word in shared memory.
+#[repr(transparent)]
+#[derive(Debug, Default)]
+pub struct StateWord(AtomicU64);
+
+#[cfg(not(mizu_loom))]
+// SAFETY: one atomic, zero = (generation 0, Free) is valid.
+unsafe impl mizu_shm::ShmSafe for StateWord {}
+
+const GEN_SHIFT: u32 = 8;
+
+fn pack(generation: u64, s: SlotState) -> u64 {
+    (generation << GEN_SHIFT) | s as u64
+}
+
+impl StateWord {
+    /// A free slot at generation 0.
+    pub fn new() -> Self {
+        StateWord(AtomicU64::new(0))
+    }
+
+    /// Current (generation, state); `None` state for a word no valid machine produces.
+    pub fn load(&self) -> (u64, Option<SlotState>) {
+        let w = self.0.load(Ordering::Acquire);
+        (w >> GEN_SHIFT, SlotState::from_bits(w as u8))
+    }
+
+    /// `from -> to` at `generation`, atomically; exactly one of several racing callers wins.
+    pub fn transition(
+        &self,
+        generation: u64,
+        from: SlotState,
+        to: SlotState,
+    ) -> Result<(), TransitionError> {
+        if !from.allows(to) {
+            return Err(TransitionError::Illegal { from, to });
+        }
+        self.0
+            .compare_exchange(
+                pack(generation, from),
+                pack(generation, to),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .map(|_| ())
+            .map_err(|w| TransitionError::Lost {
+                generation: w >> GEN_SHIFT,
+                state: SlotState::from_bits(w as u8),
+            })
+    }
+
+    /// `Collected -> Free` with the next generation; stale handles of the old generation then
+    /// fail every transition.
+    pub fn free(&self, generation: u64) -> Result<u64, TransitionError> {
+        let next = (generation + 1) & (u64::MAX >> GEN_SHIFT);
+        self.0
+            .compare_exchange(
+                pack(generation, SlotState::Collected),
+                pack(next, SlotState::Free),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .map(|_| next)
+            .map_err(|w| TransitionError::Lost {
+                generation: w >> GEN_SHIFT,
+                state: SlotState::from_bits(w as u8),
+            })
+    }
+}

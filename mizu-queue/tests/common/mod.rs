@@ -1,0 +1,3 @@
+//! Fixtures shared by the integration tests and the peer binary.
+
+pub mod steal_fixture;

@@ -1,0 +1,79 @@
+//! The other process in `mizu-shm`'s cross-process tests.
+//!
+//! Roles: `hold` (create a segment, print its token, sleep until killed), `open TOKEN`
+//! (open and report), `wake TOKEN` (set the flag, wake sleepers), `wait TOKEN` (park until the
+//! flag is set). Exit status 0 on success, 1 with a message on failure, 2 on bad usage.
+
+use std::io::Write;
+use std::time::Duration;
+
+use mizu_shm::sync::{AtomicU32, Ordering};
+use mizu_shm::{Layout, ParkWord, Segment, Waiter};
+
+/// Kind of the test segment: extent 0 holds a ParkWord at 0 and a flag at 128.
+const KIND: u32 = u32::from_le_bytes(*b"TST1");
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let role = args.first().map(String::as_str).unwrap_or("");
+    let token = args.get(1).map(String::as_str).unwrap_or("");
+    let r = match role {
+        "hold" => hold(),
+        "open" => Segment::open(token, KIND)
+            .map(|_| println!("ok"))
+            .map_err(|e| e.to_string()),
+        "wake" => wake(token),
+        "wait" => wait(token),
+        _ => {
+            eprintln!("usage: mizu-shm-peer hold|open TOKEN|wake TOKEN|wait TOKEN");
+            std::process::exit(2)
+        }
+    };
+    if let Err(e) = r {
+        eprintln!("mizu-shm-peer {role}: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn words(seg: &Segment) -> Result<(&ParkWord, &AtomicU32), String> {
+    let off = seg.extent(0).map_err(|e| e.to_string())?.offset;
+    Ok((
+        seg.get(off).map_err(|e| e.to_string())?,
+        seg.get(off + 128).map_err(|e| e.to_string())?,
+    ))
+}
+
+fn hold() -> Result<(), String> {
+    let mut l = Layout::new(KIND);
+    l.add(4096, 128).map_err(|e| e.to_string())?;
+    let seg = Segment::create(&l, true).map_err(|e| e.to_string())?;
+    println!("{} {}", seg.token(), seg.me().nonce);
+    std::io::stdout().flush().map_err(|e| e.to_string())?;
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+fn wake(token: &str) -> Result<(), String> {
+    let seg = Segment::open(token, KIND).map_err(|e| e.to_string())?;
+    let (park, flag) = words(&seg)?;
+    flag.store(1, Ordering::Release);
+    park.wake_all();
+    Ok(())
+}
+
+fn wait(token: &str) -> Result<(), String> {
+    let seg = Segment::open(token, KIND).map_err(|e| e.to_string())?;
+    let (park, flag) = words(&seg)?;
+    // No spinning and hour-long slices: only a cross-process futex wake can end this wait.
+    let mut w = Waiter::new(Duration::ZERO, Duration::from_secs(3600));
+    w.wait(
+        park,
+        || (flag.load(Ordering::Acquire) == 1).then_some(()),
+        None,
+        || Ok::<(), ()>(()),
+    )
+    .map_err(|e| format!("{e:?}"))?;
+    println!("woken after {} park(s)", w.parks());
+    Ok(())
+}

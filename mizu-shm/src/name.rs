@@ -1,0 +1,121 @@
+//! Segment and lock-file names: `/mizu_<pid hex>_<process nonce 16 hex><random 8 hex>`.
+//!
+//! The 24 "random" hex digits are the creating process's 64-bit incarnation nonce followed by 32
+//! random bits. Embedding the nonce lets `prune` map a segment to its creator's lock file
+//! (`mizu_<pid hex>_<nonce>.lock`) without opening the segment, and makes PID reuse harmless:
+//! a new process with the same PID has another nonce, hence another lock file.
+
+use crate::error::{Result, ShmError};
+use crate::liveness::ProcessId;
+
+/// Directory where POSIX shm objects appear on Linux; lock files live beside them.
+pub const SHM_DIR: &str = "/dev/shm";
+/// Prefix of every file mizu creates in [`SHM_DIR`].
+pub const PREFIX: &str = "mizu_";
+
+/// A validated segment name such as `/mizu_1a2b_0123456789abcdef01234567`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SegmentName {
+    full: String,
+    creator: ProcessId,
+}
+
+impl SegmentName {
+    /// A fresh name for a segment created by `creator`.
+    pub(crate) fn generate(creator: ProcessId) -> Result<Self> {
+        let mut r = [0u8; 4];
+        crate::liveness::random_bytes(&mut r)?;
+        let full = format!(
+            "/{PREFIX}{:x}_{:016x}{:08x}",
+            creator.pid,
+            creator.nonce,
+            u32::from_le_bytes(r)
+        );
+        Ok(SegmentName { full, creator })
+    }
+
+    /// Parses a name or join token (with or without the leading `/`).
+    pub fn parse(token: &str) -> Result<Self> {
+        let bad = || ShmError::InvalidName(token.to_owned());
+        let body = token.strip_prefix('/').unwrap_or(token);
+        let rest = body.strip_prefix(PREFIX).ok_or_else(bad)?;
+        let (pid_hex, tail) = rest.split_once('_').ok_or_else(bad)?;
+        let is_hex = |s: &str| {
+            s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        };
+        if pid_hex.is_empty()
+            || pid_hex.len() > 8
+            || !is_hex(pid_hex)
+            || tail.len() != 24
+            || !is_hex(tail)
+        {
+            return Err(bad());
+        }
+        let pid = u32::from_str_radix(pid_hex, 16).map_err(|_| bad())?;
+        let nonce = u64::from_str_radix(&tail[..16], 16).map_err(|_| bad())?;
+        if pid == 0 || nonce == 0 {
+            return Err(bad());
+        }
+        Ok(SegmentName {
+            full: format!("/{body}"),
+            creator: ProcessId::new(pid, nonce),
+        })
+    }
+
+    /// The name as given to `shm_open` (with the leading `/`).
+    pub fn as_str(&self) -> &str {
+        &self.full
+    }
+
+    /// The process that created the segment, as encoded in its name.
+    pub fn creator(&self) -> ProcessId {
+        self.creator
+    }
+
+    /// The path of the object under [`SHM_DIR`].
+    pub fn path(&self) -> std::path::PathBuf {
+        std::path::Path::new(SHM_DIR).join(&self.full[1..])
+    }
+}
+
+impl std::fmt::Display for SegmentName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.full)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_accepts_generated_names_and_rejects_others() {
+        let id = ProcessId::new(0x1a2b, 0x0123_4567_89ab_cdef);
+        let n = SegmentName::generate(id).unwrap();
+        let p = SegmentName::parse(n.as_str()).unwrap();
+        assert_eq!(p, n);
+        assert_eq!(p.creator(), id);
+        assert_eq!(SegmentName::parse(&n.as_str()[1..]).unwrap(), n);
+        for bad in [
+            "",
+            "/",
+            "mizu_",
+            "/mizu_1a2b",
+            "/mizu_1a2b_0123",
+            "/mizu_1a2b_0123456789abcdef0123456g",
+            "/mizu_1A2B_0123456789abcdef01234567",
+            "/mizu_123456789_0123456789abcdef01234567",
+            "/mizu_0_0123456789abcdef01234567",
+            "/mizu_1_000000000000000001234567",
+            "/other_1a2b_0123456789abcdef01234567",
+            "/mizu_1a2b_0123456789abcdef01234567/../x",
+            "../../etc/passwd",
+        ] {
+            assert!(
+                matches!(SegmentName::parse(bad), Err(ShmError::InvalidName(_))),
+                "{bad:?}"
+            );
+        }
+    }
+}

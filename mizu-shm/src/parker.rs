@@ -1,0 +1,184 @@
+//! The shared futex parker: how a process sleeps until another process changes something.
+//!
+//! Protocol (checked by the loom model `parker_no_lost_wakeup`):
+//! * waiter: snapshot `epoch` → announce (`sleepers += 1`) → SeqCst fence → re-check the
+//!   condition → `futex_wait(epoch, snapshot)` for a bounded slice → `sleepers -= 1`;
+//! * waker: make the condition true → SeqCst fence → only if `sleepers != 0`: bump `epoch` and
+//!   `futex_wake`.
+//!
+//! The two fences order "condition published" against "sleeper announced": either the waker
+//! sees the sleeper (and the bumped epoch makes the futex wait fail or wakes it), or the
+//! waiter's re-check sees the condition. A waker that finds nobody asleep costs one fence and
+//! one load of a line nobody writes while spinning — no syscall, no shared write.
+
+use std::time::Duration;
+
+use crate::sync::{AtomicU32, Ordering, fence, futex};
+
+/// The futex word pair, `#[repr(C)]`, placed in shared memory on its own cache line.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct ParkWord {
+    epoch: AtomicU32,
+    sleepers: AtomicU32,
+}
+
+#[cfg(not(mizu_loom))]
+// SAFETY: two atomics, repr(C), valid when zero.
+unsafe impl crate::segment::ShmSafe for ParkWord {}
+
+impl ParkWord {
+    /// A word with nobody asleep.
+    pub fn new() -> Self {
+        ParkWord {
+            epoch: AtomicU32::new(0),
+            sleepers: AtomicU32::new(0),
+        }
+    }
+
+    /// Wakes every sleeper, if there is one. Call after publishing the change they wait for.
+    /// Returns whether a wake syscall was made.
+    #[inline]
+    pub fn wake_all(&self) -> bool {
+        fence(Ordering::SeqCst);
+        if self.sleepers.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        self.epoch.fetch_add(1, Ordering::Release);
+        futex::wake(&self.epoch, u32::MAX);
+        true
+    }
+
+    /// Bumps the epoch and wakes every sleeper unconditionally (for out-of-band events such as
+    /// a peer's death, noticed by a watcher that did not change the waited-for state).
+    pub fn wake_all_unconditionally(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        futex::wake(&self.epoch, u32::MAX);
+    }
+
+    /// Processes currently announced as asleep.
+    pub fn sleepers(&self) -> u32 {
+        self.sleepers.load(Ordering::Relaxed)
+    }
+
+    /// One park step: snapshot, announce, re-check with `poll`, sleep at most `timeout`
+    /// (forever when `None`), then poll once more. `None` means "not ready yet".
+    pub fn park<T>(
+        &self,
+        poll: &mut impl FnMut() -> Option<T>,
+        timeout: Option<Duration>,
+    ) -> Option<T> {
+        let snapshot = self.epoch.load(Ordering::Acquire);
+        self.sleepers.fetch_add(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if let Some(v) = poll() {
+            self.sleepers.fetch_sub(1, Ordering::Relaxed);
+            return Some(v);
+        }
+        futex::wait(&self.epoch, snapshot, timeout);
+        self.sleepers.fetch_sub(1, Ordering::Relaxed);
+        poll()
+    }
+}
+
+#[cfg(not(mizu_loom))]
+pub use waiter::{WaitError, Waiter};
+
+#[cfg(not(mizu_loom))]
+mod waiter {
+    use super::ParkWord;
+    use std::time::{Duration, Instant};
+
+    /// Why [`Waiter::wait`] returned without the condition.
+    #[derive(Debug, PartialEq, Eq)]
+    pub enum WaitError<E> {
+        /// The timeout passed.
+        TimedOut,
+        /// The caller's `check` (peer death, interrupt, ...) asked to stop.
+        Aborted(E),
+    }
+
+    /// Process-local waiting strategy: adaptive spin, then bounded park slices.
+    #[derive(Debug, Clone)]
+    pub struct Waiter {
+        spin: Duration,
+        max_spin: Duration,
+        slice: Duration,
+        parks: u64,
+    }
+
+    const MIN_SPIN: Duration = Duration::from_micros(1);
+
+    impl Waiter {
+        /// Spins at most `max_spin` before parking; parks in slices of `slice`, after each of
+        /// which the caller's `check` runs.
+        pub fn new(max_spin: Duration, slice: Duration) -> Self {
+            Waiter {
+                spin: max_spin,
+                max_spin,
+                slice: slice.max(Duration::from_micros(100)),
+                parks: 0,
+            }
+        }
+
+        /// How many times this waiter went to sleep in the kernel.
+        pub fn parks(&self) -> u64 {
+            self.parks
+        }
+
+        /// The current spin budget (adapts between 1 µs and `max_spin`).
+        pub fn spin_budget(&self) -> Duration {
+            self.spin
+        }
+
+        /// Waits until `poll` yields a value, the timeout passes, or `check` fails.
+        pub fn wait<T, E>(
+            &mut self,
+            word: &ParkWord,
+            mut poll: impl FnMut() -> Option<T>,
+            timeout: Option<Duration>,
+            mut check: impl FnMut() -> Result<(), E>,
+        ) -> Result<T, WaitError<E>> {
+            if let Some(v) = poll() {
+                return Ok(v);
+            }
+            let start = Instant::now();
+            let deadline = timeout.map(|t| start + t);
+            let spin_until = start + self.spin.min(timeout.unwrap_or(Duration::MAX));
+            let mut n = 0u32;
+            loop {
+                std::hint::spin_loop();
+                if let Some(v) = poll() {
+                    // Caught while spinning: the budget is right or too small.
+                    self.spin = self.max_spin.min(self.spin.max(start.elapsed() * 2));
+                    return Ok(v);
+                }
+                n = n.wrapping_add(1);
+                if n % 64 == 0 && Instant::now() >= spin_until {
+                    break;
+                }
+            }
+            check().map_err(WaitError::Aborted)?;
+            loop {
+                let now = Instant::now();
+                let slice = match deadline {
+                    Some(d) if now >= d => return poll().ok_or(WaitError::TimedOut),
+                    Some(d) => self.slice.min(d - now),
+                    None => self.slice,
+                };
+                self.parks += 1;
+                if let Some(v) = word.park(&mut poll, Some(slice)) {
+                    // Spinning a little longer would have avoided this park: spin the full
+                    // budget next time; otherwise the peer is idle, so spin less.
+                    self.spin = if start.elapsed() < self.max_spin {
+                        self.max_spin
+                    } else {
+                        MIN_SPIN.max(self.spin / 2)
+                    };
+                    return Ok(v);
+                }
+                check().map_err(WaitError::Aborted)?;
+            }
+        }
+    }
+}

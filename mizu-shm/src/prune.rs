@@ -1,0 +1,54 @@
+//! Removal of what dead processes left in `/dev/shm`.
+
+use rustix::io::Errno;
+
+use crate::error::{Result, ShmError};
+use crate::liveness::{ProcessId, pid_exists};
+use crate::name::{PREFIX, SHM_DIR, SegmentName};
+
+/// Removes every segment whose creator is dead and every lock file of a dead process;
+/// returns the names removed. A live process's files are never touched.
+pub fn prune() -> Result<Vec<String>> {
+    let dir = std::fs::read_dir(SHM_DIR).map_err(|e| ShmError::io("read_dir", SHM_DIR, e))?;
+    let mut names: Vec<String> = dir
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(PREFIX))
+        .collect();
+    // Segments first: their owner's lock file is what says the owner is dead.
+    names.sort_by_key(|n| n.contains(".lock"));
+    let mut removed = Vec::new();
+    for n in names {
+        if let Some(id) = lock_owner(&n, ".lock") {
+            if id.reap() {
+                removed.push(n);
+            }
+        } else if let Some(id) = lock_owner(&n, ".lock.tmp") {
+            // A lock file is renamed into place only once locked; a temporary one whose PID
+            // is gone was left by a process killed mid-creation.
+            if !pid_exists(id.pid) && rustix::fs::unlink(format!("{SHM_DIR}/{n}")).is_ok() {
+                removed.push(n);
+            }
+        } else if let Ok(seg) = SegmentName::parse(&n)
+            && !seg.creator().is_alive()
+        {
+            match rustix::shm::unlink(seg.as_str()) {
+                Ok(()) => removed.push(n),
+                Err(Errno::NOENT) => {}
+                Err(e) => return Err(ShmError::io("shm_unlink", seg.as_str(), e)),
+            }
+        }
+    }
+    Ok(removed)
+}
+
+fn lock_owner(name: &str, suffix: &str) -> Option<ProcessId> {
+    let body = name.strip_prefix(PREFIX)?.strip_suffix(suffix)?;
+    let (pid, nonce) = body.split_once('_')?;
+    if nonce.len() != 16 {
+        return None;
+    }
+    Some(ProcessId::new(
+        u32::from_str_radix(pid, 16).ok()?,
+        u64::from_str_radix(nonce, 16).ok()?,
+    ))
+}

@@ -1,0 +1,133 @@
+//! Liveness by flock, the pidfd death watch and pruning, with real processes and `kill -9`.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use mizu_shm::{DeathWatch, Layout, ProcessId, Segment, SegmentName, prune};
+
+const PEER: &str = env!("CARGO_BIN_EXE_mizu-shm-peer");
+const KIND: u32 = u32::from_le_bytes(*b"TST1");
+
+/// Starts a peer that creates a segment and holds it; returns the child, the token and the
+/// child's identity.
+fn holder() -> (Child, String, ProcessId) {
+    let mut child = Command::new(PEER)
+        .arg("hold")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let mut it = line.split_whitespace();
+    let token = it.next().expect("token").to_owned();
+    let nonce: u64 = it.next().expect("nonce").parse().unwrap();
+    let id = ProcessId::new(child.id(), nonce);
+    assert_eq!(SegmentName::parse(&token).unwrap().creator(), id);
+    (child, token, id)
+}
+
+fn kill9(child: &mut Child) {
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+}
+
+#[test]
+fn liveness_follows_the_lock_not_the_pid() {
+    let (mut child, _token, id) = holder();
+    assert!(id.is_alive());
+    // Same PID, another incarnation: not alive (PID reuse cannot fake life).
+    assert!(!ProcessId::new(id.pid, id.nonce ^ 1).is_alive());
+    assert!(!id.reap(), "a live process's lock file is never reaped");
+    kill9(&mut child);
+    assert!(!id.is_alive());
+    assert!(
+        id.lock_path().exists(),
+        "kill -9 leaves the lock file for a survivor to reap"
+    );
+    assert!(id.reap());
+    assert!(!id.lock_path().exists());
+}
+
+#[test]
+fn my_own_identity_is_alive_and_removed_with_my_last_handle() {
+    let mut l = Layout::new(KIND);
+    l.add(64, 64).unwrap();
+    let a = Segment::create(&l, false).unwrap();
+    let me = a.me();
+    assert_eq!(me.pid, std::process::id());
+    assert!(me.is_alive());
+    assert!(me.lock_path().exists());
+    // Other tests in this process may hold segments too; only check our handle is alive.
+    drop(a);
+}
+
+#[test]
+fn death_watch_fires_on_kill_9() {
+    let (mut child, _token, id) = holder();
+    let (tx, rx) = mpsc::channel();
+    let _w = DeathWatch::spawn(id, move || tx.send(()).unwrap()).unwrap();
+    assert!(
+        rx.try_recv().is_err(),
+        "must not fire while the process lives"
+    );
+    child.kill().unwrap();
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("hang guard: watch did not fire");
+    child.wait().unwrap();
+    assert!(!id.is_alive());
+    id.reap();
+}
+
+#[test]
+fn death_watch_of_a_dead_process_fires_at_once_and_drop_stops_a_live_one() {
+    let (tx, rx) = mpsc::channel();
+    let _w =
+        DeathWatch::spawn(ProcessId::new(0x7fff_fff0, 1), move || tx.send(()).unwrap()).unwrap();
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("fires for a nonexistent process");
+    let (mut child, _t, id) = holder();
+    let (tx, rx) = mpsc::channel::<()>();
+    let w = DeathWatch::spawn(id, move || tx.send(()).unwrap()).unwrap();
+    drop(w); // joins the thread without firing
+    assert!(rx.try_recv().is_err());
+    kill9(&mut child);
+    id.reap();
+}
+
+#[test]
+fn prune_removes_what_a_killed_creator_left_and_nothing_live() {
+    let (mut child, token, id) = holder();
+    let mine = {
+        let mut l = Layout::new(KIND);
+        l.add(64, 64).unwrap();
+        Segment::create(&l, false).unwrap()
+    };
+    // While it lives, prune leaves its segment alone.
+    let removed = prune().unwrap();
+    assert!(
+        !removed.iter().any(|n| token.ends_with(n.as_str())),
+        "{removed:?}"
+    );
+    assert!(Segment::open(&token, KIND).is_ok());
+    kill9(&mut child);
+    let removed = prune().unwrap();
+    let seg_file = token[1..].to_owned();
+    let lock_file = id
+        .lock_path()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(removed.contains(&seg_file), "{removed:?}");
+    assert!(removed.contains(&lock_file), "{removed:?}");
+    assert!(!std::path::Path::new("/dev/shm").join(&seg_file).exists());
+    assert!(!id.lock_path().exists());
+    // Ours survived.
+    assert!(Segment::open(mine.token(), KIND).is_ok());
+    let me = mine.me();
+    assert!(me.lock_path().exists());
+}
