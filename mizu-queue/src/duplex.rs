@@ -230,8 +230,8 @@ impl Duplex {
         timeout: Option<Duration>,
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R, RecvError> {
-        // Hand consumed slots back before we might sleep, or a blocked producer could wait on us.
-        rx.release();
+        // No release before sleeping is needed: a consumer holds fewer than `max(1, cap/4)`
+        // unreleased slots, so while the ring is empty the producer never sees it full.
         let ring = rx.ring();
         let ready = waiter.wait(
             ring.consumer_park(),

@@ -314,6 +314,10 @@ impl<'a> Producer<'a> {
 }
 
 /// The reading side's process-local state.
+///
+/// It releases slots every `max(1, capacity / 4)` messages, so it never holds back more than
+/// that: a consumer waiting on an empty ring can therefore never be why the producer is full,
+/// and waiting needs no extra release (the loom ring model relies on exactly this).
 pub struct Consumer<'a> {
     ring: Ring<'a>,
     head: u64,

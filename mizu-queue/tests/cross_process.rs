@@ -134,7 +134,7 @@ fn two_thief_processes_and_the_owner_take_each_item_exactly_once() {
         .map(|t| spawn(&["thief", seg.token(), &t.to_string()]))
         .collect();
     let mut taken: Vec<u64> = Vec::with_capacity(N as usize);
-    let mut drain = |consumers: &mut Vec<mizu_queue::Consumer<'_>>, taken: &mut Vec<u64>| {
+    let drain = |consumers: &mut [mizu_queue::Consumer<'_>], taken: &mut Vec<u64>| {
         for c in consumers.iter_mut() {
             while let Some(v) = c.try_recv_with(seq) {
                 taken.push(v);

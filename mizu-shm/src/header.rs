@@ -138,7 +138,7 @@ impl SegmentHeader {
                 len: e.len,
                 why,
             };
-            if e.offset % EXTENT_ALIGN != 0 {
+            if !e.offset.is_multiple_of(EXTENT_ALIGN) {
                 return Err(bad("not 64-byte aligned"));
             }
             if e.offset < prev_end {

@@ -154,7 +154,7 @@ mod waiter {
                     return Ok(v);
                 }
                 n = n.wrapping_add(1);
-                if n % 64 == 0 && Instant::now() >= spin_until {
+                if n.is_multiple_of(64) && Instant::now() >= spin_until {
                     break;
                 }
             }

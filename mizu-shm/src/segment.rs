@@ -255,7 +255,7 @@ impl Segment {
         if end > self.len() {
             return Err(bad("out of bounds"));
         }
-        if offset % align != 0 {
+        if !offset.is_multiple_of(align) {
             return Err(bad("misaligned"));
         }
         // SAFETY: offset <= len of the mapping, so the pointer stays inside (or one past) it.
@@ -307,7 +307,7 @@ impl Segment {
     /// a multiple of it).
     pub fn bytes(&self, extent: Extent, granule: usize) -> Result<SharedBytes<'_>> {
         let p = self.check(extent.offset, extent.len, 8)?;
-        if granule == 0 || extent.len % granule as u64 != 0 {
+        if granule == 0 || !extent.len.is_multiple_of(granule as u64) {
             return Err(ShmError::InvalidLayout(format!(
                 "extent of {} bytes is not a whole number of {granule}-byte granules",
                 extent.len

@@ -175,7 +175,7 @@ mod bytes {
         /// `count` zeroed granules of `granule` bytes (a multiple of 8).
         pub fn new(count: usize, granule: usize) -> Self {
             assert!(
-                granule % 8 == 0 && granule > 0,
+                granule.is_multiple_of(8) && granule > 0,
                 "granule must be a positive multiple of 8"
             );
             let words = (0..count * granule / 8)

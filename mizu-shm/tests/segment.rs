@@ -160,7 +160,8 @@ fn every_header_field_corruption_is_a_clear_error() {
     use std::mem::offset_of;
     let h = |f: usize| f as u64;
     type H = SegmentHeader;
-    let cases: Vec<(u64, Vec<u8>, fn(&HeaderFault) -> bool)> = vec![
+    type Case = (u64, Vec<u8>, fn(&HeaderFault) -> bool);
+    let cases: Vec<Case> = vec![
         (h(offset_of!(H, magic)), b"NOTMIZU!".to_vec(), |f| {
             matches!(f, HeaderFault::Magic { .. })
         }),
@@ -389,7 +390,7 @@ fn waking_nobody_makes_no_syscall() {
     assert!(!park.wake_all());
 }
 
-pub fn wait_with_guard(child: &mut std::process::Child, guard: Duration) -> String {
+fn wait_with_guard(child: &mut std::process::Child, guard: Duration) -> String {
     let t0 = std::time::Instant::now();
     loop {
         if let Some(st) = child.try_wait().unwrap() {

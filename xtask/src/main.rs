@@ -1,1 +1,149 @@
-fn main() {}
+//! Developer tasks for mizu: `cargo xtask test | loom | bench | demo`.
+//!
+//! Each task prints the commands it runs, so a failure can be reproduced by hand.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let task = args.first().map(String::as_str).unwrap_or("help");
+    let root = workspace_root();
+    let res = match task {
+        "test" => test(&root),
+        "loom" => loom(&root),
+        "bench" => bench(&root),
+        "demo" => demo(&root),
+        _ => {
+            eprintln!(
+                "usage: cargo xtask <task>\n\n\
+                 tasks:\n  \
+                 test   fmt check, clippy (-D warnings), every test, then the loom models\n  \
+                 loom   the loom models of every atomic protocol (--cfg mizu_loom)\n  \
+                 bench  every benchmark, each side by side with its peers, as ratios\n  \
+                 demo   the headline comparison: mizu against the peers users run today"
+            );
+            return if task == "help" {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(2)
+            };
+        }
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask {task}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type Res = Result<(), String>;
+
+fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+fn run(root: &Path, cmd: &mut Command) -> Res {
+    cmd.current_dir(root);
+    let shown = format!("{cmd:?}").replace('"', "");
+    eprintln!("\n==> {shown}");
+    let t = Instant::now();
+    let st = cmd
+        .status()
+        .map_err(|e| format!("cannot start {shown}: {e}"))?;
+    eprintln!("<== {:.1}s", t.elapsed().as_secs_f64());
+    if st.success() {
+        Ok(())
+    } else {
+        Err(format!("{shown} failed with {st}"))
+    }
+}
+
+fn test(root: &Path) -> Res {
+    let t = Instant::now();
+    run(
+        root,
+        Command::new(cargo()).args(["fmt", "--all", "--", "--check"]),
+    )?;
+    run(
+        root,
+        Command::new(cargo()).args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
+    run(root, Command::new(cargo()).args(["test", "--workspace"]))?;
+    loom(root)?;
+    leak_check()?;
+    eprintln!(
+        "\nxtask test: everything passed in {:.0}s",
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The loom build gets its own target directory so it does not invalidate the normal one.
+/// `LOOM_MAX_PREEMPTIONS` (if set) overrides each model's own preemption bound.
+fn loom(root: &Path) -> Res {
+    let mut cmd = Command::new(cargo());
+    cmd.args([
+        "test",
+        "--release",
+        "-p",
+        "mizu-shm",
+        "-p",
+        "mizu-queue",
+        "--test",
+        "loom",
+    ])
+    .env("RUSTFLAGS", "--cfg mizu_loom")
+    .env("CARGO_TARGET_DIR", root.join("target-loom"));
+    run(root, &mut cmd)
+}
+
+/// After every test process has exited, nothing of ours may remain in /dev/shm.
+fn leak_check() -> Res {
+    let left: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map_err(|e| format!("cannot list /dev/shm: {e}"))?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("mizu_"))
+        .collect();
+    if left.is_empty() {
+        eprintln!("\n==> /dev/shm holds no mizu_* entries after the tests");
+        Ok(())
+    } else {
+        Err(format!(
+            "the tests left {} entries in /dev/shm: {left:?}",
+            left.len()
+        ))
+    }
+}
+
+fn bench(root: &Path) -> Res {
+    run(
+        root,
+        Command::new(cargo()).args(["bench", "-p", "mizu-queue", "--bench", "ring"]),
+    )
+}
+
+fn demo(root: &Path) -> Res {
+    eprintln!(
+        "mizu demo: for now the cross-process ring against what process pools use today\n\
+         (a Unix socketpair) and an in-process channel, measured side by side in one run."
+    );
+    bench(root)
+}

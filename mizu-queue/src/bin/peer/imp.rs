@@ -1,8 +1,3 @@
-//! The other process in `mizu-queue`'s cross-process tests and benchmarks.
-//!
-//! `mizu-queue-peer <role> <args…>`; exit status 0 on success, 1 on a detected fault (with a
-//! message on stderr), 2 on bad usage.
-
 use std::io::{Read, Write};
 use std::os::fd::FromRawFd;
 use std::time::Duration;
@@ -11,11 +6,11 @@ use mizu_queue::{Duplex, RecvError, Steal};
 use mizu_shm::Waiter;
 use mizu_shm::sync::Ordering;
 
-#[path = "../../tests/common/steal_fixture.rs"]
+#[path = "../../../tests/common/steal_fixture.rs"]
 #[allow(dead_code)]
 mod steal_fixture;
 
-fn main() {
+pub fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |i: usize| args.get(i).map(String::as_str).unwrap_or_else(|| usage());
     let num = |i: usize| arg(i).parse::<u64>().unwrap_or_else(|_| usage());

@@ -1,9 +1,3 @@
-//! The other process in `mizu-shm`'s cross-process tests.
-//!
-//! Roles: `hold` (create a segment, print its token, sleep until killed), `open TOKEN`
-//! (open and report), `wake TOKEN` (set the flag, wake sleepers), `wait TOKEN` (park until the
-//! flag is set). Exit status 0 on success, 1 with a message on failure, 2 on bad usage.
-
 use std::io::Write;
 use std::time::Duration;
 
@@ -13,7 +7,7 @@ use mizu_shm::{Layout, ParkWord, Segment, Waiter};
 /// Kind of the test segment: extent 0 holds a ParkWord at 0 and a flag at 128.
 const KIND: u32 = u32::from_le_bytes(*b"TST1");
 
-fn main() {
+pub fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let role = args.first().map(String::as_str).unwrap_or("");
     let token = args.get(1).map(String::as_str).unwrap_or("");
