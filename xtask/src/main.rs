@@ -87,6 +87,16 @@ fn test(root: &Path) -> Res {
         ]),
     )?;
     run(root, Command::new(cargo()).args(["test", "--workspace"]))?;
+    let py = venv(root)?;
+    // numpy today must produce the golden vectors the Rust tests compare mizu-rng with.
+    run(
+        root,
+        Command::new(&py).args([
+            "mizu-rng/tests/numpy_golden.py",
+            "--check",
+            "mizu-rng/tests/data/numpy_philox.txt",
+        ]),
+    )?;
     loom(root)?;
     leak_check()?;
     eprintln!(
@@ -134,10 +144,64 @@ fn leak_check() -> Res {
 }
 
 fn bench(root: &Path) -> Res {
+    let py = venv(root)?;
     run(
         root,
         Command::new(cargo()).args(["bench", "-p", "mizu-queue", "--bench", "ring"]),
+    )?;
+    run(
+        root,
+        Command::new(cargo())
+            .args(["bench", "-p", "mizu-rng", "--bench", "fill"])
+            .env("MIZU_PYTHON", py),
     )
+}
+
+/// The project's Python environment: `.venv` with `requirements-dev.txt` installed. Rebuilt
+/// when the requirements file changes (a stamp inside the venv records what was installed).
+fn venv(root: &Path) -> Result<PathBuf, String> {
+    let dir = root.join(".venv");
+    let py = dir.join("bin/python");
+    let reqs = root.join("requirements-dev.txt");
+    let wanted = std::fs::read_to_string(&reqs).map_err(|e| format!("{}: {e}", reqs.display()))?;
+    let stamp = dir.join("mizu-requirements.txt");
+    if py.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) {
+        return Ok(py);
+    }
+    let python3 = which("python3").ok_or(
+        "python3 is not installed: install Python 3.11+ with venv support \
+         (Debian: apt-get install python3 python3-venv), then run this again",
+    )?;
+    if !py.exists() {
+        run(root, Command::new(&python3).args(["-m", "venv"]).arg(&dir)).map_err(|e| {
+            format!(
+                "{e}\n(creating a venv needs the venv module: Debian: apt-get install python3-venv)"
+            )
+        })?;
+    }
+    run(
+        root,
+        Command::new(&py)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "-r",
+            ])
+            .arg(&reqs),
+    )?;
+    std::fs::write(&stamp, wanted).map_err(|e| format!("{}: {e}", stamp.display()))?;
+    Ok(py)
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
 }
 
 fn demo(root: &Path) -> Res {

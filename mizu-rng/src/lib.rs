@@ -1,0 +1,13 @@
+//! Counter-based random numbers for reproducible parallel maps: Philox4x64-10 and
+//! Philox4x32-10 (Random123), as `rand_core` 0.10 generators whose 64-bit streams equal numpy's
+//! `np.random.Philox`, plus the per-element stream keying every mizu map uses.
+//!
+//! No dependency beyond `rand_core`. See the crate README for the stream definition.
+
+pub mod philox;
+pub mod rng;
+pub mod stream;
+
+pub use philox::{philox4x32_10, philox4x64_10};
+pub use rng::{Philox4x32, Philox4x32Core, Philox4x64, Philox4x64Core, u64_to_f64};
+pub use stream::{element_key_counter, element_stream, element_stream_at};
