@@ -220,6 +220,12 @@ impl Segment {
         false
     }
 
+    /// The base address of the mapping (for views whose bounds the caller checked against
+    /// [`Segment::len`]).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+
     /// The validated header (a private copy).
     pub fn header(&self) -> &SegmentHeader {
         &self.header

@@ -1,0 +1,446 @@
+//! Payload storage: data segments holding regions that other processes read in place.
+//!
+//! A data segment (kind `DAT1`) has a control line and an arena. The owning process allocates
+//! regions from the arena with a bump pointer; each region is a 64-byte header (magic,
+//! reference count, length, generation — all atomics) followed by the payload, 64-byte
+//! aligned. The control line counts live regions and says whether the owner is still attached.
+//!
+//! Lifetime:
+//! * a region starts with one reference (the allocator's handle); sending it adds one that the
+//!   frame carries and the receiver adopts; re-sending a received region adds one more — the
+//!   bytes never move;
+//! * dropping the last reference of a region decrements the segment's live count;
+//! * the owner resets a segment whose live count is zero and reuses it (no `shm_open` per send);
+//! * the name is unlinked by whoever sees "live == 0 and owner detached" last — the owner
+//!   detaching or a receiver releasing — and by `mizu_shm::prune` once the owner is dead
+//!   (`kill -9`). Mappings stay valid after the unlink, so a received view outlives its sender.
+
+use std::collections::HashMap;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+use std::sync::{Arc, Mutex, Weak};
+
+use mizu_shm::{CacheLine, Extent, Layout, Segment, SegmentName, ShmSafe};
+
+use crate::error::{Result, WireError};
+
+/// Segment kind of a data segment.
+pub const DATA_KIND: u32 = u32::from_le_bytes(*b"DAT1");
+/// Alignment of every region's payload (and of Arrow bodies inside it).
+pub const ALIGN: u64 = 64;
+const REGION_MAGIC: u32 = u32::from_le_bytes(*b"RGN1");
+/// Default arena size of a pooled data segment.
+pub const DEFAULT_SEGMENT_BYTES: u64 = 64 << 20;
+
+#[repr(C)]
+#[derive(Debug, Default)]
+struct Control {
+    live: AtomicU64,
+    owner_attached: AtomicU32,
+    _pad: u32,
+    generation: AtomicU64,
+}
+// SAFETY: repr(C) atomics (plus an unused pad word); zero is valid.
+unsafe impl ShmSafe for Control {}
+
+#[repr(C)]
+#[derive(Debug, Default)]
+struct RegionHeader {
+    magic: AtomicU32,
+    refs: AtomicU32,
+    len: AtomicU64,
+    generation: AtomicU64,
+    _reserved: [AtomicU64; 5],
+}
+// SAFETY: repr(C) atomics only; zero is "no region".
+unsafe impl ShmSafe for RegionHeader {}
+const _: () = assert!(std::mem::size_of::<RegionHeader>() as u64 == ALIGN);
+
+/// A mapped data segment, owned by this process or opened from another's descriptor.
+pub struct DataSegment {
+    seg: Segment,
+    arena: Extent,
+    owned: bool,
+}
+
+impl std::fmt::Debug for DataSegment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataSegment")
+            .field("name", self.seg.name())
+            .field("owned", &self.owned)
+            .finish()
+    }
+}
+
+impl DataSegment {
+    fn create(arena_bytes: u64) -> Result<Self> {
+        let mut l = Layout::new(DATA_KIND);
+        l.add(std::mem::size_of::<CacheLine<Control>>() as u64, 128)?;
+        l.add(arena_bytes, ALIGN)?;
+        let seg = Segment::create(&l, false)?;
+        seg.set_unlink_on_drop(false); // lifetime is by the live count, see the module docs
+        let arena = seg.extent(1)?;
+        let ds = DataSegment {
+            seg,
+            arena,
+            owned: true,
+        };
+        ds.control().owner_attached.store(1, Ordering::Release);
+        Ok(ds)
+    }
+
+    fn open(name: &str) -> Result<Self> {
+        let seg = Segment::open(name, DATA_KIND)?;
+        if seg.header().extents().len() != 2 {
+            return Err(WireError::BadRegion {
+                name: name.into(),
+                offset: 0,
+                len: 0,
+                why: "a data segment has exactly two extents".into(),
+            });
+        }
+        let arena = seg.extent(1)?;
+        seg.get::<CacheLine<Control>>(seg.extent(0)?.offset)?;
+        Ok(DataSegment {
+            seg,
+            arena,
+            owned: false,
+        })
+    }
+
+    fn control(&self) -> &Control {
+        let off = self.seg.extent(0).expect("validated").offset;
+        &self
+            .seg
+            .get::<CacheLine<Control>>(off)
+            .expect("validated")
+            .0
+    }
+
+    fn header(&self, payload_offset: u64) -> Result<&RegionHeader> {
+        Ok(self.seg.get::<RegionHeader>(payload_offset - ALIGN)?)
+    }
+
+    /// The segment's name.
+    pub fn name(&self) -> &SegmentName {
+        self.seg.name()
+    }
+
+    /// Regions with at least one reference, in any process.
+    pub fn live_regions(&self) -> u64 {
+        self.control().live.load(Ordering::Acquire)
+    }
+
+    fn unlink_if_unused(&self) {
+        let c = self.control();
+        fence(Ordering::SeqCst);
+        if c.live.load(Ordering::SeqCst) == 0 && c.owner_attached.load(Ordering::SeqCst) == 0 {
+            let _ = self.seg.unlink();
+        }
+    }
+}
+
+impl Drop for DataSegment {
+    fn drop(&mut self) {
+        if self.owned {
+            self.control().owner_attached.store(0, Ordering::SeqCst);
+            self.unlink_if_unused();
+        }
+    }
+}
+
+/// The reference a frame carries: which region, checked by the receiver before use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionDesc {
+    /// Data segment name.
+    pub name: String,
+    /// Byte offset of the payload in the segment (64-byte aligned).
+    pub offset: u64,
+    /// Payload length.
+    pub len: u64,
+    /// The segment generation the region was allocated in.
+    pub generation: u64,
+}
+
+/// One counted reference to a region (sender's or receiver's); dropping it releases the
+/// reference. The payload is immutable once the region was committed.
+pub struct Region {
+    seg: Arc<DataSegment>,
+    offset: u64,
+    len: u64,
+    generation: u64,
+}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Region({}+{}, {} bytes)",
+            self.seg.name(),
+            self.offset,
+            self.len
+        )
+    }
+}
+
+impl Region {
+    /// The payload bytes.
+    pub fn bytes(&self) -> &[u8] {
+        let p = self.ptr();
+        // SAFETY: offset..offset+len was validated inside the mapping, which the Arc keeps; a
+        // region is never written after commit while any reference exists.
+        unsafe { std::slice::from_raw_parts(p.as_ptr(), self.len as usize) }
+    }
+
+    fn ptr(&self) -> NonNull<u8> {
+        // SAFETY: offset + len is inside the mapping (validated at allocation or adoption).
+        NonNull::new(unsafe { self.seg.seg.as_ptr().add(self.offset as usize) }).expect("non-null")
+    }
+
+    /// Byte offset of the payload in its segment.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Payload length.
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// Whether the payload is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The segment holding the region.
+    pub fn segment(&self) -> &DataSegment {
+        &self.seg
+    }
+
+    /// A descriptor carrying one new reference, for a frame: re-sending passes the reference,
+    /// never the bytes. The receiver adopts it with [`Mapper::adopt`].
+    pub fn share(&self) -> RegionDesc {
+        let h = self.seg.header(self.offset).expect("validated");
+        h.refs.fetch_add(1, Ordering::Relaxed);
+        RegionDesc {
+            name: self.seg.name().to_string(),
+            offset: self.offset,
+            len: self.len,
+            generation: self.generation,
+        }
+    }
+
+    /// The payload as an Arrow buffer that keeps this reference (and the mapping) alive.
+    pub fn buffer(this: &Arc<Region>) -> arrow_buffer::Buffer {
+        let (ptr, len) = (this.ptr(), this.len());
+        let owner: Arc<dyn arrow_buffer::alloc::Allocation> = this.clone();
+        // SAFETY: ptr..ptr+len is valid, immutable memory for as long as the owner (a counted
+        // reference holding the mapping) lives, which the Buffer guarantees by holding it.
+        unsafe { arrow_buffer::Buffer::from_custom_allocation(ptr, len, owner) }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        let Ok(h) = self.seg.header(self.offset) else {
+            return;
+        };
+        if h.refs.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let c = self.seg.control();
+            if c.live.fetch_sub(1, Ordering::AcqRel) == 1 {
+                self.seg.unlink_if_unused();
+            }
+        }
+    }
+}
+
+/// A region being filled by its allocator; [`RegionMut::commit`] makes it sendable.
+pub struct RegionMut {
+    region: Region,
+}
+
+impl RegionMut {
+    /// The payload area to fill.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        let p = self.region.ptr();
+        // SAFETY: a fresh region is known to nobody else (no descriptor exists yet), so this
+        // process has it exclusively until commit.
+        unsafe { std::slice::from_raw_parts_mut(p.as_ptr(), self.region.len as usize) }
+    }
+
+    /// Freezes the payload.
+    pub fn commit(self) -> Region {
+        self.region
+    }
+}
+
+struct PoolInner {
+    segments: Vec<Arc<DataSegment>>,
+    current: usize,
+    bump: u64,
+}
+
+/// This process's data segments, reused across sends.
+pub struct DataPool {
+    inner: Mutex<PoolInner>,
+    segment_bytes: u64,
+}
+
+impl DataPool {
+    /// A pool whose segments have `segment_bytes` of arena (payloads larger than that get a
+    /// segment of their own size). Nothing is created until the first allocation.
+    pub fn new(segment_bytes: u64) -> Self {
+        DataPool {
+            inner: Mutex::new(PoolInner {
+                segments: Vec::new(),
+                current: 0,
+                bump: 0,
+            }),
+            segment_bytes: segment_bytes.max(ALIGN * 2),
+        }
+    }
+
+    /// Data segments currently held.
+    pub fn segments(&self) -> usize {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .segments
+            .len()
+    }
+
+    /// Allocates a region of `len` bytes (64-byte aligned) for filling.
+    pub fn alloc(&self, len: usize) -> Result<RegionMut> {
+        let len = len as u64;
+        let need = ALIGN
+            .checked_add(
+                len.checked_next_multiple_of(ALIGN)
+                    .ok_or_else(|| too_big(len))?,
+            )
+            .ok_or_else(|| too_big(len))?;
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let fits =
+            |s: &DataSegment, bump: u64| bump.checked_add(need).is_some_and(|e| e <= s.arena.len);
+        let usable = g.segments.get(g.current).is_some_and(|s| {
+            // An idle current segment restarts from the beginning.
+            fits(s, if s.live_regions() == 0 { 0 } else { g.bump })
+        });
+        if !usable {
+            let reuse = g
+                .segments
+                .iter()
+                .position(|s| s.live_regions() == 0 && s.arena.len >= need);
+            let idx = match reuse {
+                Some(i) => i,
+                None => {
+                    let s = DataSegment::create(self.segment_bytes.max(need))?;
+                    g.segments.push(Arc::new(s));
+                    g.segments.len() - 1
+                }
+            };
+            g.current = idx;
+            g.bump = 0;
+        }
+        let seg = Arc::clone(&g.segments[g.current]);
+        let ctl = seg.control();
+        if ctl.live.load(Ordering::Acquire) == 0 && g.bump != 0 {
+            g.bump = 0;
+        }
+        if g.bump == 0 {
+            // A new lap over the arena: descriptors of older laps no longer match.
+            ctl.generation.fetch_add(1, Ordering::AcqRel);
+        }
+        let generation = ctl.generation.load(Ordering::Acquire);
+        let offset = seg.arena.offset + g.bump + ALIGN;
+        g.bump += need;
+        let h = seg.header(offset)?;
+        h.len.store(len, Ordering::Relaxed);
+        h.generation.store(generation, Ordering::Relaxed);
+        h.refs.store(1, Ordering::Relaxed);
+        h.magic.store(REGION_MAGIC, Ordering::Release);
+        ctl.live.fetch_add(1, Ordering::AcqRel);
+        Ok(RegionMut {
+            region: Region {
+                seg,
+                offset,
+                len,
+                generation,
+            },
+        })
+    }
+
+    /// Allocates and fills a region with `bytes`.
+    pub fn store(&self, bytes: &[u8]) -> Result<Region> {
+        let mut r = self.alloc(bytes.len())?;
+        r.bytes_mut().copy_from_slice(bytes);
+        Ok(r.commit())
+    }
+}
+
+fn too_big(len: u64) -> WireError {
+    WireError::Unsupported(format!("a payload of {len} bytes"))
+}
+
+/// This process's cache of data segments opened from descriptors: a region of a segment the
+/// receiver already holds costs no `shm_open`.
+#[derive(Default)]
+pub struct Mapper {
+    open: Mutex<HashMap<String, Weak<DataSegment>>>,
+}
+
+impl Mapper {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Mapper::default()
+    }
+
+    /// Takes over the reference a received descriptor carries, after validating it: the
+    /// segment (name, header, kind), the bounds, and the region header (magic, length,
+    /// generation, a reference present).
+    pub fn adopt(&self, d: &RegionDesc) -> Result<Region> {
+        let bad = |why: &str| WireError::BadRegion {
+            name: d.name.clone(),
+            offset: d.offset,
+            len: d.len,
+            why: why.into(),
+        };
+        let seg = self.segment(&d.name)?;
+        let a = seg.arena;
+        let end = d
+            .offset
+            .checked_add(d.len)
+            .ok_or_else(|| bad("offset + length overflows"))?;
+        if d.offset % ALIGN != 0 || d.offset < a.offset + ALIGN || end > a.offset + a.len {
+            return Err(bad("outside the segment's arena or misaligned"));
+        }
+        let h = seg.header(d.offset)?;
+        if h.magic.load(Ordering::Acquire) != REGION_MAGIC {
+            return Err(bad("no region header there"));
+        }
+        if h.len.load(Ordering::Relaxed) != d.len
+            || h.generation.load(Ordering::Relaxed) != d.generation
+        {
+            return Err(bad("stale: the region was released and its space reused"));
+        }
+        if h.refs.load(Ordering::Acquire) == 0 {
+            return Err(bad("the region holds no reference for this descriptor"));
+        }
+        Ok(Region {
+            seg,
+            offset: d.offset,
+            len: d.len,
+            generation: d.generation,
+        })
+    }
+
+    fn segment(&self, name: &str) -> Result<Arc<DataSegment>> {
+        let mut m = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = m.get(name).and_then(Weak::upgrade) {
+            return Ok(s);
+        }
+        m.retain(|_, w| w.strong_count() > 0);
+        let s = Arc::new(DataSegment::open(name)?);
+        m.insert(name.to_owned(), Arc::downgrade(&s));
+        Ok(s)
+    }
+}

@@ -1,0 +1,734 @@
+//! The compact tagged value encoding (normative text: `docs/wire-format.md`).
+//!
+//! Encoding produces a scatter list: small items are copied into owned chunks, large byte
+//! strings and Arrow bodies are referenced, so writing a value into a region is one copy.
+//! Positions are relative to the start of the value, which must land 64-byte aligned; large
+//! byte strings and Arrow IPC streams are padded to 64-byte boundaries so receivers can view
+//! them in place.
+
+use std::sync::Arc;
+
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_buffer::{Buffer, MutableBuffer};
+use arrow_ipc::reader::StreamDecoder;
+use arrow_ipc::writer::{IpcWriteOptions, StreamEncoder};
+use arrow_schema::{Field, FieldRef, Schema};
+
+use crate::error::{Result, WireError, malformed};
+
+/// Deepest nesting of lists, dicts and calls a decoder accepts.
+pub const MAX_DEPTH: usize = 64;
+/// Byte strings at least this long are 64-byte aligned (and referenced, not copied, by the
+/// encoder).
+pub const ALIGNED_BYTES_MIN: usize = 64;
+
+mod tag {
+    pub const NONE: u8 = 0x00;
+    pub const FALSE: u8 = 0x01;
+    pub const TRUE: u8 = 0x02;
+    pub const INT: u8 = 0x03;
+    pub const FLOAT: u8 = 0x04;
+    pub const COMPLEX: u8 = 0x05;
+    pub const STR: u8 = 0x06;
+    pub const BYTES: u8 = 0x07;
+    pub const LIST: u8 = 0x08;
+    pub const DICT: u8 = 0x09;
+    pub const ERROR: u8 = 0x0A;
+    pub const CALL: u8 = 0x0B;
+    pub const ARRAY: u8 = 0x0C;
+    pub const TABLE: u8 = 0x0D;
+}
+
+/// How a call names its function.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallTarget {
+    /// A qualified name, e.g. `package.module:function` or `pkg::fun`.
+    Name(String),
+    /// Source text that evaluates to the function.
+    Source(String),
+}
+
+/// A value that crosses between processes and languages.
+#[derive(Debug, Clone)]
+pub enum Value {
+    /// Python `None`, R `NULL`.
+    None,
+    /// A boolean.
+    Bool(bool),
+    /// A 64-bit integer.
+    Int(i64),
+    /// A double (bit pattern preserved).
+    Float(f64),
+    /// A complex number (re, im).
+    Complex(f64, f64),
+    /// UTF-8 text.
+    Str(String),
+    /// Bytes; large ones are zero-copy views when decoded from a region.
+    Bytes(Buffer),
+    /// An ordered list.
+    List(Vec<Value>),
+    /// String keys, in order.
+    Dict(Vec<(String, Value)>),
+    /// An error raised by a task.
+    Error {
+        /// The remote exception type or condition class.
+        type_name: String,
+        /// Its message.
+        message: String,
+        /// The remote traceback, if any.
+        traceback: String,
+    },
+    /// A function to call with arguments.
+    Call {
+        /// What to call.
+        target: CallTarget,
+        /// Positional arguments.
+        args: Vec<Value>,
+        /// Keyword (named) arguments.
+        kwargs: Vec<(String, Value)>,
+    },
+    /// One Arrow array with its field (name, nullability, R metadata).
+    Array {
+        /// The field.
+        field: FieldRef,
+        /// The data.
+        array: ArrayRef,
+    },
+    /// An Arrow record batch (a data frame).
+    Table(RecordBatch),
+}
+
+impl PartialEq for Value {
+    fn eq(&self, other: &Self) -> bool {
+        use Value::*;
+        match (self, other) {
+            (None, None) => true,
+            (Bool(a), Bool(b)) => a == b,
+            (Int(a), Int(b)) => a == b,
+            // Bit equality: NaN payloads (R's NA_real_) must survive.
+            (Float(a), Float(b)) => a.to_bits() == b.to_bits(),
+            (Complex(a, b), Complex(c, d)) => {
+                a.to_bits() == c.to_bits() && b.to_bits() == d.to_bits()
+            }
+            (Str(a), Str(b)) => a == b,
+            (Bytes(a), Bytes(b)) => a.as_slice() == b.as_slice(),
+            (List(a), List(b)) => a == b,
+            (Dict(a), Dict(b)) => a == b,
+            (
+                Error {
+                    type_name: a,
+                    message: b,
+                    traceback: c,
+                },
+                Error {
+                    type_name: d,
+                    message: e,
+                    traceback: f,
+                },
+            ) => a == d && b == e && c == f,
+            (
+                Call {
+                    target: a,
+                    args: b,
+                    kwargs: c,
+                },
+                Call {
+                    target: d,
+                    args: e,
+                    kwargs: f,
+                },
+            ) => a == d && b == e && c == f,
+            (Array { field: a, array: b }, Array { field: c, array: d }) => {
+                a == c && b.to_data() == d.to_data()
+            }
+            (Table(a), Table(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+/// An encoded value as a scatter list (see the module docs).
+#[derive(Debug, Default, Clone)]
+pub struct Encoded {
+    parts: Vec<Part>,
+    cur: Vec<u8>,
+    len: usize,
+}
+
+#[derive(Debug, Clone)]
+enum Part {
+    Owned(Vec<u8>),
+    Shared(Buffer),
+}
+
+impl Encoded {
+    /// Total length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing was encoded.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn put(&mut self, b: &[u8]) {
+        self.cur.extend_from_slice(b);
+        self.len += b.len();
+    }
+
+    fn byte(&mut self, b: u8) {
+        self.put(&[b]);
+    }
+
+    fn varint(&mut self, mut v: u64) {
+        let mut buf = [0u8; 10];
+        let mut n = 0;
+        loop {
+            let b = (v & 0x7f) as u8;
+            v >>= 7;
+            buf[n] = b | if v != 0 { 0x80 } else { 0 };
+            n += 1;
+            if v == 0 {
+                break;
+            }
+        }
+        self.put(&buf[..n]);
+    }
+
+    fn pad_to_align(&mut self) {
+        let pad = self.len.next_multiple_of(64) - self.len;
+        self.put(&[0u8; 64][..pad]);
+    }
+
+    fn share(&mut self, b: Buffer) {
+        if b.len() < 4096 {
+            self.put(b.as_slice());
+            return;
+        }
+        if !self.cur.is_empty() {
+            self.parts.push(Part::Owned(std::mem::take(&mut self.cur)));
+        }
+        self.len += b.len();
+        self.parts.push(Part::Shared(b));
+    }
+
+    fn string(&mut self, s: &str) {
+        self.varint(s.len() as u64);
+        self.put(s.as_bytes());
+    }
+
+    fn finish(mut self) -> Self {
+        if !self.cur.is_empty() {
+            self.parts.push(Part::Owned(std::mem::take(&mut self.cur)));
+        }
+        self
+    }
+
+    /// Writes the value into `out` (at least [`Encoded::len`] bytes; its start must be
+    /// 64-byte aligned for receivers to view large parts in place). One copy per byte.
+    pub fn write_to(&self, out: &mut [u8]) {
+        assert!(
+            out.len() >= self.len,
+            "output of {} bytes for a {}-byte value",
+            out.len(),
+            self.len
+        );
+        let mut at = 0;
+        for p in &self.parts {
+            let b: &[u8] = match p {
+                Part::Owned(v) => v,
+                Part::Shared(b) => b.as_slice(),
+            };
+            out[at..at + b.len()].copy_from_slice(b);
+            at += b.len();
+        }
+    }
+
+    /// The encoding as one vector.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.len];
+        self.write_to(&mut v);
+        v
+    }
+}
+
+/// Encodes `v`.
+pub fn encode(v: &Value) -> Result<Encoded> {
+    let mut e = Encoded::default();
+    encode_into(&mut e, v, 0)?;
+    Ok(e.finish())
+}
+
+fn encode_into(e: &mut Encoded, v: &Value, depth: usize) -> Result<()> {
+    if depth > MAX_DEPTH {
+        return Err(WireError::Unsupported(format!(
+            "nesting deeper than {MAX_DEPTH} levels"
+        )));
+    }
+    match v {
+        Value::None => e.byte(tag::NONE),
+        Value::Bool(b) => e.byte(if *b { tag::TRUE } else { tag::FALSE }),
+        Value::Int(i) => {
+            e.byte(tag::INT);
+            e.put(&i.to_le_bytes());
+        }
+        Value::Float(f) => {
+            e.byte(tag::FLOAT);
+            e.put(&f.to_bits().to_le_bytes());
+        }
+        Value::Complex(re, im) => {
+            e.byte(tag::COMPLEX);
+            e.put(&re.to_bits().to_le_bytes());
+            e.put(&im.to_bits().to_le_bytes());
+        }
+        Value::Str(s) => {
+            e.byte(tag::STR);
+            e.string(s);
+        }
+        Value::Bytes(b) => {
+            e.byte(tag::BYTES);
+            e.varint(b.len() as u64);
+            if b.len() >= ALIGNED_BYTES_MIN {
+                e.pad_to_align();
+            }
+            e.share(b.clone());
+        }
+        Value::List(items) => {
+            e.byte(tag::LIST);
+            e.varint(items.len() as u64);
+            for it in items {
+                encode_into(e, it, depth + 1)?;
+            }
+        }
+        Value::Dict(items) => {
+            e.byte(tag::DICT);
+            encode_pairs(e, items, depth)?;
+        }
+        Value::Error {
+            type_name,
+            message,
+            traceback,
+        } => {
+            e.byte(tag::ERROR);
+            e.string(type_name);
+            e.string(message);
+            e.string(traceback);
+        }
+        Value::Call {
+            target,
+            args,
+            kwargs,
+        } => {
+            e.byte(tag::CALL);
+            let (form, text) = match target {
+                CallTarget::Name(s) => (0u8, s),
+                CallTarget::Source(s) => (1u8, s),
+            };
+            e.byte(form);
+            e.string(text);
+            e.varint(args.len() as u64);
+            for a in args {
+                encode_into(e, a, depth + 1)?;
+            }
+            encode_pairs(e, kwargs, depth)?;
+        }
+        Value::Array { field, array } => {
+            if field.data_type() != array.data_type() {
+                return Err(WireError::Unsupported(format!(
+                    "field type {} does not match array type {}",
+                    field.data_type(),
+                    array.data_type()
+                )));
+            }
+            let schema = Arc::new(Schema::new(vec![field.clone()]));
+            let batch = RecordBatch::try_new(schema, vec![array.clone()])?;
+            encode_arrow(e, tag::ARRAY, &batch)?;
+        }
+        Value::Table(batch) => encode_arrow(e, tag::TABLE, batch)?,
+    }
+    Ok(())
+}
+
+fn encode_pairs(e: &mut Encoded, items: &[(String, Value)], depth: usize) -> Result<()> {
+    e.varint(items.len() as u64);
+    for (k, v) in items {
+        e.string(k);
+        encode_into(e, v, depth + 1)?;
+    }
+    Ok(())
+}
+
+fn ipc_options() -> IpcWriteOptions {
+    IpcWriteOptions::try_new(64, false, arrow_ipc::MetadataVersion::V5)
+        .expect("64 is a valid IPC alignment")
+}
+
+fn encode_arrow(e: &mut Encoded, t: u8, batch: &RecordBatch) -> Result<()> {
+    let mut enc = StreamEncoder::try_new_with_options(&batch.schema(), ipc_options())?;
+    let mut bufs = enc.encode(batch)?;
+    bufs.extend(enc.finish()?);
+    let total: usize = bufs.iter().map(|b| b.len()).sum();
+    e.byte(t);
+    e.varint(total as u64);
+    e.pad_to_align();
+    for b in bufs {
+        e.share(b);
+    }
+    Ok(())
+}
+
+/// Decodes a value from `buf`, whose start is the value's start. Large byte strings and Arrow
+/// data are views into `buf` (no copy) when `buf` is 64-byte aligned, as region buffers are;
+/// Arrow data in a misaligned `buf` is refused (copy it into an aligned buffer first, as
+/// [`decode_slice`] does).
+pub fn decode(buf: &Buffer) -> Result<Value> {
+    let mut d = Decoder { buf, pos: 0 };
+    let v = d.value(0)?;
+    if d.pos != buf.len() {
+        return Err(malformed(
+            d.pos,
+            format!("{} trailing bytes after the value", buf.len() - d.pos),
+        ));
+    }
+    Ok(v)
+}
+
+/// Decodes a value from plain bytes, copying them into an aligned buffer first (for small
+/// inline frames).
+pub fn decode_slice(bytes: &[u8]) -> Result<Value> {
+    let mut m = MutableBuffer::with_capacity(bytes.len());
+    m.extend_from_slice(bytes);
+    decode(&m.into())
+}
+
+struct Decoder<'a> {
+    buf: &'a Buffer,
+    pos: usize,
+}
+
+impl Decoder<'_> {
+    fn need(&self, what: &'static str, n: usize) -> Result<()> {
+        let available = self.buf.len() - self.pos;
+        if n > available {
+            return Err(WireError::Truncated {
+                what,
+                offset: self.pos,
+                needed: n,
+                available,
+            });
+        }
+        Ok(())
+    }
+
+    fn take(&mut self, what: &'static str, n: usize) -> Result<&[u8]> {
+        self.need(what, n)?;
+        let s = &self.buf.as_slice()[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    fn u8(&mut self, what: &'static str) -> Result<u8> {
+        Ok(self.take(what, 1)?[0])
+    }
+
+    fn u64(&mut self, what: &'static str) -> Result<u64> {
+        Ok(u64::from_le_bytes(
+            self.take(what, 8)?.try_into().expect("8 bytes"),
+        ))
+    }
+
+    fn varint(&mut self, what: &'static str) -> Result<u64> {
+        let start = self.pos;
+        let mut v = 0u64;
+        for i in 0..10 {
+            let b = self.u8(what)?;
+            if i == 9 && b > 1 {
+                return Err(malformed(
+                    start,
+                    format!("{what}: varint overflows 64 bits"),
+                ));
+            }
+            v |= u64::from(b & 0x7f) << (7 * i);
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(malformed(
+            start,
+            format!("{what}: varint longer than 10 bytes"),
+        ))
+    }
+
+    /// A length that must fit in what is left (never allocate for a claimed size).
+    fn len(&mut self, what: &'static str) -> Result<usize> {
+        let at = self.pos;
+        let n = self.varint(what)?;
+        let left = (self.buf.len() - self.pos) as u64;
+        if n > left {
+            return Err(WireError::Truncated {
+                what,
+                offset: at,
+                needed: n.min(usize::MAX as u64) as usize,
+                available: left as usize,
+            });
+        }
+        Ok(n as usize)
+    }
+
+    /// A count of items, each at least one byte long.
+    fn count(&mut self, what: &'static str) -> Result<usize> {
+        self.len(what)
+    }
+
+    fn string(&mut self, what: &'static str) -> Result<String> {
+        let n = self.len(what)?;
+        let at = self.pos;
+        let b = self.take(what, n)?;
+        std::str::from_utf8(b)
+            .map(str::to_owned)
+            .map_err(|e| malformed(at, format!("{what}: invalid UTF-8: {e}")))
+    }
+
+    fn skip_padding(&mut self) -> Result<()> {
+        let pad = self.pos.next_multiple_of(64) - self.pos;
+        let at = self.pos;
+        if self.take("alignment padding", pad)?.iter().any(|&b| b != 0) {
+            return Err(malformed(at, "non-zero alignment padding"));
+        }
+        Ok(())
+    }
+
+    fn value(&mut self, depth: usize) -> Result<Value> {
+        if depth > MAX_DEPTH {
+            return Err(WireError::TooDeep {
+                offset: self.pos,
+                max: MAX_DEPTH,
+            });
+        }
+        let at = self.pos;
+        Ok(match self.u8("tag")? {
+            tag::NONE => Value::None,
+            tag::FALSE => Value::Bool(false),
+            tag::TRUE => Value::Bool(true),
+            tag::INT => Value::Int(self.u64("int64")? as i64),
+            tag::FLOAT => Value::Float(f64::from_bits(self.u64("float64")?)),
+            tag::COMPLEX => Value::Complex(
+                f64::from_bits(self.u64("complex")?),
+                f64::from_bits(self.u64("complex")?),
+            ),
+            tag::STR => Value::Str(self.string("string")?),
+            tag::BYTES => {
+                let n = self.len("bytes length")?;
+                if n >= ALIGNED_BYTES_MIN {
+                    self.skip_padding()?;
+                }
+                self.need("bytes", n)?;
+                let b = self.buf.slice_with_length(self.pos, n);
+                self.pos += n;
+                Value::Bytes(b)
+            }
+            tag::LIST => {
+                let n = self.count("list length")?;
+                let mut items = Vec::with_capacity(n.min(1024));
+                for _ in 0..n {
+                    items.push(self.value(depth + 1)?);
+                }
+                Value::List(items)
+            }
+            tag::DICT => Value::Dict(self.pairs(depth)?),
+            tag::ERROR => Value::Error {
+                type_name: self.string("error type")?,
+                message: self.string("error message")?,
+                traceback: self.string("error traceback")?,
+            },
+            tag::CALL => {
+                let form_at = self.pos;
+                let form = self.u8("call form")?;
+                let text = self.string("call target")?;
+                let target = match form {
+                    0 => CallTarget::Name(text),
+                    1 => CallTarget::Source(text),
+                    f => return Err(malformed(form_at, format!("unknown call form {f}"))),
+                };
+                let n = self.count("call argument count")?;
+                let mut args = Vec::with_capacity(n.min(1024));
+                for _ in 0..n {
+                    args.push(self.value(depth + 1)?);
+                }
+                Value::Call {
+                    target,
+                    args,
+                    kwargs: self.pairs(depth)?,
+                }
+            }
+            t @ (tag::ARRAY | tag::TABLE) => {
+                let n = self.len("arrow stream length")?;
+                self.skip_padding()?;
+                self.need("arrow stream", n)?;
+                let stream = self.buf.slice_with_length(self.pos, n);
+                let batch = decode_arrow(stream, self.pos)?;
+                self.pos += n;
+                if t == tag::TABLE {
+                    Value::Table(batch)
+                } else {
+                    if batch.num_columns() != 1 {
+                        return Err(malformed(
+                            at,
+                            format!("an array value has {} columns", batch.num_columns()),
+                        ));
+                    }
+                    Value::Array {
+                        field: batch.schema().field(0).clone().into(),
+                        array: batch.column(0).clone(),
+                    }
+                }
+            }
+            t => return Err(malformed(at, format!("unknown tag {t:#04x}"))),
+        })
+    }
+
+    fn pairs(&mut self, depth: usize) -> Result<Vec<(String, Value)>> {
+        let n = self.count("dict length")?;
+        let mut items = Vec::with_capacity(n.min(1024));
+        for _ in 0..n {
+            let k = self.string("dict key")?;
+            items.push((k, self.value(depth + 1)?));
+        }
+        Ok(items)
+    }
+}
+
+/// Decodes an IPC stream holding exactly one record batch, zero-copy, requiring alignment.
+fn decode_arrow(mut stream: Buffer, at: usize) -> Result<RecordBatch> {
+    // Arrow only checks each buffer's natural alignment; the format promises 64 so receivers
+    // get SIMD-friendly views, and a value placed otherwise is a misuse worth an error.
+    if stream.as_ptr() as usize % 64 != 0 {
+        return Err(malformed(
+            at,
+            "arrow stream is not 64-byte aligned in memory (decode from an aligned buffer)",
+        ));
+    }
+    validate_ipc_stream(stream.as_slice(), at)?;
+    // arrow-data 60.1 still asserts (panics) on some malformed bodies, e.g. an offsets buffer
+    // whose length is not a whole number of offsets. Contain that here, on local state only,
+    // so hostile bytes are an error and never a panic that could cross an FFI boundary.
+    let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        let mut dec = StreamDecoder::new().with_require_alignment(true);
+        let mut batch = None;
+        let mut extra = false;
+        while !stream.is_empty() {
+            if let Some(b) = dec.decode(&mut stream)? {
+                extra |= batch.replace(b).is_some();
+            }
+        }
+        dec.finish()?;
+        Ok::<_, arrow_schema::ArrowError>((batch, extra))
+    }));
+    let (batch, extra) = match decoded {
+        Ok(r) => r?,
+        Err(p) => {
+            let why = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            return Err(malformed(
+                at,
+                format!("arrow-ipc could not decode the stream: {why}"),
+            ));
+        }
+    };
+    if extra {
+        return Err(malformed(
+            at,
+            "an arrow value holds more than one record batch",
+        ));
+    }
+    batch.ok_or_else(|| malformed(at, "an arrow value holds no record batch"))
+}
+
+/// Checks the framing of an IPC stream before arrow-ipc reads it: arrow trusts buffer offsets
+/// and panics on out-of-range ones, so every message's metadata is verified (flatbuffer
+/// verifier) and every body buffer is checked to lie inside its message body.
+fn validate_ipc_stream(b: &[u8], at: usize) -> Result<()> {
+    use arrow_ipc::MessageHeader;
+    let bad = |off: usize, why: String| malformed(at + off, format!("arrow stream: {why}"));
+    let mut pos = 0usize;
+    loop {
+        let head = b
+            .get(pos..pos + 8)
+            .ok_or_else(|| bad(pos, "truncated before end-of-stream".into()))?;
+        if head[..4] != [0xff; 4] {
+            return Err(bad(pos, "message without continuation marker".into()));
+        }
+        let meta_len = i32::from_le_bytes(head[4..8].try_into().expect("4 bytes"));
+        if meta_len == 0 {
+            if pos + 8 != b.len() {
+                return Err(bad(
+                    pos,
+                    format!("{} bytes after end-of-stream", b.len() - pos - 8),
+                ));
+            }
+            return Ok(());
+        }
+        let meta_end = usize::try_from(meta_len)
+            .ok()
+            .and_then(|m| (pos + 8).checked_add(m))
+            .filter(|&e| e <= b.len())
+            .ok_or_else(|| bad(pos, format!("metadata length {meta_len} out of range")))?;
+        let msg = arrow_ipc::root_as_message(&b[pos + 8..meta_end])
+            .map_err(|e| bad(pos, format!("invalid message metadata: {e}")))?;
+        let body_len =
+            u64::try_from(msg.bodyLength()).map_err(|_| bad(pos, "negative body length".into()))?;
+        let end = (meta_end as u64)
+            .checked_add(body_len)
+            .filter(|&e| e <= b.len() as u64)
+            .ok_or_else(|| bad(pos, format!("body of {body_len} bytes past the end")))?
+            as usize;
+        let batch = match msg.header_type() {
+            MessageHeader::Schema => None,
+            MessageHeader::RecordBatch => msg.header_as_record_batch(),
+            MessageHeader::DictionaryBatch => {
+                msg.header_as_dictionary_batch().and_then(|d| d.data())
+            }
+            other => return Err(bad(pos, format!("unsupported message type {other:?}"))),
+        };
+        if let Some(rb) = batch {
+            for buf in rb.buffers().iter().flatten() {
+                let ok = u64::try_from(buf.offset())
+                    .ok()
+                    .zip(u64::try_from(buf.length()).ok())
+                    .and_then(|(o, l)| o.checked_add(l))
+                    .is_some_and(|e| e <= body_len)
+                    && buf.offset() % 8 == 0;
+                if !ok {
+                    return Err(bad(
+                        pos,
+                        format!(
+                            "buffer {}+{} misaligned or outside a {body_len}-byte body",
+                            buf.offset(),
+                            buf.length()
+                        ),
+                    ));
+                }
+            }
+        } else if msg.header_type() != MessageHeader::Schema {
+            return Err(bad(pos, "batch message without a batch".into()));
+        }
+        pos = end;
+    }
+}
+
+/// Builds an array value with a plain field named `name`.
+pub fn array(name: &str, array: ArrayRef) -> Value {
+    let field = Field::new(
+        name,
+        array.data_type().clone(),
+        array.null_count() > 0 || array.is_nullable(),
+    );
+    Value::Array {
+        field: Arc::new(field),
+        array,
+    }
+}

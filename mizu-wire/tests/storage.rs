@@ -1,0 +1,180 @@
+//! Data segments and regions within one process: reference counts, reuse without new
+//! segments, re-sending by reference, unlinking when the last holder lets go, bad descriptors.
+
+use mizu_wire::store::ALIGN;
+use mizu_wire::{DataPool, Mapper, RegionDesc, WireError};
+
+fn shm_exists(name: &str) -> bool {
+    std::path::Path::new("/dev/shm")
+        .join(name.trim_start_matches('/'))
+        .exists()
+}
+
+#[test]
+fn regions_are_aligned_and_hold_their_bytes() {
+    let pool = DataPool::new(1 << 16);
+    for len in [0usize, 1, 63, 64, 65, 1000] {
+        let data: Vec<u8> = (0..len).map(|i| i as u8).collect();
+        let r = pool.store(&data).unwrap();
+        assert_eq!(r.bytes(), &data[..]);
+        assert_eq!(r.bytes().as_ptr() as usize % ALIGN as usize, 0);
+    }
+}
+
+#[test]
+fn a_shared_region_outlives_the_senders_handle_and_the_last_holder_unlinks() {
+    let pool = DataPool::new(1 << 16);
+    let mapper = Mapper::new();
+    let r = pool.store(b"payload").unwrap();
+    let name = r.segment().name().to_string();
+    let desc = r.share();
+    drop(r); // the sender lets go first
+    drop(pool); // ...and detaches from the segment entirely
+    assert!(
+        shm_exists(&name),
+        "a reference is still in flight: the name must stay"
+    );
+    let got = mapper.adopt(&desc).unwrap();
+    assert_eq!(got.bytes(), b"payload");
+    drop(got);
+    assert!(
+        !shm_exists(&name),
+        "the last holder unlinks once the owner has detached"
+    );
+}
+
+#[test]
+fn resending_passes_the_same_bytes_by_reference() {
+    let pool = DataPool::new(1 << 16);
+    let mapper = Mapper::new();
+    let r = pool.store(&[9u8; 300]).unwrap();
+    let first = mapper.adopt(&r.share()).unwrap();
+    let again = first.share(); // re-send of a received region
+    assert_eq!(
+        (again.name.as_str(), again.offset),
+        (r.segment().name().as_str(), r.offset())
+    );
+    let second = mapper.adopt(&again).unwrap();
+    assert_eq!(
+        second.bytes().as_ptr(),
+        first.bytes().as_ptr(),
+        "same mapping, same bytes: no copy"
+    );
+}
+
+#[test]
+fn a_drained_segment_is_reused_instead_of_creating_new_ones() {
+    let pool = DataPool::new(1 << 16);
+    for _ in 0..10_000 {
+        let r = pool.store(&[1u8; 1000]).unwrap();
+        drop(r);
+    }
+    assert_eq!(pool.segments(), 1, "steady traffic reuses one segment");
+    // Held regions force new space, released ones make it reusable again.
+    let held: Vec<_> = (0..200)
+        .map(|_| pool.store(&[2u8; 1000]).unwrap())
+        .collect();
+    assert!(pool.segments() > 1);
+    let n = pool.segments();
+    drop(held);
+    for _ in 0..1000 {
+        pool.store(&[3u8; 1000]).unwrap();
+    }
+    assert_eq!(
+        pool.segments(),
+        n,
+        "no new segments once space was released"
+    );
+}
+
+#[test]
+fn a_payload_larger_than_a_segment_gets_its_own() {
+    let pool = DataPool::new(4096);
+    let r = pool.store(&vec![5u8; 100_000]).unwrap();
+    assert_eq!(r.len(), 100_000);
+    assert!(r.bytes().iter().all(|&b| b == 5));
+}
+
+#[test]
+fn bad_descriptors_are_refused_clearly() {
+    let pool = DataPool::new(1 << 16);
+    let mapper = Mapper::new();
+    let r = pool.store(b"0123456789").unwrap();
+    let good = r.share();
+    let cases = [
+        (
+            RegionDesc {
+                name: "nonsense".into(),
+                ..good.clone()
+            },
+            "invalid segment name",
+        ),
+        (
+            RegionDesc {
+                name: "/mizu_1_0123456789abcdef01234567".into(),
+                ..good.clone()
+            },
+            "does not exist",
+        ),
+        (
+            RegionDesc {
+                offset: good.offset + 8,
+                ..good.clone()
+            },
+            "misaligned",
+        ),
+        (
+            RegionDesc {
+                len: u64::MAX,
+                ..good.clone()
+            },
+            "overflows",
+        ),
+        (
+            RegionDesc {
+                offset: 1 << 40,
+                ..good.clone()
+            },
+            "outside",
+        ),
+        (
+            RegionDesc {
+                len: 11,
+                ..good.clone()
+            },
+            "stale",
+        ),
+        (
+            RegionDesc {
+                generation: good.generation + 1,
+                ..good.clone()
+            },
+            "stale",
+        ),
+        (
+            RegionDesc {
+                offset: good.offset + 4096,
+                ..good.clone()
+            },
+            "no region header",
+        ),
+    ];
+    for (d, want) in cases {
+        let e = mapper.adopt(&d).expect_err(want);
+        let msg = e.to_string();
+        assert!(msg.contains(want), "{want:?} not in {msg:?}");
+        assert!(matches!(e, WireError::BadRegion { .. } | WireError::Shm(_)));
+    }
+    // A segment of another kind is not a data segment.
+    let mut l = mizu_shm::Layout::new(7);
+    l.add(64, 64).unwrap();
+    let other = mizu_shm::Segment::create(&l, false).unwrap();
+    let e = mapper
+        .adopt(&RegionDesc {
+            name: other.token().into(),
+            ..good.clone()
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("layout kind"), "{e}");
+    assert_eq!(mapper.adopt(&good).unwrap().bytes(), b"0123456789");
+}
