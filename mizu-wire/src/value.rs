@@ -603,7 +603,7 @@ impl Decoder<'_> {
 fn decode_arrow(mut stream: Buffer, at: usize) -> Result<RecordBatch> {
     // Arrow only checks each buffer's natural alignment; the format promises 64 so receivers
     // get SIMD-friendly views, and a value placed otherwise is a misuse worth an error.
-    if stream.as_ptr() as usize % 64 != 0 {
+    if !(stream.as_ptr() as usize).is_multiple_of(64) {
         return Err(malformed(
             at,
             "arrow stream is not 64-byte aligned in memory (decode from an aligned buffer)",

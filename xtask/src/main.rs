@@ -97,6 +97,7 @@ fn test(root: &Path) -> Res {
             "mizu-rng/tests/data/numpy_philox.txt",
         ]),
     )?;
+    fuzz(root)?;
     loom(root)?;
     leak_check()?;
     eprintln!(
@@ -104,6 +105,24 @@ fn test(root: &Path) -> Res {
         t.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The decoders' fuzz harness (proptest over arbitrary and mutated bytes), with many more cases
+/// than the quick run inside `cargo test`; bounded: seconds to a minute on the CI machine.
+fn fuzz(root: &Path) -> Res {
+    let mut cmd = Command::new(cargo());
+    cmd.args([
+        "test",
+        "--release",
+        "-p",
+        "mizu-wire",
+        "--test",
+        "values",
+        "--",
+        "never_panic",
+    ])
+    .env("PROPTEST_CASES", "20000");
+    run(root, &mut cmd)
 }
 
 /// The loom build gets its own target directory so it does not invalidate the normal one.
@@ -154,6 +173,10 @@ fn bench(root: &Path) -> Res {
         Command::new(cargo())
             .args(["bench", "-p", "mizu-rng", "--bench", "fill"])
             .env("MIZU_PYTHON", py),
+    )?;
+    run(
+        root,
+        Command::new(cargo()).args(["bench", "-p", "mizu-wire", "--bench", "decode"]),
     )
 }
 
