@@ -248,6 +248,17 @@ impl<'a> Producer<'a> {
         }
     }
 
+    /// Makes every written message visible without waking the ring's consumer word — for
+    /// consumers that park on a word of their own (a pool worker serving many rings), which
+    /// the caller wakes instead.
+    #[inline]
+    pub fn publish_quiet(&mut self) {
+        if self.published != self.tail {
+            self.ring.hdr.tail.store(self.tail, Ordering::Release);
+            self.published = self.tail;
+        }
+    }
+
     /// Sends one message now (copy into the slot, publish).
     pub fn try_send(&mut self, msg: &[u8]) -> Result<(), SendError> {
         let max = self.ring.max_payload();

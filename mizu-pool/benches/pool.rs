@@ -1,0 +1,254 @@
+//! The pool against its peers, same run, same placement, printed as ratios:
+//! * mizu pool with the Rust test worker (task round trip, pipelined, fan-out over 2 workers),
+//! * a request/response pool over Unix socketpairs between processes (the architecture of
+//!   `ProcessPoolExecutor` and mirai), with the same worker binary,
+//! * an in-process thread pool (crossbeam channels).
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::process::{Child, Command};
+use std::time::Instant;
+
+use mizu_pool::{Launcher, Pool, PoolConfig, collect_all};
+use rustix::io::FdFlags;
+use rustix::net::{AddressFamily, SocketFlags, SocketType};
+
+const WORKER: &str = env!("CARGO_BIN_EXE_mizu-pool-testworker");
+const RUNS: usize = 5;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn scale(n: usize) -> usize {
+    let s: f64 = std::env::var("MIZU_BENCH_SCALE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1.0);
+    ((n as f64 * s) as usize).max(100)
+}
+
+fn mizu(workers: usize) -> Pool {
+    let cfg = PoolConfig {
+        workers,
+        slots: 8192,
+        ring_capacity: 4096,
+        ..Default::default()
+    };
+    Pool::new(cfg, Launcher::new(WORKER, Vec::<String>::new())).unwrap()
+}
+
+fn mizu_round_trip(n: usize) -> (f64, u64) {
+    let p = mizu(1);
+    for _ in 0..n / 10 {
+        p.submit(b"echo:x").unwrap().result(None).unwrap();
+    }
+    let ns = median(
+        (0..RUNS)
+            .map(|_| {
+                let t = Instant::now();
+                for _ in 0..n {
+                    p.submit(b"echo:x").unwrap().result(None).unwrap();
+                }
+                t.elapsed().as_nanos() as f64 / n as f64
+            })
+            .collect(),
+    );
+    (ns, p.status().workers.iter().map(|w| w.parks).sum())
+}
+
+fn mizu_pipelined(workers: usize, n: usize) -> f64 {
+    let p = mizu(workers);
+    let batch = 4000;
+    median(
+        (0..RUNS)
+            .map(|_| {
+                let t = Instant::now();
+                let mut done = 0;
+                while done < n {
+                    let mut ts: Vec<_> = (0..batch).map(|_| p.submit(b"echo:x").unwrap()).collect();
+                    collect_all(&mut ts, None).unwrap();
+                    done += batch;
+                }
+                done as f64 / t.elapsed().as_secs_f64()
+            })
+            .collect(),
+    )
+}
+
+fn sock_worker() -> (UnixStream, Child) {
+    let (mine, theirs) = rustix::net::socketpair(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .unwrap();
+    rustix::io::fcntl_setfd(&theirs, FdFlags::empty()).unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&theirs).to_string();
+    let child = Command::new(WORKER)
+        .args(["--sock-worker", &fd])
+        .spawn()
+        .unwrap();
+    drop(theirs);
+    (UnixStream::from(mine), child)
+}
+
+fn sock_call(s: &mut UnixStream, req: &[u8], buf: &mut Vec<u8>) {
+    s.write_all(&(req.len() as u32).to_le_bytes()).unwrap();
+    s.write_all(req).unwrap();
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).unwrap();
+    buf.resize(u32::from_le_bytes(len) as usize, 0);
+    s.read_exact(buf).unwrap();
+}
+
+fn sock_round_trip(n: usize) -> f64 {
+    let (mut s, mut child) = sock_worker();
+    let mut buf = Vec::new();
+    for _ in 0..n / 10 {
+        sock_call(&mut s, b"echo:x", &mut buf);
+    }
+    let r = median(
+        (0..RUNS)
+            .map(|_| {
+                let t = Instant::now();
+                for _ in 0..n {
+                    sock_call(&mut s, b"echo:x", &mut buf);
+                }
+                t.elapsed().as_nanos() as f64 / n as f64
+            })
+            .collect(),
+    );
+    drop(s);
+    child.wait().unwrap();
+    r
+}
+
+/// Pipelined over sockets: write a batch of requests, then read the batch of replies.
+fn sock_pipelined(workers: usize, n: usize) -> f64 {
+    let mut ws: Vec<_> = (0..workers).map(|_| sock_worker()).collect();
+    let batch = 256;
+    let req = {
+        let mut r = (6u32).to_le_bytes().to_vec();
+        r.extend_from_slice(b"echo:x");
+        r
+    };
+    let r = median(
+        (0..RUNS)
+            .map(|_| {
+                let t = Instant::now();
+                let mut done = 0;
+                while done < n {
+                    for (s, _) in ws.iter_mut() {
+                        let mut out = Vec::with_capacity(req.len() * batch);
+                        for _ in 0..batch {
+                            out.extend_from_slice(&req);
+                        }
+                        s.write_all(&out).unwrap();
+                    }
+                    for (s, _) in ws.iter_mut() {
+                        let mut back = vec![0u8; batch * 5];
+                        s.read_exact(&mut back).unwrap();
+                    }
+                    done += batch * ws.len();
+                }
+                done as f64 / t.elapsed().as_secs_f64()
+            })
+            .collect(),
+    );
+    for (s, mut c) in ws {
+        drop(s);
+        c.wait().unwrap();
+    }
+    r
+}
+
+fn threads_round_trip(n: usize) -> f64 {
+    let (tx, rx) = crossbeam_channel::bounded::<Vec<u8>>(1024);
+    let (btx, brx) = crossbeam_channel::bounded::<Vec<u8>>(1024);
+    let h = std::thread::spawn(move || {
+        // The peer thread runs where a worker process would: CPU 1.
+        mizu_shm::affinity::pin_to_cpu(1).unwrap();
+        while let Ok(m) = rx.recv() {
+            btx.send(m[5..].to_vec()).unwrap();
+        }
+    });
+    for _ in 0..n / 10 {
+        tx.send(b"echo:x".to_vec()).unwrap();
+        brx.recv().unwrap();
+    }
+    let r = median(
+        (0..RUNS)
+            .map(|_| {
+                let t = Instant::now();
+                for _ in 0..n {
+                    tx.send(b"echo:x".to_vec()).unwrap();
+                    brx.recv().unwrap();
+                }
+                t.elapsed().as_nanos() as f64 / n as f64
+            })
+            .collect(),
+    );
+    drop(tx);
+    h.join().unwrap();
+    r
+}
+
+fn main() {
+    mizu_shm::affinity::pin_to_cpu(0).unwrap();
+    // Workers inherit this process's mask, then pin themselves to CPU 1.
+    // SAFETY: single-threaded at this point; nothing reads the environment concurrently.
+    unsafe { std::env::set_var("MIZU_PIN_CPU", "1") };
+    let rt_n = scale(100_000);
+    let (mizu_rt, parks) = mizu_round_trip(rt_n);
+    let sock_rt = sock_round_trip(scale(10_000));
+    let thr_rt = threads_round_trip(rt_n);
+    let mizu_pipe = mizu_pipelined(1, scale(400_000));
+    let sock_pipe = sock_pipelined(1, scale(100_000));
+    // Fan-out: two workers; the controller's CPU is shared with the second worker.
+    mizu_shm::affinity::allow_cpus(&mizu_shm::affinity::available_cpus_all()).unwrap();
+    // SAFETY: as above.
+    unsafe { std::env::remove_var("MIZU_PIN_CPU") };
+    let mizu_fan = mizu_pipelined(2, scale(400_000));
+    let sock_fan = sock_pipelined(2, scale(100_000));
+    println!(
+        "mizu-pool: task round trip and throughput with the Rust test worker (echo), median of {RUNS} runs"
+    );
+    println!("placement: controller cpu0, one worker cpu1 (fan-out rows: unpinned, 2 workers)");
+    println!(
+        "| measure                         | mizu pool | socketpair pool | crossbeam thread pool | mizu vs socketpair | mizu vs threads |"
+    );
+    println!(
+        "|---------------------------------|----------:|----------------:|----------------------:|-------------------:|----------------:|"
+    );
+    println!(
+        "| round trip (µs)                 | {:>9.3} | {:>15.1} | {:>21.3} | {:>17.0}x | {:>14.2}x |",
+        mizu_rt / 1e3,
+        sock_rt / 1e3,
+        thr_rt / 1e3,
+        sock_rt / mizu_rt,
+        thr_rt / mizu_rt
+    );
+    println!(
+        "| pipelined, 1 worker (M tasks/s) | {:>9.2} | {:>15.3} | {:>21} | {:>17.1}x | {:>15} |",
+        mizu_pipe / 1e6,
+        sock_pipe / 1e6,
+        "-",
+        mizu_pipe / sock_pipe,
+        "-"
+    );
+    println!(
+        "| fan-out, 2 workers (M tasks/s)  | {:>9.2} | {:>15.3} | {:>21} | {:>17.1}x | {:>15} |",
+        mizu_fan / 1e6,
+        sock_fan / 1e6,
+        "-",
+        mizu_fan / sock_fan,
+        "-"
+    );
+    println!("worker parks during the round-trip runs: {parks}");
+    println!(
+        "Targets (issue #5): round trip <= 0.5 µs and >= 50x the socketpair pool; pipelined >= 2 M tasks/s."
+    );
+}

@@ -1,0 +1,142 @@
+//! A Rust worker for testing and benchmarking the runtime without any language binding.
+//!
+//! `mizu-pool-testworker <token> <slot>`. Task payloads are commands:
+//! `echo:<bytes>` returns the bytes; `sleep:<ms>` sleeps then returns `slept`; `fail:<msg>`
+//! fails with the message; `abort` kills this process (SIGKILL to itself); `pid` returns the
+//! pid; `big:<n>` returns n bytes; `nested:<n>` submits n nested `echo:<i>` tasks, collects
+//! them and returns their sum; `sum` returns the sum of the payload's remaining bytes.
+
+use mizu_pool::{Executor, TaskContext, run_worker};
+
+struct TestExec;
+
+impl Executor for TestExec {
+    fn execute(&self, ctx: &TaskContext<'_>, input: &[u8]) -> Result<Vec<u8>, Vec<u8>> {
+        let (cmd, arg) = match input.iter().position(|&b| b == b':') {
+            Some(i) => (&input[..i], &input[i + 1..]),
+            None => (input, &[][..]),
+        };
+        let num = || {
+            std::str::from_utf8(arg)
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok())
+                .ok_or(b"bad number".to_vec())
+        };
+        match cmd {
+            b"echo" => Ok(arg.to_vec()),
+            b"sleep" => {
+                std::thread::sleep(std::time::Duration::from_millis(num()?));
+                Ok(b"slept".to_vec())
+            }
+            b"fail" => Err(arg.to_vec()),
+            b"abort" => {
+                let _ = rustix::process::kill_process(
+                    rustix::process::getpid(),
+                    rustix::process::Signal::KILL,
+                );
+                Err(b"unreachable".to_vec())
+            }
+            b"pid" => Ok(std::process::id().to_string().into_bytes()),
+            b"big" => Ok(vec![7u8; num()? as usize]),
+            b"nested" => {
+                let n = num()?;
+                let mut tasks = (0..n)
+                    .map(|i| ctx.submit(format!("echo:{i}").as_bytes()))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| e.to_string().into_bytes())?;
+                let mut sum = 0u64;
+                for t in &mut tasks {
+                    let b = ctx
+                        .collect(t, None)
+                        .map_err(|e| e.to_string().into_bytes())?;
+                    sum += std::str::from_utf8(&b)
+                        .ok()
+                        .and_then(|s| s.parse::<u64>().ok())
+                        .unwrap_or(0);
+                }
+                Ok(sum.to_string().into_bytes())
+            }
+            b"sum" => Ok(arg
+                .iter()
+                .map(|&b| u64::from(b))
+                .sum::<u64>()
+                .to_string()
+                .into_bytes()),
+            _ => Err(format!("unknown command {:?}", String::from_utf8_lossy(cmd)).into_bytes()),
+        }
+    }
+}
+
+/// `--controller`: create a pool of two workers (this binary), print their pids and the token,
+/// then sleep until killed (for the controller-death test).
+fn controller() {
+    let exe = std::env::current_exe().expect("own path");
+    let cfg = mizu_pool::PoolConfig {
+        workers: 2,
+        ..Default::default()
+    };
+    let pool = mizu_pool::Pool::new(cfg, mizu_pool::Launcher::new(exe, Vec::<String>::new()))
+        .expect("pool");
+    let pids: Vec<String> = pool
+        .status()
+        .workers
+        .iter()
+        .map(|w| w.pid.to_string())
+        .collect();
+    println!("{} {}", pool.token(), pids.join(" "));
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(3600));
+    }
+}
+
+/// `--sock-worker FD`: the socketpair peer the benchmark compares against — a
+/// request/response worker over an inherited Unix socket, running the same commands (only
+/// those that need no pool).
+fn sock_worker(fd: i32) {
+    use std::io::{Read, Write};
+    use std::os::fd::FromRawFd;
+    // SAFETY: the benchmark passes this inherited socket descriptor; nothing else owns it.
+    let mut s = unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) };
+    let mut len = [0u8; 4];
+    let mut buf = Vec::new();
+    while s.read_exact(&mut len).is_ok() {
+        buf.resize(u32::from_le_bytes(len) as usize, 0);
+        if s.read_exact(&mut buf).is_err() {
+            break;
+        }
+        let out = match buf.strip_prefix(b"echo:") {
+            Some(a) => a.to_vec(),
+            None => b"unsupported".to_vec(),
+        };
+        let _ = s.write_all(&(out.len() as u32).to_le_bytes());
+        let _ = s.write_all(&out);
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(cpu) = std::env::var("MIZU_PIN_CPU")
+        .ok()
+        .and_then(|c| c.parse().ok())
+    {
+        let _ = mizu_shm::affinity::pin_to_cpu(cpu);
+    }
+    match args.first().map(String::as_str) {
+        Some("--controller") => controller(),
+        Some("--sock-worker") => {
+            sock_worker(args.get(1).and_then(|f| f.parse().ok()).unwrap_or(-1));
+            return;
+        }
+        _ => {}
+    }
+    let (Some(token), Some(slot)) = (args.first(), args.get(1).and_then(|s| s.parse().ok())) else {
+        eprintln!("usage: mizu-pool-testworker <token> <slot>");
+        std::process::exit(2);
+    };
+    if let Err(e) = run_worker(token, slot, &TestExec) {
+        eprintln!("mizu-pool-testworker: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,368 @@
+//! The pool segment: what lives where, initialised by the controller, validated by everyone
+//! who attaches.
+//!
+//! Extents: 0 control, 1 worker records, 2 submitter records, 3 task-slot headers,
+//! 4 task-slot data, 5 ring headers, 6 ring slots. Rings form an S×W matrix: ring (s, w)
+//! carries task ids from submitter `s` to worker `w` (single producer, single consumer).
+//! Submitter 0 is the controller, submitters `1..=max_workers` are the workers themselves
+//! (for nested tasks), the rest are attached processes.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use mizu_queue::ring::{RingHeader, check_geometry};
+use mizu_queue::{Ring, StateWord};
+use mizu_shm::sync::SharedBytes;
+use mizu_shm::{CacheLine, Extent, Layout, ParkWord, ProcessId, Segment, ShmSafe};
+
+use crate::error::{PoolError, Result};
+
+/// Segment kind of a pool.
+pub const POOL_KIND: u32 = u32::from_le_bytes(*b"POL1");
+const MAGIC: u64 = u64::from_le_bytes(*b"MIZUPOOL");
+/// Ring slot size: an 8-byte slot header and the 8-byte task id.
+const RING_SLOT: u64 = 16;
+
+/// Immutable parameters, written once by the controller before the token is shared.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Params {
+    /// `MIZUPOOL`.
+    pub magic: u64,
+    /// Worker records.
+    pub max_workers: u32,
+    /// Submitter records (controller + workers + extra).
+    pub submitters: u32,
+    /// Task slots per submitter.
+    pub slots: u32,
+    /// Data bytes per task slot.
+    pub slot_bytes: u32,
+    /// Ring capacity (task ids).
+    pub ring_capacity: u32,
+    /// Spin budget of waiting workers and collectors, in microseconds.
+    pub spin_us: u32,
+    /// The controller.
+    pub controller: ProcessId,
+}
+
+#[repr(C)]
+#[derive(Debug, Default)]
+struct Control {
+    params: Params,
+    stop: AtomicU32,
+}
+// SAFETY: repr(C); params written once before sharing, the rest atomics; zero is valid.
+unsafe impl ShmSafe for Control {}
+
+/// Worker record states.
+pub mod wstate {
+    /// Never used.
+    pub const EMPTY: u32 = 0;
+    /// Launched, not yet joined.
+    pub const STARTING: u32 = 1;
+    /// Joined and taking tasks.
+    pub const READY: u32 = 2;
+    /// Leaving (retired or stopping).
+    pub const EXITING: u32 = 3;
+    /// Gone.
+    pub const DEAD: u32 = 4;
+}
+
+/// A worker's shared record.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct WorkerRec {
+    /// See [`wstate`].
+    pub state: AtomicU32,
+    /// OS pid.
+    pub pid: AtomicU32,
+    /// Identity nonce.
+    pub nonce: AtomicU64,
+    /// The claim record: the task id this worker is claiming or running (0 = none). Written
+    /// *before* the claim CAS, so a reaper can tell which task died with the worker.
+    pub current: AtomicU64,
+    /// CLOCK_MONOTONIC ns when `current` started (for execution timeouts).
+    pub started_ns: AtomicU64,
+    /// Tasks run.
+    pub tasks: AtomicU64,
+    /// Tasks taken from other workers' queues.
+    pub steals: AtomicU64,
+    /// Times this worker slept in the kernel.
+    pub parks: AtomicU64,
+    /// Whether the worker is idle (spinning or parked): submitters prefer idle workers.
+    pub idle: AtomicU32,
+    _pad: AtomicU32,
+}
+
+/// One worker slot: record plus the word it parks on, on separate lines.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct WorkerSlot {
+    /// The record.
+    pub rec: CacheLine<WorkerRec>,
+    /// Woken by submitters.
+    pub park: CacheLine<ParkWord>,
+}
+// SAFETY: repr(C) atomics and ParkWords; zero is valid.
+unsafe impl ShmSafe for WorkerSlot {}
+
+/// A submitter's shared record.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct SubmitterRec {
+    /// 0 free, 1 attached.
+    pub state: AtomicU32,
+    /// OS pid.
+    pub pid: AtomicU32,
+    /// Identity nonce.
+    pub nonce: AtomicU64,
+    /// Tasks submitted.
+    pub submitted: AtomicU64,
+    /// Tasks collected.
+    pub collected: AtomicU64,
+}
+
+/// One submitter slot: record plus the word its collectors park on.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct SubmitterSlot {
+    /// The record.
+    pub rec: CacheLine<SubmitterRec>,
+    /// Woken by workers when a task of this submitter finishes.
+    pub park: CacheLine<ParkWord>,
+}
+// SAFETY: as above.
+unsafe impl ShmSafe for SubmitterSlot {}
+
+/// Why a task ended in `Died`.
+pub mod reason {
+    /// The worker process died.
+    pub const DIED: u32 = 1;
+    /// Killed for exceeding the execution timeout.
+    pub const TIMEOUT: u32 = 2;
+    /// The pool stopped.
+    pub const STOPPED: u32 = 3;
+}
+
+/// How a task slot's data area is filled.
+pub mod data_kind {
+    /// `len` raw bytes.
+    pub const INLINE: u32 = 1;
+    /// A mizu-wire region frame of `len` bytes whose region holds the raw bytes.
+    pub const REGION: u32 = 2;
+}
+
+/// A task slot's header (its data area is a separate granule). Two lines: the collector spins
+/// on the first (`state`), the worker writes the second (`runner`, `kind`, `len`) while it
+/// works, so those writes do not have to pull the line away from a spinning reader.
+#[repr(C, align(128))]
+#[derive(Debug, Default)]
+pub struct TaskHdr {
+    /// The slot state machine (state + generation).
+    pub state: StateWord,
+    /// [`reason`] for `Died`.
+    pub reason: AtomicU32,
+    /// Set by a submitter that dropped the handle while the task ran: whoever sees the task
+    /// final and this set frees the slot.
+    pub abandoned: AtomicU32,
+    _pad0: [AtomicU64; 6],
+    /// Worker slot << 32 | pid of the runner.
+    pub runner: AtomicU64,
+    /// [`data_kind`] of the data area.
+    pub kind: AtomicU32,
+    /// Bytes used in the data area.
+    pub len: AtomicU32,
+    _pad1: [AtomicU64; 6],
+}
+// SAFETY: atomics only; zero is (generation 0, Free).
+unsafe impl ShmSafe for TaskHdr {}
+const _: () = assert!(std::mem::size_of::<TaskHdr>() == 128);
+
+/// A validated view of a pool segment.
+pub struct PoolView<'a> {
+    seg: &'a Segment,
+    /// The parameters.
+    pub params: Params,
+    ctl: &'a Control,
+    workers: &'a [WorkerSlot],
+    submitters: &'a [SubmitterSlot],
+    tasks: &'a [TaskHdr],
+    data: SharedBytes<'a>,
+    rings: &'a [RingHeader],
+    ring_slots: Extent,
+}
+
+fn sizes(p: &Params) -> Option<[u64; 7]> {
+    let w = u64::from(p.max_workers);
+    let s = u64::from(p.submitters);
+    let r = u64::from(p.slots);
+    Some([
+        std::mem::size_of::<CacheLine<Control>>() as u64,
+        w.checked_mul(std::mem::size_of::<WorkerSlot>() as u64)?,
+        s.checked_mul(std::mem::size_of::<SubmitterSlot>() as u64)?,
+        s.checked_mul(r)?
+            .checked_mul(std::mem::size_of::<TaskHdr>() as u64)?,
+        s.checked_mul(r)?.checked_mul(u64::from(p.slot_bytes))?,
+        s.checked_mul(w)?
+            .checked_mul(std::mem::size_of::<RingHeader>() as u64)?,
+        s.checked_mul(w)?
+            .checked_mul(u64::from(p.ring_capacity))?
+            .checked_mul(RING_SLOT)?,
+    ])
+}
+
+/// Creates and initialises a pool segment.
+pub fn create(p: Params) -> Result<Segment> {
+    let sz = sizes(&p).ok_or_else(|| PoolError::Config("pool size overflows".into()))?;
+    let mut l = Layout::new(POOL_KIND);
+    for s in sz {
+        l.add(s, 128)?;
+    }
+    let seg = Segment::create(&l, true)?;
+    let off = seg.extent(0)?.offset;
+    // SAFETY: nobody else knows the segment yet.
+    unsafe {
+        seg.init_at(
+            off,
+            CacheLine(Control {
+                params: Params { magic: MAGIC, ..p },
+                stop: AtomicU32::new(0),
+            }),
+        )?
+    };
+    let rh = seg.extent(5)?.offset;
+    for i in 0..(u64::from(p.submitters) * u64::from(p.max_workers)) {
+        let at = rh + i * std::mem::size_of::<RingHeader>() as u64;
+        // SAFETY: as above.
+        unsafe { seg.init_at(at, RingHeader::new(u64::from(p.ring_capacity), RING_SLOT))? };
+    }
+    Ok(seg)
+}
+
+impl<'a> PoolView<'a> {
+    /// Validates the segment's layout against its parameters.
+    pub fn new(seg: &'a Segment) -> Result<Self> {
+        let bad = |w: String| PoolError::Layout(format!("{}: {w}", seg.token()));
+        let ctl: &CacheLine<Control> = seg.get(seg.extent(0)?.offset)?;
+        let p = ctl.params;
+        if p.magic != MAGIC {
+            return Err(bad("not a pool control block".into()));
+        }
+        if p.max_workers == 0 || p.submitters <= p.max_workers || p.slots == 0 || p.slots > 1 << 20
+        {
+            return Err(bad(format!("impossible parameters {p:?}")));
+        }
+        if p.slot_bytes < 128 || !p.slot_bytes.is_multiple_of(64) || p.submitters >= 1 << 11 {
+            return Err(bad(format!("impossible parameters {p:?}")));
+        }
+        check_geometry(u64::from(p.ring_capacity), RING_SLOT).map_err(bad)?;
+        let sz = sizes(&p).ok_or_else(|| bad("sizes overflow".into()))?;
+        for (i, want) in sz.iter().enumerate() {
+            if seg.extent(i)?.len != *want {
+                return Err(bad(format!(
+                    "extent {i} has {} bytes, parameters need {want}",
+                    seg.extent(i)?.len
+                )));
+            }
+        }
+        let n_rings = (p.submitters * p.max_workers) as usize;
+        Ok(PoolView {
+            seg,
+            params: p,
+            ctl,
+            workers: seg.get_slice(seg.extent(1)?.offset, p.max_workers as usize)?,
+            submitters: seg.get_slice(seg.extent(2)?.offset, p.submitters as usize)?,
+            tasks: seg.get_slice(seg.extent(3)?.offset, (p.submitters * p.slots) as usize)?,
+            data: seg.bytes(seg.extent(4)?, p.slot_bytes as usize)?,
+            rings: seg.get_slice(seg.extent(5)?.offset, n_rings)?,
+            ring_slots: seg.extent(6)?,
+        })
+    }
+
+    /// The segment.
+    pub fn segment(&self) -> &'a Segment {
+        self.seg
+    }
+
+    /// Whether the pool is stopping.
+    pub fn stopped(&self) -> bool {
+        self.ctl.stop.load(Ordering::Acquire) != 0
+    }
+
+    /// Asks everyone to stop.
+    pub fn set_stop(&self) {
+        self.ctl.stop.store(1, Ordering::Release);
+    }
+
+    /// Worker slot `w`.
+    pub fn worker(&self, w: usize) -> &'a WorkerSlot {
+        &self.workers[w]
+    }
+
+    /// Submitter slot `s`.
+    pub fn submitter(&self, s: usize) -> &'a SubmitterSlot {
+        &self.submitters[s]
+    }
+
+    /// Task slot header `k` of submitter `s`.
+    pub fn task(&self, s: usize, k: usize) -> &'a TaskHdr {
+        &self.tasks[s * self.params.slots as usize + k]
+    }
+
+    /// The data area of task slot `k` of submitter `s`.
+    pub fn data(&self) -> (SharedBytes<'a>, usize) {
+        (self.data, self.params.slots as usize)
+    }
+
+    /// Ring (s, w): task ids from submitter `s` to worker `w`.
+    pub fn ring(&self, s: usize, w: usize) -> Ring<'a> {
+        let i = s * self.params.max_workers as usize + w;
+        let len = u64::from(self.params.ring_capacity) * RING_SLOT;
+        let ext = Extent {
+            offset: self.ring_slots.offset + i as u64 * len,
+            len,
+        };
+        let bytes = self
+            .seg
+            .bytes(ext, RING_SLOT as usize)
+            .expect("validated extent");
+        Ring::new(&self.rings[i], bytes).expect("validated ring")
+    }
+}
+
+/// Task ids pack a marker bit, the submitter (11 bits), the slot (20 bits) and the low 32 bits of
+/// the slot generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskId {
+    /// Submitter index.
+    pub submitter: usize,
+    /// Slot index.
+    pub slot: usize,
+    /// Slot generation (full).
+    pub generation: u64,
+}
+
+impl TaskId {
+    /// Packs into a ring word.
+    pub fn pack(&self) -> u64 {
+        (1 << 63)
+            | ((self.submitter as u64) << 52)
+            | ((self.slot as u64) << 32)
+            | (self.generation & 0xffff_ffff)
+    }
+
+    /// Unpacks a ring word (generation: low 32 bits only); `None` for a word no submitter
+    /// writes.
+    pub fn unpack(w: u64) -> Option<(usize, usize, u32)> {
+        (w >> 63 == 1).then_some((
+            ((w >> 52) & 0x7ff) as usize,
+            ((w >> 32) & 0xf_ffff) as usize,
+            w as u32,
+        ))
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds (comparable across processes).
+pub fn now_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}

@@ -1,0 +1,17 @@
+//! The mizu runtime: pools of worker processes with no dispatcher. Submitters write task ids
+//! into per-(submitter, worker) rings and payloads into their own task slots; workers claim
+//! tasks by CAS (crash-safely, with a claim record), run them through an [`Executor`] and
+//! write results back into the slot; large payloads travel through `mizu-wire` data segments.
+//! See the crate README for the design and its invariants.
+
+pub mod error;
+pub mod layout;
+pub mod pool;
+pub mod shared;
+pub mod submitter;
+pub mod worker;
+
+pub use error::{PoolError, Result, TaskError};
+pub use pool::{Launcher, Pool, PoolConfig, PoolStatus, WorkerStatus};
+pub use submitter::{CollectError, Task, collect_all, collect_any};
+pub use worker::{Executor, TaskContext, run_worker};

@@ -1,0 +1,512 @@
+//! The controller: creates the pool segment, launches workers, watches them (death → reap →
+//! respawn; execution timeout → kill), stops and tears down.
+
+use std::ffi::OsString;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use arrow_buffer::Buffer;
+use mizu_queue::SlotState;
+
+use crate::error::{PoolError, Result};
+use crate::layout::{self, Params, now_ns, reason, wstate};
+use crate::shared::Shared;
+use crate::submitter::{CollectError, SubmitterCore, Task};
+use crate::worker::reap_worker;
+
+/// Pool settings; [`PoolConfig::validate`] explains what is wrong.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Workers started now.
+    pub workers: usize,
+    /// Worker slots (≥ `workers`; room to spawn more later). 0 means `workers`.
+    pub max_workers: usize,
+    /// Submitter records for other processes that attach by token.
+    pub extra_submitters: usize,
+    /// In-flight task slots per submitter.
+    pub slots: u32,
+    /// Bytes a task payload may have to travel inline (larger ones use data segments).
+    pub slot_bytes: u32,
+    /// Task ids each submitter may queue per worker.
+    pub ring_capacity: u32,
+    /// How long a waiting side spins before it parks.
+    pub spin: Duration,
+    /// Kill and replace a worker whose task runs longer than this.
+    pub exec_timeout: Option<Duration>,
+    /// Replace workers that die.
+    pub respawn: bool,
+    /// How long to wait for launched workers to join.
+    pub start_timeout: Duration,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            workers: mizu_shm::affinity::available_cpus_all().len().max(1),
+            max_workers: 0,
+            extra_submitters: 4,
+            slots: 1024,
+            slot_bytes: 256,
+            ring_capacity: 256,
+            spin: Duration::from_micros(50),
+            exec_timeout: None,
+            respawn: true,
+            start_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+impl PoolConfig {
+    /// Checks every field; the message names the field and the accepted range.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(PoolError::Config(m));
+        let maxw = self.max_workers.max(self.workers);
+        if self.workers == 0 || maxw > 1024 {
+            return bad(format!("workers must be 1..=1024 (max_workers {maxw})"));
+        }
+        if maxw + 1 + self.extra_submitters >= 1 << 11 {
+            return bad("max_workers + extra_submitters must stay below 2047".into());
+        }
+        if self.slots == 0 || self.slots > 1 << 20 {
+            return bad(format!("slots must be 1..=1048576, got {}", self.slots));
+        }
+        if self.slot_bytes < 128 || !self.slot_bytes.is_multiple_of(64) || self.slot_bytes > 1 << 20
+        {
+            return bad(format!(
+                "slot_bytes must be a multiple of 64 in 128..=1048576, got {}",
+                self.slot_bytes
+            ));
+        }
+        if !self.ring_capacity.is_power_of_two() || self.ring_capacity > 1 << 20 {
+            return bad(format!(
+                "ring_capacity must be a power of two up to 2^20, got {}",
+                self.ring_capacity
+            ));
+        }
+        if self.spin > Duration::from_millis(100) {
+            return bad("spin must be at most 100 ms".into());
+        }
+        Ok(())
+    }
+}
+
+/// How workers are started: `program args… <token> <slot>`.
+#[derive(Debug, Clone)]
+pub struct Launcher {
+    /// The executable.
+    pub program: OsString,
+    /// Arguments before the token and slot.
+    pub args: Vec<OsString>,
+}
+
+impl Launcher {
+    /// A launcher running `program` with `args`, then the token and slot number.
+    pub fn new(
+        program: impl Into<OsString>,
+        args: impl IntoIterator<Item = impl Into<OsString>>,
+    ) -> Self {
+        Launcher {
+            program: program.into(),
+            args: args.into_iter().map(Into::into).collect(),
+        }
+    }
+
+    fn spawn(&self, token: &str, slot: usize) -> std::io::Result<Child> {
+        Command::new(&self.program)
+            .args(&self.args)
+            .arg(token)
+            .arg(slot.to_string())
+            .stdin(Stdio::null())
+            .spawn()
+    }
+}
+
+/// One worker as the status reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerStatus {
+    /// Slot.
+    pub slot: usize,
+    /// Process id (0 if none).
+    pub pid: u32,
+    /// `starting`, `ready`, `exiting`, `dead` or `empty`.
+    pub state: &'static str,
+    /// Whether it is running a task now.
+    pub busy: bool,
+    /// Tasks run.
+    pub tasks: u64,
+    /// Tasks stolen.
+    pub steals: u64,
+    /// Times it slept in the kernel.
+    pub parks: u64,
+}
+
+/// A snapshot of the pool.
+#[derive(Debug, Clone)]
+pub struct PoolStatus {
+    /// Every worker slot that was ever used.
+    pub workers: Vec<WorkerStatus>,
+    /// Tasks submitted by this controller.
+    pub submitted: u64,
+    /// Tasks collected by this controller.
+    pub collected: u64,
+    /// Workers replaced after dying.
+    pub respawns: u64,
+}
+
+struct Children {
+    procs: Vec<Option<Child>>,
+    kill_reason: Vec<u32>,
+    respawns: u64,
+}
+
+/// A pool of worker processes; this process is its controller and first submitter.
+pub struct Pool {
+    core: Arc<SubmitterCore>,
+    shared: Arc<Shared>,
+    children: Arc<Mutex<Children>>,
+    launcher: Launcher,
+    stopping: Arc<AtomicBool>,
+    monitor: Option<JoinHandle<()>>,
+    cfg: PoolConfig,
+}
+
+impl Pool {
+    /// Creates the pool and waits until its workers have joined.
+    pub fn new(cfg: PoolConfig, launcher: Launcher) -> Result<Pool> {
+        cfg.validate()?;
+        let maxw = cfg.max_workers.max(cfg.workers);
+        let me = mizu_shm::liveness::current()?;
+        let params = Params {
+            magic: 0,
+            max_workers: maxw as u32,
+            submitters: (1 + maxw + cfg.extra_submitters) as u32,
+            slots: cfg.slots,
+            slot_bytes: cfg.slot_bytes,
+            ring_capacity: cfg.ring_capacity,
+            spin_us: cfg.spin.as_micros() as u32,
+            controller: me.id(),
+        };
+        let shared = Shared::new(layout::create(params)?)?;
+        let core = SubmitterCore::new(shared.clone(), 0, cfg.spin);
+        let children = Arc::new(Mutex::new(Children {
+            procs: (0..maxw).map(|_| None).collect(),
+            kill_reason: vec![0; maxw],
+            respawns: 0,
+        }));
+        let mut pool = Pool {
+            core,
+            shared,
+            children,
+            launcher,
+            stopping: Arc::new(AtomicBool::new(false)),
+            monitor: None,
+            cfg,
+        };
+        for slot in 0..pool.cfg.workers {
+            pool.launch(slot)?;
+        }
+        pool.wait_ready(0..pool.cfg.workers)?;
+        pool.start_monitor();
+        Ok(pool)
+    }
+
+    fn launch(&self, slot: usize) -> Result<()> {
+        launch(&self.shared, &self.children, &self.launcher, slot)
+    }
+
+    fn wait_ready(&self, slots: std::ops::Range<usize>) -> Result<()> {
+        let v = self.shared.view();
+        let start = Instant::now();
+        for slot in slots {
+            while v.worker(slot).rec.state.load(Ordering::Acquire) != wstate::READY {
+                let mut ch = self.children.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(c) = ch.procs[slot].as_mut()
+                    && let Ok(Some(st)) = c.try_wait()
+                {
+                    return Err(PoolError::Launch {
+                        slot,
+                        why: format!("worker exited before joining: {st}"),
+                    });
+                }
+                drop(ch);
+                if start.elapsed() > self.cfg.start_timeout {
+                    return Err(PoolError::Launch {
+                        slot,
+                        why: format!("did not join within {:?}", self.cfg.start_timeout),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        Ok(())
+    }
+
+    fn start_monitor(&mut self) {
+        let (shared, children, launcher, stopping, cfg) = (
+            self.shared.clone(),
+            self.children.clone(),
+            self.launcher.clone(),
+            self.stopping.clone(),
+            self.cfg.clone(),
+        );
+        self.monitor = Some(
+            std::thread::Builder::new()
+                .name("mizu-pool-monitor".into())
+                .spawn(move || monitor(&shared, &children, &launcher, &stopping, &cfg))
+                .expect("spawn the pool monitor thread"),
+        );
+    }
+
+    /// The token other processes use to attach (workers, extra submitters).
+    pub fn token(&self) -> &str {
+        self.shared.segment().token()
+    }
+
+    /// Submits a task (opaque bytes for the workers' executor).
+    pub fn submit(&self, payload: &[u8]) -> Result<Task> {
+        self.core.submit(payload, None)
+    }
+
+    /// Submits a task, waiting at most `timeout` for queue space.
+    pub fn submit_timeout(&self, payload: &[u8], timeout: Duration) -> Result<Task> {
+        self.core.submit(payload, Some(timeout))
+    }
+
+    /// Submits several tasks.
+    pub fn submit_batch<'p>(
+        &self,
+        payloads: impl IntoIterator<Item = &'p [u8]>,
+    ) -> Result<Vec<Task>> {
+        self.core.submit_batch(payloads, None)
+    }
+
+    /// Runs one task and returns its result (submit + collect).
+    pub fn call(&self, payload: &[u8]) -> std::result::Result<Buffer, CollectError> {
+        self.submit(payload)
+            .map_err(|e| CollectError::Task(crate::TaskError::Failed(e.to_string().into_bytes())))?
+            .result(None)
+    }
+
+    /// A snapshot of workers and counters.
+    pub fn status(&self) -> PoolStatus {
+        let v = self.shared.view();
+        let workers = (0..v.params.max_workers as usize)
+            .filter_map(|w| {
+                let r = &v.worker(w).rec;
+                let state = match r.state.load(Ordering::Acquire) {
+                    wstate::STARTING => "starting",
+                    wstate::READY => "ready",
+                    wstate::EXITING => "exiting",
+                    wstate::DEAD => "dead",
+                    _ => return None,
+                };
+                Some(WorkerStatus {
+                    slot: w,
+                    pid: r.pid.load(Ordering::Relaxed),
+                    state,
+                    busy: r.current.load(Ordering::Relaxed) != 0,
+                    tasks: r.tasks.load(Ordering::Relaxed),
+                    steals: r.steals.load(Ordering::Relaxed),
+                    parks: r.parks.load(Ordering::Relaxed),
+                })
+            })
+            .collect();
+        let s = &v.submitter(0).rec;
+        let respawns = self
+            .children
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .respawns;
+        PoolStatus {
+            workers,
+            submitted: s.submitted.load(Ordering::Relaxed),
+            collected: s.collected.load(Ordering::Relaxed),
+            respawns,
+        }
+    }
+
+    /// Starts a worker in the first free slot; returns the slot.
+    pub fn spawn_worker(&self) -> Result<usize> {
+        let v = self.shared.view();
+        let slot = (0..v.params.max_workers as usize)
+            .find(|&w| {
+                matches!(
+                    v.worker(w).rec.state.load(Ordering::Acquire),
+                    wstate::EMPTY | wstate::DEAD
+                )
+            })
+            .ok_or_else(|| {
+                PoolError::Config(format!(
+                    "all {} worker slots are in use",
+                    v.params.max_workers
+                ))
+            })?;
+        self.launch(slot)?;
+        self.wait_ready(slot..slot + 1)?;
+        Ok(slot)
+    }
+
+    /// Asks worker `slot` to leave after its current task; it is not replaced.
+    pub fn retire_worker(&self, slot: usize) -> bool {
+        let v = self.shared.view();
+        if slot >= v.params.max_workers as usize {
+            return false;
+        }
+        let ok = v
+            .worker(slot)
+            .rec
+            .state
+            .compare_exchange(
+                wstate::READY,
+                wstate::EXITING,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok();
+        v.worker(slot).park.wake_all_unconditionally();
+        ok
+    }
+
+    /// Stops the pool: queued tasks are cancelled, workers are asked to leave and killed if
+    /// they have not within `grace`, running tasks fail, every collector wakes, the segment
+    /// name is removed.
+    pub fn stop(&mut self, grace: Duration) {
+        if self.stopping.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let v = self.shared.view();
+        v.set_stop();
+        for s in 0..v.params.submitters as usize {
+            for k in 0..v.params.slots as usize {
+                let hdr = v.task(s, k);
+                let (g, st) = hdr.state.load();
+                if st == Some(SlotState::Pending) {
+                    hdr.reason.store(reason::STOPPED, Ordering::Relaxed);
+                    if hdr
+                        .state
+                        .transition(g, SlotState::Pending, SlotState::Cancelled)
+                        .is_ok()
+                    {
+                        self.shared.discard_payload(s, k);
+                    }
+                }
+            }
+        }
+        for w in 0..v.params.max_workers as usize {
+            v.worker(w).park.wake_all_unconditionally();
+        }
+        if let Some(m) = self.monitor.take() {
+            let _ = m.join();
+        }
+        let deadline = Instant::now() + grace;
+        let mut ch = self.children.lock().unwrap_or_else(|p| p.into_inner());
+        for (w, c) in ch.procs.iter_mut().enumerate() {
+            let Some(child) = c.as_mut() else { continue };
+            loop {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            reap_worker(&self.shared, w, child.id(), reason::STOPPED);
+            v.worker(w).rec.state.store(wstate::DEAD, Ordering::Release);
+            *c = None;
+        }
+        for s in 0..v.params.submitters as usize {
+            v.submitter(s).park.wake_all_unconditionally();
+        }
+        let _ = self.shared.segment().unlink();
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(5));
+    }
+}
+
+fn launch(
+    shared: &Shared,
+    children: &Mutex<Children>,
+    launcher: &Launcher,
+    slot: usize,
+) -> Result<()> {
+    let v = shared.view();
+    let rec = &v.worker(slot).rec;
+    rec.current.store(0, Ordering::Relaxed);
+    rec.pid.store(0, Ordering::Relaxed);
+    rec.state.store(wstate::STARTING, Ordering::Release);
+    let child = launcher
+        .spawn(shared.segment().token(), slot)
+        .map_err(|e| PoolError::Launch {
+            slot,
+            why: format!("{:?}: {e}", launcher.program),
+        })?;
+    let mut ch = children.lock().unwrap_or_else(|p| p.into_inner());
+    ch.procs[slot] = Some(child);
+    ch.kill_reason[slot] = 0;
+    Ok(())
+}
+
+/// Watches the workers: reaps and replaces dead ones, kills those over the execution timeout.
+fn monitor(
+    shared: &Shared,
+    children: &Mutex<Children>,
+    launcher: &Launcher,
+    stopping: &AtomicBool,
+    cfg: &PoolConfig,
+) {
+    let v = shared.view();
+    while !stopping.load(Ordering::SeqCst) {
+        let mut relaunch = Vec::new();
+        {
+            let mut guard = children.lock().unwrap_or_else(|p| p.into_inner());
+            let ch = &mut *guard;
+            for w in 0..ch.procs.len() {
+                let Some(child) = ch.procs[w].as_mut() else {
+                    continue;
+                };
+                let rec = &v.worker(w).rec;
+                if let Ok(Some(_status)) = child.try_wait() {
+                    let pid = child.id();
+                    let was = rec.state.swap(wstate::DEAD, Ordering::AcqRel);
+                    let why = if ch.kill_reason[w] != 0 {
+                        ch.kill_reason[w]
+                    } else {
+                        reason::DIED
+                    };
+                    reap_worker(shared, w, pid, why);
+                    ch.procs[w] = None;
+                    // Replace workers that died serving; not retired ones, nor ones that never
+                    // managed to join (a broken launcher would loop forever).
+                    if cfg.respawn && was == wstate::READY && !stopping.load(Ordering::SeqCst) {
+                        ch.respawns += 1;
+                        relaunch.push(w);
+                    }
+                    continue;
+                }
+                if let Some(limit) = cfg.exec_timeout
+                    && rec.current.load(Ordering::Acquire) != 0
+                    && now_ns().saturating_sub(rec.started_ns.load(Ordering::Relaxed))
+                        > limit.as_nanos() as u64
+                    && ch.kill_reason[w] == 0
+                {
+                    ch.kill_reason[w] = reason::TIMEOUT;
+                    let _ = child.kill();
+                }
+            }
+        }
+        for w in relaunch {
+            let _ = launch(shared, children, launcher, w);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}

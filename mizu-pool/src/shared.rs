@@ -1,0 +1,128 @@
+//! The mapped pool segment and the payload I/O of task slots, shared by the controller,
+//! submitters and workers of one process.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use arrow_buffer::Buffer;
+use mizu_shm::Segment;
+use mizu_wire::frame::{self, Body};
+use mizu_wire::{DataPool, Mapper, Region};
+
+use crate::error::{PoolError, Result};
+use crate::layout::{POOL_KIND, PoolView, TaskHdr, data_kind};
+
+/// A pool segment and its validated view. The view borrows the segment, which this struct
+/// owns behind an `Arc` (a stable address) and drops last.
+pub struct Shared {
+    view: PoolView<'static>,
+    /// Storage for payloads too large for a task slot.
+    pub data_pool: DataPool,
+    /// Opened data segments of other processes.
+    pub mapper: Mapper,
+    seg: Arc<Segment>,
+}
+
+impl Shared {
+    /// Wraps a created or opened pool segment, validating it.
+    pub fn new(seg: Segment) -> Result<Arc<Self>> {
+        let seg = Arc::new(seg);
+        // SAFETY: the Segment lives in the Arc stored in the same struct, so its address is
+        // stable and it outlives `view`: fields drop in declaration order and `seg` is last;
+        // the 'static lifetime never escapes this struct (accessors reborrow from &self).
+        let seg_ref: &'static Segment = unsafe { &*Arc::as_ptr(&seg) };
+        let view = PoolView::new(seg_ref)?;
+        Ok(Arc::new(Shared {
+            view,
+            data_pool: DataPool::new(16 << 20),
+            mapper: Mapper::new(),
+            seg,
+        }))
+    }
+
+    /// Opens a pool by token.
+    pub fn open(token: &str) -> Result<Arc<Self>> {
+        Shared::new(Segment::open(token, POOL_KIND)?)
+    }
+
+    /// The validated view.
+    pub fn view(&self) -> &PoolView<'_> {
+        &self.view
+    }
+
+    /// The segment.
+    pub fn segment(&self) -> &Segment {
+        &self.seg
+    }
+
+    fn granule(&self, s: usize, k: usize) -> usize {
+        s * self.view.params.slots as usize + k
+    }
+
+    /// Writes a payload into task slot (s, k): inline when it fits, else through a region.
+    ///
+    /// The caller must own the slot's data area by protocol (a submitter before publishing
+    /// `Pending`, a worker while `Running`).
+    pub fn write_payload(&self, s: usize, k: usize, bytes: &[u8]) -> Result<()> {
+        let hdr = self.view.task(s, k);
+        let (data, _) = self.view.data();
+        let cap = self.view.params.slot_bytes as usize;
+        if bytes.len() <= cap {
+            // SAFETY: the caller owns the slot's data area (see above).
+            unsafe {
+                data.with_mut(self.granule(s, k), |d| {
+                    d[..bytes.len()].copy_from_slice(bytes)
+                })
+            };
+            hdr.kind.store(data_kind::INLINE, Ordering::Relaxed);
+            hdr.len.store(bytes.len() as u32, Ordering::Relaxed);
+        } else {
+            if bytes.len() > u32::MAX as usize * 64 {
+                return Err(PoolError::TooLarge(bytes.len()));
+            }
+            let region = self.data_pool.store(bytes)?;
+            let mut f = [0u8; frame::HEADER_LEN + frame::DESC_LEN];
+            let n = frame::write_region(&region, 0, &mut f)?;
+            // SAFETY: as above.
+            unsafe { data.with_mut(self.granule(s, k), |d| d[..n].copy_from_slice(&f[..n])) };
+            hdr.kind.store(data_kind::REGION, Ordering::Relaxed);
+            hdr.len.store(n as u32, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Takes the payload out of task slot (s, k): inline bytes are copied, a region is adopted
+    /// (its reference moves to the returned buffer, which views it in place).
+    ///
+    /// The caller must own the slot's data area by protocol; a region payload can be taken
+    /// once.
+    pub fn take_payload(&self, s: usize, k: usize) -> Result<Buffer> {
+        let hdr: &TaskHdr = self.view.task(s, k);
+        let (data, _) = self.view.data();
+        let cap = self.view.params.slot_bytes as usize;
+        let len = (hdr.len.load(Ordering::Relaxed) as usize).min(cap);
+        // SAFETY: the caller owns the slot's data area (see above).
+        let bytes = unsafe { data.with(self.granule(s, k), |d| d[..len].to_vec()) };
+        match hdr.kind.load(Ordering::Relaxed) {
+            data_kind::INLINE => Ok(Buffer::from_vec(bytes)),
+            data_kind::REGION => {
+                let Body::Region(desc) = frame::read(&bytes)?.body else {
+                    return Err(PoolError::Layout(
+                        "a region payload without a region frame".into(),
+                    ));
+                };
+                hdr.kind.store(0, Ordering::Relaxed);
+                let region = Arc::new(self.mapper.adopt(&desc)?);
+                Ok(Region::buffer(&region))
+            }
+            k => Err(PoolError::Layout(format!("task slot data kind {k}"))),
+        }
+    }
+
+    /// Releases a payload nobody will read (a cancelled input, an abandoned output).
+    pub fn discard_payload(&self, s: usize, k: usize) {
+        if self.view.task(s, k).kind.load(Ordering::Relaxed) == data_kind::REGION {
+            let _ = self.take_payload(s, k);
+        }
+    }
+}

@@ -1,0 +1,497 @@
+//! Submitting tasks and collecting their results: what the controller, attached processes and
+//! workers (for nested tasks) share.
+
+use std::sync::atomic::{Ordering, fence};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arrow_buffer::Buffer;
+use mizu_queue::{Producer, SlotState};
+use mizu_shm::{WaitError, Waiter};
+
+use crate::error::{PoolError, Result, TaskError};
+use crate::layout::{TaskId, reason, wstate};
+use crate::shared::Shared;
+
+/// Why collecting a result did not return it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CollectError {
+    /// Not finished within the timeout; the handle stays valid.
+    #[error("the task did not finish within the timeout")]
+    Timeout,
+    /// The task finished without a result.
+    #[error(transparent)]
+    Task(#[from] TaskError),
+    /// The result was already collected through this handle.
+    #[error("the result was already collected")]
+    AlreadyCollected,
+}
+
+struct Inner {
+    producers: Vec<Producer<'static>>,
+    next_worker: usize,
+    next_slot: usize,
+}
+
+/// One submitter of a pool in this process (thread-safe).
+pub struct SubmitterCore {
+    // Declared before `shared`: the producers borrow its segment and must drop first.
+    inner: Mutex<Inner>,
+    shared: Arc<Shared>,
+    index: usize,
+    spin: Duration,
+    last_freed: std::sync::atomic::AtomicUsize,
+}
+
+impl SubmitterCore {
+    /// The submitter with record `index` of the pool in `shared`.
+    pub fn new(shared: Arc<Shared>, index: usize, spin: Duration) -> Arc<Self> {
+        let v = shared.view();
+        let producers = (0..v.params.max_workers as usize)
+            .map(|w| {
+                let p = v.ring(index, w).producer();
+                // SAFETY: the producer borrows the segment owned by `shared`, which this
+                // struct holds and drops after `inner` (field order), so 'static never escapes.
+                unsafe { std::mem::transmute::<Producer<'_>, Producer<'static>>(p) }
+            })
+            .collect();
+        let rec = &v.submitter(index).rec;
+        rec.pid.store(std::process::id(), Ordering::Relaxed);
+        rec.nonce
+            .store(shared.segment().me().nonce, Ordering::Relaxed);
+        rec.state.store(1, Ordering::Release);
+        Arc::new(SubmitterCore {
+            inner: Mutex::new(Inner {
+                producers,
+                next_worker: 0,
+                next_slot: 0,
+            }),
+            shared,
+            index,
+            spin,
+            last_freed: std::sync::atomic::AtomicUsize::new(usize::MAX),
+        })
+    }
+
+    /// The shared pool state.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// This submitter's record index.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Submits one task; blocks only while every worker's queue from us is full (at most
+    /// `timeout`).
+    pub fn submit(self: &Arc<Self>, payload: &[u8], timeout: Option<Duration>) -> Result<Task> {
+        let mut g = self.lock();
+        let id = self.stage(&mut g, payload)?;
+        if let Err(e) = self.push(&mut g, id, timeout) {
+            self.unstage(id);
+            return Err(e);
+        }
+        Ok(Task {
+            core: self.clone(),
+            id,
+            done: false,
+        })
+    }
+
+    /// Submits several tasks with one publication per worker queue.
+    pub fn submit_batch<'p>(
+        self: &Arc<Self>,
+        payloads: impl IntoIterator<Item = &'p [u8]>,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Task>> {
+        let mut tasks = Vec::new();
+        for p in payloads {
+            tasks.push(self.submit(p, timeout)?);
+        }
+        Ok(tasks)
+    }
+
+    /// Finds a free slot, writes the payload, publishes `Pending`.
+    fn stage(&self, g: &mut Inner, payload: &[u8]) -> Result<TaskId> {
+        let v = self.shared.view();
+        if v.stopped() {
+            return Err(PoolError::Stopped);
+        }
+        let n = v.params.slots as usize;
+        let first = self.last_freed.swap(usize::MAX, Ordering::Relaxed);
+        let k = std::iter::once(first)
+            .filter(|&k| k < n)
+            .chain((0..n).map(|i| (g.next_slot + i) % n))
+            .find(|&k| v.task(self.index, k).state.load().1 == Some(SlotState::Free))
+            .ok_or(PoolError::SlotsExhausted(n))?;
+        g.next_slot = k + 1;
+        let hdr = v.task(self.index, k);
+        let (generation, _) = hdr.state.load();
+        self.shared.write_payload(self.index, k, payload)?;
+        hdr.reason.store(0, Ordering::Relaxed);
+        hdr.runner.store(0, Ordering::Relaxed);
+        hdr.abandoned.store(0, Ordering::Relaxed);
+        hdr.state
+            .transition(generation, SlotState::Free, SlotState::Pending)
+            .map_err(|e| {
+                PoolError::Layout(format!("slot {k} changed under its submitter: {e:?}"))
+            })?;
+        v.submitter(self.index)
+            .rec
+            .submitted
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(TaskId {
+            submitter: self.index,
+            slot: k,
+            generation,
+        })
+    }
+
+    /// Undoes a stage whose push failed.
+    fn unstage(&self, id: TaskId) {
+        let hdr = self.shared.view().task(id.submitter, id.slot);
+        if hdr
+            .state
+            .transition(id.generation, SlotState::Pending, SlotState::Cancelled)
+            .is_ok()
+        {
+            self.shared.discard_payload(id.submitter, id.slot);
+            let _ = hdr
+                .state
+                .transition(id.generation, SlotState::Cancelled, SlotState::Collected);
+            let _ = hdr.state.free(id.generation);
+        }
+    }
+
+    /// Puts the task id on a worker's queue: an idle worker first, else any live one with room;
+    /// one publication and at most one wake syscall (only if that worker sleeps).
+    fn push(&self, g: &mut Inner, id: TaskId, timeout: Option<Duration>) -> Result<usize> {
+        let v = self.shared.view();
+        let word = id.pack();
+        let nw = v.params.max_workers as usize;
+        let start = Instant::now();
+        loop {
+            for pass in 0..2 {
+                for i in 0..nw {
+                    let w = (g.next_worker + i) % nw;
+                    let rec = &v.worker(w).rec;
+                    let st = rec.state.load(Ordering::Acquire);
+                    let ok = match pass {
+                        0 => st == wstate::READY && rec.idle.load(Ordering::Relaxed) == 1,
+                        _ => st == wstate::READY || st == wstate::STARTING,
+                    };
+                    if !ok {
+                        continue;
+                    }
+                    let p = &mut g.producers[w];
+                    if p.write_with(|b| {
+                        b[..8].copy_from_slice(&word.to_le_bytes());
+                        8
+                    })
+                    .is_ok()
+                    {
+                        p.publish_quiet();
+                        v.worker(w).park.wake_all();
+                        g.next_worker = w + 1;
+                        return Ok(w);
+                    }
+                }
+            }
+            if v.stopped() {
+                return Err(PoolError::Stopped);
+            }
+            if timeout.is_some_and(|t| start.elapsed() >= t) {
+                return Err(PoolError::SubmitTimeout(timeout.unwrap_or_default()));
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    /// The task's state now.
+    pub fn state(&self, id: TaskId) -> Option<SlotState> {
+        let (g, st) = self.shared.view().task(id.submitter, id.slot).state.load();
+        if g == id.generation {
+            st
+        } else {
+            Some(SlotState::Collected)
+        }
+    }
+
+    /// Waits until the task is final (or `timeout`).
+    fn wait_final(
+        &self,
+        id: TaskId,
+        timeout: Option<Duration>,
+        help: &mut dyn FnMut() -> bool,
+    ) -> Result<SlotState, CollectError> {
+        let v = self.shared.view();
+        let hdr = v.task(id.submitter, id.slot);
+        let poll = || {
+            let (g, st) = hdr.state.load();
+            if g != id.generation {
+                return Some(Err(CollectError::AlreadyCollected));
+            }
+            st.filter(|s| s.is_final()).map(Ok)
+        };
+        if let Some(r) = poll() {
+            return r;
+        }
+        let start = Instant::now();
+        // Nested collects run other tasks while they wait (never sleep with work around).
+        while help() {
+            if let Some(r) = poll() {
+                return r;
+            }
+        }
+        let mut w = Waiter::new(self.spin, Duration::from_millis(2));
+        loop {
+            let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
+            match w.wait(
+                &v.submitter(self.index).park,
+                poll,
+                left.map(|l| l.min(Duration::from_millis(2))),
+                || Ok::<(), ()>(()),
+            ) {
+                Ok(r) => return r,
+                Err(WaitError::TimedOut) | Err(WaitError::Aborted(())) => {
+                    if left.is_some_and(|l| l.is_zero()) {
+                        return Err(CollectError::Timeout);
+                    }
+                    while help() {
+                        if let Some(r) = poll() {
+                            return r;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Collects the task's outcome (exactly once), freeing its slot.
+    pub(crate) fn collect(
+        &self,
+        id: TaskId,
+        timeout: Option<Duration>,
+        help: &mut dyn FnMut() -> bool,
+    ) -> Result<Buffer, CollectError> {
+        let st = self.wait_final(id, timeout, help)?;
+        let out = self.outcome(id, st);
+        let hdr = self.shared.view().task(id.submitter, id.slot);
+        if hdr
+            .state
+            .transition(id.generation, st, SlotState::Collected)
+            .is_err()
+        {
+            return Err(CollectError::AlreadyCollected);
+        }
+        let _ = hdr.state.free(id.generation);
+        // The next submit reuses this slot first: its lines are hot in both processes.
+        self.last_freed.store(id.slot, Ordering::Relaxed);
+        self.shared
+            .view()
+            .submitter(self.index)
+            .rec
+            .collected
+            .fetch_add(1, Ordering::Relaxed);
+        out
+    }
+
+    fn outcome(&self, id: TaskId, st: SlotState) -> Result<Buffer, CollectError> {
+        let (s, k) = (id.submitter, id.slot);
+        let hdr = self.shared.view().task(s, k);
+        let runner = hdr.runner.load(Ordering::Relaxed);
+        let (slot, pid) = ((runner >> 32) as usize, runner as u32);
+        let why = hdr.reason.load(Ordering::Relaxed);
+        match st {
+            SlotState::Ok => self
+                .shared
+                .take_payload(s, k)
+                .map_err(|e| CollectError::Task(TaskError::Failed(e.to_string().into_bytes()))),
+            SlotState::Err => {
+                let b = self
+                    .shared
+                    .take_payload(s, k)
+                    .map(|b| b.to_vec())
+                    .unwrap_or_else(|e| e.to_string().into_bytes());
+                Err(TaskError::Failed(b).into())
+            }
+            SlotState::Died => {
+                self.shared.discard_payload(s, k);
+                Err(match why {
+                    reason::TIMEOUT => TaskError::ExecTimeout { slot, pid },
+                    reason::STOPPED => TaskError::Stopped,
+                    _ => TaskError::WorkerDied { slot, pid },
+                }
+                .into())
+            }
+            _ => {
+                self.shared.discard_payload(s, k);
+                Err(if why == reason::STOPPED {
+                    TaskError::Stopped
+                } else {
+                    TaskError::Cancelled
+                }
+                .into())
+            }
+        }
+    }
+
+    /// Cancels a task that has not started; true if it will never run.
+    pub fn cancel(&self, id: TaskId) -> bool {
+        let hdr = self.shared.view().task(id.submitter, id.slot);
+        if hdr
+            .state
+            .transition(id.generation, SlotState::Pending, SlotState::Cancelled)
+            .is_ok()
+        {
+            self.shared.discard_payload(id.submitter, id.slot);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Drops interest in a task: its slot is freed as soon as it is final, by us or by the
+    /// worker that finishes it.
+    fn abandon(&self, id: TaskId) {
+        self.cancel(id);
+        let hdr = self.shared.view().task(id.submitter, id.slot);
+        hdr.abandoned.store(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        reclaim_if_final(&self.shared, id);
+    }
+}
+
+/// Frees an abandoned task's slot if it is final; exactly one of the racing parties (the
+/// abandoning submitter, the finishing worker) wins the CAS to `Collected`.
+pub(crate) fn reclaim_if_final(shared: &Shared, id: TaskId) {
+    let hdr = shared.view().task(id.submitter, id.slot);
+    let (g, st) = hdr.state.load();
+    if g != id.generation {
+        return;
+    }
+    if let Some(st) = st.filter(|s| s.is_final())
+        && hdr.state.transition(g, st, SlotState::Collected).is_ok()
+    {
+        shared.discard_payload(id.submitter, id.slot);
+        let _ = hdr.state.free(g);
+    }
+}
+
+/// A submitted task. Dropping it uncollected frees its slot (now, or when it finishes).
+pub struct Task {
+    core: Arc<SubmitterCore>,
+    id: TaskId,
+    done: bool,
+}
+
+impl std::fmt::Debug for Task {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Task({:?})", self.id)
+    }
+}
+
+impl Task {
+    /// The task's id.
+    pub fn id(&self) -> TaskId {
+        self.id
+    }
+
+    /// The result, waiting at most `timeout` (forever when `None`); on timeout the handle
+    /// stays valid. A result is returned once.
+    pub fn result(&mut self, timeout: Option<Duration>) -> Result<Buffer, CollectError> {
+        if self.done {
+            return Err(CollectError::AlreadyCollected);
+        }
+        let r = self.core.collect(self.id, timeout, &mut || false);
+        if r != Err(CollectError::Timeout) {
+            self.done = true;
+        }
+        r
+    }
+
+    /// Like [`Task::result`], but runs other tasks while waiting (`help` returns whether it
+    /// ran one): nested collects use this so they never deadlock.
+    pub fn result_helping(
+        &mut self,
+        timeout: Option<Duration>,
+        help: &mut dyn FnMut() -> bool,
+    ) -> Result<Buffer, CollectError> {
+        if self.done {
+            return Err(CollectError::AlreadyCollected);
+        }
+        let r = self.core.collect(self.id, timeout, help);
+        if r != Err(CollectError::Timeout) {
+            self.done = true;
+        }
+        r
+    }
+
+    /// Cancels the task if it has not started; true if it will never run.
+    pub fn cancel(&self) -> bool {
+        !self.done && self.core.cancel(self.id)
+    }
+
+    /// The task's state.
+    pub fn state(&self) -> Option<SlotState> {
+        if self.done {
+            Some(SlotState::Collected)
+        } else {
+            self.core.state(self.id)
+        }
+    }
+
+    /// Whether the task has an outcome to collect.
+    pub fn is_done(&self) -> bool {
+        self.state().is_some_and(|s| s.is_final())
+    }
+}
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        if !self.done {
+            self.core.abandon(self.id);
+        }
+    }
+}
+
+/// Collects every task in order; the first failure by position is returned with its index.
+pub fn collect_all(
+    tasks: &mut [Task],
+    timeout: Option<Duration>,
+) -> Result<Vec<Buffer>, (usize, CollectError)> {
+    let start = Instant::now();
+    let mut out = Vec::with_capacity(tasks.len());
+    for (i, t) in tasks.iter_mut().enumerate() {
+        let left = timeout.map(|d| d.saturating_sub(start.elapsed()));
+        out.push(t.result(left).map_err(|e| (i, e))?);
+    }
+    Ok(out)
+}
+
+/// Waits until any of the not-yet-collected tasks is done; returns its index.
+pub fn collect_any(tasks: &[Task], timeout: Option<Duration>) -> Option<usize> {
+    let start = Instant::now();
+    let core = tasks.first()?.core.clone();
+    let park = &core.shared.view().submitter(core.index).park;
+    let poll = || tasks.iter().position(|t| !t.done && t.is_done());
+    let mut w = Waiter::new(core.spin, Duration::from_millis(2));
+    loop {
+        let left = timeout.map(|d| d.saturating_sub(start.elapsed()));
+        match w.wait(
+            park,
+            poll,
+            left.map(|l| l.min(Duration::from_millis(50))),
+            || Ok::<(), ()>(()),
+        ) {
+            Ok(i) => return Some(i),
+            Err(_) if left.is_some_and(|l| l.is_zero()) => return None,
+            Err(_) => {}
+        }
+    }
+}

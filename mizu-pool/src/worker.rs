@@ -1,0 +1,359 @@
+//! The worker side: join a pool by token, claim tasks crash-safely, run them through an
+//! [`Executor`], help with other work while a nested collect waits.
+
+use std::cell::{Cell, RefCell};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering, fence};
+use std::time::Duration;
+
+use arrow_buffer::Buffer;
+use mizu_queue::{Consumer, SlotState};
+use mizu_shm::{DeathWatch, Waiter};
+
+use crate::error::{PoolError, Result};
+use crate::layout::{TaskId, now_ns, wstate};
+use crate::shared::Shared;
+use crate::submitter::{CollectError, SubmitterCore, Task, reclaim_if_final};
+
+/// Runs task payloads. `Err` bytes become the task's error payload.
+pub trait Executor: Send + Sync {
+    /// Runs one task.
+    fn execute(&self, ctx: &TaskContext<'_>, input: &[u8])
+    -> std::result::Result<Vec<u8>, Vec<u8>>;
+}
+
+/// What a running task can do: submit nested tasks and collect them (helping meanwhile).
+pub struct TaskContext<'a> {
+    rt: &'a Runtime<'a>,
+}
+
+impl TaskContext<'_> {
+    /// Submits a nested task from this worker.
+    pub fn submit(&self, payload: &[u8]) -> Result<Task> {
+        self.rt.sub.submit(payload, None)
+    }
+
+    /// Collects a nested task, running other tasks while it waits, so nested maps never
+    /// deadlock, even with one worker.
+    pub fn collect(
+        &self,
+        task: &mut Task,
+        timeout: Option<Duration>,
+    ) -> std::result::Result<Buffer, CollectError> {
+        task.result_helping(timeout, &mut || self.rt.run_one() || self.rt.steal())
+    }
+
+    /// This worker's slot.
+    pub fn worker_slot(&self) -> usize {
+        self.rt.slot
+    }
+}
+
+struct Runtime<'e> {
+    // Declared before `shared`: the consumers borrow its segment.
+    consumers: RefCell<Vec<Consumer<'static>>>,
+    sub: Arc<SubmitterCore>,
+    shared: Arc<Shared>,
+    exec: &'e dyn Executor,
+    slot: usize,
+    pid: u32,
+    next_ring: Cell<usize>,
+}
+
+impl Runtime<'_> {
+    fn retired(&self) -> bool {
+        self.shared
+            .view()
+            .worker(self.slot)
+            .rec
+            .state
+            .load(Ordering::Acquire)
+            != wstate::READY
+    }
+
+    /// Takes the next task id from this worker's queues and runs it.
+    fn run_one(&self) -> bool {
+        loop {
+            let word = {
+                let mut cs = self.consumers.borrow_mut();
+                let n = cs.len();
+                let start = self.next_ring.get();
+                let mut got = None;
+                for i in 0..n {
+                    let s = (start + i) % n;
+                    if let Some(w) = cs[s]
+                        .try_recv_with(|m| u64::from_le_bytes(m[..8].try_into().unwrap_or([0; 8])))
+                    {
+                        self.next_ring.set(s + 1);
+                        got = Some(w);
+                        break;
+                    }
+                }
+                got
+            };
+            match word {
+                None => return false,
+                Some(w) => {
+                    if self.try_run(w) {
+                        return true;
+                    }
+                    // A stale or already-claimed id: look at the next one.
+                }
+            }
+        }
+    }
+
+    /// Runs a `Pending` task found by scanning every submitter's slots (work stealing that
+    /// needs no cooperation from the worker it was queued for, dead or alive).
+    fn steal(&self) -> bool {
+        let v = self.shared.view();
+        for s in 0..v.params.submitters as usize {
+            let rec = &v.submitter(s).rec;
+            // A hint only (abandoned tasks are never counted as collected): skip submitters
+            // with nothing outstanding.
+            if rec.state.load(Ordering::Relaxed) == 0
+                || rec.submitted.load(Ordering::Relaxed) == rec.collected.load(Ordering::Relaxed)
+            {
+                continue;
+            }
+            for k in 0..v.params.slots as usize {
+                let (g, st) = v.task(s, k).state.load();
+                if st == Some(SlotState::Pending) {
+                    let id = TaskId {
+                        submitter: s,
+                        slot: k,
+                        generation: g,
+                    };
+                    if self.try_run(id.pack()) {
+                        v.worker(self.slot)
+                            .rec
+                            .steals
+                            .fetch_add(1, Ordering::Relaxed);
+                        return true;
+                    }
+                }
+            }
+        }
+        false
+    }
+
+    /// Claims (crash-safely) and runs the task `word` names; false if it is not claimable.
+    fn try_run(&self, word: u64) -> bool {
+        let v = self.shared.view();
+        let Some((s, k, g32)) = TaskId::unpack(word) else {
+            return false;
+        };
+        if s >= v.params.submitters as usize || k >= v.params.slots as usize {
+            return false;
+        }
+        let hdr = v.task(s, k);
+        let (g, st) = hdr.state.load();
+        if st != Some(SlotState::Pending) || g as u32 != g32 {
+            return false;
+        }
+        let rec = &v.worker(self.slot).rec;
+        // The claim record goes first: if we die between it and the CAS, the reaper sees a
+        // Pending task (someone else runs it); after the CAS it sees ours and fails it.
+        rec.current.store(word, Ordering::SeqCst);
+        rec.started_ns.store(now_ns(), Ordering::Relaxed);
+        if hdr
+            .state
+            .transition(g, SlotState::Pending, SlotState::Running)
+            .is_err()
+        {
+            rec.current.store(0, Ordering::Release);
+            return false;
+        }
+        hdr.runner.store(
+            ((self.slot as u64) << 32) | u64::from(self.pid),
+            Ordering::Relaxed,
+        );
+        let ctx = TaskContext { rt: self };
+        let out = match self.shared.take_payload(s, k) {
+            Ok(input) => self.exec.execute(&ctx, input.as_slice()),
+            Err(e) => Err(format!("mizu: unreadable task input: {e}").into_bytes()),
+        };
+        let (bytes, ok) = match out {
+            Ok(b) => (b, true),
+            Err(b) => (b, false),
+        };
+        let ok = match self.shared.write_payload(s, k, &bytes) {
+            Ok(()) => ok,
+            Err(e) => {
+                let _ = self.shared.write_payload(
+                    s,
+                    k,
+                    format!("mizu: cannot store the result: {e}").as_bytes(),
+                );
+                false
+            }
+        };
+        let _ = hdr.state.transition(
+            g,
+            SlotState::Running,
+            if ok { SlotState::Ok } else { SlotState::Err },
+        );
+        rec.current.store(0, Ordering::Release);
+        rec.tasks.fetch_add(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if hdr.abandoned.load(Ordering::SeqCst) == 1 {
+            reclaim_if_final(
+                &self.shared,
+                TaskId {
+                    submitter: s,
+                    slot: k,
+                    generation: g,
+                },
+            );
+        }
+        v.submitter(s).park.wake_all();
+        true
+    }
+
+    fn any_queued(&self) -> bool {
+        self.consumers.borrow_mut().iter_mut().any(|c| c.poll())
+    }
+}
+
+/// Joins the pool named by `token` as worker `slot` and serves tasks until the pool stops,
+/// this worker is retired, or the controller dies (then it prunes what the controller left).
+pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
+    let shared = Shared::open(token)?;
+    let v = shared.view();
+    if slot >= v.params.max_workers as usize {
+        return Err(PoolError::Layout(format!(
+            "worker slot {slot} >= max_workers {}",
+            v.params.max_workers
+        )));
+    }
+    let ws = v.worker(slot);
+    if ws.rec.state.load(Ordering::Acquire) != wstate::STARTING {
+        return Err(PoolError::Layout(format!(
+            "worker slot {slot} is not waiting for a worker"
+        )));
+    }
+    let pid = std::process::id();
+    ws.rec.pid.store(pid, Ordering::Relaxed);
+    ws.rec
+        .nonce
+        .store(shared.segment().me().nonce, Ordering::Relaxed);
+    let spin = Duration::from_micros(u64::from(v.params.spin_us));
+    let sub = SubmitterCore::new(shared.clone(), 1 + slot, spin);
+    let consumers = (0..v.params.submitters as usize)
+        .map(|s| {
+            let c = v.ring(s, slot).consumer();
+            // SAFETY: the consumer borrows the segment owned by `shared`, which the Runtime
+            // holds and drops after `consumers` (field order); 'static never escapes it.
+            unsafe { std::mem::transmute::<Consumer<'_>, Consumer<'static>>(c) }
+        })
+        .collect();
+    let controller_dead = Arc::new(AtomicBool::new(false));
+    let _watch = {
+        let (dead, sh) = (controller_dead.clone(), shared.clone());
+        DeathWatch::spawn(v.params.controller, move || {
+            dead.store(true, Ordering::SeqCst);
+            sh.view().worker(slot).park.wake_all_unconditionally();
+        })?
+    };
+    let rt = Runtime {
+        consumers: RefCell::new(consumers),
+        sub,
+        shared: shared.clone(),
+        exec,
+        slot,
+        pid,
+        next_ring: Cell::new(0),
+    };
+    ws.rec.state.store(wstate::READY, Ordering::Release);
+    let mut waiter = Waiter::new(spin, Duration::from_millis(2));
+    let done = || v.stopped() || controller_dead.load(Ordering::Relaxed) || rt.retired();
+    while !done() {
+        if rt.run_one() {
+            continue;
+        }
+        ws.rec.idle.store(1, Ordering::SeqCst);
+        let before = waiter.parks();
+        let woke = waiter.wait(
+            &ws.park,
+            || (rt.any_queued() || done()).then_some(()),
+            Some(Duration::from_millis(2)),
+            || Ok::<(), ()>(()),
+        );
+        ws.rec.idle.store(0, Ordering::Relaxed);
+        ws.rec
+            .parks
+            .fetch_add(waiter.parks() - before, Ordering::Relaxed);
+        // Stealing scans task slots: only after a whole idle slice, never between two tasks
+        // of a busy stream (that would put the scan on every round trip).
+        if woke.is_err() {
+            while rt.steal() {}
+        }
+    }
+    let _ = ws.rec.state.compare_exchange(
+        wstate::READY,
+        wstate::EXITING,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    );
+    drop(rt);
+    if controller_dead.load(Ordering::Relaxed) {
+        // The controller cannot clean up any more: remove what it left.
+        let _ = shared.segment().unlink();
+        let _ = mizu_shm::prune();
+    }
+    Ok(())
+}
+
+/// Fails every task the dead worker `slot` (process `pid`) was running — its claim record and
+/// any outer task of a nested chain — with `why` (see `layout::reason`), and wakes their
+/// collectors.
+pub fn reap_worker(shared: &Shared, slot: usize, pid: u32, why: u32) {
+    let v = shared.view();
+    let rec = &v.worker(slot).rec;
+    let runner = ((slot as u64) << 32) | u64::from(pid);
+    let fail = |s: usize, k: usize, g: u64| {
+        let hdr = v.task(s, k);
+        hdr.runner.store(runner, Ordering::Relaxed);
+        hdr.reason.store(why, Ordering::Relaxed);
+        if hdr
+            .state
+            .transition(g, SlotState::Running, SlotState::Died)
+            .is_ok()
+        {
+            fence(Ordering::SeqCst);
+            if hdr.abandoned.load(Ordering::SeqCst) == 1 {
+                reclaim_if_final(
+                    shared,
+                    TaskId {
+                        submitter: s,
+                        slot: k,
+                        generation: g,
+                    },
+                );
+            }
+            v.submitter(s).park.wake_all();
+        }
+    };
+    if let Some((s, k, g32)) = TaskId::unpack(rec.current.load(Ordering::SeqCst))
+        && s < v.params.submitters as usize
+        && k < v.params.slots as usize
+    {
+        let (g, st) = v.task(s, k).state.load();
+        if st == Some(SlotState::Running) && g as u32 == g32 {
+            fail(s, k, g);
+        }
+    }
+    for s in 0..v.params.submitters as usize {
+        for k in 0..v.params.slots as usize {
+            let hdr = v.task(s, k);
+            let (g, st) = hdr.state.load();
+            if st == Some(SlotState::Running) && hdr.runner.load(Ordering::Relaxed) == runner {
+                fail(s, k, g);
+            }
+        }
+    }
+    rec.current.store(0, Ordering::Release);
+    rec.idle.store(0, Ordering::Relaxed);
+    // The survivor removes what a killed worker could not: its liveness lock file.
+    mizu_shm::ProcessId::new(pid, rec.nonce.load(Ordering::Relaxed)).reap();
+}

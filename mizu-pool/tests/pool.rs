@@ -1,0 +1,403 @@
+//! The runtime across real processes: every behaviour of the pool with the Rust test worker.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use mizu_pool::{
+    CollectError, Launcher, Pool, PoolConfig, PoolError, TaskError, collect_all, collect_any,
+};
+use mizu_queue::SlotState;
+
+const WORKER: &str = env!("CARGO_BIN_EXE_mizu-pool-testworker");
+const GUARD: Option<Duration> = Some(Duration::from_secs(120));
+
+fn pool(cfg: PoolConfig) -> Pool {
+    Pool::new(cfg, Launcher::new(WORKER, Vec::<String>::new())).unwrap()
+}
+
+fn workers(n: usize) -> PoolConfig {
+    PoolConfig {
+        workers: n,
+        ..Default::default()
+    }
+}
+
+fn text(b: &arrow_buffer::Buffer) -> String {
+    String::from_utf8(b.to_vec()).unwrap()
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "hang guard: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn a_task_round_trips_and_many_are_conserved() {
+    let p = pool(PoolConfig {
+        workers: 2,
+        slots: 8192,
+        ..Default::default()
+    });
+    assert_eq!(
+        text(&p.submit(b"echo:hello").unwrap().result(GUARD).unwrap()),
+        "hello"
+    );
+    let mut tasks: Vec<_> = (0..5000)
+        .map(|i| p.submit(format!("echo:{i}").as_bytes()).unwrap())
+        .collect();
+    let got = collect_all(&mut tasks, GUARD).unwrap();
+    for (i, b) in got.iter().enumerate() {
+        assert_eq!(text(b), i.to_string(), "results in input order, none lost");
+    }
+    let st = p.status();
+    assert_eq!(st.submitted, 5001);
+    assert_eq!(st.collected, 5001);
+    assert_eq!(
+        st.workers.iter().map(|w| w.tasks).sum::<u64>(),
+        5001,
+        "each task ran exactly once"
+    );
+}
+
+#[test]
+fn large_payloads_travel_through_data_segments() {
+    let p = pool(workers(1));
+    let mut input = b"sum:".to_vec();
+    input.extend(std::iter::repeat_n(3u8, 1 << 20));
+    assert_eq!(
+        text(&p.submit(&input).unwrap().result(GUARD).unwrap()),
+        (3u64 << 20).to_string()
+    );
+    let big = p.submit(b"big:3000000").unwrap().result(GUARD).unwrap();
+    assert_eq!(big.len(), 3_000_000);
+    assert!(big.iter().all(|&b| b == 7));
+}
+
+#[test]
+fn a_failing_task_reports_its_error_and_the_pool_goes_on() {
+    let p = pool(workers(1));
+    let e = p.submit(b"fail:boom").unwrap().result(GUARD).unwrap_err();
+    assert_eq!(e, CollectError::Task(TaskError::Failed(b"boom".to_vec())));
+    assert_eq!(text(&p.call(b"echo:after").unwrap()), "after");
+}
+
+#[test]
+fn kill_9_of_a_worker_mid_task_fails_that_task_and_the_pool_replaces_the_worker() {
+    let p = pool(workers(1));
+    let mut t = p.submit(b"sleep:100000").unwrap();
+    wait_until("the task starts", || t.state() == Some(SlotState::Running));
+    let victim = p.status().workers[0].pid;
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(victim as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    match t.result(GUARD) {
+        Err(CollectError::Task(TaskError::WorkerDied { slot: 0, pid })) => assert_eq!(pid, victim),
+        other => panic!("expected WorkerDied, got {other:?}"),
+    }
+    wait_until("a replacement joins", || {
+        p.status().workers[0].state == "ready" && p.status().workers[0].pid != victim
+    });
+    assert_eq!(p.status().respawns, 1);
+    assert_eq!(text(&p.call(b"echo:still here").unwrap()), "still here");
+}
+
+#[test]
+fn a_worker_that_kills_itself_fails_only_its_task() {
+    let p = pool(workers(2));
+    let mut others: Vec<_> = (0..200)
+        .map(|i| p.submit(format!("echo:{i}").as_bytes()).unwrap())
+        .collect();
+    let e = p.submit(b"abort").unwrap().result(GUARD).unwrap_err();
+    assert!(
+        matches!(e, CollectError::Task(TaskError::WorkerDied { .. })),
+        "{e:?}"
+    );
+    let got = collect_all(&mut others, GUARD).unwrap();
+    assert_eq!(
+        got.len(),
+        200,
+        "queued work of the dead worker was taken over"
+    );
+}
+
+#[test]
+fn a_task_over_the_execution_timeout_fails_and_its_worker_is_replaced() {
+    let p = pool(PoolConfig {
+        workers: 1,
+        exec_timeout: Some(Duration::from_millis(200)),
+        ..Default::default()
+    });
+    let e = p
+        .submit(b"sleep:100000")
+        .unwrap()
+        .result(GUARD)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            CollectError::Task(TaskError::ExecTimeout { slot: 0, .. })
+        ),
+        "{e:?}"
+    );
+    assert_eq!(text(&p.call(b"echo:ok").unwrap()), "ok");
+}
+
+#[test]
+fn queued_tasks_can_be_cancelled_running_ones_cannot() {
+    let p = pool(workers(1));
+    let mut busy = p.submit(b"sleep:300").unwrap();
+    wait_until("busy", || busy.state() == Some(SlotState::Running));
+    let mut queued = p.submit(b"echo:never").unwrap();
+    assert!(queued.cancel());
+    assert!(!busy.cancel(), "a running task is not interrupted");
+    assert_eq!(
+        queued.result(GUARD),
+        Err(CollectError::Task(TaskError::Cancelled))
+    );
+    assert_eq!(text(&busy.result(GUARD).unwrap()), "slept");
+}
+
+#[test]
+fn a_collect_timeout_leaves_the_handle_valid() {
+    let p = pool(workers(1));
+    let mut t = p.submit(b"sleep:300").unwrap();
+    assert_eq!(
+        t.result(Some(Duration::from_millis(10))),
+        Err(CollectError::Timeout)
+    );
+    assert_eq!(text(&t.result(GUARD).unwrap()), "slept");
+    assert_eq!(t.result(GUARD), Err(CollectError::AlreadyCollected));
+}
+
+#[test]
+fn collect_any_returns_the_first_finished() {
+    let p = pool(workers(2));
+    let tasks = vec![
+        p.submit(b"sleep:2000").unwrap(),
+        p.submit(b"echo:fast").unwrap(),
+    ];
+    assert_eq!(collect_any(&tasks, GUARD), Some(1));
+}
+
+#[test]
+fn nested_tasks_never_deadlock_even_with_one_worker() {
+    let p = pool(workers(1));
+    assert_eq!(
+        text(&p.submit(b"nested:50").unwrap().result(GUARD).unwrap()),
+        (0..50).sum::<u64>().to_string()
+    );
+    let p2 = pool(workers(2));
+    let mut ts: Vec<_> = (0..8).map(|_| p2.submit(b"nested:20").unwrap()).collect();
+    for b in collect_all(&mut ts, GUARD).unwrap() {
+        assert_eq!(text(&b), "190");
+    }
+}
+
+#[test]
+fn dropping_uncollected_handles_frees_their_slots() {
+    let p = pool(PoolConfig {
+        workers: 1,
+        slots: 8,
+        ..Default::default()
+    });
+    for i in 0..200 {
+        let t0 = Instant::now();
+        loop {
+            match p.submit(format!("echo:{i}").as_bytes()) {
+                Ok(t) => {
+                    drop(t);
+                    break;
+                }
+                Err(PoolError::SlotsExhausted(8)) => {
+                    assert!(
+                        t0.elapsed() < Duration::from_secs(60),
+                        "slots never came back"
+                    );
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+    // Every slot is reusable again.
+    wait_until("all slots free", || {
+        let ts: Vec<_> = (0..8).filter_map(|_| p.submit(b"echo:x").ok()).collect();
+        ts.len() == 8
+    });
+}
+
+#[test]
+fn exhausted_slots_and_full_queues_are_clear_errors() {
+    let p = pool(PoolConfig {
+        workers: 1,
+        slots: 4,
+        ring_capacity: 2,
+        ..Default::default()
+    });
+    let mut busy = p.submit(b"sleep:500").unwrap();
+    wait_until("busy", || busy.state() == Some(SlotState::Running));
+    let a = p.submit(b"echo:a").unwrap();
+    let b = p.submit(b"echo:b").unwrap();
+    // The one worker's queue (capacity 2) is full: submission waits, then times out.
+    let e = p
+        .submit_timeout(b"echo:c", Duration::from_millis(50))
+        .unwrap_err();
+    assert!(matches!(e, PoolError::SubmitTimeout(_)), "{e}");
+    let c = p
+        .submit_timeout(b"echo:c", Duration::from_secs(60))
+        .unwrap();
+    let e = p.submit(b"echo:d").unwrap_err();
+    assert!(matches!(e, PoolError::SlotsExhausted(4)), "{e}");
+    let mut all = vec![a, b, c];
+    assert_eq!(collect_all(&mut all, GUARD).unwrap().len(), 3);
+    assert_eq!(text(&busy.result(GUARD).unwrap()), "slept");
+}
+
+#[test]
+fn stop_cancels_queued_fails_running_and_wakes_collectors() {
+    let mut p = pool(workers(1));
+    let mut running = p.submit(b"sleep:100000").unwrap();
+    wait_until("running", || running.state() == Some(SlotState::Running));
+    let mut queued = p.submit(b"echo:x").unwrap();
+    let token = p.token().to_owned();
+    let t0 = Instant::now();
+    p.stop(Duration::from_millis(200));
+    assert!(t0.elapsed() < Duration::from_secs(30), "stop is bounded");
+    assert_eq!(
+        queued.result(GUARD),
+        Err(CollectError::Task(TaskError::Stopped))
+    );
+    assert_eq!(
+        running.result(GUARD),
+        Err(CollectError::Task(TaskError::Stopped))
+    );
+    assert!(matches!(p.submit(b"echo:y"), Err(PoolError::Stopped)));
+    assert!(
+        !std::path::Path::new("/dev/shm").join(&token[1..]).exists(),
+        "teardown unlinks the pool"
+    );
+}
+
+#[test]
+fn workers_can_be_retired_and_spawned() {
+    let p = pool(PoolConfig {
+        workers: 2,
+        max_workers: 3,
+        ..Default::default()
+    });
+    assert!(p.retire_worker(1));
+    wait_until("retired", || {
+        p.status()
+            .workers
+            .iter()
+            .any(|w| w.slot == 1 && w.state == "dead")
+    });
+    assert_eq!(p.status().respawns, 0, "a retired worker is not replaced");
+    let slot = p.spawn_worker().unwrap();
+    assert!(slot == 1 || slot == 2);
+    let mut ts: Vec<_> = (0..100)
+        .map(|i| p.submit(format!("echo:{i}").as_bytes()).unwrap())
+        .collect();
+    assert_eq!(collect_all(&mut ts, GUARD).unwrap().len(), 100);
+}
+
+#[test]
+fn bad_configurations_and_launchers_are_clear_errors() {
+    for cfg in [
+        PoolConfig {
+            workers: 0,
+            ..Default::default()
+        },
+        PoolConfig {
+            slots: 0,
+            ..Default::default()
+        },
+        PoolConfig {
+            slot_bytes: 100,
+            ..Default::default()
+        },
+        PoolConfig {
+            ring_capacity: 3,
+            ..Default::default()
+        },
+    ] {
+        let e = Pool::new(cfg, Launcher::new(WORKER, Vec::<String>::new()))
+            .err()
+            .expect("invalid config");
+        assert!(matches!(e, PoolError::Config(_)), "{e}");
+    }
+    let e = Pool::new(
+        workers(1),
+        Launcher::new("/nonexistent/worker", Vec::<String>::new()),
+    )
+    .err()
+    .unwrap();
+    assert!(matches!(e, PoolError::Launch { .. }), "{e}");
+    let e = Pool::new(
+        workers(1),
+        Launcher::new("/bin/false", Vec::<String>::new()),
+    )
+    .err()
+    .unwrap();
+    assert!(e.to_string().contains("exited before joining"), "{e}");
+    // A worker given a bad token exits with a clear error.
+    let out = Command::new(WORKER)
+        .args(["not-a-token", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid segment name"));
+}
+
+#[test]
+fn killing_the_controller_makes_workers_exit_and_leaves_nothing() {
+    let mut ctl = Command::new(WORKER)
+        .arg("--controller")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(ctl.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let mut it = line.split_whitespace();
+    let _token = it.next().unwrap().to_owned();
+    let pids: Vec<u32> = it.map(|p| p.parse().unwrap()).collect();
+    assert_eq!(pids.len(), 2);
+    let ctl_pid = ctl.id();
+    ctl.kill().unwrap();
+    ctl.wait().unwrap();
+    let alive = |pid: u32| {
+        std::path::Path::new(&format!("/proc/{pid}")).exists()
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .unwrap_or_default()
+                .contains(") Z ")
+    };
+    wait_until("workers exit after the controller died", || {
+        pids.iter().all(|&p| !alive(p))
+    });
+    let left: Vec<String> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| {
+            [ctl_pid]
+                .iter()
+                .chain(&pids)
+                .any(|p| n.starts_with(&format!("mizu_{p:x}_")))
+        })
+        .collect();
+    assert_eq!(
+        left,
+        Vec::<String>::new(),
+        "the surviving workers pruned everything"
+    );
+}
