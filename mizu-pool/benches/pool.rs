@@ -196,6 +196,33 @@ fn threads_round_trip(n: usize) -> f64 {
     r
 }
 
+fn channel_round_trip(n: usize) -> f64 {
+    let mut ch = mizu_pool::Channel::launch(
+        WORKER,
+        ["--channel-echo"],
+        1024,
+        256,
+        std::time::Duration::from_secs(60),
+    )
+    .unwrap();
+    for _ in 0..n / 10 {
+        ch.send(b"x").unwrap();
+        ch.recv(None).unwrap();
+    }
+    median(
+        (0..RUNS)
+            .map(|_| {
+                let t = Instant::now();
+                for _ in 0..n {
+                    ch.send(b"x").unwrap();
+                    ch.recv(None).unwrap();
+                }
+                t.elapsed().as_nanos() as f64 / n as f64
+            })
+            .collect(),
+    )
+}
+
 fn main() {
     mizu_shm::affinity::pin_to_cpu(0).unwrap();
     // Workers inherit this process's mask, then pin themselves to CPU 1.
@@ -205,6 +232,7 @@ fn main() {
     let (mizu_rt, parks) = mizu_round_trip(rt_n);
     let sock_rt = sock_round_trip(scale(10_000));
     let thr_rt = threads_round_trip(rt_n);
+    let chan_rt = channel_round_trip(rt_n);
     let mizu_pipe = mizu_pipelined(1, scale(400_000));
     let sock_pipe = sock_pipelined(1, scale(100_000));
     // Fan-out: two workers; the controller's CPU is shared with the second worker.
@@ -245,6 +273,14 @@ fn main() {
         sock_fan / 1e6,
         "-",
         mizu_fan / sock_fan,
+        "-"
+    );
+    println!(
+        "| channel round trip (µs)         | {:>9.3} | {:>15.1} | {:>21} | {:>17.0}x | {:>15} |",
+        chan_rt / 1e3,
+        sock_rt / 1e3,
+        "-",
+        sock_rt / chan_rt,
         "-"
     );
     println!("worker parks during the round-trip runs: {parks}");

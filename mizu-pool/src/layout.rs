@@ -40,6 +40,10 @@ pub struct Params {
     pub ring_capacity: u32,
     /// Spin budget of waiting workers and collectors, in microseconds.
     pub spin_us: u32,
+    /// Whether workers record task start times (an execution timeout is configured).
+    pub timed: u32,
+    /// Reserved.
+    pub reserved: u32,
     /// The controller.
     pub controller: ProcessId,
 }

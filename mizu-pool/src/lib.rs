@@ -4,6 +4,8 @@
 //! write results back into the slot; large payloads travel through `mizu-wire` data segments.
 //! See the crate README for the design and its invariants.
 
+pub mod attach;
+pub mod channel;
 pub mod error;
 pub mod layout;
 pub mod pool;
@@ -11,7 +13,10 @@ pub mod shared;
 pub mod submitter;
 pub mod worker;
 
+pub use attach::Submitter;
+pub use channel::{Channel, ChannelSendError};
 pub use error::{PoolError, Result, TaskError};
+pub use mizu_queue::RecvError;
 pub use pool::{Launcher, Pool, PoolConfig, PoolStatus, WorkerStatus};
 pub use submitter::{CollectError, Task, collect_all, collect_any};
 pub use worker::{Executor, TaskContext, run_worker};

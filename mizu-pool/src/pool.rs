@@ -187,6 +187,8 @@ impl Pool {
             slot_bytes: cfg.slot_bytes,
             ring_capacity: cfg.ring_capacity,
             spin_us: cfg.spin.as_micros() as u32,
+            timed: u32::from(cfg.exec_timeout.is_some()),
+            reserved: 0,
             controller: me.id(),
         };
         let shared = Shared::new(layout::create(params)?)?;

@@ -282,14 +282,9 @@ impl SubmitterCore {
         let st = self.wait_final(id, timeout, help)?;
         let out = self.outcome(id, st);
         let hdr = self.shared.view().task(id.submitter, id.slot);
-        if hdr
-            .state
-            .transition(id.generation, st, SlotState::Collected)
-            .is_err()
-        {
+        if hdr.state.collect_and_free(id.generation, st).is_err() {
             return Err(CollectError::AlreadyCollected);
         }
-        let _ = hdr.state.free(id.generation);
         // The next submit reuses this slot first: its lines are hot in both processes.
         self.last_freed.store(id.slot, Ordering::Relaxed);
         self.shared

@@ -155,7 +155,9 @@ impl Runtime<'_> {
         // The claim record goes first: if we die between it and the CAS, the reaper sees a
         // Pending task (someone else runs it); after the CAS it sees ours and fails it.
         rec.current.store(word, Ordering::SeqCst);
-        rec.started_ns.store(now_ns(), Ordering::Relaxed);
+        if v.params.timed != 0 {
+            rec.started_ns.store(now_ns(), Ordering::Relaxed);
+        }
         if hdr
             .state
             .transition(g, SlotState::Pending, SlotState::Running)
@@ -280,9 +282,11 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
             || Ok::<(), ()>(()),
         );
         ws.rec.idle.store(0, Ordering::Relaxed);
-        ws.rec
-            .parks
-            .fetch_add(waiter.parks() - before, Ordering::Relaxed);
+        if waiter.parks() != before {
+            ws.rec
+                .parks
+                .fetch_add(waiter.parks() - before, Ordering::Relaxed);
+        }
         // Stealing scans task slots: only after a whole idle slice, never between two tasks
         // of a busy stream (that would put the scan on every round trip).
         if woke.is_err() {

@@ -144,6 +144,34 @@ impl StateWord {
             })
     }
 
+    /// A final state straight to `Free` with the next generation, for the one collector that
+    /// takes the outcome (one CAS instead of `Collected` then `free`).
+    pub fn collect_and_free(
+        &self,
+        generation: u64,
+        from: SlotState,
+    ) -> Result<u64, TransitionError> {
+        if !from.is_final() {
+            return Err(TransitionError::Illegal {
+                from,
+                to: SlotState::Free,
+            });
+        }
+        let next = (generation + 1) & (u64::MAX >> GEN_SHIFT);
+        self.0
+            .compare_exchange(
+                pack(generation, from),
+                pack(next, SlotState::Free),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .map(|_| next)
+            .map_err(|w| TransitionError::Lost {
+                generation: w >> GEN_SHIFT,
+                state: SlotState::from_bits(w as u8),
+            })
+    }
+
     /// `Collected -> Free` with the next generation; stale handles of the old generation then
     /// fail every transition.
     pub fn free(&self, generation: u64) -> Result<u64, TransitionError> {

@@ -121,7 +121,7 @@ fn fuzz(root: &Path) -> Res {
         "--",
         "never_panic",
     ])
-    .env("PROPTEST_CASES", "20000");
+    .env("PROPTEST_CASES", "100000");
     run(root, &mut cmd)
 }
 
@@ -177,6 +177,14 @@ fn bench(root: &Path) -> Res {
     run(
         root,
         Command::new(cargo()).args(["bench", "-p", "mizu-wire", "--bench", "decode"]),
+    )?;
+    pool_bench(root)
+}
+
+fn pool_bench(root: &Path) -> Res {
+    run(
+        root,
+        Command::new(cargo()).args(["bench", "-p", "mizu-pool", "--bench", "pool"]),
     )
 }
 
@@ -227,10 +235,18 @@ fn which(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// Until the Python package lands: the process pool against the architecture of
+/// `ProcessPoolExecutor`/mirai (request/response over socketpairs) and a thread pool, then the
+/// ring underneath it.
 fn demo(root: &Path) -> Res {
     eprintln!(
-        "mizu demo: for now the cross-process ring against what process pools use today\n\
-         (a Unix socketpair) and an in-process channel, measured side by side in one run."
+        "mizu demo: a pool of worker processes (the Rust test worker) against a socketpair\n\
+         request/response pool (how ProcessPoolExecutor and mirai work) and a thread pool,\n\
+         then the shared-memory ring underneath, all measured side by side in one run."
     );
-    bench(root)
+    pool_bench(root)?;
+    run(
+        root,
+        Command::new(cargo()).args(["bench", "-p", "mizu-queue", "--bench", "ring"]),
+    )
 }

@@ -123,8 +123,47 @@ fn main() {
     {
         let _ = mizu_shm::affinity::pin_to_cpu(cpu);
     }
+    let token = || args.get(1).cloned().unwrap_or_default();
     match args.first().map(String::as_str) {
         Some("--controller") => controller(),
+        Some("--channel-echo") => {
+            // Echo every message back until the host closes, then close.
+            let mut ch = mizu_pool::Channel::attach(&token()).expect("attach");
+            while let Ok(m) = ch.recv(None) {
+                while ch.send(&m) == Err(mizu_pool::ChannelSendError::Full) {
+                    std::thread::yield_now();
+                }
+            }
+            return;
+        }
+        Some("--channel-hold") => {
+            // Attach, say hello, never read.
+            let mut ch = mizu_pool::Channel::attach(&token()).expect("attach");
+            ch.send(b"hello").expect("hello");
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
+        }
+        Some("--channel-close") => {
+            let mut ch = mizu_pool::Channel::attach(&token()).expect("attach");
+            ch.send(b"bye").expect("bye");
+            ch.close();
+            return;
+        }
+        Some("--submit") => {
+            // Attach to a pool as an extra submitter and run 100 tasks.
+            let s = mizu_pool::Submitter::attach(&token()).expect("attach");
+            let mut ts: Vec<_> = (0..100)
+                .map(|i| s.submit(format!("echo:{i}").as_bytes()).expect("submit"))
+                .collect();
+            let out = mizu_pool::collect_all(&mut ts, None).expect("collect");
+            let ok = out
+                .iter()
+                .enumerate()
+                .all(|(i, b)| b.as_slice() == i.to_string().as_bytes());
+            println!("{} {}", s.index(), if ok { "ok" } else { "bad" });
+            return;
+        }
         Some("--sock-worker") => {
             sock_worker(args.get(1).and_then(|f| f.parse().ok()).unwrap_or(-1));
             return;

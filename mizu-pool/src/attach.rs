@@ -1,0 +1,75 @@
+//! Extra submitters: other processes attach to a running pool by token and submit tasks of
+//! their own (their results come back to them, not to the controller).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crate::error::{PoolError, Result};
+use crate::layout::POOL_KIND;
+use crate::shared::Shared;
+use crate::submitter::{SubmitterCore, Task};
+
+/// A submitter attached to someone else's pool.
+pub struct Submitter {
+    core: Arc<SubmitterCore>,
+}
+
+impl Submitter {
+    /// Attaches to the pool named by `token`, taking a free submitter record.
+    pub fn attach(token: &str) -> Result<Submitter> {
+        let shared = Shared::new(mizu_shm::Segment::open(token, POOL_KIND)?)?;
+        let v = shared.view();
+        let first = 1 + v.params.max_workers as usize;
+        let index = (first..v.params.submitters as usize)
+            .find(|&s| {
+                let rec = &v.submitter(s).rec;
+                // A record is free when unused or when its previous holder died.
+                let stale = rec.state.load(Ordering::Acquire) == 1
+                    && !mizu_shm::ProcessId::new(
+                        rec.pid.load(Ordering::Relaxed),
+                        rec.nonce.load(Ordering::Relaxed),
+                    )
+                    .is_alive();
+                if stale {
+                    rec.state.store(0, Ordering::Release);
+                }
+                rec.state
+                    .compare_exchange(0, 2, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            })
+            .ok_or_else(|| {
+                PoolError::Config(format!(
+                    "all {} extra submitter records are taken",
+                    v.params.submitters as usize - first
+                ))
+            })?;
+        let spin = Duration::from_micros(u64::from(v.params.spin_us));
+        Ok(Submitter {
+            core: SubmitterCore::new(shared, index, spin),
+        })
+    }
+
+    /// Submits a task.
+    pub fn submit(&self, payload: &[u8]) -> Result<Task> {
+        self.core.submit(payload, None)
+    }
+
+    /// This submitter's record index.
+    pub fn index(&self) -> usize {
+        self.core.index()
+    }
+}
+
+impl Drop for Submitter {
+    fn drop(&mut self) {
+        // Outstanding tasks keep the core alive; the record is released for reuse now.
+        self.core
+            .shared()
+            .view()
+            .submitter(self.core.index())
+            .rec
+            .state
+            .store(0, Ordering::Release);
+    }
+}

@@ -1,0 +1,231 @@
+//! Channels: a duplex pair of SPSC rings between this process and one peer (launched by us or
+//! attached by token). `send` never blocks; `recv` waits with a timeout. Messages are bytes;
+//! those larger than a ring slot travel through `mizu-wire` data segments.
+
+use std::ffi::OsString;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow_buffer::Buffer;
+use mizu_queue::{Consumer, Duplex, Producer, RecvError, SendError};
+use mizu_shm::Waiter;
+use mizu_wire::{DataPool, Mapper, Value, read_value, write_value};
+
+use crate::error::{PoolError, Result};
+
+/// Why a send did not happen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChannelSendError {
+    /// The peer's ring is full now; nothing was sent.
+    #[error("channel is full")]
+    Full,
+    /// The peer process is gone (sticky).
+    #[error("the peer process is gone")]
+    PeerGone,
+    /// This side closed the channel.
+    #[error("the channel is closed")]
+    Closed,
+    /// The message could not be stored.
+    #[error("cannot send: {0}")]
+    Storage(String),
+}
+
+/// One end of a channel.
+pub struct Channel {
+    // Declared before `duplex`: they borrow its segment.
+    tx: Producer<'static>,
+    rx: Consumer<'static>,
+    duplex: Box<Duplex>,
+    waiter: Waiter,
+    pool: Arc<DataPool>,
+    mapper: Mapper,
+    child: Option<Child>,
+    closed: bool,
+    gone: bool,
+}
+
+impl Channel {
+    fn wrap(duplex: Duplex, child: Option<Child>) -> Channel {
+        let duplex = Box::new(duplex);
+        let (tx, rx) = (duplex.tx(), duplex.rx());
+        // SAFETY: the producer and consumer borrow the Duplex in the Box held by the same
+        // struct, declared after them (dropped last) and never moved out; 'static never escapes.
+        let (tx, rx) = unsafe {
+            (
+                std::mem::transmute::<Producer<'_>, Producer<'static>>(tx),
+                std::mem::transmute::<Consumer<'_>, Consumer<'static>>(rx),
+            )
+        };
+        Channel {
+            tx,
+            rx,
+            duplex,
+            waiter: Waiter::new(Duration::from_micros(50), Duration::from_millis(10)),
+            pool: Arc::new(DataPool::new(16 << 20)),
+            mapper: Mapper::new(),
+            child,
+            closed: false,
+            gone: false,
+        }
+    }
+
+    /// Creates a channel and launches `program args… <token>` as its peer; returns once the
+    /// peer has attached (or fails if it exits first or takes longer than `timeout`).
+    pub fn launch(
+        program: impl Into<OsString>,
+        args: impl IntoIterator<Item = impl Into<OsString>>,
+        capacity: u64,
+        slot_size: u64,
+        timeout: Duration,
+    ) -> Result<Channel> {
+        let mut d = Duplex::create(capacity, slot_size).map_err(queue_err)?;
+        let program = program.into();
+        let mut child = Command::new(&program)
+            .args(args.into_iter().map(Into::into))
+            .arg(d.token())
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| PoolError::Launch {
+                slot: 0,
+                why: format!("{program:?}: {e}"),
+            })?;
+        d.wait_guest(timeout, || match child.try_wait() {
+            Ok(None) => Ok(()),
+            other => Err(format!("{other:?}")),
+        })
+        .map_err(|e| PoolError::Launch {
+            slot: 0,
+            why: format!("channel peer did not attach: {e:?}"),
+        })?;
+        Ok(Channel::wrap(d, Some(child)))
+    }
+
+    /// Attaches to a channel whose token this process was given.
+    pub fn attach(token: &str) -> Result<Channel> {
+        Ok(Channel::wrap(Duplex::join(token).map_err(queue_err)?, None))
+    }
+
+    /// The token a peer passes to [`Channel::attach`].
+    pub fn token(&self) -> &str {
+        self.duplex.token()
+    }
+
+    /// The launched peer process, if this end launched it.
+    pub fn child(&mut self) -> Option<&mut Child> {
+        self.child.as_mut()
+    }
+
+    fn peer_dead(&mut self) -> bool {
+        if !self.gone && self.duplex.peer().is_some_and(|p| !p.is_alive()) {
+            self.gone = true;
+        }
+        self.gone
+    }
+
+    /// Sends one message without blocking.
+    pub fn send(&mut self, msg: &[u8]) -> Result<(), ChannelSendError> {
+        self.send_batch(std::iter::once(msg)).and_then(|n| {
+            if n == 1 {
+                Ok(())
+            } else {
+                Err(ChannelSendError::Full)
+            }
+        })
+    }
+
+    /// Sends as many messages as fit now with one publication; returns how many were sent.
+    pub fn send_batch<'m>(
+        &mut self,
+        msgs: impl IntoIterator<Item = &'m [u8]>,
+    ) -> Result<usize, ChannelSendError> {
+        if self.closed {
+            return Err(ChannelSendError::Closed);
+        }
+        // Liveness costs syscalls: it is checked only when nothing could be sent (below).
+        if self.gone {
+            return Err(ChannelSendError::PeerGone);
+        }
+        let mut n = 0;
+        for m in msgs {
+            let v = Value::Bytes(Buffer::from_slice_ref(m));
+            let mut res = Ok(0);
+            let pool = &self.pool;
+            let wrote = self.tx.write_with(|slot| {
+                res = write_value(&v, 0, slot, pool);
+                *res.as_ref().unwrap_or(&0)
+            });
+            match (wrote, res) {
+                (Ok(()), Ok(_)) => n += 1,
+                (Err(SendError::Full), _) => break,
+                (_, Err(e)) => {
+                    self.tx.publish();
+                    return Err(ChannelSendError::Storage(e.to_string()));
+                }
+                (Err(e), _) => return Err(ChannelSendError::Storage(e.to_string())),
+            }
+        }
+        self.tx.publish();
+        if n == 0 && self.peer_dead() {
+            return Err(ChannelSendError::PeerGone);
+        }
+        Ok(n)
+    }
+
+    /// Receives one message, waiting at most `timeout` (forever when `None`). `Closed` once the
+    /// peer closed and everything it sent was read; `PeerGone` (sticky) once it died and
+    /// everything it published was read.
+    pub fn recv(&mut self, timeout: Option<Duration>) -> Result<Buffer, RecvError> {
+        let mapper = &self.mapper;
+        let got = self
+            .duplex
+            .recv_with(&mut self.rx, &mut self.waiter, timeout, |m| {
+                read_value(m, mapper)
+            });
+        match got {
+            Ok(Ok(r)) => match r.value {
+                Value::Bytes(b) => Ok(b),
+                _ => Ok(Buffer::from_vec(Vec::<u8>::new())),
+            },
+            Ok(Err(_)) => Err(RecvError::Closed),
+            Err(e) => {
+                if e == RecvError::PeerGone {
+                    self.gone = true;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Closes this side: the peer reads what was sent, then `Closed`.
+    pub fn close(&mut self) {
+        if !self.closed {
+            self.closed = true;
+            self.tx.close();
+        }
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        self.close();
+        if let Some(mut c) = self.child.take() {
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(2) {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn queue_err(e: mizu_queue::QueueError) -> PoolError {
+    match e {
+        mizu_queue::QueueError::Shm(s) => PoolError::Shm(s),
+        other => PoolError::Layout(other.to_string()),
+    }
+}

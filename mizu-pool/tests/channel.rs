@@ -1,0 +1,125 @@
+//! Channels between real processes, and submitters attached from other processes.
+
+use std::process::Command;
+use std::time::Duration;
+
+use mizu_pool::{Channel, ChannelSendError, Launcher, Pool, PoolConfig, RecvError};
+
+const WORKER: &str = env!("CARGO_BIN_EXE_mizu-pool-testworker");
+const GUARD: Option<Duration> = Some(Duration::from_secs(120));
+
+fn launch(mode: &str, capacity: u64) -> Channel {
+    Channel::launch(WORKER, [mode], capacity, 256, Duration::from_secs(60)).unwrap()
+}
+
+#[test]
+fn messages_small_and_large_echo_in_order() {
+    let mut ch = launch("--channel-echo", 64);
+    for i in 0..1000u32 {
+        ch.send(&i.to_le_bytes()).unwrap();
+        assert_eq!(ch.recv(GUARD).unwrap().as_slice(), i.to_le_bytes());
+    }
+    let big = vec![9u8; 2 << 20];
+    ch.send(&big).unwrap();
+    assert_eq!(
+        ch.recv(GUARD).unwrap().as_slice(),
+        &big[..],
+        "large messages travel through data segments"
+    );
+    let batch: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; 3]).collect();
+    assert_eq!(ch.send_batch(batch.iter().map(|b| &b[..])).unwrap(), 10);
+    for b in &batch {
+        assert_eq!(ch.recv(GUARD).unwrap().as_slice(), &b[..]);
+    }
+    ch.close();
+    assert_eq!(
+        ch.recv(GUARD),
+        Err(RecvError::Closed),
+        "the peer closes after we do"
+    );
+}
+
+#[test]
+fn send_never_blocks_it_reports_full_and_recv_times_out() {
+    let mut ch = launch("--channel-hold", 4);
+    assert_eq!(ch.recv(GUARD).unwrap().as_slice(), b"hello");
+    let mut sent = 0;
+    loop {
+        match ch.send(b"x") {
+            Ok(()) => sent += 1,
+            Err(ChannelSendError::Full) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(sent, 4, "exactly the capacity fits");
+    assert_eq!(
+        ch.recv(Some(Duration::from_millis(20))),
+        Err(RecvError::Timeout)
+    );
+    // kill -9 of the peer: sticky PeerGone on both directions.
+    ch.child().unwrap().kill().unwrap();
+    ch.child().unwrap().wait().unwrap();
+    assert_eq!(ch.recv(GUARD), Err(RecvError::PeerGone));
+    assert_eq!(ch.recv(GUARD), Err(RecvError::PeerGone));
+    assert_eq!(ch.send(b"x"), Err(ChannelSendError::PeerGone));
+}
+
+#[test]
+fn an_orderly_close_by_the_peer_reads_as_closed_after_its_messages() {
+    let mut ch = launch("--channel-close", 8);
+    assert_eq!(ch.recv(GUARD).unwrap().as_slice(), b"bye");
+    assert_eq!(ch.recv(GUARD), Err(RecvError::Closed));
+}
+
+#[test]
+fn a_peer_that_never_attaches_is_an_error() {
+    let e = Channel::launch(
+        "/bin/true",
+        Vec::<String>::new(),
+        8,
+        256,
+        Duration::from_secs(60),
+    )
+    .err()
+    .unwrap();
+    assert!(e.to_string().contains("did not attach"), "{e}");
+}
+
+#[test]
+fn other_processes_attach_as_submitters() {
+    let p = Pool::new(
+        PoolConfig {
+            workers: 2,
+            extra_submitters: 2,
+            ..Default::default()
+        },
+        Launcher::new(WORKER, Vec::<String>::new()),
+    )
+    .unwrap();
+    let outs: Vec<String> = (0..3)
+        .map(|_| {
+            let o = Command::new(WORKER)
+                .args(["--submit", p.token()])
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            String::from_utf8(o.stdout).unwrap()
+        })
+        .collect();
+    for o in &outs {
+        assert!(o.trim().ends_with("ok"), "{o}");
+    }
+    // Records are released when a submitter leaves, so three runs fit into two records.
+    let idx: Vec<&str> = outs
+        .iter()
+        .map(|o| o.split_whitespace().next().unwrap())
+        .collect();
+    assert!(idx.iter().all(|i| *i == "3" || *i == "4"), "{idx:?}");
+    assert!(
+        mizu_pool::Submitter::attach("nonsense")
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("invalid segment name")
+    );
+}
