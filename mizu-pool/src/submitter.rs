@@ -154,17 +154,8 @@ impl SubmitterCore {
 
     /// Undoes a stage whose push failed.
     fn unstage(&self, id: TaskId) {
-        let hdr = self.shared.view().task(id.submitter, id.slot);
-        if hdr
-            .state
-            .transition(id.generation, SlotState::Pending, SlotState::Cancelled)
-            .is_ok()
-        {
-            self.shared.discard_payload(id.submitter, id.slot);
-            let _ = hdr
-                .state
-                .transition(id.generation, SlotState::Cancelled, SlotState::Collected);
-            let _ = hdr.state.free(id.generation);
+        if self.cancel(id) {
+            reclaim_if_final(&self.shared, id);
         }
     }
 

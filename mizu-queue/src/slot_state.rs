@@ -157,28 +157,21 @@ impl StateWord {
                 to: SlotState::Free,
             });
         }
-        let next = (generation + 1) & (u64::MAX >> GEN_SHIFT);
-        self.0
-            .compare_exchange(
-                pack(generation, from),
-                pack(next, SlotState::Free),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .map(|_| next)
-            .map_err(|w| TransitionError::Lost {
-                generation: w >> GEN_SHIFT,
-                state: SlotState::from_bits(w as u8),
-            })
+        self.to_next_generation(generation, from)
     }
 
     /// `Collected -> Free` with the next generation; stale handles of the old generation then
     /// fail every transition.
     pub fn free(&self, generation: u64) -> Result<u64, TransitionError> {
+        self.to_next_generation(generation, SlotState::Collected)
+    }
+
+    /// CAS `(generation, from)` to `(generation + 1, Free)`.
+    fn to_next_generation(&self, generation: u64, from: SlotState) -> Result<u64, TransitionError> {
         let next = (generation + 1) & (u64::MAX >> GEN_SHIFT);
         self.0
             .compare_exchange(
-                pack(generation, SlotState::Collected),
+                pack(generation, from),
                 pack(next, SlotState::Free),
                 Ordering::AcqRel,
                 Ordering::Acquire,
