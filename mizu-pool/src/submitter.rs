@@ -1,7 +1,7 @@
 //! Submitting tasks and collecting their results: what the controller, attached processes and
 //! workers (for nested tasks) share.
 
-use std::sync::atomic::{Ordering, fence};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -347,26 +347,36 @@ impl SubmitterCore {
     fn abandon(&self, id: TaskId) {
         self.cancel(id);
         let hdr = self.shared.view().task(id.submitter, id.slot);
-        hdr.abandoned.store(1, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
-        reclaim_if_final(&self.shared, id);
+        if mizu_queue::abandon(&hdr.state, &hdr.abandoned, id.generation).is_some() {
+            free_claimed(&self.shared, id);
+        }
     }
 }
 
-/// Frees an abandoned task's slot if it is final; exactly one of the racing parties (the
-/// abandoning submitter, the finishing worker) wins the CAS to `Collected`.
+/// Frees a task's slot if it is final (nobody will collect it).
 pub(crate) fn reclaim_if_final(shared: &Shared, id: TaskId) {
     let hdr = shared.view().task(id.submitter, id.slot);
-    let (g, st) = hdr.state.load();
-    if g != id.generation {
-        return;
+    if mizu_queue::claim_final(&hdr.state, id.generation).is_some() {
+        free_claimed(shared, id);
     }
-    if let Some(st) = st.filter(|s| s.is_final())
-        && hdr.state.transition(g, st, SlotState::Collected).is_ok()
-    {
-        shared.discard_payload(id.submitter, id.slot);
-        let _ = hdr.state.free(g);
+}
+
+/// The worker's half of the abandon handshake, after the task went final.
+pub(crate) fn reclaim_if_abandoned(shared: &Shared, id: TaskId) {
+    let hdr = shared.view().task(id.submitter, id.slot);
+    if mizu_queue::after_finish(&hdr.state, &hdr.abandoned, id.generation).is_some() {
+        free_claimed(shared, id);
     }
+}
+
+/// Releases the payload of a slot this caller moved to `Collected`, then frees the slot.
+fn free_claimed(shared: &Shared, id: TaskId) {
+    shared.discard_payload(id.submitter, id.slot);
+    let _ = shared
+        .view()
+        .task(id.submitter, id.slot)
+        .state
+        .free(id.generation);
 }
 
 /// A submitted task. Dropping it uncollected frees its slot (now, or when it finishes).

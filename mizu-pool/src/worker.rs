@@ -3,7 +3,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering, fence};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use arrow_buffer::Buffer;
@@ -13,7 +13,7 @@ use mizu_shm::{DeathWatch, Waiter};
 use crate::error::{PoolError, Result};
 use crate::layout::{TaskId, now_ns, wstate};
 use crate::shared::Shared;
-use crate::submitter::{CollectError, SubmitterCore, Task, reclaim_if_final};
+use crate::submitter::{CollectError, SubmitterCore, Task, reclaim_if_abandoned};
 
 /// Runs task payloads. `Err` bytes become the task's error payload.
 pub trait Executor: Send + Sync {
@@ -197,17 +197,14 @@ impl Runtime<'_> {
         );
         rec.current.store(0, Ordering::Release);
         rec.tasks.fetch_add(1, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
-        if hdr.abandoned.load(Ordering::SeqCst) == 1 {
-            reclaim_if_final(
-                &self.shared,
-                TaskId {
-                    submitter: s,
-                    slot: k,
-                    generation: g,
-                },
-            );
-        }
+        reclaim_if_abandoned(
+            &self.shared,
+            TaskId {
+                submitter: s,
+                slot: k,
+                generation: g,
+            },
+        );
         v.submitter(s).park.wake_all();
         true
     }
@@ -324,17 +321,14 @@ pub fn reap_worker(shared: &Shared, slot: usize, pid: u32, why: u32) {
             .transition(g, SlotState::Running, SlotState::Died)
             .is_ok()
         {
-            fence(Ordering::SeqCst);
-            if hdr.abandoned.load(Ordering::SeqCst) == 1 {
-                reclaim_if_final(
-                    shared,
-                    TaskId {
-                        submitter: s,
-                        slot: k,
-                        generation: g,
-                    },
-                );
-            }
+            reclaim_if_abandoned(
+                shared,
+                TaskId {
+                    submitter: s,
+                    slot: k,
+                    generation: g,
+                },
+            );
             v.submitter(s).park.wake_all();
         }
     };

@@ -18,7 +18,7 @@ pub mod layout;
 
 pub use deque::{Deque, HeapDeque, Steal};
 pub use ring::{Consumer, HeapRing, Producer, Ring, SendError};
-pub use slot_state::{SlotState, StateWord, TransitionError};
+pub use slot_state::{SlotState, StateWord, TransitionError, abandon, after_finish, claim_final};
 
 #[cfg(not(mizu_loom))]
 pub use {

@@ -10,7 +10,7 @@
 //! The word packs the state in the low 8 bits and the generation in the high 56, so one CAS
 //! checks both.
 
-use mizu_shm::sync::{AtomicU64, Ordering};
+use mizu_shm::sync::{AtomicU32, AtomicU64, Ordering, fence};
 
 /// States of a slot.
 #[repr(u8)]
@@ -182,4 +182,37 @@ impl StateWord {
                 state: SlotState::from_bits(w as u8),
             })
     }
+}
+
+/// The abandon handshake: a submitter that drops its handle while the task may still run,
+/// and the worker that finishes it, race to free the slot. Each side publishes its own fact
+/// (flag set / state final), fences, then looks at the other's; so at least one of them sees
+/// both facts, and the CAS to `Collected` lets exactly one of those proceed. The winner gets
+/// the final state it took over and must release the payload and free the slot.
+/// (Loom model: `slot_abandon_vs_finish_frees_exactly_once`.)
+pub fn abandon(state: &StateWord, abandoned: &AtomicU32, generation: u64) -> Option<SlotState> {
+    abandoned.store(1, Ordering::SeqCst);
+    fence(Ordering::SeqCst);
+    claim_final(state, generation)
+}
+
+/// The worker's half of [`abandon`], called after its transition to a final state.
+pub fn after_finish(
+    state: &StateWord,
+    abandoned: &AtomicU32,
+    generation: u64,
+) -> Option<SlotState> {
+    fence(Ordering::SeqCst);
+    if abandoned.load(Ordering::SeqCst) == 1 {
+        claim_final(state, generation)
+    } else {
+        None
+    }
+}
+
+/// CAS a final state of `generation` to `Collected`; the final state if this caller won.
+pub fn claim_final(state: &StateWord, generation: u64) -> Option<SlotState> {
+    let (g, st) = state.load();
+    let st = st.filter(|s| s.is_final())?;
+    (g == generation && state.transition(g, st, SlotState::Collected).is_ok()).then_some(st)
 }

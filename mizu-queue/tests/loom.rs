@@ -206,3 +206,30 @@ fn slot_generation_stops_stale_handles() {
         );
     });
 }
+
+/// A submitter drops its handle while the worker finishes the task: the slot is reclaimed
+/// by exactly one of them — never by both (double free), never by neither (leak).
+#[test]
+fn slot_abandon_vs_finish_frees_exactly_once() {
+    use mizu_queue::{abandon, after_finish};
+    use mizu_shm::sync::AtomicU32;
+    model(3, || {
+        let w = Arc::new((StateWord::new(), AtomicU32::new(0)));
+        w.0.transition(0, SlotState::Free, SlotState::Pending)
+            .unwrap();
+        w.0.transition(0, SlotState::Pending, SlotState::Running)
+            .unwrap();
+        let w2 = w.clone();
+        let worker = thread::spawn(move || {
+            w2.0.transition(0, SlotState::Running, SlotState::Ok)
+                .unwrap();
+            after_finish(&w2.0, &w2.1, 0).is_some()
+        });
+        let submitter = abandon(&w.0, &w.1, 0).is_some();
+        let by_worker = worker.join().unwrap();
+        assert!(
+            submitter ^ by_worker,
+            "submitter {submitter}, worker {by_worker}"
+        );
+    });
+}
