@@ -292,6 +292,15 @@ impl Pool {
             .result(None)
     }
 
+    /// Runs every input through the workers' executor as one map (see [`crate::map`]).
+    pub fn map(
+        &self,
+        inputs: &[&[u8]],
+        opts: &crate::map::MapOptions,
+    ) -> std::result::Result<crate::map::MapOutput, crate::map::MapError> {
+        crate::map::map(&self.core, inputs, opts, &mut || false)
+    }
+
     /// A snapshot of workers and counters.
     pub fn status(&self) -> PoolStatus {
         let v = self.shared.view();

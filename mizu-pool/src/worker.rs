@@ -25,9 +25,31 @@ pub trait Executor: Send + Sync {
 /// What a running task can do: submit nested tasks and collect them (helping meanwhile).
 pub struct TaskContext<'a> {
     rt: &'a Runtime<'a>,
+    element: Cell<Option<u64>>,
 }
 
 impl TaskContext<'_> {
+    /// Inside a map: the input position of the element being run (for per-element random
+    /// streams, progress, error reports).
+    pub fn element(&self) -> Option<u64> {
+        self.element.get()
+    }
+
+    pub(crate) fn set_element(&self, i: Option<u64>) {
+        self.element.set(i);
+    }
+
+    /// Runs a nested map over the pool from inside a task, helping while it waits.
+    pub fn map(
+        &self,
+        inputs: &[&[u8]],
+        opts: &crate::map::MapOptions,
+    ) -> std::result::Result<crate::map::MapOutput, crate::map::MapError> {
+        crate::map::map(&self.rt.sub, inputs, opts, &mut || {
+            self.rt.run_one() || self.rt.steal()
+        })
+    }
+
     /// Submits a nested task from this worker.
     pub fn submit(&self, payload: &[u8]) -> Result<Task> {
         self.rt.sub.submit(payload, None)
@@ -170,9 +192,15 @@ impl Runtime<'_> {
             ((self.slot as u64) << 32) | u64::from(self.pid),
             Ordering::Relaxed,
         );
-        let ctx = TaskContext { rt: self };
+        let ctx = TaskContext {
+            rt: self,
+            element: Cell::new(None),
+        };
         let out = match self.shared.take_payload(s, k) {
-            Ok(input) => self.exec.execute(&ctx, input.as_slice()),
+            Ok(input) => match input.as_slice().strip_prefix(crate::map::RUNNER_MAGIC) {
+                Some(token) => crate::map::run_runner(self.exec, &ctx, token),
+                None => self.exec.execute(&ctx, input.as_slice()),
+            },
             Err(e) => Err(format!("mizu: unreadable task input: {e}").into_bytes()),
         };
         let (bytes, ok) = match out {

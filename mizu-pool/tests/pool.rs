@@ -401,3 +401,114 @@ fn killing_the_controller_makes_workers_exit_and_leaves_nothing() {
         "the surviving workers pruned everything"
     );
 }
+
+#[test]
+fn a_map_returns_results_in_input_order_for_any_chunking() {
+    use mizu_pool::{MapOptions, MapOutput};
+    let p = pool(workers(2));
+    let inputs: Vec<Vec<u8>> = (0..10_000)
+        .map(|i| format!("echo:{i}").into_bytes())
+        .collect();
+    let refs: Vec<&[u8]> = inputs.iter().map(|v| &v[..]).collect();
+    for chunk in [None, Some(1), Some(7), Some(100_000)] {
+        let MapOutput::List(out) = p
+            .map(
+                &refs,
+                &MapOptions {
+                    chunk,
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(out.len(), 10_000);
+        for (i, b) in out.iter().enumerate() {
+            assert_eq!(text(b), i.to_string(), "chunk {chunk:?}");
+        }
+    }
+    let MapOutput::List(empty) = p.map(&[], &MapOptions::default()).unwrap() else {
+        panic!()
+    };
+    assert!(empty.is_empty());
+}
+
+#[test]
+fn a_typed_map_writes_straight_into_one_buffer() {
+    use mizu_pool::{MapOptions, MapOutput};
+    let p = pool(workers(2));
+    let inputs: Vec<Vec<u8>> = (0..1000u32)
+        .map(|i| [b"echo:".as_slice(), &(i * 3).to_le_bytes()].concat())
+        .collect();
+    let refs: Vec<&[u8]> = inputs.iter().map(|v| &v[..]).collect();
+    let MapOutput::Typed(buf) = p
+        .map(
+            &refs,
+            &MapOptions {
+                typed_output: Some(4),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(buf.len(), 4000);
+    for i in 0..1000usize {
+        assert_eq!(
+            u32::from_le_bytes(buf[i * 4..i * 4 + 4].try_into().unwrap()),
+            i as u32 * 3
+        );
+    }
+    // A result of the wrong width is an error naming the element.
+    let bad: Vec<&[u8]> = vec![b"echo:abcd", b"echo:toolong"];
+    let e = p
+        .map(
+            &bad,
+            &MapOptions {
+                typed_output: Some(4),
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+    assert!(
+        matches!(e, mizu_pool::MapError::Element { index: 1, .. }),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_first_failure_stops_the_map_and_names_its_index() {
+    use mizu_pool::MapOptions;
+    let p = pool(workers(2));
+    let mut inputs: Vec<Vec<u8>> = (0..5000)
+        .map(|i| format!("echo:{i}").into_bytes())
+        .collect();
+    inputs[1234] = b"fail:no".to_vec();
+    inputs[4000] = b"fail:later".to_vec();
+    let refs: Vec<&[u8]> = inputs.iter().map(|v| &v[..]).collect();
+    match p.map(
+        &refs,
+        &MapOptions {
+            chunk: Some(50),
+            ..Default::default()
+        },
+    ) {
+        Err(mizu_pool::MapError::Element { index, error }) => {
+            assert_eq!(index, 1234, "the smallest failing index");
+            assert_eq!(error, TaskError::Failed(b"no".to_vec()));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(text(&p.call(b"echo:after").unwrap()), "after");
+}
+
+#[test]
+fn nested_maps_never_deadlock_even_with_one_worker() {
+    let p = pool(workers(1));
+    assert_eq!(
+        text(&p.call(b"nestedmap:100").unwrap()),
+        (0..100).sum::<u64>().to_string()
+    );
+}

@@ -4,7 +4,8 @@
 //! `echo:<bytes>` returns the bytes; `sleep:<ms>` sleeps then returns `slept`; `fail:<msg>`
 //! fails with the message; `abort` kills this process (SIGKILL to itself); `pid` returns the
 //! pid; `big:<n>` returns n bytes; `nested:<n>` submits n nested `echo:<i>` tasks, collects
-//! them and returns their sum; `sum` returns the sum of the payload's remaining bytes.
+//! them and returns their sum; `nestedmap:<n>` maps `echo` over n nested
+//! elements; `sum` returns the sum of the payload's remaining bytes.
 
 use mizu_pool::{Executor, TaskContext, run_worker};
 
@@ -54,6 +55,28 @@ impl Executor for TestExec {
                         .and_then(|s| s.parse::<u64>().ok())
                         .unwrap_or(0);
                 }
+                Ok(sum.to_string().into_bytes())
+            }
+            b"nestedmap" => {
+                let n = num()?;
+                let inputs: Vec<Vec<u8>> =
+                    (0..n).map(|i| format!("echo:{i}").into_bytes()).collect();
+                let refs: Vec<&[u8]> = inputs.iter().map(|v| &v[..]).collect();
+                let out = ctx
+                    .map(&refs, &mizu_pool::MapOptions::default())
+                    .map_err(|e| e.to_string().into_bytes())?;
+                let mizu_pool::MapOutput::List(out) = out else {
+                    return Err(b"typed".to_vec());
+                };
+                let sum: u64 = out
+                    .iter()
+                    .map(|b| {
+                        std::str::from_utf8(b)
+                            .ok()
+                            .and_then(|s| s.parse::<u64>().ok())
+                            .unwrap_or(0)
+                    })
+                    .sum();
                 Ok(sum.to_string().into_bytes())
             }
             b"sum" => Ok(arg

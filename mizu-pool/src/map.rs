@@ -1,0 +1,343 @@
+//! Maps: the inputs are staged once in a map segment; one runner task per worker pulls
+//! adaptive chunks off a shared cursor and runs every element through the executor; results
+//! come back in input order — or are written straight into a typed output area; a failure stops
+//! every element after it, and the smallest failing index is reported (deterministically, as a
+//! sequential run would).
+//!
+//! Map segment (kind `MAP1`): extent 0 control (cursor, cancel flag, smallest failing index),
+//! 1 the `n + 1` input offsets, 2 the input bytes, 3 the typed output area (`n * elem` bytes).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use arrow_buffer::Buffer;
+use mizu_shm::{CacheLine, Layout, Segment, ShmSafe};
+
+use crate::error::{PoolError, TaskError};
+use crate::layout::wstate;
+use crate::submitter::{CollectError, SubmitterCore, Task};
+use crate::worker::{Executor, TaskContext};
+
+/// Segment kind of a map.
+pub const MAP_KIND: u32 = u32::from_le_bytes(*b"MAP1");
+/// Payload prefix of a runner task (the runtime runs it; executors never see it).
+pub const RUNNER_MAGIC: &[u8] = b"\x00mizu-map-runner\x00";
+
+#[repr(C)]
+#[derive(Debug, Default)]
+struct MapControl {
+    cursor: AtomicU64,
+    n: AtomicU64,
+    chunk: AtomicU64,
+    elem: AtomicU64,
+    runners: AtomicU64,
+    first_error: AtomicU64,
+    cancel: AtomicU32,
+    _pad: AtomicU32,
+}
+// SAFETY: atomics only; zero is valid.
+unsafe impl ShmSafe for MapControl {}
+
+/// How a map runs.
+#[derive(Debug, Clone, Default)]
+pub struct MapOptions {
+    /// A fixed chunk size; `None` chooses chunks adaptively (large first, smaller towards the
+    /// end, so runners finish together).
+    pub chunk: Option<usize>,
+    /// Each result is exactly this many bytes and is written straight into one output buffer
+    /// (returned as [`MapOutput::Typed`]).
+    pub typed_output: Option<usize>,
+    /// Give up waiting after this long (the runners are cancelled).
+    pub timeout: Option<Duration>,
+}
+
+/// A map's results.
+#[derive(Debug)]
+pub enum MapOutput {
+    /// One buffer per element, in input order.
+    List(Vec<Buffer>),
+    /// All results back to back (`n * typed_output` bytes), in input order, viewed in place.
+    Typed(Buffer),
+}
+
+/// Why a map failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MapError {
+    /// Element `index` failed; the elements not yet started were skipped.
+    #[error("element {index} failed: {error}")]
+    Element {
+        /// The element's input position.
+        index: usize,
+        /// What went wrong.
+        error: TaskError,
+    },
+    /// The map could not run (no workers, storage, timeout, ...).
+    #[error("map failed: {0}")]
+    Pool(String),
+}
+
+fn runner_payload(token: &str) -> Vec<u8> {
+    let mut p = RUNNER_MAGIC.to_vec();
+    p.extend_from_slice(token.as_bytes());
+    p
+}
+
+/// Runs `f`'s elements over the pool's workers (see the module docs). `help` is called while
+/// waiting (nested maps run other tasks meanwhile).
+pub(crate) fn map(
+    core: &Arc<SubmitterCore>,
+    inputs: &[&[u8]],
+    opts: &MapOptions,
+    help: &mut dyn FnMut() -> bool,
+) -> Result<MapOutput, MapError> {
+    let pool_err = |e: &dyn std::fmt::Display| MapError::Pool(e.to_string());
+    let n = inputs.len();
+    if n == 0 {
+        return Ok(match opts.typed_output {
+            Some(_) => MapOutput::Typed(Buffer::from_vec(Vec::<u8>::new())),
+            None => MapOutput::List(Vec::new()),
+        });
+    }
+    let elem = opts.typed_output.unwrap_or(0);
+    let total: usize = inputs.iter().map(|i| i.len()).sum();
+    let mut l = Layout::new(MAP_KIND);
+    let sizes = [
+        std::mem::size_of::<CacheLine<MapControl>>() as u64,
+        8 * (n as u64 + 1),
+        total.max(1) as u64,
+        (n * elem).max(1) as u64,
+    ];
+    for s in sizes {
+        l.add(s, 64).map_err(|e| pool_err(&e))?;
+    }
+    let seg = Segment::create(&l, false).map_err(|e| pool_err(&e))?;
+    let ext = |i| seg.extent(i).expect("created with four extents");
+    // Stage: nobody else knows the segment yet, so plain writes are fine.
+    let offsets = seg.bytes(ext(1), 8).map_err(|e| pool_err(&e))?;
+    // The whole input extent as one granule.
+    let data = seg
+        .bytes(ext(2), ext(2).len as usize)
+        .map_err(|e| pool_err(&e))?;
+    let mut at = 0usize;
+    for (i, inp) in inputs.iter().enumerate() {
+        // SAFETY: the segment is private to this process until the runners get its token.
+        unsafe {
+            offsets.with_mut(i, |o| o.copy_from_slice(&(at as u64).to_le_bytes()));
+            data.with_mut(0, |d| d[at..at + inp.len()].copy_from_slice(inp));
+        }
+        at += inp.len();
+    }
+    // SAFETY: as above.
+    unsafe { offsets.with_mut(n, |o| o.copy_from_slice(&(at as u64).to_le_bytes())) };
+    let v = core.shared().view();
+    let live = (0..v.params.max_workers as usize)
+        .filter(|&w| {
+            matches!(
+                v.worker(w).rec.state.load(Ordering::Acquire),
+                wstate::READY | wstate::STARTING
+            )
+        })
+        .count()
+        .max(1);
+    let runners = live.min(n);
+    // SAFETY: as above.
+    unsafe {
+        seg.init_at(
+            ext(0).offset,
+            CacheLine(MapControl {
+                n: AtomicU64::new(n as u64),
+                chunk: AtomicU64::new(opts.chunk.unwrap_or(0) as u64),
+                elem: AtomicU64::new(elem as u64),
+                runners: AtomicU64::new(runners as u64),
+                first_error: AtomicU64::new(u64::MAX),
+                ..Default::default()
+            }),
+        )
+        .map_err(|e| pool_err(&e))?
+    };
+    let ctl: &CacheLine<MapControl> = seg.get(ext(0).offset).map_err(|e| pool_err(&e))?;
+    let payload = runner_payload(seg.token());
+    let mut tasks: Vec<Task> = (0..runners)
+        .map(|_| core.submit(&payload, None))
+        .collect::<Result<_, _>>()
+        .map_err(|e| pool_err(&e))?;
+    let mut results = Vec::with_capacity(runners);
+    let mut failure: Option<MapError> = None;
+    for t in &mut tasks {
+        match t.result_helping(opts.timeout, help) {
+            Ok(b) => results.push(b),
+            Err(e) => {
+                ctl.cancel.store(1, Ordering::Release);
+                if failure.is_none() {
+                    failure = Some(match e {
+                        CollectError::Task(te) => MapError::Element {
+                            index: ctl.cursor.load(Ordering::Acquire).min(n as u64) as usize,
+                            error: te,
+                        },
+                        other => MapError::Pool(other.to_string()),
+                    });
+                }
+            }
+        }
+    }
+    let _ = seg.unlink();
+    // Entries: index u64, status u8 (0 ok, 1 error), length u32, bytes.
+    let mut out: Vec<Option<Buffer>> = vec![None; if elem == 0 { n } else { 0 }];
+    let mut first: Option<(usize, Vec<u8>)> = None;
+    for r in &results {
+        let b = r.as_slice();
+        let mut p = 0;
+        while p + 13 <= b.len() {
+            let idx = u64::from_le_bytes(b[p..p + 8].try_into().expect("8 bytes")) as usize;
+            let status = b[p + 8];
+            let len = u32::from_le_bytes(b[p + 9..p + 13].try_into().expect("4 bytes")) as usize;
+            p += 13;
+            if p + len > b.len() || idx >= n {
+                return Err(MapError::Pool("malformed runner result".into()));
+            }
+            if status == 0 && elem == 0 {
+                out[idx] = Some(r.slice_with_length(p, len));
+            } else if status != 0 && first.as_ref().is_none_or(|(i, _)| idx < *i) {
+                first = Some((idx, b[p..p + len].to_vec()));
+            }
+            p += len;
+        }
+    }
+    if let Some((index, bytes)) = first {
+        return Err(MapError::Element {
+            index,
+            error: TaskError::Failed(bytes),
+        });
+    }
+    if let Some(f) = failure {
+        return Err(f);
+    }
+    match opts.typed_output {
+        Some(_) => {
+            let e3 = ext(3);
+            let seg = Arc::new(seg);
+            // SAFETY: the output extent lies inside the mapping, which the Arc keeps alive as
+            // the buffer's owner; every runner has finished writing it.
+            let ptr = std::ptr::NonNull::new(unsafe { seg.as_ptr().add(e3.offset as usize) })
+                .expect("non-null");
+            // SAFETY: as above; the bytes are not written again.
+            let buf = unsafe { Buffer::from_custom_allocation(ptr, n * elem, seg) };
+            Ok(MapOutput::Typed(buf))
+        }
+        None => out
+            .into_iter()
+            .enumerate()
+            .map(|(i, b)| {
+                b.ok_or_else(|| MapError::Pool(format!("element {i} produced no result")))
+            })
+            .collect::<Result<_, _>>()
+            .map(MapOutput::List),
+    }
+}
+
+/// Runs a map runner task inside a worker (see the module docs).
+pub(crate) fn run_runner(
+    exec: &dyn Executor,
+    ctx: &TaskContext<'_>,
+    token: &[u8],
+) -> Result<Vec<u8>, Vec<u8>> {
+    let token = std::str::from_utf8(token).map_err(|_| b"mizu: bad map token".to_vec())?;
+    let seg = Segment::open(token, MAP_KIND)
+        .map_err(|e| format!("mizu: cannot open map: {e}").into_bytes())?;
+    let err = |e: &dyn std::fmt::Display| format!("mizu: bad map segment: {e}").into_bytes();
+    let ext = |i| seg.extent(i).map_err(|e| err(&e));
+    let ctl: &CacheLine<MapControl> = seg.get(ext(0)?.offset).map_err(|e| err(&e))?;
+    let n = ctl.n.load(Ordering::Acquire);
+    let elem = ctl.elem.load(Ordering::Relaxed) as usize;
+    let fixed = ctl.chunk.load(Ordering::Relaxed);
+    let runners = ctl.runners.load(Ordering::Relaxed).max(1);
+    let offsets: &[AtomicU64] = seg
+        .get_slice(ext(1)?.offset, n as usize + 1)
+        .map_err(|e| err(&e))?;
+    let input_base = ext(2)?;
+    let inputs = seg
+        .bytes(input_base, input_base.len as usize)
+        .map_err(|e| err(&e))?;
+    let output = if elem > 0 {
+        Some(seg.bytes(ext(3)?, elem).map_err(|e| err(&e))?)
+    } else {
+        None
+    };
+    let mut out = Vec::new();
+    let push = |out: &mut Vec<u8>, i: u64, status: u8, bytes: &[u8]| {
+        out.extend_from_slice(&i.to_le_bytes());
+        out.push(status);
+        out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        out.extend_from_slice(bytes);
+    };
+    'chunks: loop {
+        if ctl.cancel.load(Ordering::Acquire) != 0 {
+            break;
+        }
+        let left = n.saturating_sub(ctl.cursor.load(Ordering::Relaxed));
+        let chunk = if fixed > 0 {
+            fixed
+        } else {
+            (left / (2 * runners)).max(1)
+        };
+        let start = ctl.cursor.fetch_add(chunk, Ordering::AcqRel);
+        if start >= n.min(ctl.first_error.load(Ordering::Acquire)) {
+            break;
+        }
+        for i in start..(start + chunk).min(n) {
+            // After a failure only the elements before it still run, so the error reported is
+            // always the smallest failing index — what a sequential run would report.
+            if ctl.cancel.load(Ordering::Acquire) != 0
+                || i > ctl.first_error.load(Ordering::Acquire)
+            {
+                break 'chunks;
+            }
+            let (a, b) = (
+                offsets[i as usize].load(Ordering::Relaxed),
+                offsets[i as usize + 1].load(Ordering::Relaxed),
+            );
+            if a > b || b > input_base.len {
+                return Err(b"mizu: corrupt map offsets".to_vec());
+            }
+            // The staged inputs are immutable while runners exist; copy the element out so no
+            // reference into shared memory is held while user code runs.
+            // SAFETY: nobody writes the input extent after staging.
+            let input = unsafe { inputs.with(0, |d| d[a as usize..b as usize].to_vec()) };
+            ctx.set_element(Some(i));
+            let r = exec.execute(ctx, &input);
+            ctx.set_element(None);
+            match r {
+                Ok(res) => match &output {
+                    Some(o) if res.len() == elem => {
+                        // SAFETY: element i's output cell is written only by the runner that
+                        // claimed i through the cursor.
+                        unsafe { o.with_mut(i as usize, |d| d.copy_from_slice(&res)) };
+                    }
+                    Some(_) => {
+                        ctl.first_error.fetch_min(i, Ordering::AcqRel);
+                        let msg = format!(
+                            "mizu: result of {} bytes, the typed output takes {elem}",
+                            res.len()
+                        );
+                        push(&mut out, i, 1, msg.as_bytes());
+                        break 'chunks;
+                    }
+                    None => push(&mut out, i, 0, &res),
+                },
+                Err(e) => {
+                    ctl.first_error.fetch_min(i, Ordering::AcqRel);
+                    push(&mut out, i, 1, &e);
+                    break 'chunks;
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+impl From<PoolError> for MapError {
+    fn from(e: PoolError) -> Self {
+        MapError::Pool(e.to_string())
+    }
+}
