@@ -196,6 +196,23 @@ fn threads_round_trip(n: usize) -> f64 {
     r
 }
 
+/// µs per element of a map of `n` echo elements over `workers` workers.
+fn mizu_map(workers: usize, n: usize) -> f64 {
+    let p = mizu(workers);
+    let inputs: Vec<Vec<u8>> = (0..n).map(|i| format!("echo:{i}").into_bytes()).collect();
+    let refs: Vec<&[u8]> = inputs.iter().map(|v| &v[..]).collect();
+    p.map(&refs, &mizu_pool::MapOptions::default()).unwrap();
+    median(
+        (0..RUNS)
+            .map(|_| {
+                let t = Instant::now();
+                p.map(&refs, &mizu_pool::MapOptions::default()).unwrap();
+                t.elapsed().as_secs_f64() * 1e6 / n as f64
+            })
+            .collect(),
+    )
+}
+
 fn channel_round_trip(n: usize) -> f64 {
     let mut ch = mizu_pool::Channel::launch(
         WORKER,
@@ -240,6 +257,7 @@ fn main() {
     // SAFETY: as above.
     unsafe { std::env::remove_var("MIZU_PIN_CPU") };
     let mizu_fan = mizu_pipelined(2, scale(400_000));
+    let map_us = mizu_map(2, scale(200_000));
     let sock_fan = sock_pipelined(2, scale(100_000));
     println!(
         "mizu-pool: task round trip and throughput with the Rust test worker (echo), median of {RUNS} runs"
@@ -282,6 +300,17 @@ fn main() {
         "-",
         sock_rt / chan_rt,
         "-"
+    );
+    println!(
+        "| map, 2 workers (µs/element)     | {:>9.3} | {:>15.2} | {:>21} | {:>17.0}x | {:>15} |",
+        map_us,
+        1e6 / sock_fan,
+        "-",
+        (1e6 / sock_fan) / map_us,
+        "-"
+    );
+    println!(
+        "(the socketpair column of the map row is its fan-out cost per task, the best a socket pool's map can do)"
     );
     println!("worker parks during the round-trip runs: {parks}");
     println!(
