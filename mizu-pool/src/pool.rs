@@ -277,7 +277,7 @@ impl Pool {
         self.core.submit(payload, Some(timeout))
     }
 
-    /// Submits several tasks.
+    /// Submits several tasks with one publication (and at most one wake) per worker queue.
     pub fn submit_batch<'p>(
         &self,
         payloads: impl IntoIterator<Item = &'p [u8]>,

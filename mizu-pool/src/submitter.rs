@@ -29,6 +29,8 @@ pub enum CollectError {
 
 struct Inner {
     producers: Vec<Producer<'static>>,
+    /// Worker queues with written but unpublished task ids (batched submission).
+    pending: Vec<bool>,
     next_worker: usize,
     next_slot: usize,
 }
@@ -47,7 +49,7 @@ impl SubmitterCore {
     /// The submitter with record `index` of the pool in `shared`.
     pub fn new(shared: Arc<Shared>, index: usize, spin: Duration) -> Arc<Self> {
         let v = shared.view();
-        let producers = (0..v.params.max_workers as usize)
+        let producers: Vec<Producer<'static>> = (0..v.params.max_workers as usize)
             .map(|w| {
                 let p = v.ring(index, w).producer();
                 // SAFETY: the producer borrows the segment owned by `shared`, which this
@@ -62,6 +64,7 @@ impl SubmitterCore {
         rec.state.store(1, Ordering::Release);
         Arc::new(SubmitterCore {
             inner: Mutex::new(Inner {
+                pending: vec![false; producers.len()],
                 producers,
                 next_worker: 0,
                 next_slot: 0,
@@ -92,7 +95,7 @@ impl SubmitterCore {
     pub fn submit(self: &Arc<Self>, payload: &[u8], timeout: Option<Duration>) -> Result<Task> {
         let mut g = self.lock();
         let id = self.stage(&mut g, payload)?;
-        if let Err(e) = self.push(&mut g, id, timeout) {
+        if let Err(e) = self.push(&mut g, id, timeout, false) {
             self.unstage(id);
             return Err(e);
         }
@@ -109,11 +112,42 @@ impl SubmitterCore {
         payloads: impl IntoIterator<Item = &'p [u8]>,
         timeout: Option<Duration>,
     ) -> Result<Vec<Task>> {
+        let mut g = self.lock();
         let mut tasks = Vec::new();
+        let mut res = Ok(());
         for p in payloads {
-            tasks.push(self.submit(p, timeout)?);
+            let id = match self.stage(&mut g, p) {
+                Ok(id) => id,
+                Err(e) => {
+                    res = Err(e);
+                    break;
+                }
+            };
+            if let Err(e) = self.push(&mut g, id, timeout, true) {
+                self.unstage(id);
+                res = Err(e);
+                break;
+            }
+            tasks.push(Task {
+                core: self.clone(),
+                id,
+                done: false,
+            });
         }
-        Ok(tasks)
+        // One publication and at most one wake per worker queue for the whole batch.
+        self.flush(&mut g);
+        res.map(|()| tasks)
+    }
+
+    /// Publishes every deferred queue write and wakes those workers (if they sleep).
+    fn flush(&self, g: &mut Inner) {
+        let v = self.shared.view();
+        for w in 0..g.pending.len() {
+            if std::mem::take(&mut g.pending[w]) {
+                g.producers[w].publish_quiet();
+                v.worker(w).park.wake_all();
+            }
+        }
     }
 
     /// Finds a free slot, writes the payload, publishes `Pending`.
@@ -161,7 +195,13 @@ impl SubmitterCore {
 
     /// Puts the task id on a worker's queue: an idle worker first, else any live one with room;
     /// one publication and at most one wake syscall (only if that worker sleeps).
-    fn push(&self, g: &mut Inner, id: TaskId, timeout: Option<Duration>) -> Result<usize> {
+    fn push(
+        &self,
+        g: &mut Inner,
+        id: TaskId,
+        timeout: Option<Duration>,
+        defer: bool,
+    ) -> Result<usize> {
         let v = self.shared.view();
         let word = id.pack();
         let nw = v.params.max_workers as usize;
@@ -186,13 +226,20 @@ impl SubmitterCore {
                     })
                     .is_ok()
                     {
-                        p.publish_quiet();
-                        v.worker(w).park.wake_all();
+                        if defer {
+                            g.pending[w] = true;
+                        } else {
+                            p.publish_quiet();
+                            v.worker(w).park.wake_all();
+                        }
                         g.next_worker = w + 1;
                         return Ok(w);
                     }
                 }
             }
+            // Never wait for space with our own writes unpublished: the workers could not
+            // drain what they cannot see.
+            self.flush(g);
             if v.stopped() {
                 return Err(PoolError::Stopped);
             }

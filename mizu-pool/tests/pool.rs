@@ -512,3 +512,68 @@ fn nested_maps_never_deadlock_even_with_one_worker() {
         (0..100).sum::<u64>().to_string()
     );
 }
+
+#[test]
+fn batches_are_published_once_and_survive_full_queues() {
+    // A batch far larger than the queue capacity: the submitter must publish what it wrote
+    // before it waits for space, or the worker could never drain it.
+    let p = pool(PoolConfig {
+        workers: 1,
+        ring_capacity: 4,
+        slots: 4096,
+        ..Default::default()
+    });
+    let inputs: Vec<Vec<u8>> = (0..3000)
+        .map(|i| format!("echo:{i}").into_bytes())
+        .collect();
+    let mut ts = p.submit_batch(inputs.iter().map(|v| &v[..])).unwrap();
+    let out = collect_all(&mut ts, GUARD).unwrap();
+    assert!(
+        out.iter()
+            .enumerate()
+            .all(|(i, b)| text(b) == i.to_string())
+    );
+}
+
+#[test]
+fn racing_cancels_never_lose_or_double_run_a_task() {
+    // Two workers claim while this thread cancels every other task as fast as it can: every
+    // task ends exactly one way — it ran (its result is right) or it was cancelled.
+    let p = pool(PoolConfig {
+        workers: 2,
+        slots: 8192,
+        ..Default::default()
+    });
+    let mut should_run = 0u64;
+    for round in 0..5 {
+        let mut ts: Vec<_> = (0..2000)
+            .map(|i| p.submit(format!("echo:{i}").as_bytes()).unwrap())
+            .collect();
+        let cancelled: Vec<bool> = ts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| i % 2 == 0 && t.cancel())
+            .collect();
+        should_run += cancelled.iter().filter(|c| !**c).count() as u64;
+        for (i, t) in ts.iter_mut().enumerate() {
+            match t.result(GUARD) {
+                Ok(b) => {
+                    assert!(
+                        !cancelled[i],
+                        "round {round}: task {i} was cancelled yet ran"
+                    );
+                    assert_eq!(text(&b), i.to_string());
+                }
+                Err(CollectError::Task(TaskError::Cancelled)) => {
+                    assert!(cancelled[i], "round {round}: task {i}")
+                }
+                Err(e) => panic!("round {round}: task {i}: {e:?}"),
+            }
+        }
+    }
+    let ran: u64 = p.status().workers.iter().map(|w| w.tasks).sum();
+    assert_eq!(
+        ran, should_run,
+        "the workers ran exactly the tasks that were not cancelled"
+    );
+}
