@@ -18,7 +18,7 @@ pub use attach::Submitter;
 pub use channel::{Channel, ChannelSendError};
 pub use error::{PoolError, Result, TaskError};
 pub use map::{MapError, MapOptions, MapOutput};
-pub use mizu_queue::RecvError;
+pub use mizu_queue::{RecvError, SlotState};
 pub use pool::{Launcher, Pool, PoolConfig, PoolStatus, WorkerStatus};
 pub use submitter::{CollectError, Task, collect_all, collect_any};
 pub use worker::{Executor, TaskContext, run_worker};

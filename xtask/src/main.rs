@@ -15,6 +15,7 @@ fn main() -> ExitCode {
         "loom" => loom(&root),
         "bench" => bench(&root),
         "demo" => demo(&root),
+        "wheel" => wheel(&root),
         _ => {
             eprintln!(
                 "usage: cargo xtask <task>\n\n\
@@ -22,7 +23,8 @@ fn main() -> ExitCode {
                  test   fmt check, clippy (-D warnings), every test, then the loom models\n  \
                  loom   the loom models of every atomic protocol (--cfg mizu_loom)\n  \
                  bench  every benchmark, each side by side with its peers, as ratios\n  \
-                 demo   the headline comparison: mizu against the peers users run today"
+                 demo   the headline comparison: mizu against the peers users run today\n  \
+                 wheel  build the pymizu wheel into target/wheels (maturin)"
             );
             return if task == "help" {
                 ExitCode::SUCCESS
@@ -98,6 +100,7 @@ fn test(root: &Path) -> Res {
         ]),
     )?;
     fuzz(root)?;
+    python_tests(root, &py)?;
     loom(root)?;
     leak_check()?;
     eprintln!(
@@ -123,6 +126,40 @@ fn fuzz(root: &Path) -> Res {
     ])
     .env("PROPTEST_CASES", "100000");
     run(root, &mut cmd)
+}
+
+/// Builds the extension into the project's venv and runs the pytest suite against real worker
+/// processes.
+fn python_tests(root: &Path, py: &Path) -> Res {
+    maturin(root, py, &["develop", "--release"])?;
+    run(
+        root,
+        Command::new(py).args(["-m", "pytest", "-q", "mizu-py/tests"]),
+    )
+}
+
+fn maturin(root: &Path, py: &Path, args: &[&str]) -> Res {
+    let venv = py
+        .parent()
+        .and_then(Path::parent)
+        .ok_or("venv python has no parent")?;
+    let bin = venv.join("bin");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut cmd = Command::new(bin.join("maturin"));
+    cmd.args(args)
+        .args(["--manifest-path", "mizu-py/Cargo.toml"])
+        .env("VIRTUAL_ENV", venv)
+        .env("PATH", path);
+    run(root, &mut cmd)
+}
+
+fn wheel(root: &Path) -> Res {
+    let py = venv(root)?;
+    maturin(root, &py, &["build", "--release", "--out", "target/wheels"])
 }
 
 /// The loom build gets its own target directory so it does not invalidate the normal one.

@@ -1,0 +1,117 @@
+"""pymizu.PoolExecutor behaves as concurrent.futures.ProcessPoolExecutor (with real processes)."""
+
+import asyncio
+import concurrent.futures as cf
+import os
+from concurrent.futures.process import BrokenProcessPool
+
+import pytest
+
+import pymizu
+import tasks
+
+
+@pytest.fixture(scope="module")
+def ex():
+    with pymizu.PoolExecutor(2) as e:
+        yield e
+
+
+def test_submit_returns_a_real_future_with_the_result(ex):
+    f = ex.submit(tasks.add, 2, 3)
+    assert isinstance(f, cf.Future)
+    assert f.result(timeout=60) == 5
+
+
+def test_map_keeps_order(ex):
+    assert list(ex.map(tasks.add, range(100), range(100), timeout=60)) == [2 * i for i in range(100)]
+
+
+def test_workers_are_other_processes(ex):
+    pids = {ex.submit(tasks.pid).result(timeout=60) for _ in range(20)}
+    assert os.getpid() not in pids
+
+
+def test_an_exception_is_reraised_as_its_own_type_with_the_remote_traceback(ex):
+    with pytest.raises(ValueError, match="no good") as info:
+        ex.submit(tasks.boom, "no good").result(timeout=60)
+    assert "boom" in str(info.value.__cause__), "the remote traceback is the cause"
+    assert ex.submit(tasks.add, 1, 1).result(timeout=60) == 2, "the pool goes on"
+
+
+def test_an_unpicklable_exception_becomes_a_task_error(ex):
+    with pytest.raises(pymizu.TaskError, match="Unpicklable"):
+        ex.submit(tasks.raise_unpicklable).result(timeout=60)
+
+
+def test_unpicklable_arguments_raise_at_submit_never_hang(ex):
+    with pytest.raises(Exception):
+        ex.submit(tasks.add, lambda: 1, 2)
+
+
+def test_large_results_travel(ex):
+    assert len(ex.submit(tasks.big, 3_000_000).result(timeout=60)) == 3_000_000
+
+
+def test_wait_as_completed_and_asyncio(ex):
+    fs = [ex.submit(tasks.sleep, 0.01 * (i % 3)) for i in range(9)]
+    done, not_done = cf.wait(fs, timeout=60)
+    assert len(done) == 9 and not not_done
+    fs = [ex.submit(tasks.add, i, 0) for i in range(20)]
+    assert sorted(f.result() for f in cf.as_completed(fs, timeout=60)) == list(range(20))
+
+    async def main():
+        return await asyncio.wrap_future(ex.submit(tasks.add, 20, 22))
+
+    assert asyncio.run(main()) == 42
+
+
+def test_a_dead_worker_fails_its_future_as_broken_process_pool_and_the_pool_goes_on():
+    with pymizu.PoolExecutor(1) as e:
+        with pytest.raises(BrokenProcessPool) as info:
+            e.submit(tasks.die).result(timeout=60)
+        assert isinstance(info.value, pymizu.WorkerDiedError)
+        assert info.value.slot == 0 and info.value.pid > 0
+        assert e.submit(tasks.add, 2, 2).result(timeout=60) == 4, "replaced, still serving"
+
+
+def test_execution_timeout_kills_and_replaces_the_worker():
+    with pymizu.PoolExecutor(1, exec_timeout=0.3) as e:
+        with pytest.raises(pymizu.ExecTimeoutError):
+            e.submit(tasks.sleep, 60).result(timeout=60)
+        assert e.submit(tasks.add, 1, 2).result(timeout=60) == 3
+
+
+def test_shutdown_cancel_futures_cancels_queued_work():
+    e = pymizu.PoolExecutor(1)
+    running = e.submit(tasks.sleep, 0.5)
+    queued = [e.submit(tasks.add, i, 0) for i in range(50)]
+    e.shutdown(wait=True, cancel_futures=True)
+    assert running.result(timeout=60) == 0.5
+    assert any(f.cancelled() for f in queued)
+    assert all(f.cancelled() or f.result(timeout=60) == i for i, f in enumerate(queued))
+    with pytest.raises(RuntimeError):
+        e.submit(tasks.add, 1, 1)
+
+
+def test_callbacks_run_without_anyone_waiting(ex):
+    got = []
+    import threading
+
+    ev = threading.Event()
+    f = ex.submit(tasks.add, 3, 4)
+    f.add_done_callback(lambda fut: (got.append(fut.result()), ev.set()))
+    assert ev.wait(60)
+    assert got == [7]
+
+
+def test_no_shared_memory_is_left_after_shutdown():
+    def mine():
+        return {n for n in os.listdir("/dev/shm") if n.startswith(f"mizu_{os.getpid():x}_") and not n.endswith(".lock")}
+
+    before = mine()  # the module's shared executor is alive: its segments are not ours to judge
+    e = pymizu.PoolExecutor(2)
+    e.submit(tasks.big, 1_000_000).result(timeout=60)
+    e.submit(tasks.add, b"y" * 100_000, b"z").result(timeout=60)
+    e.shutdown()
+    assert mine() - before == set()
