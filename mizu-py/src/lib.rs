@@ -11,6 +11,13 @@ use pyo3::types::PyBytes;
 
 use mizu_pool::{CollectError, Executor, Launcher, PoolConfig, TaskContext, TaskError};
 
+pyo3::create_exception!(
+    _native,
+    SlotsFull,
+    PyRuntimeError,
+    "Every task slot is in use until some results are collected."
+);
+
 fn err(e: impl std::fmt::Display) -> PyErr {
     PyRuntimeError::new_err(e.to_string())
 }
@@ -67,7 +74,10 @@ impl Pool {
         let pool = g
             .as_ref()
             .ok_or_else(|| PyRuntimeError::new_err("the pool is stopped"))?;
-        let task = py.detach(|| pool.submit(payload)).map_err(err)?;
+        let task = py.detach(|| pool.submit(payload)).map_err(|e| match e {
+            mizu_pool::PoolError::SlotsExhausted(_) => SlotsFull::new_err(e.to_string()),
+            e => err(e),
+        })?;
         Ok(Task {
             inner: Mutex::new(Some(task)),
         })
@@ -186,6 +196,7 @@ fn run_worker(py: Python<'_>, token: String, slot: usize, callback: Py<PyAny>) -
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Pool>()?;
+    m.add("SlotsFull", m.py().get_type::<SlotsFull>())?;
     m.add_class::<Task>()?;
     m.add_function(wrap_pyfunction!(run_worker, m)?)?;
     Ok(())

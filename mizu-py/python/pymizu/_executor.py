@@ -6,6 +6,7 @@ import os
 import pickle
 import sys
 import threading
+import time
 from concurrent.futures import Executor, Future
 
 from . import _native
@@ -40,6 +41,7 @@ class _MizuFuture(Future):
     def __init__(self, task):
         super().__init__()
         self._task = task
+        self._born = time.monotonic()
 
     def _settle(self, outcome) -> None:
         if outcome is None or outcome[0] == 6:
@@ -64,6 +66,11 @@ class _MizuFuture(Future):
         if not self.done():
             self._settle(self._task.result(timeout))
         return super().exception(timeout)
+
+    def done(self) -> bool:
+        if not super().done() and self._task.done():
+            self._settle(self._task.result(0.0))
+        return super().done()
 
     def cancel(self) -> bool:
         with self._condition:
@@ -93,36 +100,60 @@ class PoolExecutor(Executor):
         self._pending: list[_MizuFuture] = []
         self._wakeup = threading.Event()
         self._shutdown = False
+        self._starved = False
         self._collector = threading.Thread(target=self._collect, name="pymizu-collector", daemon=True)
         self._collector.start()
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
         # Pickling happens here, in the caller: an unpicklable call raises now, never hangs.
         payload = pickle.dumps((fn, args, kwargs), protocol=5)
-        with self._lock:
-            if self._shutdown:
-                raise RuntimeError("cannot schedule new futures after shutdown")
-            fut = _MizuFuture(self._pool.submit(payload))
-            self._pending.append(fut)
-        self._wakeup.set()
-        return fut
-
-    def _collect(self) -> None:
-        """Completes futures nobody is waiting on directly (callbacks, `wait`, `as_completed`)."""
         while True:
             with self._lock:
-                self._pending = [f for f in self._pending if not f.done()]
+                if self._shutdown:
+                    raise RuntimeError("cannot schedule new futures after shutdown")
+                try:
+                    fut = _MizuFuture(self._pool.submit(payload))
+                except _native.SlotsFull:
+                    self._starved = True
+                else:
+                    self._starved = False
+                    self._pending.append(fut)
+                    return fut
+            # Every slot holds an uncollected result (e.g. a large `map`): let the collector
+            # complete some futures, which frees their slots, then try again.
+            self._wakeup.set()
+            time.sleep(0.0002)
+
+    def _collect(self) -> None:
+        """Completes futures nobody is waiting on directly (callbacks, `wait`, `as_completed`).
+
+        Callers that wait on their own futures settle them in their thread; then this thread
+        finds nothing to do and backs off, so it seldom competes with them for the GIL.
+        """
+        delay = 0.0002
+        while True:
+            with self._lock:
+                self._pending = [f for f in self._pending if not Future.done(f)]
                 pending = list(self._pending)
                 if self._shutdown and not pending:
                     return
+                starved = self._starved or self._shutdown
             progressed = False
+            now = time.monotonic()
             for fut in pending:
-                if fut._task.done():
+                # A caller blocked in `result()` collects its own future faster than this
+                # thread can hand it over: settle only futures someone else waits on (`wait`,
+                # `as_completed`, callbacks), old ones, or any when slots run out.
+                wanted = fut._waiters or fut._done_callbacks or starved or now - fut._born > 0.01
+                if wanted and fut._task.done():
                     fut._settle(fut._task.result(0.0))
                     progressed = True
-            if not progressed:
-                self._wakeup.wait(0.0002 if pending else 0.05)
+            if progressed:
+                delay = 0.0002
+            else:
+                self._wakeup.wait(delay if pending else 0.05)
                 self._wakeup.clear()
+                delay = min(delay * 2, 0.02)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
