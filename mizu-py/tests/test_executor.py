@@ -115,3 +115,19 @@ def test_no_shared_memory_is_left_after_shutdown():
     e.submit(tasks.add, b"y" * 100_000, b"z").result(timeout=60)
     e.shutdown()
     assert mine() - before == set()
+
+
+def test_a_map_larger_than_the_slot_table_waits_instead_of_failing(ex):
+    n = 10_000  # more than the 4096 task slots of a submitter
+    assert list(ex.map(tasks.add, range(n), range(n), timeout=120)) == [2 * i for i in range(n)]
+
+
+def test_done_becomes_true_without_anyone_calling_result(ex):
+    import time
+
+    f = ex.submit(tasks.add, 1, 2)
+    deadline = time.monotonic() + 60
+    while not f.done():
+        assert time.monotonic() < deadline, "hang guard"
+        time.sleep(0.001)
+    assert f.result() == 3
