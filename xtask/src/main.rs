@@ -215,7 +215,8 @@ fn bench(root: &Path) -> Res {
         root,
         Command::new(cargo()).args(["bench", "-p", "mizu-wire", "--bench", "decode"]),
     )?;
-    pool_bench(root)
+    pool_bench(root)?;
+    python_bench(root)
 }
 
 fn pool_bench(root: &Path) -> Res {
@@ -277,13 +278,24 @@ fn which(name: &str) -> Option<PathBuf> {
 /// ring underneath it.
 fn demo(root: &Path) -> Res {
     eprintln!(
-        "mizu demo: a pool of worker processes (the Rust test worker) against a socketpair\n\
-         request/response pool (how ProcessPoolExecutor and mirai work) and a thread pool,\n\
-         then the shared-memory ring underneath, all measured side by side in one run."
+        "mizu demo: pymizu.PoolExecutor against concurrent.futures.ProcessPoolExecutor, then the\n\
+         Rust pool against a socketpair request/response pool (how ProcessPoolExecutor and\n\
+         mirai work) and a thread pool, then the shared-memory ring underneath — all measured\n\
+         side by side in one run."
     );
+    python_bench(root)?;
     pool_bench(root)?;
     run(
         root,
         Command::new(cargo()).args(["bench", "-p", "mizu-queue", "--bench", "ring"]),
+    )
+}
+
+fn python_bench(root: &Path) -> Res {
+    let py = venv(root)?;
+    maturin(root, &py, &["develop", "--release"])?;
+    run(
+        root,
+        Command::new(&py).args(["mizu-py/bench/executor.py", "1"]),
     )
 }
