@@ -58,28 +58,10 @@ fn mizu_round_trip(n: usize) -> (f64, u64) {
     (ns, p.status().workers.iter().map(|w| w.parks).sum())
 }
 
-fn mizu_pipelined(workers: usize, n: usize) -> f64 {
+/// Fire N then collect N, in batches of 4000: submitted one by one, or with `submit_batch`
+/// (one publication per worker queue).
+fn mizu_pipelined(workers: usize, n: usize, batched: bool) -> f64 {
     let p = mizu(workers);
-    let batch = 4000;
-    median(
-        (0..RUNS)
-            .map(|_| {
-                let t = Instant::now();
-                let mut done = 0;
-                while done < n {
-                    let mut ts: Vec<_> = (0..batch).map(|_| p.submit(b"echo:x").unwrap()).collect();
-                    collect_all(&mut ts, None).unwrap();
-                    done += batch;
-                }
-                done as f64 / t.elapsed().as_secs_f64()
-            })
-            .collect(),
-    )
-}
-
-/// Fire N with batched submission (one publication per queue), then collect N.
-fn mizu_pipelined_batched(n: usize) -> f64 {
-    let p = mizu(1);
     let batch = 4000;
     let inputs: Vec<&[u8]> = vec![b"echo:x"; batch];
     median(
@@ -88,7 +70,11 @@ fn mizu_pipelined_batched(n: usize) -> f64 {
                 let t = Instant::now();
                 let mut done = 0;
                 while done < n {
-                    let mut ts = p.submit_batch(inputs.iter().copied()).unwrap();
+                    let mut ts = if batched {
+                        p.submit_batch(inputs.iter().copied()).unwrap()
+                    } else {
+                        inputs.iter().map(|i| p.submit(i).unwrap()).collect()
+                    };
                     collect_all(&mut ts, None).unwrap();
                     done += batch;
                 }
@@ -271,14 +257,14 @@ fn main() {
     let sock_rt = sock_round_trip(scale(10_000));
     let thr_rt = threads_round_trip(rt_n);
     let chan_rt = channel_round_trip(rt_n);
-    let mizu_pipe = mizu_pipelined(1, scale(400_000));
-    let mizu_batched = mizu_pipelined_batched(scale(400_000));
+    let mizu_pipe = mizu_pipelined(1, scale(400_000), false);
+    let mizu_batched = mizu_pipelined(1, scale(400_000), true);
     let sock_pipe = sock_pipelined(1, scale(100_000));
     // Fan-out: two workers; the controller's CPU is shared with the second worker.
     mizu_shm::affinity::allow_cpus(&mizu_shm::affinity::available_cpus_all()).unwrap();
     // SAFETY: as above.
     unsafe { std::env::remove_var("MIZU_PIN_CPU") };
-    let mizu_fan = mizu_pipelined(2, scale(400_000));
+    let mizu_fan = mizu_pipelined(2, scale(400_000), false);
     let map_us = mizu_map(2, scale(200_000));
     let sock_fan = sock_pipelined(2, scale(100_000));
     println!(

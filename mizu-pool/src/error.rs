@@ -35,9 +35,6 @@ pub enum PoolError {
     /// The pool was stopped.
     #[error("the pool is stopped")]
     Stopped,
-    /// The payload is larger than the format carries.
-    #[error("payload of {0} bytes is too large")]
-    TooLarge(usize),
 }
 
 /// How a task failed.

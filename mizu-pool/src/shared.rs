@@ -77,9 +77,6 @@ impl Shared {
             hdr.kind.store(data_kind::INLINE, Ordering::Relaxed);
             hdr.len.store(bytes.len() as u32, Ordering::Relaxed);
         } else {
-            if bytes.len() > u32::MAX as usize * 64 {
-                return Err(PoolError::TooLarge(bytes.len()));
-            }
             let region = self.data_pool.store(bytes)?;
             let mut f = [0u8; frame::HEADER_LEN + frame::DESC_LEN];
             let n = frame::write_region(&region, 0, &mut f)?;
