@@ -52,7 +52,7 @@ impl Submitter {
 
     /// Submits a task.
     pub fn submit(&self, payload: &[u8]) -> Result<Task> {
-        self.core.submit(payload, None)
+        self.core.submit(&payload, None)
     }
 
     /// This submitter's record index.

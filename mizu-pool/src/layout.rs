@@ -53,6 +53,9 @@ pub struct Params {
 struct Control {
     params: Params,
     stop: AtomicU32,
+    /// Idle workers spinning right now (bounded so that spinners never outnumber the CPUs
+    /// left to the workers that have work and to the submitters).
+    spinners: AtomicU32,
 }
 // SAFETY: repr(C); params written once before sharing, the rest atomics; zero is valid.
 unsafe impl ShmSafe for Control {}
@@ -69,6 +72,8 @@ pub mod wstate {
     pub const EXITING: u32 = 3;
     /// Gone.
     pub const DEAD: u32 = 4;
+    /// Leaving after its task quota (it asked to be replaced).
+    pub const RECYCLE: u32 = 5;
 }
 
 /// A worker's shared record.
@@ -92,7 +97,8 @@ pub struct WorkerRec {
     pub steals: AtomicU64,
     /// Times this worker slept in the kernel.
     pub parks: AtomicU64,
-    /// Whether the worker is idle (spinning or parked): submitters prefer idle workers.
+    /// 0 busy, 1 idle and spinning, 2 idle without spinning: submitters prefer idle workers,
+    /// spinning ones first (they need no wake).
     pub idle: AtomicU32,
     _pad: AtomicU32,
 }
@@ -230,6 +236,7 @@ pub fn create(p: Params) -> Result<Segment> {
             CacheLine(Control {
                 params: Params { magic: MAGIC, ..p },
                 stop: AtomicU32::new(0),
+                spinners: AtomicU32::new(0),
             }),
         )?
     };
@@ -295,6 +302,11 @@ impl<'a> PoolView<'a> {
     /// Asks everyone to stop.
     pub fn set_stop(&self) {
         self.ctl.stop.store(1, Ordering::Release);
+    }
+
+    /// The count of idle workers spinning (see `Control::spinners`).
+    pub fn spinners(&self) -> &'a AtomicU32 {
+        &self.ctl.spinners
     }
 
     /// Worker slot `w`.

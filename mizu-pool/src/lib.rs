@@ -20,5 +20,6 @@ pub use error::{PoolError, Result, TaskError};
 pub use map::{MapError, MapOptions, MapOutput};
 pub use mizu_queue::{RecvError, SlotState};
 pub use pool::{Launcher, Pool, PoolConfig, PoolStatus, WorkerStatus};
-pub use submitter::{CollectError, Task, collect_all, collect_any};
+pub use shared::Fill;
+pub use submitter::{CollectError, Task, collect_all, collect_any, wait_until};
 pub use worker::{Executor, TaskContext, run_worker};

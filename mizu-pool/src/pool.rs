@@ -269,12 +269,31 @@ impl Pool {
 
     /// Submits a task (opaque bytes for the workers' executor).
     pub fn submit(&self, payload: &[u8]) -> Result<Task> {
-        self.core.submit(payload, None)
+        self.core.submit(&payload, None)
+    }
+
+    /// Submits a payload that writes itself in place (see [`crate::Fill`]); `timeout` bounds the
+    /// wait for queue space (forever when `None`).
+    pub fn submit_with(
+        &self,
+        payload: &dyn crate::Fill,
+        timeout: Option<Duration>,
+    ) -> Result<Task> {
+        self.core.submit(payload, timeout)
+    }
+
+    /// [`Pool::submit_batch`] for payloads that write themselves in place; what was submitted
+    /// before an error (e.g. every slot taken) is returned with it.
+    pub fn submit_batch_with<'p>(
+        &self,
+        payloads: impl IntoIterator<Item = &'p dyn crate::Fill>,
+    ) -> (Vec<Task>, Result<()>) {
+        self.core.submit_batch_partial(payloads, None)
     }
 
     /// Submits a task, waiting at most `timeout` for queue space.
     pub fn submit_timeout(&self, payload: &[u8], timeout: Duration) -> Result<Task> {
-        self.core.submit(payload, Some(timeout))
+        self.core.submit(&payload, Some(timeout))
     }
 
     /// Submits several tasks with one publication (and at most one wake) per worker queue.
@@ -282,7 +301,9 @@ impl Pool {
         &self,
         payloads: impl IntoIterator<Item = &'p [u8]>,
     ) -> Result<Vec<Task>> {
-        self.core.submit_batch(payloads, None)
+        let payloads: Vec<&[u8]> = payloads.into_iter().collect();
+        self.core
+            .submit_batch(payloads.iter().map(|p| p as &dyn crate::Fill), None)
     }
 
     /// Runs one task and returns its result (submit + collect).
@@ -310,7 +331,7 @@ impl Pool {
                 let state = match r.state.load(Ordering::Acquire) {
                     wstate::STARTING => "starting",
                     wstate::READY => "ready",
-                    wstate::EXITING => "exiting",
+                    wstate::EXITING | wstate::RECYCLE => "exiting",
                     wstate::DEAD => "dead",
                     _ => return None,
                 };
@@ -434,6 +455,9 @@ impl Pool {
         for s in 0..v.params.submitters as usize {
             v.submitter(s).park.wake_all_unconditionally();
         }
+        // Inputs are moot now; a killed worker may have held references to some (they would
+        // keep the names forever). Results live in the workers' segments, not here.
+        self.shared.data_pool.unlink_all();
         let _ = self.shared.segment().unlink();
     }
 }
@@ -496,9 +520,11 @@ fn monitor(
                     };
                     reap_worker(shared, w, pid, why);
                     ch.procs[w] = None;
-                    // Replace workers that died serving; not retired ones, nor ones that never
-                    // managed to join (a broken launcher would loop forever).
-                    if cfg.respawn && was == wstate::READY && !stopping.load(Ordering::SeqCst) {
+                    // Replace workers that died serving or left after their task quota; not
+                    // retired ones, nor ones that never managed to join (a broken launcher
+                    // would loop forever).
+                    let replace = was == wstate::RECYCLE || (cfg.respawn && was == wstate::READY);
+                    if replace && !stopping.load(Ordering::SeqCst) {
                         ch.respawns += 1;
                         relaunch.push(w);
                     }

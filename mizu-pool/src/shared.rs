@@ -64,20 +64,25 @@ impl Shared {
     /// The caller must own the slot's data area by protocol (a submitter before publishing
     /// `Pending`, a worker while `Running`).
     pub fn write_payload(&self, s: usize, k: usize, bytes: &[u8]) -> Result<()> {
+        self.write_payload_with(s, k, &bytes)
+    }
+
+    /// [`Shared::write_payload`] for a payload that writes itself in place: large payloads go
+    /// straight into their region, without an intermediate buffer.
+    pub fn write_payload_with(&self, s: usize, k: usize, payload: &dyn Fill) -> Result<()> {
         let hdr = self.view.task(s, k);
         let (data, _) = self.view.data();
         let cap = self.view.params.slot_bytes as usize;
-        if bytes.len() <= cap {
+        let len = payload.size();
+        if len <= cap {
             // SAFETY: the caller owns the slot's data area (see above).
-            unsafe {
-                data.with_mut(self.granule(s, k), |d| {
-                    d[..bytes.len()].copy_from_slice(bytes)
-                })
-            };
+            unsafe { data.with_mut(self.granule(s, k), |d| payload.fill(&mut d[..len])) };
             hdr.kind.store(data_kind::INLINE, Ordering::Relaxed);
-            hdr.len.store(bytes.len() as u32, Ordering::Relaxed);
+            hdr.len.store(len as u32, Ordering::Relaxed);
         } else {
-            let region = self.data_pool.store(bytes)?;
+            let mut r = self.data_pool.alloc(len)?;
+            payload.fill(r.bytes_mut());
+            let region = r.commit();
             let mut f = [0u8; frame::HEADER_LEN + frame::DESC_LEN];
             let n = frame::write_region(&region, 0, &mut f)?;
             // SAFETY: as above.
@@ -121,5 +126,34 @@ impl Shared {
         if self.view.task(s, k).kind.load(Ordering::Relaxed) == data_kind::REGION {
             let _ = self.take_payload(s, k);
         }
+    }
+}
+
+/// A payload that writes itself into the place it travels in (a task slot or a data region),
+/// so large payloads are copied once, from their source.
+pub trait Fill {
+    /// Its size in bytes.
+    fn size(&self) -> usize;
+    /// Writes exactly `size()` bytes into `out`.
+    fn fill(&self, out: &mut [u8]);
+}
+
+impl Fill for &[u8] {
+    fn size(&self) -> usize {
+        self.len()
+    }
+
+    fn fill(&self, out: &mut [u8]) {
+        out.copy_from_slice(self);
+    }
+}
+
+impl Fill for Vec<u8> {
+    fn size(&self) -> usize {
+        self.len()
+    }
+
+    fn fill(&self, out: &mut [u8]) {
+        out.copy_from_slice(self);
     }
 }

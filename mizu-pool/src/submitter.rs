@@ -11,7 +11,7 @@ use mizu_shm::{WaitError, Waiter};
 
 use crate::error::{PoolError, Result, TaskError};
 use crate::layout::{TaskId, reason, wstate};
-use crate::shared::Shared;
+use crate::shared::{Fill, Shared};
 
 /// Why collecting a result did not return it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -92,7 +92,7 @@ impl SubmitterCore {
 
     /// Submits one task; blocks only while every worker's queue from us is full (at most
     /// `timeout`).
-    pub fn submit(self: &Arc<Self>, payload: &[u8], timeout: Option<Duration>) -> Result<Task> {
+    pub fn submit(self: &Arc<Self>, payload: &dyn Fill, timeout: Option<Duration>) -> Result<Task> {
         let mut g = self.lock();
         let id = self.stage(&mut g, payload)?;
         if let Err(e) = self.push(&mut g, id, timeout, false) {
@@ -109,9 +109,21 @@ impl SubmitterCore {
     /// Submits several tasks with one publication per worker queue.
     pub fn submit_batch<'p>(
         self: &Arc<Self>,
-        payloads: impl IntoIterator<Item = &'p [u8]>,
+        payloads: impl IntoIterator<Item = &'p dyn Fill>,
         timeout: Option<Duration>,
     ) -> Result<Vec<Task>> {
+        let (tasks, res) = self.submit_batch_partial(payloads, timeout);
+        res.map(|()| tasks)
+    }
+
+    /// [`SubmitterCore::submit_batch`] that keeps what was submitted before an error (e.g.
+    /// every slot taken): those tasks are returned with the error, so the caller can collect
+    /// some and submit the rest.
+    pub fn submit_batch_partial<'p>(
+        self: &Arc<Self>,
+        payloads: impl IntoIterator<Item = &'p dyn Fill>,
+        timeout: Option<Duration>,
+    ) -> (Vec<Task>, Result<()>) {
         let mut g = self.lock();
         let mut tasks = Vec::new();
         let mut res = Ok(());
@@ -136,7 +148,7 @@ impl SubmitterCore {
         }
         // One publication and at most one wake per worker queue for the whole batch.
         self.flush(&mut g);
-        res.map(|()| tasks)
+        (tasks, res)
     }
 
     /// Publishes every deferred queue write and wakes those workers (if they sleep).
@@ -151,7 +163,7 @@ impl SubmitterCore {
     }
 
     /// Finds a free slot, writes the payload, publishes `Pending`.
-    fn stage(&self, g: &mut Inner, payload: &[u8]) -> Result<TaskId> {
+    fn stage(&self, g: &mut Inner, payload: &dyn Fill) -> Result<TaskId> {
         let v = self.shared.view();
         if v.stopped() {
             return Err(PoolError::Stopped);
@@ -166,7 +178,7 @@ impl SubmitterCore {
         g.next_slot = k + 1;
         let hdr = v.task(self.index, k);
         let (generation, _) = hdr.state.load();
-        self.shared.write_payload(self.index, k, payload)?;
+        self.shared.write_payload_with(self.index, k, payload)?;
         hdr.reason.store(0, Ordering::Relaxed);
         hdr.runner.store(0, Ordering::Relaxed);
         hdr.abandoned.store(0, Ordering::Relaxed);
@@ -207,13 +219,19 @@ impl SubmitterCore {
         let nw = v.params.max_workers as usize;
         let start = Instant::now();
         loop {
-            for pass in 0..2 {
+            // An idle worker that spins (no wake needed) first, then any idle one, then any.
+            for pass in 0..3 {
                 for i in 0..nw {
                     let w = (g.next_worker + i) % nw;
                     let rec = &v.worker(w).rec;
                     let st = rec.state.load(Ordering::Acquire);
                     let ok = match pass {
-                        0 => st == wstate::READY && rec.idle.load(Ordering::Relaxed) == 1,
+                        0 => {
+                            st == wstate::READY
+                                && rec.idle.load(Ordering::Relaxed) == 1
+                                && v.worker(w).park.sleepers() == 0
+                        }
+                        1 => st == wstate::READY && rec.idle.load(Ordering::Relaxed) != 0,
                         _ => st == wstate::READY || st == wstate::STARTING,
                     };
                     if !ok {
@@ -519,16 +537,28 @@ pub fn collect_all(
 
 /// Waits until any of the not-yet-collected tasks is done; returns its index.
 pub fn collect_any(tasks: &[Task], timeout: Option<Duration>) -> Option<usize> {
+    let probe = tasks.first()?;
+    wait_until(probe, timeout, || {
+        tasks.iter().position(|t| !t.done && t.is_done())
+    })
+}
+
+/// Waits until `poll` returns something, parked on the submitter of `probe` (which every
+/// outcome of its tasks wakes): for callers that keep their tasks apart (e.g. behind locks).
+pub fn wait_until<T>(
+    probe: &Task,
+    timeout: Option<Duration>,
+    mut poll: impl FnMut() -> Option<T>,
+) -> Option<T> {
     let start = Instant::now();
-    let core = tasks.first()?.core.clone();
+    let core = probe.core.clone();
     let park = &core.shared.view().submitter(core.index).park;
-    let poll = || tasks.iter().position(|t| !t.done && t.is_done());
     let mut w = Waiter::new(core.spin, Duration::from_millis(2));
     loop {
         let left = timeout.map(|d| d.saturating_sub(start.elapsed()));
         match w.wait(
             park,
-            poll,
+            &mut poll,
             left.map(|l| l.min(Duration::from_millis(50))),
             || Ok::<(), ()>(()),
         ) {

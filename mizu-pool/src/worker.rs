@@ -26,6 +26,11 @@ pub trait Executor: Send + Sync {
 pub struct TaskContext<'a> {
     rt: &'a Runtime<'a>,
     element: Cell<Option<u64>>,
+    /// The task's slot, while its result may still be written in place.
+    slot: Cell<Option<(usize, usize)>>,
+    /// Set once the executor wrote the result itself: whether it is a success.
+    replied: Cell<Option<bool>>,
+    input: RefCell<Option<Buffer>>,
 }
 
 impl TaskContext<'_> {
@@ -52,7 +57,20 @@ impl TaskContext<'_> {
 
     /// Submits a nested task from this worker.
     pub fn submit(&self, payload: &[u8]) -> Result<Task> {
+        self.rt.sub.submit(&payload, None)
+    }
+
+    /// Submits a nested task whose payload writes itself in place (see [`crate::Fill`]).
+    pub fn submit_with(&self, payload: &dyn crate::Fill) -> Result<Task> {
         self.rt.sub.submit(payload, None)
+    }
+
+    /// Nested [`crate::Pool::submit_batch_with`].
+    pub fn submit_batch_with<'p>(
+        &self,
+        payloads: impl IntoIterator<Item = &'p dyn crate::Fill>,
+    ) -> (Vec<Task>, Result<()>) {
+        self.rt.sub.submit_batch_partial(payloads, None)
     }
 
     /// Collects a nested task, running other tasks while it waits, so nested maps never
@@ -65,9 +83,54 @@ impl TaskContext<'_> {
         task.result_helping(timeout, &mut || self.rt.run_one() || self.rt.steal())
     }
 
+    /// The task's input as a buffer that may be kept (a view of shared memory for large
+    /// payloads); `None` inside a map element.
+    pub fn input(&self) -> Option<Buffer> {
+        self.input.borrow().clone()
+    }
+
+    /// Writes the task's outcome in place (large results go straight into a data region,
+    /// without an intermediate buffer); what `execute` returns afterwards is ignored. Not
+    /// available inside a map element (an error says so).
+    pub fn reply(&self, ok: bool, payload: &dyn crate::Fill) -> Result<()> {
+        let Some((s, k)) = self.slot.take() else {
+            return Err(PoolError::Layout(
+                "reply: not a top-level task, or already replied".into(),
+            ));
+        };
+        match self.rt.shared.write_payload_with(s, k, payload) {
+            Ok(()) => {
+                self.replied.set(Some(ok));
+                Ok(())
+            }
+            Err(e) => {
+                self.slot.set(Some((s, k)));
+                Err(e)
+            }
+        }
+    }
+
     /// This worker's slot.
     pub fn worker_slot(&self) -> usize {
         self.rt.slot
+    }
+
+    /// Asks to leave after the current task and be replaced by a fresh worker (a task quota,
+    /// as `max_tasks_per_child`); queued tasks go to the replacement or to other workers.
+    pub fn recycle(&self) {
+        let _ = self
+            .rt
+            .shared
+            .view()
+            .worker(self.rt.slot)
+            .rec
+            .state
+            .compare_exchange(
+                wstate::READY,
+                wstate::RECYCLE,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
     }
 }
 
@@ -195,11 +258,21 @@ impl Runtime<'_> {
         let ctx = TaskContext {
             rt: self,
             element: Cell::new(None),
+            slot: Cell::new(None),
+            replied: Cell::new(None),
+            input: RefCell::new(None),
         };
         let out = match self.shared.take_payload(s, k) {
             Ok(input) => match input.as_slice().strip_prefix(crate::map::RUNNER_MAGIC) {
                 Some(token) => crate::map::run_runner(self.exec, &ctx, token),
-                None => self.exec.execute(&ctx, input.as_slice()),
+                None => {
+                    ctx.slot.set(Some((s, k)));
+                    *ctx.input.borrow_mut() = Some(input.clone());
+                    let r = self.exec.execute(&ctx, input.as_slice());
+                    ctx.slot.set(None);
+                    ctx.input.borrow_mut().take();
+                    r
+                }
             },
             Err(e) => Err(format!("mizu: unreadable task input: {e}").into_bytes()),
         };
@@ -207,8 +280,12 @@ impl Runtime<'_> {
             Ok(b) => (b, true),
             Err(b) => (b, false),
         };
-        let ok = match self.shared.write_payload(s, k, &bytes) {
-            Ok(()) => ok,
+        let written = match ctx.replied.get() {
+            Some(ok) => Ok(ok),
+            None => self.shared.write_payload(s, k, &bytes).map(|()| ok),
+        };
+        let ok = match written {
+            Ok(ok) => ok,
             Err(e) => {
                 let _ = self.shared.write_payload(
                     s,
@@ -292,13 +369,26 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         next_ring: Cell::new(0),
     };
     ws.rec.state.store(wstate::READY, Ordering::Release);
-    let mut waiter = Waiter::new(spin, Duration::from_millis(2));
+    let mut spinner = Waiter::new(spin, Duration::from_millis(2));
+    let mut sleeper = Waiter::new(Duration::ZERO, Duration::from_millis(2));
+    // Idle workers spinning at once: never more than the CPUs minus one (left to whoever
+    // submits or runs work), or spinning idlers would slow down the busy ones.
+    let max_spinners = (mizu_shm::affinity::available_cpus_all().len() as u32)
+        .saturating_sub(1)
+        .max(1);
     let done = || v.stopped() || controller_dead.load(Ordering::Relaxed) || rt.retired();
     while !done() {
         if rt.run_one() {
             continue;
         }
-        ws.rec.idle.store(1, Ordering::SeqCst);
+        let spins = v.spinners().fetch_add(1, Ordering::AcqRel) < max_spinners;
+        if !spins {
+            v.spinners().fetch_sub(1, Ordering::AcqRel);
+        }
+        let waiter = if spins { &mut spinner } else { &mut sleeper };
+        ws.rec
+            .idle
+            .store(if spins { 1 } else { 2 }, Ordering::SeqCst);
         let before = waiter.parks();
         let woke = waiter.wait(
             &ws.park,
@@ -307,6 +397,9 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
             || Ok::<(), ()>(()),
         );
         ws.rec.idle.store(0, Ordering::Relaxed);
+        if spins {
+            v.spinners().fetch_sub(1, Ordering::AcqRel);
+        }
         if waiter.parks() != before {
             ws.rec
                 .parks
@@ -379,7 +472,10 @@ pub fn reap_worker(shared: &Shared, slot: usize, pid: u32, why: u32) {
         }
     }
     rec.current.store(0, Ordering::Release);
-    rec.idle.store(0, Ordering::Relaxed);
+    if rec.idle.swap(0, Ordering::AcqRel) == 1 {
+        // It died counted as a spinner.
+        v.spinners().fetch_sub(1, Ordering::AcqRel);
+    }
     // The survivor removes what a killed worker could not: its liveness lock file.
     mizu_shm::ProcessId::new(pid, rec.nonce.load(Ordering::Relaxed)).reap();
 }

@@ -37,3 +37,76 @@ def sleep(s):
 
 def big(n):
     return b"x" * n
+
+
+def ident(x):
+    return x
+
+
+def describe(x):
+    """What a worker received: type name and, for arrays, whether it is a read-only view."""
+    import numpy as np
+
+    if isinstance(x, np.ndarray):
+        return ("ndarray", x.dtype.str, x.shape, bool(x.flags.writeable), float(x.sum()) if x.dtype.kind in "fiub" else None)
+    return (type(x).__name__,)
+
+
+def rng_draws(i, n=3):
+    import random
+
+    import pymizu
+
+    return (pymizu.current_rng().random(n).tolist(), random.random())
+
+
+def fails_at(i, bad):
+    if i == bad:
+        raise KeyError(i)
+    return i
+
+
+def nested_sum(n):
+    import pymizu
+
+    return sum(pymizu.current_pool().map(add, range(n), range(n)))
+
+
+def nested_deep(depth):
+    import pymizu
+
+    if depth == 0:
+        return 1
+    pool = pymizu.current_pool()
+    return sum(pool.map(nested_deep, [depth - 1] * 2))
+
+
+def nested_seeded(n):
+    import pymizu
+
+    return pymizu.current_pool().map(rng_draws, range(n), seed=7)
+
+
+STATE = {}
+
+
+def remember(k, v):
+    STATE[k] = v
+
+
+def recall(k):
+    return STATE.get(k)
+
+
+def init_fail():
+    raise RuntimeError("initializer refuses")
+
+
+def add_pid(x):
+    return (x, os.getpid())
+
+
+def segv():
+    import ctypes
+
+    ctypes.string_at(0)

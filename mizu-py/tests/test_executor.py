@@ -45,8 +45,16 @@ def test_an_unpicklable_exception_becomes_a_task_error(ex):
 
 
 def test_unpicklable_arguments_raise_at_submit_never_hang(ex):
-    with pytest.raises(Exception):
-        ex.submit(tasks.add, lambda: 1, 2)
+    import threading
+
+    with pytest.raises(TypeError, match="pickle"):
+        ex.submit(tasks.add, threading.Lock(), 2)
+    assert ex.submit(tasks.add, 1, 2).result(timeout=60) == 3
+
+
+def test_lambdas_and_local_functions_travel_through_cloudpickle(ex):
+    k = 10
+    assert ex.submit(lambda x: x + k, 5).result(timeout=60) == 15
 
 
 def test_large_results_travel(ex):

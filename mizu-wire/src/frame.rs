@@ -15,7 +15,6 @@ pub const FRAME_VERSION: u8 = 1;
 pub const HEADER_LEN: usize = 16;
 /// Descriptor bytes of a region frame.
 pub const DESC_LEN: usize = 64;
-const NAME_LEN: usize = 40;
 
 /// Frame kinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,12 +74,7 @@ pub fn write_region(region: &Region, aux: u64, out: &mut [u8]) -> Result<usize> 
     }
     let d = region.share();
     header(out, Kind::Region, DESC_LEN, aux);
-    let b = &mut out[HEADER_LEN..n];
-    b.fill(0);
-    b[..d.name.len()].copy_from_slice(d.name.as_bytes());
-    b[40..48].copy_from_slice(&d.offset.to_le_bytes());
-    b[48..56].copy_from_slice(&d.len.to_le_bytes());
-    b[56..64].copy_from_slice(&d.generation.to_le_bytes());
+    d.write_to(&mut out[HEADER_LEN..n]);
     Ok(n)
 }
 
@@ -142,21 +136,7 @@ pub fn read(bytes: &[u8]) -> Result<FrameRef<'_>> {
                     format!("region descriptor of {len} bytes, expected {DESC_LEN}"),
                 ));
             }
-            let raw = &body[..NAME_LEN];
-            let end = raw.iter().position(|&b| b == 0).unwrap_or(NAME_LEN);
-            if raw[end..].iter().any(|&b| b != 0) {
-                return Err(malformed(HEADER_LEN, "region name is not NUL-padded"));
-            }
-            let name = std::str::from_utf8(&raw[..end])
-                .map_err(|_| malformed(HEADER_LEN, "region name is not ASCII"))?
-                .to_owned();
-            let word = |i: usize| u64::from_le_bytes(body[i..i + 8].try_into().expect("8 bytes"));
-            Body::Region(RegionDesc {
-                name,
-                offset: word(40),
-                len: word(48),
-                generation: word(56),
-            })
+            Body::Region(RegionDesc::read_from(body).map_err(|why| malformed(HEADER_LEN, why))?)
         }
         k => return Err(malformed(3, format!("unknown frame kind {k}"))),
     };

@@ -164,6 +164,45 @@ pub struct RegionDesc {
     pub generation: u64,
 }
 
+/// Bytes of a segment name in an encoded descriptor (NUL-padded).
+const DESC_NAME_LEN: usize = 40;
+
+impl RegionDesc {
+    /// Writes the 64-byte encoding (name NUL-padded to 40 bytes, then offset, length and
+    /// generation as little-endian u64) into `out[..64]`.
+    pub fn write_to(&self, out: &mut [u8]) {
+        let b = &mut out[..64];
+        b.fill(0);
+        let name = &self.name.as_bytes()[..self.name.len().min(DESC_NAME_LEN)];
+        b[..name.len()].copy_from_slice(name);
+        b[40..48].copy_from_slice(&self.offset.to_le_bytes());
+        b[48..56].copy_from_slice(&self.len.to_le_bytes());
+        b[56..64].copy_from_slice(&self.generation.to_le_bytes());
+    }
+
+    /// Parses the 64-byte encoding of [`RegionDesc::write_to`]; the error says what is wrong.
+    pub fn read_from(b: &[u8]) -> std::result::Result<RegionDesc, &'static str> {
+        let b = b
+            .get(..64)
+            .ok_or("region descriptor shorter than 64 bytes")?;
+        let raw = &b[..DESC_NAME_LEN];
+        let end = raw.iter().position(|&c| c == 0).unwrap_or(DESC_NAME_LEN);
+        if raw[end..].iter().any(|&c| c != 0) {
+            return Err("region name is not NUL-padded");
+        }
+        let name = std::str::from_utf8(&raw[..end])
+            .map_err(|_| "region name is not ASCII")?
+            .to_owned();
+        let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        Ok(RegionDesc {
+            name,
+            offset: word(40),
+            len: word(48),
+            generation: word(56),
+        })
+    }
+}
+
 /// One counted reference to a region (sender's or receiver's); dropping it releases the
 /// reference. The payload is immutable once the region was committed.
 pub struct Region {
@@ -371,6 +410,28 @@ impl DataPool {
         })
     }
 
+    /// Lets go of every segment as if this process had exited: each is unlinked as soon as
+    /// its regions are released (at once when none is live). Later allocations use new
+    /// segments. For a process about to exit with its data still being read elsewhere.
+    pub fn detach(&self) {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        g.segments.clear();
+        g.current = 0;
+        g.bump = 0;
+    }
+
+    /// Removes every segment's name now, even with regions still referenced (their readers
+    /// keep their mappings; descriptors not yet adopted can no longer be opened). For a
+    /// process that exits and whose in-flight sends are moot.
+    pub fn unlink_all(&self) {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        for s in g.segments.drain(..) {
+            let _ = s.seg.unlink();
+        }
+        g.current = 0;
+        g.bump = 0;
+    }
+
     /// Allocates and fills a region with `bytes`.
     pub fn store(&self, bytes: &[u8]) -> Result<Region> {
         let mut r = self.alloc(bytes.len())?;
@@ -383,11 +444,16 @@ fn too_big(len: u64) -> WireError {
     WireError::Unsupported(format!("a payload of {len} bytes"))
 }
 
+/// Segments a [`Mapper`] keeps mapped after their last region is released: a steady stream
+/// of sends from a few peers then costs no `shm_open`/`mmap`/`munmap` per message.
+const KEEP_MAPPED: usize = 8;
+
 /// This process's cache of data segments opened from descriptors: a region of a segment the
-/// receiver already holds costs no `shm_open`.
+/// receiver already holds costs no `shm_open`, and the last few segments used stay mapped.
 #[derive(Default)]
 pub struct Mapper {
     open: Mutex<HashMap<String, Weak<DataSegment>>>,
+    recent: Mutex<std::collections::VecDeque<Arc<DataSegment>>>,
 }
 
 impl Mapper {
@@ -439,11 +505,32 @@ impl Mapper {
     fn segment(&self, name: &str) -> Result<Arc<DataSegment>> {
         let mut m = self.open.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(s) = m.get(name).and_then(Weak::upgrade) {
+            self.keep(&s);
             return Ok(s);
         }
         m.retain(|_, w| w.strong_count() > 0);
         let s = Arc::new(DataSegment::open(name)?);
         m.insert(name.to_owned(), Arc::downgrade(&s));
+        self.keep(&s);
         Ok(s)
+    }
+
+    /// Marks `s` most recently used; the least recently used beyond [`KEEP_MAPPED`] is let go.
+    fn keep(&self, s: &Arc<DataSegment>) {
+        let mut r = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        if r.front().is_some_and(|f| Arc::ptr_eq(f, s)) {
+            return;
+        }
+        r.retain(|x| !Arc::ptr_eq(x, s));
+        r.push_front(Arc::clone(s));
+        r.truncate(KEEP_MAPPED);
+    }
+
+    /// Unmaps the segments kept only for reuse (regions still held stay mapped).
+    pub fn release_unused(&self) {
+        self.recent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
     }
 }

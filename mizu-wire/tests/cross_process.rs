@@ -4,6 +4,7 @@
 
 use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use mizu_wire::{DataPool, Mapper, Received, Value, read_value};
@@ -11,6 +12,14 @@ use mizu_wire::{DataPool, Mapper, Received, Value, read_value};
 const PEER: &str = env!("CARGO_BIN_EXE_mizu-wire-peer");
 const GUARD: Duration = Duration::from_secs(120);
 const PAYLOAD: usize = 1 << 20;
+
+/// `prune` removes every segment whose creator is dead — including one a test keeps alive on
+/// purpose for a receiver that has not read it yet: tests run one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 fn payload() -> Value {
     Value::Bytes(arrow_buffer::Buffer::from_vec(
@@ -67,6 +76,7 @@ fn left_by(pid: u32) -> Vec<String> {
 
 #[test]
 fn a_view_outlives_a_sender_that_exited_and_the_last_holder_unlinks() {
+    let _serial = serial();
     let mut child = spawn("send-exit");
     let pid = child.id();
     let mapper = Mapper::new();
@@ -92,6 +102,7 @@ fn a_view_outlives_a_sender_that_exited_and_the_last_holder_unlinks() {
 
 #[test]
 fn a_view_outlives_a_sender_killed_with_sigkill_and_prune_cleans_up() {
+    let _serial = serial();
     let mut child = spawn("send-hold");
     let pid = child.id();
     let mapper = Mapper::new();
@@ -116,6 +127,7 @@ fn a_view_outlives_a_sender_killed_with_sigkill_and_prune_cleans_up() {
 
 #[test]
 fn a_receiver_killed_while_holding_a_reference_leaves_nothing_after_prune() {
+    let _serial = serial();
     let out = wait(
         Command::new(PEER)
             .arg("sender-survives")
@@ -138,6 +150,7 @@ fn a_receiver_killed_while_holding_a_reference_leaves_nothing_after_prune() {
 
 #[test]
 fn a_region_relayed_through_a_second_process_is_passed_by_reference() {
+    let _serial = serial();
     let mut child = spawn("relay");
     let pool = DataPool::new(4 << 20);
     let enc = mizu_wire::encode(&payload()).unwrap();

@@ -131,10 +131,36 @@ fn fuzz(root: &Path) -> Res {
 /// Builds the extension into the project's venv and runs the pytest suite against real worker
 /// processes.
 fn python_tests(root: &Path, py: &Path) -> Res {
-    maturin(root, py, &["develop", "--release"])?;
+    install_wheel(root, py)?;
     run(
         root,
         Command::new(py).args(["-m", "pytest", "-q", "mizu-py/tests"]),
+    )
+}
+
+/// Builds the pymizu wheel and installs it into the venv (what users get, stubs included).
+fn install_wheel(root: &Path, py: &Path) -> Res {
+    let out = root.join("target/wheels");
+    let _ = std::fs::remove_dir_all(&out);
+    maturin(root, py, &["build", "--release", "--out", "target/wheels"])?;
+    let wheel = std::fs::read_dir(&out)
+        .map_err(|e| format!("{}: {e}", out.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .ok_or("maturin built no wheel")?;
+    run(
+        root,
+        Command::new(py)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "--force-reinstall",
+            ])
+            .arg(&wheel),
     )
 }
 
@@ -216,7 +242,7 @@ fn bench(root: &Path) -> Res {
         Command::new(cargo()).args(["bench", "-p", "mizu-wire", "--bench", "decode"]),
     )?;
     pool_bench(root)?;
-    python_bench(root)
+    python_bench(root, false)
 }
 
 fn pool_bench(root: &Path) -> Res {
@@ -273,17 +299,17 @@ fn which(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Until the Python package lands: the process pool against the architecture of
+/// pymizu against the Python peers, then the process pool against the architecture of
 /// `ProcessPoolExecutor`/mirai (request/response over socketpairs) and a thread pool, then the
 /// ring underneath it.
 fn demo(root: &Path) -> Res {
     eprintln!(
-        "mizu demo: pymizu.PoolExecutor against concurrent.futures.ProcessPoolExecutor, then the\n\
-         Rust pool against a socketpair request/response pool (how ProcessPoolExecutor and\n\
-         mirai work) and a thread pool, then the shared-memory ring underneath — all measured\n\
-         side by side in one run."
+        "mizu demo: pymizu (Pool and PoolExecutor) against ProcessPoolExecutor,\n\
+         multiprocessing.Pool, loky and ThreadPoolExecutor on the same work; then the Rust pool\n\
+         against a socketpair request/response pool (how ProcessPoolExecutor and mirai work) and\n\
+         a thread pool; then the shared-memory ring underneath — all side by side in one run."
     );
-    python_bench(root)?;
+    python_bench(root, true)?;
     pool_bench(root)?;
     run(
         root,
@@ -291,11 +317,15 @@ fn demo(root: &Path) -> Res {
     )
 }
 
-fn python_bench(root: &Path) -> Res {
+/// pymizu against ProcessPoolExecutor, multiprocessing.Pool, loky and ThreadPoolExecutor
+/// (`--quick`: fewer repetitions, for the demo).
+fn python_bench(root: &Path, quick: bool) -> Res {
     let py = venv(root)?;
-    maturin(root, &py, &["develop", "--release"])?;
-    run(
-        root,
-        Command::new(&py).args(["mizu-py/bench/executor.py", "1"]),
-    )
+    install_wheel(root, &py)?;
+    let mut cmd = Command::new(&py);
+    cmd.arg("mizu-py/benchmarks/bench.py");
+    if quick {
+        cmd.arg("--quick");
+    }
+    run(root, &mut cmd)
 }

@@ -1,10 +1,54 @@
 """pymizu: parallel Python over shared memory.
 
-`PoolExecutor` is a drop-in for `concurrent.futures.ProcessPoolExecutor` whose workers are
-fresh interpreters (`python -m pymizu.worker`) fed through shared-memory rings instead of pipes.
+* `PoolExecutor` — a drop-in for `concurrent.futures.ProcessPoolExecutor`;
+* `Pool` / `Task` — submit, batches, `collect_any` / `collect_all`, ordered `map` / `starmap`
+  / `imap` with `seed=`, `chunksize=`, `timeout=`, `progress=`; `await task` in asyncio;
+* `Channel` — messages between two processes (`send`/`recv`, sentinels `FULL`, `TIMEOUT`,
+  `CLOSED`, `PEER_GONE`);
+* `current_pool()` for nested maps inside a task, `current_rng()` for reproducible random
+  numbers inside a seeded map element.
+
+Workers are fresh interpreters (`python -m pymizu.worker`) fed through shared-memory rings;
+large buffers (numpy, pandas, pyarrow, polars) cross as read-only views of shared memory.
+See docs/python.md.
 """
 
-from ._errors import MizuError, TaskError, WorkerDiedError, ExecTimeoutError, StoppedError
+from ._errors import (
+    CancelledError,
+    ExecTimeoutError,
+    ForkedError,
+    InitializerError,
+    MizuError,
+    RemoteTraceback,
+    SlotsFull,
+    StoppedError,
+    TaskError,
+    WorkerDiedError,
+)
+from ._channel import CLOSED, FULL, PEER_GONE, TIMEOUT, Channel
 from ._executor import PoolExecutor
+from ._pool import Pool, Task, current_pool
+from ._rng import current_rng
 
-__all__ = ["PoolExecutor", "MizuError", "TaskError", "WorkerDiedError", "ExecTimeoutError", "StoppedError"]
+__all__ = [
+    "CLOSED",
+    "FULL",
+    "PEER_GONE",
+    "TIMEOUT",
+    "CancelledError",
+    "Channel",
+    "ExecTimeoutError",
+    "ForkedError",
+    "InitializerError",
+    "MizuError",
+    "Pool",
+    "PoolExecutor",
+    "RemoteTraceback",
+    "SlotsFull",
+    "StoppedError",
+    "Task",
+    "TaskError",
+    "WorkerDiedError",
+    "current_pool",
+    "current_rng",
+]

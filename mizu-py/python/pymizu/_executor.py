@@ -2,36 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import pickle
-import sys
 import threading
 import time
 from concurrent.futures import Executor, Future
 
-from . import _native
-from ._errors import ExecTimeoutError, RemoteTraceback, StoppedError, TaskError, WorkerDiedError
-
-
-def _decode(status: int, payload: bytes, slot: int, pid: int) -> tuple[bool, object]:
-    """(is_result, value-or-exception) from a native outcome."""
-    if status == 0:
-        return True, pickle.loads(payload)
-    if status == 1:
-        try:
-            exc, tb = pickle.loads(payload)
-        except Exception:
-            return False, TaskError("RemoteError", payload.decode("utf-8", "replace"))
-        if tb:
-            exc.__cause__ = RemoteTraceback(tb)
-        return False, exc
-    if status == 2:
-        return False, WorkerDiedError(slot, pid)
-    if status == 3:
-        return False, ExecTimeoutError(slot, pid)
-    if status == 4:
-        return False, StoppedError("the task was cancelled")
-    return False, StoppedError("the pool stopped before the task ran")
+from . import _codec, _native
+from ._errors import CancelledError
+from ._pool import Pool, _run_chunk, decode
 
 
 class _MizuFuture(Future):
@@ -44,9 +21,12 @@ class _MizuFuture(Future):
         self._born = time.monotonic()
 
     def _settle(self, outcome) -> None:
-        if outcome is None or outcome[0] == 6:
+        if outcome is None or outcome[0] >= 6:
             return
-        ok, value = _decode(*outcome)
+        ok, value = decode(*outcome)
+        if isinstance(value, CancelledError):
+            self.cancel()
+            return
         with self._condition:
             if self._state != "PENDING" and self._state != "RUNNING":
                 return
@@ -90,12 +70,25 @@ class PoolExecutor(Executor):
     replaces the worker and keeps serving.
     """
 
-    def __init__(self, max_workers: int | None = None, *, exec_timeout: float | None = None):
-        if max_workers is None:
-            max_workers = os.cpu_count() or 1
-        if max_workers <= 0:
+    def __init__(
+        self,
+        max_workers: int | None = None,
+        *,
+        initializer=None,
+        initargs: tuple = (),
+        max_tasks_per_child: int | None = None,
+        exec_timeout: float | None = None,
+    ):
+        if max_workers is not None and (not isinstance(max_workers, int) or max_workers <= 0):
             raise ValueError("max_workers must be greater than 0")
-        self._pool = _native.Pool(max_workers, sys.executable, exec_timeout)
+        self._mpool = Pool(
+            max_workers,
+            initializer=initializer,
+            initargs=initargs,
+            max_tasks_per_child=max_tasks_per_child,
+            exec_timeout=exec_timeout,
+        )
+        self._pool = self._mpool._pool
         self._lock = threading.Lock()
         self._pending: list[_MizuFuture] = []
         self._wakeup = threading.Event()
@@ -106,13 +99,17 @@ class PoolExecutor(Executor):
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
         # Pickling happens here, in the caller: an unpicklable call raises now, never hangs.
-        payload = pickle.dumps((fn, args, kwargs), protocol=5)
+        data, bufs = _codec.dumps((fn, args, kwargs))
+        return self._submit_payload(data, bufs)
+
+    def _submit_payload(self, data, bufs) -> _MizuFuture:
+        self._mpool._check()
         while True:
             with self._lock:
                 if self._shutdown:
                     raise RuntimeError("cannot schedule new futures after shutdown")
                 try:
-                    fut = _MizuFuture(self._pool.submit(payload))
+                    fut = _MizuFuture(self._pool.submit(data, bufs))
                 except _native.SlotsFull:
                     self._starved = True
                 else:
@@ -123,6 +120,39 @@ class PoolExecutor(Executor):
             # complete some futures, which frees their slots, then try again.
             self._wakeup.set()
             time.sleep(0.0002)
+
+    def map(self, fn, *iterables, timeout: float | None = None, chunksize: int | None = None):
+        """As `ProcessPoolExecutor.map`: an iterator of `fn(*xs)` in input order, raising
+        `TimeoutError` when a result is not ready `timeout` seconds after the call. Elements
+        travel in chunks of `chunksize` (default: about four chunks per worker)."""
+        if chunksize is not None and (not isinstance(chunksize, int) or chunksize < 1):
+            raise ValueError("chunksize must be >= 1.")
+        items = list(zip(*iterables))
+        n = len(items)
+        if chunksize is None:
+            chunksize = max(1, -(-n // (4 * self._mpool.workers)))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        futs = [
+            self._submit_payload(*_codec.dumps((_run_chunk, (fn, s, items[s : s + chunksize], True, None, 0), {})))
+            for s in range(0, n, chunksize)
+        ]
+
+        def results():
+            try:
+                futs.reverse()
+                while futs:
+                    f = futs[-1]
+                    if deadline is None:
+                        chunk = f.result()
+                    else:
+                        chunk = f.result(deadline - time.monotonic())
+                    futs.pop()
+                    yield from chunk
+            finally:
+                for f in futs:
+                    f.cancel()
+
+        return results()
 
     def _collect(self) -> None:
         """Completes futures nobody is waiting on directly (callbacks, `wait`, `as_completed`).
@@ -165,7 +195,14 @@ class PoolExecutor(Executor):
         self._wakeup.set()
         if wait:
             self._collector.join()
-            self._pool.stop(5.0)
+            self._mpool.stop(5.0)
+        else:
+            # As ProcessPoolExecutor: return now, release the workers once the work is done.
+            def finish():
+                self._collector.join()
+                self._mpool.stop(5.0)
+
+            threading.Thread(target=finish, name="pymizu-shutdown", daemon=True).start()
 
     def _status(self):
         """Per worker: (slot, pid, state, busy, tasks) — for tests and diagnostics."""

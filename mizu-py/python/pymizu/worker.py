@@ -1,30 +1,107 @@
-"""Worker entry point: `python -m pymizu.worker <token> <slot>` (started by the pool)."""
+"""Worker entry point: `python -m pymizu.worker [--workers N] [--max-tasks N] [--start FILE]
+<token> <slot>` (started by the pool; not for direct use)."""
 
+from __future__ import annotations
+
+import os
 import pickle
 import sys
 import traceback
 
-from . import _native
+from . import _codec, _native
+from ._errors import InitializerError, TaskError
+
+_init_error: BaseException | None = None
 
 
-def _run(payload: bytes) -> tuple[bool, bytes]:
+def _fail(e: BaseException) -> tuple[bool, bytes, list]:
+    tb = traceback.format_exc()
     try:
-        fn, args, kwargs = pickle.loads(payload)
-        return True, pickle.dumps(fn(*args, **kwargs), protocol=5)
-    except BaseException as e:  # everything a task raises goes back to the caller
-        tb = traceback.format_exc()
-        try:
-            return False, pickle.dumps((e, tb), protocol=5)
-        except Exception:
-            from ._errors import TaskError
+        data, bufs = _codec.dumps((e, tb))
+    except Exception:
+        data, bufs = _codec.dumps((TaskError(type(e).__qualname__, str(e), tb), tb))
+    return False, data, bufs
 
-            return False, pickle.dumps((TaskError(type(e).__qualname__, str(e), tb), tb), protocol=5)
+
+def _run(data, bufs) -> tuple[bool, bytes, list]:
+    if _init_error is not None:
+        try:
+            raise _init_error
+        except BaseException as e:
+            return _fail(e)
+    try:
+        fn, args, kwargs = _codec.loads(data, buffers=bufs)
+        del data, bufs
+        result = fn(*args, **kwargs)
+        del fn, args, kwargs
+        out, obufs = _codec.dumps(result)
+        return True, out, obufs
+    except BaseException as e:  # everything a task raises goes back to the caller
+        return _fail(e)
+
+
+def _start(path: str) -> None:
+    """Reproduces the caller's import state, then runs the pool's initializer."""
+    global _init_error
+    with open(path, "rb") as f:
+        state = pickle.load(f)
+    for p in reversed(state["sys_path"]):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    # Functions defined in the caller's script pickle as `__main__.f`: load the script as
+    # `__mp_main__` (its `if __name__ == "__main__":` block does not run), as
+    # multiprocessing's spawn does; a module run with `-m` is imported by name.
+    main_path, main_module = state["main_path"], state.get("main_module")
+    if main_path or main_module:
+        os.environ["PYMIZU_BOOTING"] = "1"
+        argv = sys.argv
+        sys.argv = list(state.get("sys_argv", argv))  # the script sees the caller's arguments
+        try:
+            if main_module:
+                import importlib
+
+                main = importlib.import_module(main_module)
+            elif os.path.exists(main_path):
+                import runpy
+
+                mod = runpy.run_path(main_path, run_name="__mp_main__")
+                main = type(sys)("__mp_main__")
+                main.__dict__.update(mod)
+            else:
+                main = None
+            if main is not None:
+                sys.modules["__mp_main__"] = sys.modules["__main__"] = main
+        except BaseException as e:
+            _init_error = InitializerError(f"importing the caller's main module failed: {e!r}")
+            return
+        finally:
+            del os.environ["PYMIZU_BOOTING"]
+            sys.argv = argv
+    if state["init"] is not None:
+        try:
+            fn, args = _codec.loads(state["init"])
+            fn(*args)
+        except BaseException as e:
+            _init_error = InitializerError(
+                f"the pool's initializer raised {e!r}\n{traceback.format_exc()}"
+            )
 
 
 def main() -> None:
-    if len(sys.argv) != 3:
-        sys.exit("usage: python -m pymizu.worker <token> <slot>")
-    _native.run_worker(sys.argv[1], int(sys.argv[2]), _run)
+    argv = sys.argv[1:]
+    opts = {}
+    while argv and argv[0].startswith("--"):
+        if len(argv) < 2:
+            sys.exit(f"pymizu.worker: {argv[0]} needs a value")
+        opts[argv[0]] = argv[1]
+        argv = argv[2:]
+    if len(argv) != 2:
+        sys.exit("usage: python -m pymizu.worker [--workers N] [--max-tasks N] [--start FILE] <token> <slot>")
+    if "--workers" in opts:
+        os.environ["PYMIZU_WORKERS"] = opts["--workers"]
+    if "--start" in opts:
+        _start(opts["--start"])
+    _native.run_worker(argv[0], int(argv[1]), _run, int(opts.get("--max-tasks", "0")))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,142 @@
+"""pymizu against the Python peers, same machine, same run, same work.
+
+`python mizu-py/benchmarks/bench.py [--quick] [--workers N]` (run by `cargo xtask bench`;
+`cargo xtask demo` runs it with --quick). Peers: concurrent.futures.ProcessPoolExecutor,
+ThreadPoolExecutor, multiprocessing.Pool and loky. Every number is the median of several
+runs; ratios are peer time / pymizu time (higher: pymizu faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+os.environ["PYTHONPATH"] = HERE + os.pathsep + os.environ.get("PYTHONPATH", "")
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+import pymizu  # noqa: E402
+import work  # noqa: E402
+
+
+class Peer:
+    """One pool behind a common interface."""
+
+    def __init__(self, name, pool, kind):
+        self.name, self.pool, self.kind = name, pool, kind
+
+    def call(self, fn, *args):
+        if self.kind == "mp":
+            return self.pool.apply_async(fn, args).get()
+        return self.pool.submit(fn, *args).result()
+
+    def pipelined(self, fn, n):
+        if self.kind == "mp":
+            rs = [self.pool.apply_async(fn, (i, 1)) for i in range(n)]
+            return [r.get() for r in rs]
+        fs = [self.pool.submit(fn, i, 1) for i in range(n)]
+        return [f.result() for f in fs]
+
+    def map(self, fn, xs, chunksize):
+        if self.kind == "mizu":
+            return self.pool.map(fn, xs)
+        if self.kind == "mp":
+            return self.pool.map(fn, xs, chunksize)
+        return list(self.pool.map(fn, xs, chunksize=chunksize))
+
+    def close(self):
+        if self.kind == "mp":
+            self.pool.terminate()
+        elif self.kind == "mizu":
+            self.pool.stop()
+        else:
+            self.pool.shutdown()
+
+
+def timed(f, reps, per=1):
+    f()  # warm-up
+    runs = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        f()
+        runs.append((time.perf_counter() - t) / per)
+    return statistics.median(runs)
+
+
+def _array_rt(arr, k, q):
+    """Steady-state round trip of `arr` (sent and returned), `k` calls per run."""
+    k = max(2, int(k * q))
+    return lambda p: timed(lambda: [p.call(work.ident, arr) for _ in range(k)], 5, k) * 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions (the demo)")
+    ap.add_argument("--workers", type=int, default=2)
+    a = ap.parse_args()
+    w = a.workers
+    q = 0.25 if a.quick else 1.0
+
+    import loky
+
+    # One pool at a time: idle workers of another pool would compete for the 2 CPUs.
+    peers = [
+        ("pymizu.Pool", lambda: pymizu.Pool(w), "mizu"),
+        ("pymizu.PoolExecutor", lambda: pymizu.PoolExecutor(w), "exec"),
+        ("ProcessPoolExecutor", lambda: ProcessPoolExecutor(w), "exec"),
+        ("multiprocessing.Pool", lambda: multiprocessing.Pool(w), "mp"),
+        ("loky", lambda: loky.get_reusable_executor(max_workers=w), "exec"),
+        ("ThreadPoolExecutor", lambda: ThreadPoolExecutor(w), "exec"),
+    ]
+    arrays = {s: np.random.default_rng(0).random(n) for s, n in [("8 KB", 1024), ("800 KB", 102_400), ("8 MB", 1_048_576)]}
+    frame = pd.DataFrame({f"c{i}": np.random.default_rng(i).random(1_310_720) for i in range(5)})  # 50 MB
+    n_map = 10_000
+    xs = list(range(n_map))
+    chunk = max(1, n_map // (4 * w))
+    spin_xs = list(range(2000))
+    measures = [
+        ("trivial round trip", "us", lambda p: timed(lambda: [p.call(work.add, 1, 1) for _ in range(int(200 * q) or 1)], 5, int(200 * q) or 1) * 1e6),
+        ("pipelined, 5000 tasks", "k tasks/s", lambda p: 5000 / timed(lambda: p.pipelined(work.add, 5000), 3) / 1e3),
+        *[
+            (f"{s} float64 array round trip", "us", _array_rt(arr, k, q))
+            for (s, arr), k in zip(arrays.items(), (100, 40, 10))
+        ],
+        ("map 10 000 trivial", "us/elem", lambda p: timed(lambda: p.map(work.ident, xs, chunk), 3) / n_map * 1e6),
+        ("map 2 000 x 5 us tasks", "ms", lambda p: timed(lambda: p.map(work.spin, spin_xs, max(1, 2000 // (4 * w))), 3) * 1e3),
+        ("50 MB pandas frame argument", "ms", lambda p: timed(lambda: p.call(work.nrows, frame), 3) * 1e3),
+    ]
+    table = {}
+    for pname, make, kind in peers:
+        p = Peer(pname, make(), kind)
+        for name, unit, f in measures:
+            table[(p.name, name)] = f(p)
+        p.close()
+        time.sleep(0.5)
+    names = [p[0] for p in peers]
+    print(f"\npymizu vs Python peers: {w} workers each, {os.cpu_count()} CPUs, median of runs")
+    head = f"| {'measure':<30} | {'unit':<9} | " + " | ".join(f"{n:>20}" for n in names) + " | vs PPE | vs best process peer |"
+    print(head)
+    print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
+    for name, unit, _ in measures:
+        vals = [table[(n, name)] for n in names]
+        higher_better = unit.startswith("k tasks")
+        mizu = vals[0]
+        ppe = table[("ProcessPoolExecutor", name)]
+        procs = [table[(n, name)] for n in ("ProcessPoolExecutor", "multiprocessing.Pool", "loky")]
+        best = max(procs) if higher_better else min(procs)
+        r_ppe = mizu / ppe if higher_better else ppe / mizu
+        r_best = mizu / best if higher_better else best / mizu
+        cells = " | ".join(f"{v:>20.2f}" for v in vals)
+        print(f"| {name:<30} | {unit:<9} | {cells} | {r_ppe:>5.1f}x | {r_best:>19.1f}x |")
+
+
+if __name__ == "__main__":
+    main()

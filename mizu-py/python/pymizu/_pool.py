@@ -1,0 +1,596 @@
+"""`Pool` and `Task`: pymizu's own API (the executor in `_executor.py` is built on it)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from . import _codec, _native, _rng
+from ._errors import (
+    CancelledError,
+    ExecTimeoutError,
+    MizuError,
+    RemoteTraceback,
+    SlotsFull,
+    StoppedError,
+    TaskError,
+    WorkerDiedError,
+)
+
+_MAX_SLOT = 2**64 - 1 if sys.maxsize > 2**32 else 2**32 - 1
+_PENDING = 0
+_OK = 1
+_FAILED = 2
+
+
+def decode(status: int, data, bufs, slot: int, pid: int) -> tuple[bool, Any]:
+    """(is_result, value-or-exception) from a native outcome."""
+    if status == 0:
+        return True, _codec.loads(data, buffers=bufs)
+    if status == 1:
+        if slot == _MAX_SLOT:  # the runtime's own text, not a pickled exception
+            return False, TaskError("RemoteError", bytes(data).decode("utf-8", "replace"))
+        try:
+            exc, tb = _codec.loads(data, buffers=bufs)
+        except Exception as e:
+            return False, TaskError(type(e).__name__, f"the task's exception could not be unpickled: {e}")
+        if tb:
+            exc.__cause__ = RemoteTraceback(tb)
+        return False, exc
+    if status == 2:
+        return False, WorkerDiedError(slot, pid)
+    if status == 3:
+        return False, ExecTimeoutError(slot, pid)
+    if status == 4:
+        return False, CancelledError()
+    return False, StoppedError("the pool stopped before the task ran")
+
+
+class Task:
+    """A submitted call. `result(timeout)` returns its value or raises its exception;
+    `await task` works in asyncio (one watcher thread per pool, not one per task)."""
+
+    __slots__ = ("_t", "_pool", "_state", "_value", "__weakref__")
+
+    def __init__(self, native, pool):
+        self._t = native
+        self._pool = pool
+        self._state = _PENDING
+        self._value = None
+
+    def _settle(self, outcome) -> bool:
+        if outcome is None or outcome[0] >= 6:
+            return False
+        ok, value = decode(*outcome)
+        self._value = value
+        self._state = _OK if ok else _FAILED
+        return True
+
+    def _wait(self, timeout: float | None) -> None:
+        if self._state != _PENDING:
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._state == _PENDING:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            out = self._t.result(left)
+            if self._settle(out):
+                return
+            if self._state != _PENDING:
+                return
+            if out is None:  # another thread is collecting it: wait for it to finish
+                time.sleep(0.0002)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"the task did not finish within {timeout} s")
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The task's return value (waits at most `timeout` seconds; `TimeoutError` then).
+        The task's exception is re-raised as itself, with the remote traceback as cause."""
+        if self._state == _PENDING:
+            self._wait(timeout)
+        if self._state == _OK:
+            return self._value
+        raise self._value
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The task's exception, or None if it returned a value."""
+        self._wait(timeout)
+        return self._value if self._state == _FAILED else None
+
+    def done(self) -> bool:
+        """Whether the task has finished (its outcome is ready)."""
+        return self._state != _PENDING or self._t.done()
+
+    def cancel(self) -> bool:
+        """Cancels the task if it has not started; True if it will never run."""
+        if self._state == _PENDING and self._t.cancel():
+            self._settle(self._t.result(0.0))
+            return True
+        return False
+
+    def cancelled(self) -> bool:
+        """Whether the task was cancelled."""
+        return self._state == _FAILED and isinstance(self._value, CancelledError)
+
+    def __await__(self):
+        if not self.done():
+            loop = asyncio.get_running_loop()
+            fut = loop.create_future()
+            self._pool._watcher().watch(self, loop, fut)
+            yield from fut.__await__()
+        return self.result(0.0)
+
+    def __repr__(self) -> str:
+        state = {_PENDING: "pending", _OK: "finished", _FAILED: "failed"}[self._state]
+        return f"<pymizu.Task {state}>"
+
+
+class _Watcher:
+    """One thread per pool that wakes asyncio futures when their tasks finish."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._items: list[tuple[Task, Any, Any]] = []
+        self._kick = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pymizu-await", daemon=True)
+        self._thread.start()
+
+    def watch(self, task: Task, loop, fut) -> None:
+        with self._lock:
+            self._items.append((task, loop, fut))
+        self._kick.set()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                items = list(self._items)
+            if not items:
+                self._kick.wait(0.5)
+                self._kick.clear()
+                continue
+            _native.wait_any([t._t for t, _, _ in items if t._state == _PENDING] or [], 0.05)
+            ready = [it for it in items if it[0].done()]
+            if not ready:
+                continue
+            with self._lock:
+                self._items = [it for it in self._items if not any(it is r for r in ready)]
+            for _, loop, fut in ready:
+                try:
+                    loop.call_soon_threadsafe(_wake, fut)
+                except RuntimeError:  # the loop is closed
+                    pass
+
+
+def _wake(fut) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _run_chunk(fn, start: int, items: list, star: bool, seed: int | None, offset: int) -> list:
+    """Runs a map chunk inside a worker; an element's exception carries its index."""
+    out = []
+    append = out.append
+    i = start
+    try:
+        if seed is None:
+            if star:
+                for args in items:
+                    append(fn(*args))
+                    i += 1
+            else:
+                for x in items:
+                    append(fn(x))
+                    i += 1
+        else:
+            for x in items:
+                _rng.enter(seed, offset + i)
+                try:
+                    append(fn(*x) if star else fn(x))
+                finally:
+                    _rng.leave()
+                i += 1
+    except BaseException as e:
+        try:
+            e._pymizu_index = i  # type: ignore[attr-defined]
+        except Exception:
+            pass
+        raise
+    return out
+
+
+class _Progress:
+    """A progress bar on stderr: tqdm when installed, else a plain counter line."""
+
+    def __init__(self, total: int, enabled):
+        self._bar = None
+        self._plain = False
+        self._done = 0
+        self._total = total
+        if not enabled:
+            return
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            self._plain = True
+            self._show()
+        else:
+            desc = enabled if isinstance(enabled, str) else None
+            self._bar = tqdm(total=total, desc=desc, file=sys.stderr)
+
+    def _show(self) -> None:
+        sys.stderr.write(f"\rpymizu: {self._done}/{self._total}")
+        sys.stderr.flush()
+
+    def update(self, n: int) -> None:
+        self._done += n
+        if self._bar is not None:
+            self._bar.update(n)
+        elif self._plain:
+            self._show()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        elif self._plain:
+            sys.stderr.write("\n")
+
+
+class _Submitter:
+    """What `Pool` and the nested pool of `current_pool()` share: the call, batch and map
+    API over `_submit_raw` / `_submit_batch_raw`."""
+
+    _workers = 1
+
+    def _submit_raw(self, data, bufs):
+        raise NotImplementedError
+
+    def _submit_batch_raw(self, calls):
+        raise NotImplementedError
+
+    def _outstanding(self) -> list:
+        refs = self.__dict__.get("_refs")
+        if refs is None:
+            refs = self.__dict__["_refs"] = []
+        return refs
+
+    def _drain(self) -> None:
+        """Every task slot holds an uncollected task: take finished outcomes into their
+        `Task` objects (which frees their slots), or wait for one to finish."""
+        refs = self._outstanding()
+        live = [t for r in refs if (t := r()) is not None and t._state == _PENDING]
+        refs[:] = [weakref.ref(t) for t in live]
+        settled = False
+        for t in live:
+            if t._t.done() and t._settle(t._t.result(0.0)):
+                settled = True
+        if not settled:
+            if live:
+                _native.wait_any([t._t for t in live], 0.05)
+            else:  # slots held by dropped tasks: they free as those finish
+                time.sleep(0.0005)
+
+    def _track(self, tasks: list[Task]) -> None:
+        refs = self._outstanding()
+        refs.extend(weakref.ref(t) for t in tasks)
+        if len(refs) > 8192:
+            refs[:] = [r for r in refs if (t := r()) is not None and t._state == _PENDING]
+
+    def submit(self, fn: Callable, /, *args, **kwargs) -> Task:
+        """Runs `fn(*args, **kwargs)` in a worker; returns its `Task`. Arguments are pickled
+        here (an unpicklable one raises now); large buffers cross through shared memory.
+        When every task slot holds an uncollected task, finished ones are collected into
+        their `Task` objects to make room (or submission waits for one to finish)."""
+        data, bufs = _codec.dumps((fn, args, kwargs))
+        while True:
+            try:
+                t = Task(self._submit_raw(data, bufs), self)
+            except SlotsFull:
+                self._drain()
+                continue
+            refs = self._outstanding()
+            refs.append(weakref.ref(t))
+            if len(refs) > 8192:
+                self._track([])
+            return t
+
+    def submit_batch(self, fn: Callable, argss: Iterable[tuple]) -> list[Task]:
+        """Submits `fn(*args)` for every `args` tuple, with one queue publication (and at most
+        one wake) per worker for the whole batch."""
+        return self._submit_all([_codec.dumps((fn, tuple(a), {})) for a in argss])
+
+    def collect_any(self, tasks: list[Task], timeout: float | None = None) -> Task:
+        """Waits until one of `tasks` is done and returns it (`TimeoutError` after `timeout`)."""
+        if not tasks:
+            raise ValueError("collect_any needs at least one task")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            for t in tasks:
+                if t.done():
+                    return t
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"no task finished within {timeout} s")
+            pending = [t._t for t in tasks if t._state == _PENDING]
+            _native.wait_any(pending, left)
+
+    def collect_all(self, tasks: list[Task], timeout: float | None = None) -> list:
+        """The results of `tasks` in order; the first failure (by position) is raised."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out = []
+        for t in tasks:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            out.append(t.result(left))
+        return out
+
+    # -- maps ------------------------------------------------------------------------------
+
+    def map(
+        self,
+        fn: Callable,
+        *iterables: Iterable,
+        chunksize: int | None = None,
+        timeout: float | None = None,
+        seed: int | None = None,
+        offset: int = 0,
+        progress=False,
+    ) -> list:
+        """`[fn(*xs) for xs in zip(*iterables)]` over the workers, in input order.
+
+        `chunksize` elements travel per task (default: about four chunks per worker);
+        `timeout` bounds the whole map (`TimeoutError`); with `seed=`, element `i` runs with
+        `current_rng()` over the stream `(seed, offset + i)`, so results never depend on the
+        worker count or chunking; `progress=True` (or a label) shows a bar on stderr. The
+        first failing element's exception is raised, with `exc._pymizu_index` set to its
+        position; the rest of the map is cancelled.
+        """
+        if not iterables:
+            raise TypeError("map() needs at least one iterable")
+        if len(iterables) == 1:
+            return list(self._imap(fn, list(iterables[0]), False, chunksize, timeout, seed, offset, progress))
+        return list(self._imap(fn, list(zip(*iterables)), True, chunksize, timeout, seed, offset, progress))
+
+    def starmap(self, fn: Callable, iterable: Iterable[tuple], **kw) -> list:
+        """`[fn(*args) for args in iterable]`; keywords as for `map`."""
+        return list(self._imap(fn, [tuple(a) for a in iterable], True, **_map_kw(kw)))
+
+    def imap(self, fn: Callable, *iterables: Iterable, **kw) -> Iterator:
+        """Like `map`, but yields results in order as they arrive."""
+        if not iterables:
+            raise TypeError("imap() needs at least one iterable")
+        if len(iterables) == 1:
+            return self._imap(fn, list(iterables[0]), False, **_map_kw(kw))
+        return self._imap(fn, list(zip(*iterables)), True, **_map_kw(kw))
+
+    def _imap(self, fn, items, star, chunksize=None, timeout=None, seed=None, offset=0, progress=False):
+        seed = _rng.check_seed(seed)
+        if not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"offset must be a non-negative int, got {offset!r}")
+        n = len(items)
+        if chunksize is None:
+            chunksize = max(1, -(-n // (4 * max(1, self._workers))))
+        elif not isinstance(chunksize, int) or chunksize < 1:
+            raise ValueError(f"chunksize must be a positive int, got {chunksize!r}")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        calls = [
+            _codec.dumps((_run_chunk, (fn, s, items[s : s + chunksize], star, seed, offset), {}))
+            for s in range(0, n, chunksize)
+        ]
+        return self._stream(calls, deadline, timeout, _Progress(n, progress), chunksize, n)
+
+    def _stream(self, calls, deadline, timeout, bar, chunksize, n):
+        tasks: list[Task] = []
+        try:
+            tasks = self._submit_all(calls)
+            for k, t in enumerate(tasks):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"the map did not finish within {timeout} s")
+                yield from t.result(left)
+                bar.update(min(chunksize, n - k * chunksize))
+        finally:
+            for t in tasks:
+                if t._state == _PENDING:
+                    t.cancel()
+            bar.close()
+
+    def _submit_all(self, calls) -> list[Task]:
+        """Submits every call in batches, making room when every slot is taken."""
+        tasks: list[Task] = []
+        i = 0
+        while i < len(calls):
+            got, full = self._submit_batch_raw(calls[i : i + 1024])
+            new = [Task(t, self) for t in got]
+            tasks.extend(new)
+            self._track(new)
+            i += len(new)
+            if full:
+                self._drain()
+        return tasks
+
+
+def _map_kw(kw: dict) -> dict:
+    allowed = {"chunksize", "timeout", "seed", "offset", "progress"}
+    bad = set(kw) - allowed
+    if bad:
+        raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(bad))}")
+    return kw
+
+
+def _worker_args(workers, initializer, initargs, max_tasks_per_child) -> tuple[list[str], str | None]:
+    """The worker command line, and the file holding the start-up state (removed at stop)."""
+    args = ["-m", "pymizu.worker", "--workers", str(workers)]
+    if max_tasks_per_child is not None:
+        if not isinstance(max_tasks_per_child, int) or max_tasks_per_child < 1:
+            raise ValueError("max_tasks_per_child must be a positive int")
+        args += ["--max-tasks", str(max_tasks_per_child)]
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    main_path = getattr(main, "__file__", None) if spec is None else None
+    main_module = spec.name if spec is not None and spec.name != "pymizu.worker" else None
+    init = None
+    if initializer is not None:
+        if not callable(initializer):
+            raise TypeError("initializer must be callable")
+        init, _ = _codec.dumps((initializer, tuple(initargs)))
+    state = {
+        "sys_path": list(sys.path),
+        "sys_argv": list(sys.argv),
+        "main_path": os.path.abspath(main_path) if main_path else None,
+        "main_module": main_module,
+        "cwd": os.getcwd(),
+        "init": init,
+    }
+    fd, path = tempfile.mkstemp(prefix="pymizu-", suffix=".start")
+    with os.fdopen(fd, "wb") as f:
+        pickle.dump(state, f, protocol=5)
+    return args + ["--start", path], path
+
+
+_forked = False
+
+
+def _after_fork() -> None:
+    global _forked
+    _forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+class Pool(_Submitter):
+    """A pool of worker processes (fresh interpreters, never forks of the caller).
+
+    `Pool(workers=None, *, initializer=None, initargs=(), max_tasks_per_child=None,
+    exec_timeout=None, slots=4096)`: `workers` defaults to the usable CPU count;
+    `initializer(*initargs)` runs in every worker before its first task;
+    `max_tasks_per_child` replaces a worker after that many tasks; `exec_timeout` kills and
+    replaces a worker whose task runs longer (the task fails with `ExecTimeoutError`);
+    `slots` bounds the tasks in flight (submission waits when all are taken).
+    A context manager: leaving it stops the pool.
+    """
+
+    def __init__(
+        self,
+        workers: int | None = None,
+        *,
+        initializer: Callable | None = None,
+        initargs: tuple = (),
+        max_tasks_per_child: int | None = None,
+        exec_timeout: float | None = None,
+        slots: int = 4096,
+    ):
+        if os.environ.get("PYMIZU_BOOTING") == "1":
+            raise MizuError(
+                "a Pool was created while a worker imported the caller's script: create pools "
+                'under `if __name__ == "__main__":` (workers import the script to find its functions)'
+            )
+        if workers is None:
+            workers = len(os.sched_getaffinity(0)) or 1
+        if not isinstance(workers, int) or workers <= 0:
+            raise ValueError(f"workers must be a positive int, got {workers!r}")
+        args, self._start_file = _worker_args(workers, initializer, initargs, max_tasks_per_child)
+        try:
+            self._pool = _native.Pool(workers, sys.executable, args, exec_timeout, slots)
+        except BaseException:
+            os.unlink(self._start_file)
+            raise
+        self._workers = workers
+        self._watch: _Watcher | None = None
+        self._watch_lock = threading.Lock()
+
+    def _check(self) -> None:
+        if _forked:
+            raise _native.ForkedError("a pymizu Pool cannot be used in a forked child process")
+
+    def _submit_raw(self, data, bufs):
+        self._check()
+        return self._pool.submit(data, bufs)
+
+    def _submit_batch_raw(self, calls):
+        self._check()
+        return self._pool.submit_batch(calls)
+
+    def _watcher(self) -> _Watcher:
+        with self._watch_lock:
+            if self._watch is None:
+                self._watch = _Watcher()
+            return self._watch
+
+    @property
+    def workers(self) -> int:
+        """The number of workers the pool keeps running."""
+        return self._workers
+
+    def status(self) -> dict:
+        """Workers (slot, pid, state, busy, tasks run, tasks stolen) and totals."""
+        rows = self._pool.status()
+        return {
+            "workers": [
+                {"slot": s, "pid": p, "state": st, "busy": b, "tasks": n, "steals": k}
+                for s, p, st, b, n, k in rows
+            ],
+            "tasks": sum(r[4] for r in rows),
+        }
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stops the pool: queued tasks are cancelled, workers get `grace` seconds to finish
+        their current task, then are killed; everything in shared memory is removed."""
+        self._check()
+        self._pool.stop(grace)
+        if self._start_file is not None:
+            try:
+                os.unlink(self._start_file)
+            except FileNotFoundError:
+                pass
+            self._start_file = None
+
+    def __enter__(self) -> "Pool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __del__(self):
+        if getattr(self, "_start_file", None) and not _forked:
+            try:
+                os.unlink(self._start_file)
+            except OSError:
+                pass
+
+
+class _NestedPool(_Submitter):
+    """The pool seen from inside a task (`current_pool()`): submissions and maps go to the
+    same workers, and waiting for them runs other tasks, so nesting never deadlocks."""
+
+    def __init__(self):
+        self._workers = int(os.environ.get("PYMIZU_WORKERS", "1"))
+
+    def _submit_raw(self, data, bufs):
+        return _native.nested_submit(data, bufs)
+
+    def _submit_batch_raw(self, calls):
+        return _native.nested_submit_batch(calls)
+
+    def _watcher(self):
+        raise MizuError("await is not available inside a worker; use result()")
+
+
+_nested = None
+
+
+def current_pool() -> _Submitter:
+    """The pool running the current task (inside a worker), for nested `submit`/`map`."""
+    global _nested
+    if not _native.in_task():
+        raise MizuError("current_pool() is only available inside a pymizu task")
+    if _nested is None:
+        _nested = _NestedPool()
+    return _nested
+

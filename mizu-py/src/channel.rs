@@ -1,0 +1,182 @@
+//! `Channel`: a duplex pair of shared-memory rings between this process and one peer (see
+//! `mizu_pool::Channel`); messages are Python payloads (see `codec`).
+
+use std::mem::ManuallyDrop;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList};
+
+use mizu_pool::{ChannelSendError, RecvError};
+
+use crate::codec::{Outgoing, decode, encode_vec};
+use crate::{err, forked};
+
+/// How long one GIL-free wait lasts before signals are checked.
+const SLICE: Duration = Duration::from_millis(50);
+
+/// Send status: 0 sent, 1 full, 2 closed, 3 peer gone.
+fn send_status(e: &ChannelSendError) -> PyResult<u8> {
+    match e {
+        ChannelSendError::Full => Ok(1),
+        ChannelSendError::Closed => Ok(2),
+        ChannelSendError::PeerGone => Ok(3),
+        ChannelSendError::Storage(m) => Err(err(m)),
+    }
+}
+
+/// One end of a channel.
+#[pyclass(module = "pymizu._native", frozen)]
+pub struct Channel {
+    /// Dropped only in the process that made it (a forked child's copy is forgotten: the
+    /// peer belongs to the parent).
+    inner: ManuallyDrop<Mutex<mizu_pool::Channel>>,
+    token: String,
+    pid: u32,
+}
+
+impl Channel {
+    fn new(c: mizu_pool::Channel) -> Channel {
+        Channel {
+            token: c.token().to_owned(),
+            inner: ManuallyDrop::new(Mutex::new(c)),
+            pid: std::process::id(),
+        }
+    }
+}
+
+#[pymethods]
+impl Channel {
+    /// Launches `program args… <token>` as the peer; returns once it attached.
+    #[staticmethod]
+    #[pyo3(signature = (program, args, capacity=1024, slot_size=256, timeout=30.0))]
+    fn launch(
+        py: Python<'_>,
+        program: String,
+        args: Vec<String>,
+        capacity: u64,
+        slot_size: u64,
+        timeout: f64,
+    ) -> PyResult<Channel> {
+        let t = Duration::from_secs_f64(timeout.max(0.0));
+        py.detach(|| mizu_pool::Channel::launch(program, args, capacity, slot_size, t))
+            .map(Channel::new)
+            .map_err(err)
+    }
+
+    /// Attaches to the channel named by `token` (the peer's side).
+    #[staticmethod]
+    fn attach(py: Python<'_>, token: String) -> PyResult<Channel> {
+        py.detach(|| mizu_pool::Channel::attach(&token))
+            .map(Channel::new)
+            .map_err(err)
+    }
+
+    /// The token a peer attaches with.
+    #[getter]
+    fn token(&self) -> String {
+        self.token.clone()
+    }
+
+    /// Sends `[(pickle, buffers), ...]` without blocking: `(sent, status)` with the status of
+    /// the first message not sent (0 when all were).
+    fn send_batch(
+        &self,
+        py: Python<'_>,
+        msgs: Vec<(Py<PyBytes>, Py<PyAny>)>,
+    ) -> PyResult<(usize, u8)> {
+        forked(self.pid)?;
+        let bytes = msgs
+            .iter()
+            .map(|(p, b)| Outgoing::new(py, p.as_bytes(py), b.bind(py)).map(|o| encode_vec(&o)))
+            .collect::<PyResult<Vec<_>>>()?;
+        let r = py.detach(|| {
+            let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            c.send_batch(bytes.iter().map(Vec::as_slice))
+        });
+        match r {
+            Ok(n) if n == bytes.len() => Ok((n, 0)),
+            Ok(n) => Ok((n, 1)),
+            Err(e) => Ok((0, send_status(&e)?)),
+        }
+    }
+
+    /// Waits at most `timeout` seconds (forever when None) for a message: `(status, pickle,
+    /// buffers)` with status 0 message, 1 timeout, 2 closed, 3 peer gone.
+    #[pyo3(signature = (timeout=None))]
+    fn recv(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<(u8, Py<PyAny>, Py<PyList>)> {
+        forked(self.pid)?;
+        let start = Instant::now();
+        let timeout = timeout.map(|t| Duration::from_secs_f64(t.max(0.0)));
+        let empty = |s: u8| {
+            (
+                s,
+                PyBytes::new(py, b"").into_any().unbind(),
+                PyList::empty(py).unbind(),
+            )
+        };
+        loop {
+            let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
+            let slice = left.map_or(SLICE, |l| l.min(SLICE));
+            let r = py.detach(|| {
+                let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+                c.recv(Some(slice))
+            });
+            match r {
+                Ok(buf) => {
+                    let (d, b) = decode(py, buf)?;
+                    return Ok((0, d, b));
+                }
+                Err(RecvError::Timeout) => {
+                    if left.is_some_and(|l| l <= slice) {
+                        return Ok(empty(1));
+                    }
+                    py.check_signals()?;
+                }
+                Err(RecvError::Closed) => return Ok(empty(2)),
+                Err(RecvError::PeerGone) => return Ok(empty(3)),
+            }
+        }
+    }
+
+    /// Closes this side: the peer reads what was sent, then sees the channel closed.
+    fn close(&self, py: Python<'_>) {
+        if self.pid == std::process::id() {
+            py.detach(|| self.inner.lock().unwrap_or_else(|p| p.into_inner()).close());
+        }
+    }
+
+    /// Closes, then waits up to `timeout` seconds for a launched peer to exit (killing it
+    /// after that); returns its exit code (None if it was killed or this end attached).
+    #[pyo3(signature = (timeout=5.0))]
+    fn finish(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<i32>> {
+        forked(self.pid)?;
+        self.close(py);
+        Ok(py.detach(|| {
+            let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let child = c.child()?;
+            let t0 = Instant::now();
+            loop {
+                if let Ok(Some(st)) = child.try_wait() {
+                    return st.code();
+                }
+                if t0.elapsed().as_secs_f64() >= timeout {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }))
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        if self.pid == std::process::id() {
+            // SAFETY: dropped once, here, and never used again.
+            unsafe { ManuallyDrop::drop(&mut self.inner) };
+        }
+    }
+}

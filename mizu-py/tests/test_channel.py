@@ -1,0 +1,71 @@
+"""pymizu.Channel between this process and a spawned peer process."""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import pymizu
+
+ECHO = """
+for msg in channel:
+    channel.send(msg)
+"""
+
+
+def test_echo_round_trips_objects_and_arrays():
+    with pymizu.Channel.spawn(ECHO) as ch:
+        for obj in [1, "two", (3, None), {"k": [1.5]}]:
+            assert ch.send(obj) is True
+            assert ch.recv(timeout=60) == obj
+        a = np.arange(1_000_000, dtype=np.float32).reshape(1000, 1000)
+        assert ch.send(a) is True
+        b = ch.recv(timeout=60)
+        assert np.array_equal(a, b) and not b.flags.writeable
+
+
+def test_sentinels_are_returned_and_falsy():
+    for s in (pymizu.FULL, pymizu.TIMEOUT, pymizu.CLOSED, pymizu.PEER_GONE):
+        assert not s
+    with pymizu.Channel.spawn("import time\ntime.sleep(60)", capacity=4) as ch:
+        assert ch.recv(timeout=0.05) is pymizu.TIMEOUT
+        sent = [ch.send(i) for i in range(10)]
+        assert sent[:4] == [True] * 4 and sent[-1] is pymizu.FULL
+        ch.close()
+        assert ch.send(1) is pymizu.CLOSED
+
+
+def test_batches_and_iteration_until_closed():
+    producer = "channel.send_batch(range(500))\n"
+    with pymizu.Channel.spawn(producer) as ch:
+        got = list(ch)
+    assert got == list(range(500))
+    assert ch.recv(timeout=1) is pymizu.CLOSED
+
+
+def test_a_killed_peer_is_peer_gone_not_a_hang():
+    with pymizu.Channel.spawn("import os\nchannel.send(os.getpid())\nimport time\ntime.sleep(60)") as ch:
+        pid = ch.recv(timeout=60)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while (m := ch.recv(timeout=0.1)) is pymizu.TIMEOUT:
+            assert time.monotonic() < deadline, "hang guard"
+        assert m is pymizu.PEER_GONE
+        while (s := ch.send(1)) is True:
+            assert time.monotonic() < deadline, "hang guard"
+        assert s is pymizu.PEER_GONE
+
+
+def test_attach_by_token_from_a_peer():
+    with pymizu.Channel.spawn("channel.send(channel.token)\nchannel.send(channel.recv(timeout=60) * 2)") as ch:
+        assert ch.token.startswith("/mizu_")
+        assert ch.recv(timeout=60) == ch.token
+        ch.send(21)
+        assert ch.recv(timeout=60) == 42
+
+
+def test_a_bad_token_is_a_clear_error():
+    with pytest.raises(pymizu.MizuError):
+        pymizu.Channel.attach("/mizu_0_nonexistent")

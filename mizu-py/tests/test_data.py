@@ -1,0 +1,147 @@
+"""Zero-copy data: numpy arrays of every dtype and layout, pandas, pyarrow and polars cross as
+read-only views of shared memory; nothing is left in /dev/shm."""
+
+import os
+
+import numpy as np
+import pandas as pd
+import polars as pl
+import pyarrow as pa
+import pytest
+
+import pymizu
+import tasks
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with pymizu.Pool(2) as p:
+        yield p
+
+
+DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+          "float16", "float32", "float64", "complex64", "complex128", "datetime64[ns]",
+          "timedelta64[us]", "S7", "U5", [("a", "i4"), ("b", "f8")]]
+
+
+def sample(dtype, shape):
+    n = int(np.prod(shape))
+    raw = np.random.default_rng(0).integers(0, 100, n)
+    return raw.astype(dtype).reshape(shape)
+
+
+def shm_backed(a: np.ndarray) -> bool:
+    """Whether the array's memory chain ends in a pymizu shared-memory buffer."""
+    base = a
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    return type(base).__name__ == "ShmBuffer"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape,order", [((0,), "C"), ((5,), "C"), ((300, 70), "C"), ((300, 70), "F"), ((4, 5, 6, 7), "C")])
+def test_numpy_arrays_round_trip_exactly(pool, dtype, shape, order):
+    a = np.asarray(sample(dtype, shape), order=order)
+    b = pool.submit(tasks.ident, a).result(timeout=60)
+    assert b.dtype == a.dtype and b.shape == a.shape
+    assert np.array_equal(a, b)
+    if a.nbytes > 0:
+        assert b.flags.f_contiguous == a.flags.f_contiguous
+
+
+def test_large_arrays_are_read_only_views_of_shared_memory_on_both_sides(pool):
+    a = np.arange(2_000_000, dtype=np.float64)
+    kind, dtype, shape, writeable, total = pool.submit(tasks.describe, a).result(timeout=60)
+    assert (kind, dtype, shape) == ("ndarray", "<f8", (2_000_000,))
+    assert writeable is False, "the worker sees a read-only view"
+    assert total == float(a.sum())
+    b = pool.submit(tasks.ident, a).result(timeout=60)
+    assert not b.flags.writeable
+    assert shm_backed(b)
+    with pytest.raises(ValueError):
+        b[0] = 1.0
+    c = b.copy()
+    c[0] = 1.0  # a copy is the caller's own
+
+
+def test_views_outlive_the_pool():
+    with pymizu.Pool(1) as p:
+        b = p.submit(tasks.ident, np.arange(1_000_000)).result(timeout=60)
+    assert int(b.sum()) == sum(range(1_000_000))
+
+
+def test_non_contiguous_arrays_travel_as_copies(pool):
+    a = np.arange(10_000).reshape(100, 100)[::3, ::2]
+    assert np.array_equal(pool.submit(tasks.ident, a).result(timeout=60), a)
+
+
+def test_pandas_frames_round_trip(pool):
+    df = pd.DataFrame({
+        "i": np.arange(100_000),
+        "f": np.linspace(0, 1, 100_000),
+        "s": ["x%d" % (i % 17) for i in range(100_000)],
+        "c": pd.Categorical(["a", "b", "c", "d"] * 25_000),
+        "t": pd.date_range("2026-01-01", periods=100_000, freq="s", tz="UTC"),
+    })
+    out = pool.submit(tasks.ident, df).result(timeout=60)
+    pd.testing.assert_frame_equal(out, df)
+
+
+def test_pyarrow_arrays_and_tables_round_trip(pool):
+    t = pa.table({
+        "x": pa.array(np.arange(200_000, dtype=np.int64)),
+        "y": pa.array([None if i % 7 == 0 else float(i) for i in range(200_000)]),
+        "s": pa.array([str(i) for i in range(200_000)]),
+    })
+    out = pool.submit(tasks.ident, t).result(timeout=60)
+    assert out.equals(t)
+    arr = pa.array(np.arange(1_000_000, dtype=np.float32))
+    assert pool.submit(tasks.ident, arr).result(timeout=60).equals(arr)
+
+
+def test_polars_frames_and_series_round_trip(pool):
+    df = pl.DataFrame({
+        "a": np.arange(300_000),
+        "b": np.random.default_rng(1).random(300_000),
+        "s": ["k%d" % (i % 11) for i in range(300_000)],
+    })
+    out = pool.submit(tasks.ident, df).result(timeout=60)
+    assert isinstance(out, pl.DataFrame)
+    assert out.equals(df)
+    s = pl.Series("v", np.arange(50_000, dtype=np.int32))
+    got = pool.submit(tasks.ident, s).result(timeout=60)
+    assert isinstance(got, pl.Series) and got.equals(s)
+
+
+def test_nested_structures_with_many_buffers(pool):
+    obj = {"arrays": [np.full(10_000, i, dtype=np.int16) for i in range(50)], "meta": ("x", 1, None)}
+    out = pool.submit(tasks.ident, obj).result(timeout=60)
+    assert out["meta"] == ("x", 1, None)
+    assert all(np.array_equal(a, b) for a, b in zip(obj["arrays"], out["arrays"]))
+
+
+def test_malformed_payloads_are_clear_errors_not_crashes():
+    from pymizu import _native
+
+    for bad in [b"", b"Z123", b"B\x00\x00\x00", b"B\x00\x00\x00\xff\xff\xff\x7f" + b"\x00" * 8,
+                b"B\x00\x00\x00\x01\x00\x00\x00" + (10**6).to_bytes(8, "little") + b"\x00" * 16]:
+        with pytest.raises(ValueError, match="malformed"):
+            _native.decode_payload(bad)
+    data, bufs = _native.decode_payload(b"P" + __import__("pickle").dumps(5))
+    assert __import__("pickle").loads(data, buffers=bufs) == 5
+
+
+def test_no_shared_memory_is_left_after_stop():
+    def mine():
+        me = f"mizu_{os.getpid():x}_"
+        return {n for n in os.listdir("/dev/shm") if n.startswith(me) and not n.endswith(".lock")}
+
+    before = mine()
+    with pymizu.Pool(2) as p:
+        p.submit(tasks.ident, np.zeros(3_000_000)).result(timeout=60)
+        p.map(tasks.ident, [np.ones(100_000)] * 20)
+        kept = p.submit(tasks.ident, np.ones(1_000_000)).result(timeout=60)
+    del kept
+    assert mine() - before == set()

@@ -1,0 +1,328 @@
+"""pymizu.Pool and Task: submit, batches, collects, maps, seeds, nesting, asyncio, start-up
+options, worker death, Ctrl-C — all with real worker processes."""
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import pymizu
+import tasks
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with pymizu.Pool(2) as p:
+        yield p
+
+
+def philox(seed, i):
+    return np.random.Generator(np.random.Philox(key=seed, counter=i << 128))
+
+
+def test_submit_result_and_task_state(pool):
+    t = pool.submit(tasks.add, 2, 40)
+    assert t.result(timeout=60) == 42
+    assert t.done() and not t.cancelled()
+    assert "finished" in repr(t)
+
+
+def test_a_task_exception_is_raised_as_itself_with_the_remote_traceback(pool):
+    t = pool.submit(tasks.boom, "bad")
+    with pytest.raises(ValueError, match="bad") as info:
+        t.result(timeout=60)
+    assert isinstance(info.value.__cause__, pymizu.RemoteTraceback)
+    assert "boom" in str(info.value.__cause__)
+    assert isinstance(t.exception(), ValueError)
+
+
+def test_result_timeout_raises_timeout_error_and_the_task_stays_collectable(pool):
+    t = pool.submit(tasks.sleep, 0.5)
+    with pytest.raises(TimeoutError):
+        t.result(timeout=0.01)
+    assert t.result(timeout=60) == 0.5
+
+
+def test_submit_batch_collect_all_and_collect_any(pool):
+    ts = pool.submit_batch(tasks.add, [(i, i) for i in range(300)])
+    assert pool.collect_all(ts, timeout=60) == [2 * i for i in range(300)]
+    slow, fast = pool.submit(tasks.sleep, 1.0), pool.submit(tasks.add, 1, 1)
+    assert pool.collect_any([slow, fast], timeout=60) is fast
+    assert slow.result(timeout=60) == 1.0
+    with pytest.raises(TimeoutError):
+        pool.collect_any([pool.submit(tasks.sleep, 0.5)], timeout=0.01)
+
+
+def test_cancel_a_queued_task(pool):
+    blockers = [pool.submit(tasks.sleep, 0.5) for _ in range(2)]
+    queued = pool.submit(tasks.add, 1, 1)
+    assert queued.cancel()
+    assert queued.cancelled()
+    with pytest.raises(pymizu.CancelledError):
+        queued.result(timeout=60)
+    assert [b.result(timeout=60) for b in blockers] == [0.5, 0.5]
+
+
+def test_map_starmap_imap_keep_order_for_any_chunksize(pool):
+    want = [2 * i for i in range(1000)]
+    assert pool.map(tasks.add, range(1000), range(1000)) == want
+    assert pool.map(tasks.add, range(1000), range(1000), chunksize=1) == want
+    assert pool.map(tasks.add, range(1000), range(1000), chunksize=999) == want
+    assert pool.starmap(tasks.add, [(i, i) for i in range(1000)], chunksize=7) == want
+    it = pool.imap(tasks.add, range(1000), range(1000), chunksize=10)
+    assert next(it) == 0
+    assert list(it) == want[1:]
+    assert pool.map(tasks.add, [], []) == []
+
+
+def test_map_raises_the_first_failing_element_with_its_index(pool):
+    with pytest.raises(KeyError) as info:
+        pool.map(tasks.fails_at, range(500), [137] * 500, chunksize=10)
+    assert info.value._pymizu_index == 137
+    assert pool.map(tasks.add, range(3), range(3)) == [0, 2, 4], "the pool goes on"
+
+
+def test_map_timeout(pool):
+    with pytest.raises(TimeoutError):
+        pool.map(tasks.sleep, [0.3] * 8, timeout=0.05, chunksize=1)
+
+
+def test_bad_map_arguments_are_clear_errors(pool):
+    with pytest.raises(ValueError, match="chunksize"):
+        pool.map(tasks.ident, [1], chunksize=0)
+    with pytest.raises(ValueError, match="seed"):
+        pool.map(tasks.ident, [1], seed=-1)
+    with pytest.raises(ValueError, match="seed"):
+        pool.map(tasks.ident, [1], seed=2**64)
+    with pytest.raises(TypeError, match="unexpected"):
+        pool.imap(tasks.ident, [1], chunk=3)
+
+
+def test_seeded_maps_match_numpy_philox_and_do_not_depend_on_workers_or_chunks(pool):
+    n = 64
+    got = pool.map(tasks.rng_draws, range(n), seed=12345, chunksize=5)
+    for i, (draws, _) in enumerate(got):
+        assert draws == philox(12345, i).random(3).tolist()
+    assert pool.map(tasks.rng_draws, range(n), seed=12345, chunksize=1) == got
+    with pymizu.Pool(1) as one:
+        assert one.map(tasks.rng_draws, range(n), seed=12345) == got
+    # A split map continues the streams with `offset`.
+    tail = pool.map(tasks.rng_draws, range(n - 10), seed=12345, offset=10)
+    assert tail == got[10:]
+    # stdlib random is seeded per element from the same stream.
+    assert got[0][1] != got[1][1]
+    assert pool.map(tasks.rng_draws, range(4), seed=1) != pool.map(tasks.rng_draws, range(4), seed=2)
+
+
+def test_current_rng_outside_a_seeded_element_is_an_error(pool):
+    with pytest.raises(pymizu.MizuError, match="seed"):
+        pymizu.current_rng()
+    with pytest.raises(pymizu.MizuError, match="seed"):
+        pool.submit(tasks.rng_draws, 0).result(timeout=60)
+
+
+def test_nested_maps_with_current_pool_never_deadlock():
+    with pymizu.Pool(1) as one:  # the only worker must help while it waits
+        assert one.submit(tasks.nested_sum, 100).result(timeout=120) == sum(2 * i for i in range(100))
+        assert one.submit(tasks.nested_deep, 3).result(timeout=120) == 8
+        seeded = one.submit(tasks.nested_seeded, 5).result(timeout=120)
+        assert [d for d, _ in seeded] == [philox(7, i).random(3).tolist() for i in range(5)]
+    with pytest.raises(pymizu.MizuError, match="inside"):
+        pymizu.current_pool()
+
+
+def test_await_tasks_in_asyncio(pool):
+    async def main():
+        ts = [pool.submit(tasks.add, i, 1) for i in range(50)]
+        slow = pool.submit(tasks.sleep, 0.2)
+        first = await asyncio.gather(*ts)
+        return first, await slow
+
+    first, slow = asyncio.run(main())
+    assert first == [i + 1 for i in range(50)]
+    assert slow == 0.2
+
+    async def failing():
+        await pool.submit(tasks.boom, "async")
+
+    with pytest.raises(ValueError, match="async"):
+        asyncio.run(failing())
+
+
+def test_submitting_from_many_threads(pool):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def work(k):
+        return [pool.submit(tasks.add, k, i).result(timeout=60) for i in range(200)]
+
+    with ThreadPoolExecutor(4) as tp:
+        got = list(tp.map(work, range(4)))
+    assert got == [[k + i for i in range(200)] for k in range(4)]
+
+
+def test_initializer_runs_in_every_worker_before_tasks():
+    with pymizu.Pool(2, initializer=tasks.remember, initargs=("who", "init")) as p:
+        assert set(p.map(tasks.recall, ["who"] * 20, chunksize=1)) == {"init"}
+
+
+def test_a_failing_initializer_fails_tasks_as_broken_process_pool():
+    from concurrent.futures.process import BrokenProcessPool
+
+    with pymizu.Pool(1, initializer=tasks.init_fail) as p:
+        with pytest.raises(pymizu.InitializerError, match="initializer refuses") as info:
+            p.submit(tasks.add, 1, 1).result(timeout=60)
+        assert isinstance(info.value, BrokenProcessPool)
+
+
+def test_max_tasks_per_child_replaces_workers():
+    with pymizu.Pool(1, max_tasks_per_child=3) as p:
+        pids = [p.submit(tasks.add_pid, i).result(timeout=60) for i in range(9)]
+    assert [x for x, _ in pids] == list(range(9))
+    by_pid = {}
+    for _, pid in pids:
+        by_pid[pid] = by_pid.get(pid, 0) + 1
+    assert len(by_pid) == 3 and set(by_pid.values()) == {3}
+
+
+@pytest.mark.parametrize("how", ["kill", "segv"])
+def test_a_killed_worker_fails_its_task_and_is_replaced(how):
+    with pymizu.Pool(2) as p:
+        if how == "kill":
+            t = p.submit(tasks.sleep, 30)
+            deadline = time.monotonic() + 60
+            while not any(w["busy"] for w in p.status()["workers"]):
+                assert time.monotonic() < deadline, "hang guard"
+                time.sleep(0.01)
+            victim = next(w["pid"] for w in p.status()["workers"] if w["busy"])
+            os.kill(victim, signal.SIGKILL)
+        else:
+            t = p.submit(tasks.segv)
+        with pytest.raises(pymizu.WorkerDiedError) as info:
+            t.result(timeout=60)
+        from concurrent.futures.process import BrokenProcessPool
+
+        assert isinstance(info.value, BrokenProcessPool)
+        assert p.map(tasks.add, range(100), range(100)) == [2 * i for i in range(100)]
+
+
+def test_exec_timeout_fails_the_task_and_the_pool_goes_on():
+    with pymizu.Pool(1, exec_timeout=0.3) as p:
+        with pytest.raises(pymizu.ExecTimeoutError):
+            p.submit(tasks.sleep, 30).result(timeout=60)
+        assert p.submit(tasks.add, 2, 2).result(timeout=60) == 4
+
+
+def test_stop_fails_queued_work_and_later_submits(pool):
+    p = pymizu.Pool(1)
+    running = p.submit(tasks.sleep, 0.3)
+    queued = [p.submit(tasks.add, 1, i) for i in range(5)]
+    p.stop(grace=5)
+    for t in [running, *queued]:
+        with pytest.raises((pymizu.StoppedError, pymizu.CancelledError, pymizu.WorkerDiedError)):
+            r = t.result(timeout=60)
+            if t is running and r == 0.3:
+                raise pymizu.StoppedError("finished before the stop")
+    with pytest.raises(pymizu.StoppedError):
+        p.submit(tasks.add, 1, 1)
+    p.stop()  # idempotent
+
+
+def test_bad_pool_arguments():
+    for bad in (0, -1, 2.5):
+        with pytest.raises(ValueError, match="workers"):
+            pymizu.Pool(bad)
+    with pytest.raises(ValueError, match="max_tasks_per_child"):
+        pymizu.Pool(1, max_tasks_per_child=0)
+    with pytest.raises(TypeError, match="initializer"):
+        pymizu.Pool(1, initializer=5)
+
+
+def test_functions_of_the_callers_script_run_in_workers(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent("""
+        import pymizu
+
+        def square(x):
+            return x * x
+
+        if __name__ == "__main__":
+            with pymizu.Pool(2) as p:
+                print(sum(p.map(square, range(100))))
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(sum(i * i for i in range(100)))
+
+
+def test_a_pool_used_in_a_forked_child_raises_a_clear_error(pool):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            pool.submit(tasks.add, 1, 1)
+            msg = b"no error"
+        except pymizu.ForkedError as e:
+            msg = b"ForkedError " + str(e).encode()[:100]
+        except BaseException as e:
+            msg = repr(e).encode()[:200]
+        os.write(w, msg)
+        os._exit(0)
+    os.close(w)
+    got = os.read(r, 300)
+    os.waitpid(pid, 0)
+    assert got.startswith(b"ForkedError"), got
+    assert pool.submit(tasks.add, 1, 1).result(timeout=60) == 2, "the parent's pool is intact"
+
+
+def test_ctrl_c_interrupts_a_blocking_result(tmp_path):
+    script = tmp_path / "wait.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time
+        sys.path.insert(0, %r)
+        import pymizu, tasks
+        if __name__ == "__main__":
+            with pymizu.Pool(1) as p:
+                t = p.submit(tasks.sleep, 60)
+                print("waiting", flush=True)
+                try:
+                    t.result()
+                except KeyboardInterrupt:
+                    print("interrupted", flush=True)
+    """ % os.path.dirname(tasks.__file__)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "waiting"
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert "interrupted" in out
+    assert proc.returncode == 0
+
+
+def test_an_unguarded_script_gets_a_clear_error_not_a_process_storm(tmp_path):
+    script = tmp_path / "unguarded.py"
+    script.write_text(textwrap.dedent("""
+        import pymizu
+        def one():
+            return 1
+        with pymizu.Pool(1) as p:
+            print(p.submit(one).result(timeout=60))
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "__main__" in out.stderr and "InitializerError" in out.stderr
+
+
+def test_more_tasks_in_flight_than_slots_never_hang():
+    with pymizu.Pool(2, slots=64) as p:
+        ts = [p.submit(tasks.add, i, 1) for i in range(500)]  # nobody collects meanwhile
+        assert [t.result(timeout=60) for t in ts] == [i + 1 for i in range(500)]
+        bs = p.submit_batch(tasks.add, [(i, 2) for i in range(500)])
+        assert p.collect_all(bs, timeout=60) == [i + 2 for i in range(500)]
+        assert p.map(tasks.add, range(3000), range(3000), chunksize=1) == [2 * i for i in range(3000)]
