@@ -577,3 +577,60 @@ fn racing_cancels_never_lose_or_double_run_a_task() {
         "the workers ran exactly the tasks that were not cancelled"
     );
 }
+
+#[test]
+fn a_recycled_worker_leaves_after_its_task_and_is_replaced() {
+    let p = pool(workers(1));
+    let first = text(&p.submit(b"recycle").unwrap().result(GUARD).unwrap());
+    let mut next = String::new();
+    wait_until("a replacement worker", || {
+        next = text(&p.submit(b"pid").unwrap().result(GUARD).unwrap());
+        next != first
+    });
+    assert_eq!(p.status().respawns, 1);
+    assert_eq!(
+        text(&p.submit(b"echo:on").unwrap().result(GUARD).unwrap()),
+        "on"
+    );
+}
+
+#[test]
+fn results_and_payloads_written_in_place_travel_whole() {
+    let p = pool(workers(1));
+    for n in [0usize, 100, 5000, 3 << 20] {
+        let b = p
+            .submit(format!("reply:{n}").as_bytes())
+            .unwrap()
+            .result(GUARD)
+            .unwrap();
+        assert_eq!(b.len(), n);
+        assert!(b.iter().all(|&x| x == 9));
+    }
+    // A payload that fills itself in place: the worker sees exactly its bytes.
+    let big: Vec<u8> = b"input:"
+        .iter()
+        .copied()
+        .chain(vec![1u8; 1 << 20])
+        .collect();
+    let mut t = p.submit_with(&big, None).unwrap();
+    assert_eq!(text(&t.result(GUARD).unwrap()), big.len().to_string());
+}
+
+#[test]
+fn a_partial_batch_returns_what_was_submitted_with_the_error() {
+    let p = pool(PoolConfig {
+        workers: 1,
+        slots: 4,
+        ..Default::default()
+    });
+    let payloads: Vec<Vec<u8>> = (0..10).map(|i| format!("echo:{i}").into_bytes()).collect();
+    let (mut tasks, res) = p.submit_batch_with(payloads.iter().map(|v| v as &dyn mizu_pool::Fill));
+    assert_eq!(tasks.len(), 4);
+    assert!(matches!(res, Err(PoolError::SlotsExhausted(4))), "{res:?}");
+    let got: Vec<String> = collect_all(&mut tasks, GUARD)
+        .unwrap()
+        .iter()
+        .map(text)
+        .collect();
+    assert_eq!(got, ["0", "1", "2", "3"]);
+}

@@ -75,6 +75,13 @@ impl ShmBuffer {
     }
 }
 
+impl ShmBuffer {
+    /// The bytes, sharing the same memory.
+    pub fn buffer(&self) -> Buffer {
+        self.buf.clone()
+    }
+}
+
 /// A payload to send: the pickle and the out-of-band buffers, written in place by [`Fill`].
 pub struct Outgoing<'a> {
     pickle: &'a [u8],

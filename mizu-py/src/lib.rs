@@ -6,6 +6,7 @@
 mod channel;
 mod codec;
 mod pool;
+mod wire;
 mod worker;
 
 use pyo3::exceptions::PyRuntimeError;
@@ -77,6 +78,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pool::Task>()?;
     m.add_class::<codec::ShmBuffer>()?;
     m.add_class::<channel::Channel>()?;
+    m.add_class::<wire::ArrowArray>()?;
+    m.add_class::<wire::ArrowTable>()?;
+    m.add_function(wrap_pyfunction!(wire::wire_dumps, m)?)?;
+    m.add_function(wrap_pyfunction!(wire::wire_loads, m)?)?;
     m.add_function(wrap_pyfunction!(pool::wait_any, m)?)?;
     m.add_function(wrap_pyfunction!(worker::run_worker, m)?)?;
     m.add_function(wrap_pyfunction!(worker::in_task, m)?)?;

@@ -296,20 +296,24 @@ impl Task {
 
     /// Cancels the task if it has not started.
     fn cancel(&self) -> bool {
-        self.pid == std::process::id()
-            && self
-                .inner
-                .try_lock()
-                .is_ok_and(|g| g.as_ref().is_some_and(|t| t.cancel()))
+        self.peek(mizu_pool::Task::cancel)
     }
 
     /// Whether the outcome is ready to be taken here (false while another thread collects).
     fn done(&self) -> bool {
+        self.peek(mizu_pool::Task::is_done)
+    }
+}
+
+impl Task {
+    /// `f` of the task when it is uncollected, in this process, and not being collected by
+    /// another thread right now (never waits); else false.
+    fn peek(&self, f: impl FnOnce(&mizu_pool::Task) -> bool) -> bool {
         self.pid == std::process::id()
             && self
                 .inner
                 .try_lock()
-                .is_ok_and(|g| g.as_ref().is_some_and(|t| t.is_done()))
+                .is_ok_and(|g| g.as_ref().is_some_and(f))
     }
 }
 

@@ -148,6 +148,11 @@ fn install_wheel(root: &Path, py: &Path) -> Res {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|x| x == "whl"))
         .ok_or("maturin built no wheel")?;
+    pip_install(root, py, &["--no-deps", "--force-reinstall"], &wheel)
+}
+
+/// `python -m pip install --quiet <flags> <target>`.
+fn pip_install(root: &Path, py: &Path, flags: &[&str], target: &Path) -> Res {
     run(
         root,
         Command::new(py)
@@ -157,10 +162,9 @@ fn install_wheel(root: &Path, py: &Path) -> Res {
                 "install",
                 "--quiet",
                 "--disable-pip-version-check",
-                "--no-deps",
-                "--force-reinstall",
             ])
-            .arg(&wheel),
+            .args(flags)
+            .arg(target),
     )
 }
 
@@ -274,19 +278,7 @@ fn venv(root: &Path) -> Result<PathBuf, String> {
             )
         })?;
     }
-    run(
-        root,
-        Command::new(&py)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "-r",
-            ])
-            .arg(&reqs),
-    )?;
+    pip_install(root, &py, &["-r"], &reqs)?;
     std::fs::write(&stamp, wanted).map_err(|e| format!("{}: {e}", stamp.display()))?;
     Ok(py)
 }

@@ -38,6 +38,18 @@ impl Executor for TestExec {
                 Err(b"unreachable".to_vec())
             }
             b"pid" => Ok(std::process::id().to_string().into_bytes()),
+            b"recycle" => {
+                ctx.recycle();
+                Ok(std::process::id().to_string().into_bytes())
+            }
+            b"reply" => {
+                // The result is written in place; what is returned afterwards is ignored.
+                let out = vec![9u8; num()? as usize];
+                ctx.reply(true, &out)
+                    .map_err(|e| e.to_string().into_bytes())?;
+                Ok(b"ignored".to_vec())
+            }
+            b"input" => Ok(ctx.input().map_or(0, |b| b.len()).to_string().into_bytes()),
             b"big" => Ok(vec![7u8; num()? as usize]),
             b"nested" => {
                 let n = num()?;

@@ -5,6 +5,8 @@
   / `imap` with `seed=`, `chunksize=`, `timeout=`, `progress=`; `await task` in asyncio;
 * `Channel` — messages between two processes (`send`/`recv`, sentinels `FULL`, `TIMEOUT`,
   `CLOSED`, `PEER_GONE`);
+* `pymizu.wire` — the cross-language value format; Arrow data as `ArrowArray` / `ArrowTable`
+  (Arrow PyCapsule interface);
 * `current_pool()` for nested maps inside a task, `current_rng()` for reproducible random
   numbers inside a seeded map element.
 
@@ -29,12 +31,15 @@ from ._channel import CLOSED, FULL, PEER_GONE, TIMEOUT, Channel
 from ._executor import PoolExecutor
 from ._pool import Pool, Task, current_pool
 from ._rng import current_rng
+from .wire import ArrowArray, ArrowTable
 
 __all__ = [
     "CLOSED",
     "FULL",
     "PEER_GONE",
     "TIMEOUT",
+    "ArrowArray",
+    "ArrowTable",
     "CancelledError",
     "Channel",
     "ExecTimeoutError",
