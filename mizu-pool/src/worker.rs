@@ -371,8 +371,8 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
     ws.rec.state.store(wstate::READY, Ordering::Release);
     let mut spinner = Waiter::new(spin, Duration::from_millis(2));
     let mut sleeper = Waiter::new(Duration::ZERO, Duration::from_millis(2));
-    // Idle workers spinning at once: never more than the CPUs minus one (left to whoever
-    // submits or runs work), or spinning idlers would slow down the busy ones.
+    // Idle workers spinning at once, plus workers running tasks: never more than the CPUs
+    // minus one (left to whoever submits), or spinning idlers would slow down the busy ones.
     let max_spinners = (mizu_shm::affinity::available_cpus_all().len() as u32)
         .saturating_sub(1)
         .max(1);
@@ -381,7 +381,16 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         if rt.run_one() {
             continue;
         }
-        let spins = v.spinners().fetch_add(1, Ordering::AcqRel) < max_spinners;
+        // Busy workers count too: a spinner must not take the CPU a running task needs.
+        let busy = (0..v.params.max_workers as usize)
+            .filter(|&w| {
+                let r = &v.worker(w).rec;
+                w != slot
+                    && r.state.load(Ordering::Relaxed) == wstate::READY
+                    && r.idle.load(Ordering::Relaxed) == 0
+            })
+            .count() as u32;
+        let spins = v.spinners().fetch_add(1, Ordering::AcqRel) + busy < max_spinners;
         if !spins {
             v.spinners().fetch_sub(1, Ordering::AcqRel);
         }

@@ -10,9 +10,78 @@ import copyreg
 import io
 import pickle
 import sys
+import types
+from typing import Any
 
 _dumps = pickle.dumps
 loads = pickle.loads
+
+
+_CALL = 0x01  # first byte of a call payload; a pickle starts with 0x80
+_FN_TYPES = (types.FunctionType, types.BuiltinFunctionType, type)
+_fn_bytes: dict = {}  # caller: function -> its pickle (by reference)
+_fn_objs: dict = {}  # worker: pickle -> function
+_SCALARS = frozenset((int, float, str, bool, type(None), bytes))
+_NO_BUFFERS: tuple = ()
+
+
+def _pickled_fn(fn) -> bytes | None:
+    """The pickle of a module-level function or class (pickled by reference, so it can be
+    cached); None for anything else (closures, callables with state)."""
+    if type(fn) not in _FN_TYPES:
+        return None
+    try:
+        b = _fn_bytes.get(fn)
+    except TypeError:  # unhashable
+        return None
+    if b is None:
+        try:
+            b = _dumps(fn, 5)
+        except Exception:
+            return None
+        if len(b) > 512:
+            return None
+        if len(_fn_bytes) > 4096:
+            _fn_bytes.clear()
+        _fn_bytes[fn] = b
+    return b
+
+
+def dumps_call(fn, args: tuple, kwargs: dict) -> tuple[bytes, list]:
+    """A call `fn(*args, **kwargs)`: the function's pickle is cached (and the worker caches
+    what it unpickles to), so a trivial call costs one small pickle."""
+    fb = _pickled_fn(fn)
+    if fb is None:
+        return dumps((fn, args, kwargs))
+    data, bufs = dumps((args, kwargs) if kwargs else args)
+    return b"\x01" + len(fb).to_bytes(2, "little") + fb + data, bufs
+
+
+def loads_call(data, bufs):
+    """`(fn, args, kwargs)` from `dumps_call` (or a plain pickled triple)."""
+    if type(data) is not bytes:
+        data = memoryview(data)  # a large payload arrives as a shared-memory view
+    if data[0] != _CALL:
+        return loads(data, buffers=bufs)
+    n = 3 + int.from_bytes(data[1:3], "little")
+    fb = bytes(data[3:n])
+    fn = _fn_objs.get(fb)
+    if fn is None:
+        fn = loads(fb)
+        if len(_fn_objs) > 4096:
+            _fn_objs.clear()
+        _fn_objs[fb] = fn
+    rest = loads(memoryview(data)[n:], buffers=bufs)
+    if type(rest) is tuple:
+        return fn, rest, {}
+    return fn, rest[0], rest[1]
+
+
+def dumps_result(obj) -> tuple[bytes, Any]:
+    """A task's result: scalars skip the buffer machinery."""
+    if type(obj) in _SCALARS:
+        return _dumps(obj, 5), _NO_BUFFERS
+    return dumps(obj)
 
 
 def dumps(obj) -> tuple[bytes, list]:

@@ -99,7 +99,7 @@ class PoolExecutor(Executor):
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
         # Pickling happens here, in the caller: an unpicklable call raises now, never hangs.
-        data, bufs = _codec.dumps((fn, args, kwargs))
+        data, bufs = _codec.dumps_call(fn, args, kwargs)
         return self._submit_payload(data, bufs)
 
     def _submit_payload(self, data, bufs) -> _MizuFuture:
@@ -133,7 +133,7 @@ class PoolExecutor(Executor):
             chunksize = max(1, -(-n // (4 * self._mpool.workers)))
         deadline = None if timeout is None else time.monotonic() + timeout
         futs = [
-            self._submit_payload(*_codec.dumps((_run_chunk, (fn, s, items[s : s + chunksize], True, None, 0), {})))
+            self._submit_payload(*_codec.dumps_call(_run_chunk, (fn, s, items[s : s + chunksize], True, None, 0), {}))
             for s in range(0, n, chunksize)
         ]
 

@@ -287,7 +287,7 @@ class _Submitter:
         here (an unpicklable one raises now); large buffers cross through shared memory.
         When every task slot holds an uncollected task, finished ones are collected into
         their `Task` objects to make room (or submission waits for one to finish)."""
-        data, bufs = _codec.dumps((fn, args, kwargs))
+        data, bufs = _codec.dumps_call(fn, args, kwargs)
         while True:
             try:
                 t = Task(self._submit_raw(data, bufs), self)
@@ -303,7 +303,7 @@ class _Submitter:
     def submit_batch(self, fn: Callable, argss: Iterable[tuple]) -> list[Task]:
         """Submits `fn(*args)` for every `args` tuple, with one queue publication (and at most
         one wake) per worker for the whole batch."""
-        return self._submit_all([_codec.dumps((fn, tuple(a), {})) for a in argss])
+        return self._submit_all([_codec.dumps_call(fn, tuple(a), {}) for a in argss])
 
     def collect_any(self, tasks: list[Task], timeout: float | None = None) -> Task:
         """Waits until one of `tasks` is done and returns it (`TimeoutError` after `timeout`)."""
@@ -379,7 +379,7 @@ class _Submitter:
             raise ValueError(f"chunksize must be a positive int, got {chunksize!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
         calls = [
-            _codec.dumps((_run_chunk, (fn, s, items[s : s + chunksize], star, seed, offset), {}))
+            _codec.dumps_call(_run_chunk, (fn, s, items[s : s + chunksize], star, seed, offset), {})
             for s in range(0, n, chunksize)
         ]
         return self._stream(calls, deadline, timeout, _Progress(n, progress), chunksize, n)

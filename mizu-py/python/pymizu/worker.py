@@ -12,6 +12,8 @@ from . import _codec, _native
 from ._errors import InitializerError, TaskError
 
 _init_error: BaseException | None = None
+_loads_call = _codec.loads_call
+_dumps_result = _codec.dumps_result
 
 
 def _fail(e: BaseException) -> tuple[bool, bytes, list]:
@@ -30,11 +32,11 @@ def _run(data, bufs) -> tuple[bool, bytes, list]:
         except BaseException as e:
             return _fail(e)
     try:
-        fn, args, kwargs = _codec.loads(data, buffers=bufs)
+        fn, args, kwargs = _loads_call(data, bufs)
         del data, bufs
         result = fn(*args, **kwargs)
         del fn, args, kwargs
-        out, obufs = _codec.dumps(result)
+        out, obufs = _dumps_result(result)
         return True, out, obufs
     except BaseException as e:  # everything a task raises goes back to the caller
         return _fail(e)
