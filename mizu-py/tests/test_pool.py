@@ -156,6 +156,22 @@ def test_await_tasks_in_asyncio(pool):
         asyncio.run(failing())
 
 
+def test_the_await_watcher_thread_ends_with_its_pool():
+    import threading
+
+    with pymizu.Pool(1) as p:
+
+        async def main():
+            return await p.submit(tasks.add, 1, 2)
+
+        assert asyncio.run(main()) == 3
+        watcher = p._watch._thread
+        assert watcher.is_alive()
+    watcher.join(timeout=60)
+    assert not watcher.is_alive()
+    assert not any(t.name == "pymizu-await" and t is watcher for t in threading.enumerate())
+
+
 def test_submitting_from_many_threads(pool):
     from concurrent.futures import ThreadPoolExecutor
 

@@ -2,13 +2,21 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{Mutex, MutexGuard, mpsc};
 use std::time::Duration;
 
 use mizu_shm::{DeathWatch, Layout, ProcessId, Segment, SegmentName, prune};
 
 const PEER: &str = env!("CARGO_BIN_EXE_mizu-shm-peer");
 const KIND: u32 = u32::from_le_bytes(*b"TST1");
+
+/// `prune` reaps every dead process's lock file and segments — also those another test is
+/// still looking at: the tests that kill peers or prune run one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// Starts a peer that creates a segment and holds it; returns the child, the token and the
 /// child's identity.
@@ -37,6 +45,7 @@ fn kill9(child: &mut Child) {
 
 #[test]
 fn liveness_follows_the_lock_not_the_pid() {
+    let _serial = serial();
     let (mut child, _token, id) = holder();
     assert!(id.is_alive());
     // Same PID, another incarnation: not alive (PID reuse cannot fake life).
@@ -54,6 +63,7 @@ fn liveness_follows_the_lock_not_the_pid() {
 
 #[test]
 fn my_own_identity_is_alive_and_removed_with_my_last_handle() {
+    let _serial = serial();
     let mut l = Layout::new(KIND);
     l.add(64, 64).unwrap();
     let a = Segment::create(&l, false).unwrap();
@@ -67,6 +77,7 @@ fn my_own_identity_is_alive_and_removed_with_my_last_handle() {
 
 #[test]
 fn death_watch_fires_on_kill_9() {
+    let _serial = serial();
     let (mut child, _token, id) = holder();
     let (tx, rx) = mpsc::channel();
     let _w = DeathWatch::spawn(id, move || tx.send(()).unwrap()).unwrap();
@@ -84,6 +95,7 @@ fn death_watch_fires_on_kill_9() {
 
 #[test]
 fn death_watch_of_a_dead_process_fires_at_once_and_drop_stops_a_live_one() {
+    let _serial = serial();
     let (tx, rx) = mpsc::channel();
     let _w =
         DeathWatch::spawn(ProcessId::new(0x7fff_fff0, 1), move || tx.send(()).unwrap()).unwrap();
@@ -100,6 +112,7 @@ fn death_watch_of_a_dead_process_fires_at_once_and_drop_stops_a_live_one() {
 
 #[test]
 fn prune_removes_what_a_killed_creator_left_and_nothing_live() {
+    let _serial = serial();
     let (mut child, token, id) = holder();
     let mine = {
         let mut l = Layout::new(KIND);

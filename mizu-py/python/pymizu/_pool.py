@@ -139,6 +139,7 @@ class _Watcher:
         self._lock = threading.Lock()
         self._items: list[tuple[Task, Any, Any]] = []
         self._kick = threading.Event()
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name="pymizu-await", daemon=True)
         self._thread.start()
 
@@ -147,11 +148,18 @@ class _Watcher:
             self._items.append((task, loop, fut))
         self._kick.set()
 
+    def close(self) -> None:
+        """Ends the thread once nothing is awaited any more (the pool stopped)."""
+        self._closed = True
+        self._kick.set()
+
     def _run(self) -> None:
         while True:
             with self._lock:
                 items = list(self._items)
             if not items:
+                if self._closed:
+                    return
                 self._kick.wait(0.5)
                 self._kick.clear()
                 continue
@@ -544,6 +552,8 @@ class Pool(_Submitter):
         their current task, then are killed; everything in shared memory is removed."""
         self._check()
         self._pool.stop(grace)
+        if self._watch is not None:
+            self._watch.close()
         if self._start_file is not None:
             try:
                 os.unlink(self._start_file)
