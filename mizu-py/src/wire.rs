@@ -38,6 +38,24 @@ fn capsule<'py, T: 'static + Send>(
     PyCapsule::new_with_value(py, v, name)
 }
 
+/// `(schema, array)` capsules of the Arrow C data interface.
+type CapsulePair<'py> = (Bound<'py, PyCapsule>, Bound<'py, PyCapsule>);
+
+/// Exports `array` with `field` (name, type, metadata) through the C data interface; the
+/// consumer shares the buffers (they stay alive until it releases them).
+fn export_array<'py>(
+    py: Python<'py>,
+    field: &Field,
+    array: &dyn Array,
+) -> PyResult<CapsulePair<'py>> {
+    let s = FFI_ArrowSchema::try_from(field).map_err(value_err)?;
+    let a = FFI_ArrowArray::new(&array.to_data());
+    Ok((
+        capsule(py, s, c"arrow_schema")?,
+        capsule(py, a, c"arrow_array")?,
+    ))
+}
+
 /// An Arrow array received from another process (or language), with its field (name,
 /// nullability, R metadata). Consumers take it zero-copy via `__arrow_c_array__`, e.g.
 /// `pyarrow.array(a)`.
@@ -61,14 +79,9 @@ impl ArrowArray {
         &self,
         py: Python<'py>,
         requested_schema: Option<Bound<'py, PyAny>>,
-    ) -> PyResult<(Bound<'py, PyCapsule>, Bound<'py, PyCapsule>)> {
+    ) -> PyResult<CapsulePair<'py>> {
         let _ = requested_schema; // only the array's own type is offered
-        let s = FFI_ArrowSchema::try_from(self.field.as_ref()).map_err(value_err)?;
-        let a = FFI_ArrowArray::new(&self.array.to_data());
-        Ok((
-            capsule(py, s, c"arrow_schema")?,
-            capsule(py, a, c"arrow_array")?,
-        ))
+        export_array(py, &self.field, self.array.as_ref())
     }
 
     /// The field name.
@@ -113,17 +126,12 @@ impl ArrowTable {
         &self,
         py: Python<'py>,
         requested_schema: Option<Bound<'py, PyAny>>,
-    ) -> PyResult<(Bound<'py, PyCapsule>, Bound<'py, PyCapsule>)> {
+    ) -> PyResult<CapsulePair<'py>> {
         let _ = requested_schema;
         let schema = self.batch.schema();
         let field = Field::new("", DataType::Struct(schema.fields().clone()), false)
             .with_metadata(schema.metadata().clone());
-        let sch = FFI_ArrowSchema::try_from(&field).map_err(value_err)?;
-        let a = FFI_ArrowArray::new(&StructArray::from(self.batch.clone()).to_data());
-        Ok((
-            capsule(py, sch, c"arrow_schema")?,
-            capsule(py, a, c"arrow_array")?,
-        ))
+        export_array(py, &field, &StructArray::from(self.batch.clone()))
     }
 
     /// The table as an Arrow C stream of one batch, as a PyCapsule.

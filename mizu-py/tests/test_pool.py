@@ -342,3 +342,10 @@ def test_more_tasks_in_flight_than_slots_never_hang():
         bs = p.submit_batch(tasks.add, [(i, 2) for i in range(500)])
         assert p.collect_all(bs, timeout=60) == [i + 2 for i in range(500)]
         assert p.map(tasks.add, range(3000), range(3000), chunksize=1) == [2 * i for i in range(3000)]
+
+
+def test_bound_builtin_methods_see_their_object_as_it_is_now(pool):
+    d = {"k": 1}
+    assert pool.submit(d.get, "k").result(timeout=60) == 1
+    d["k"] = 2  # a cached pickle of `d.get` would still say 1
+    assert pool.submit(d.get, "k").result(timeout=60) == 2

@@ -30,6 +30,8 @@ def _pickled_fn(fn) -> bytes | None:
     cached); None for anything else (closures, callables with state)."""
     if type(fn) not in _FN_TYPES:
         return None
+    if type(fn) is types.BuiltinFunctionType and not isinstance(fn.__self__, (types.ModuleType, type(None))):
+        return None  # a bound method of a builtin object (`d.get`) pickles its object by value
     try:
         b = _fn_bytes.get(fn)
     except TypeError:  # unhashable
