@@ -211,14 +211,21 @@ impl Drop for Channel {
         self.close();
         if let Some(mut c) = self.child.take() {
             let t0 = Instant::now();
-            while t0.elapsed() < Duration::from_secs(2) {
+            let exited = loop {
                 if let Ok(Some(_)) = c.try_wait() {
-                    return;
+                    break true;
+                }
+                if t0.elapsed() >= Duration::from_secs(2) {
+                    break false;
                 }
                 std::thread::sleep(Duration::from_millis(1));
+            };
+            if !exited {
+                let _ = c.kill();
+                let _ = c.wait();
             }
-            let _ = c.kill();
-            let _ = c.wait();
+            // A peer killed (by us or anyone) leaves its lock file and data segments.
+            let _ = mizu_shm::prune_of(&[c.id()]);
         }
     }
 }

@@ -160,6 +160,8 @@ struct Children {
     procs: Vec<Option<Child>>,
     kill_reason: Vec<u32>,
     respawns: u64,
+    /// Every worker process launched, for cleaning up what they left.
+    launched: Vec<u32>,
 }
 
 /// A pool of worker processes; this process is its controller and first submitter.
@@ -197,6 +199,7 @@ impl Pool {
             procs: (0..maxw).map(|_| None).collect(),
             kill_reason: vec![0; maxw],
             respawns: 0,
+            launched: Vec::new(),
         }));
         let mut pool = Pool {
             core,
@@ -360,6 +363,15 @@ impl Pool {
         }
     }
 
+    /// The pids of every worker process this pool launched (replacements included).
+    pub fn launched_pids(&self) -> Vec<u32> {
+        self.children
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .launched
+            .clone()
+    }
+
     /// Starts a worker in the first free slot; returns the slot.
     pub fn spawn_worker(&self) -> Result<usize> {
         let v = self.shared.view();
@@ -486,6 +498,7 @@ fn launch(
             why: format!("{:?}: {e}", launcher.program),
         })?;
     let mut ch = children.lock().unwrap_or_else(|p| p.into_inner());
+    ch.launched.push(child.id());
     ch.procs[slot] = Some(child);
     ch.kill_reason[slot] = 0;
     Ok(())

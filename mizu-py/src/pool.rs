@@ -152,8 +152,8 @@ impl Pool {
             .collect())
     }
 
-    /// Stops the pool (queued tasks are cancelled, running ones fail); idempotent. Data
-    /// segments left by workers that are gone are removed.
+    /// Stops the pool (queued tasks are cancelled, running ones fail, results not collected
+    /// yet are dropped); idempotent. What the pool's workers left in shared memory is removed.
     #[pyo3(signature = (grace=5.0))]
     fn stop(&self, py: Python<'_>, grace: f64) -> PyResult<()> {
         forked(self.pid)?;
@@ -161,9 +161,11 @@ impl Pool {
         let pool = py.detach(|| self.inner.write().unwrap_or_else(|p| p.into_inner()).take());
         if let Some(mut p) = pool {
             py.detach(|| {
+                let workers = p.launched_pids();
                 p.stop(Duration::from_secs_f64(grace.max(0.0)));
                 drop(p);
-                let _ = mizu_shm::prune();
+                // Only our own workers' leftovers: other programs may have data in flight.
+                let _ = mizu_shm::prune_of(&workers);
             });
         }
         Ok(())

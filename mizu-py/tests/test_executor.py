@@ -93,6 +93,12 @@ def test_execution_timeout_kills_and_replaces_the_worker():
 def test_shutdown_cancel_futures_cancels_queued_work():
     e = pymizu.PoolExecutor(1)
     running = e.submit(tasks.sleep, 0.5)
+    import time
+
+    deadline = time.monotonic() + 60
+    while not any(row[3] for row in e._status()):  # the first task has started
+        assert time.monotonic() < deadline, "hang guard"
+        time.sleep(0.001)
     queued = [e.submit(tasks.add, i, 0) for i in range(50)]
     e.shutdown(wait=True, cancel_futures=True)
     assert running.result(timeout=60) == 0.5

@@ -34,7 +34,7 @@ pub use {
     liveness::ProcessId,
     name::SegmentName,
     parker::{WaitError, Waiter},
-    prune::prune,
+    prune::{prune, prune_of},
     segment::{Layout, Segment, ShmSafe},
     watch::DeathWatch,
 };

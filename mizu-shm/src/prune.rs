@@ -9,6 +9,16 @@ use crate::name::{PREFIX, SHM_DIR, SegmentName};
 /// Removes every segment whose creator is dead and every lock file of a dead process;
 /// returns the names removed. A live process's files are never touched.
 pub fn prune() -> Result<Vec<String>> {
+    prune_where(|_| true)
+}
+
+/// [`prune`] limited to what the processes `pids` left (once they are dead): for an owner
+/// cleaning up after its own children without touching other programs' in-flight data.
+pub fn prune_of(pids: &[u32]) -> Result<Vec<String>> {
+    prune_where(|pid| pids.contains(&pid))
+}
+
+fn prune_where(wanted: impl Fn(u32) -> bool) -> Result<Vec<String>> {
     let dir = std::fs::read_dir(SHM_DIR).map_err(|e| ShmError::io("read_dir", SHM_DIR, e))?;
     let mut names: Vec<String> = dir
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
@@ -18,6 +28,13 @@ pub fn prune() -> Result<Vec<String>> {
     names.sort_by_key(|n| n.contains(".lock"));
     let mut removed = Vec::new();
     for n in names {
+        let owner = lock_owner(&n, ".lock")
+            .or_else(|| lock_owner(&n, ".lock.tmp"))
+            .map(|id| id.pid)
+            .or_else(|| SegmentName::parse(&n).ok().map(|s| s.creator().pid));
+        if !owner.is_some_and(&wanted) {
+            continue;
+        }
         if let Some(id) = lock_owner(&n, ".lock") {
             if id.reap() {
                 removed.push(n);

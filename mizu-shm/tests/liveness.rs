@@ -5,7 +5,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard, mpsc};
 use std::time::Duration;
 
-use mizu_shm::{DeathWatch, Layout, ProcessId, Segment, SegmentName, prune};
+use mizu_shm::{DeathWatch, Layout, ProcessId, Segment, SegmentName, prune, prune_of};
 
 const PEER: &str = env!("CARGO_BIN_EXE_mizu-shm-peer");
 const KIND: u32 = u32::from_le_bytes(*b"TST1");
@@ -143,4 +143,24 @@ fn prune_removes_what_a_killed_creator_left_and_nothing_live() {
     assert!(Segment::open(mine.token(), KIND).is_ok());
     let me = mine.me();
     assert!(me.lock_path().exists());
+}
+
+#[test]
+fn prune_of_removes_only_what_the_named_dead_processes_left() {
+    let _serial = serial();
+    let (mut a, token_a, id_a) = holder();
+    let (mut b, token_b, id_b) = holder();
+    kill9(&mut a);
+    kill9(&mut b);
+    let removed = prune_of(&[id_a.pid]).unwrap();
+    assert!(removed.contains(&token_a[1..].to_owned()), "{removed:?}");
+    assert!(!id_a.lock_path().exists());
+    assert!(
+        Segment::open(&token_b, KIND).is_ok(),
+        "another dead process's segment is not ours to remove"
+    );
+    assert!(id_b.lock_path().exists());
+    prune_of(&[id_b.pid]).unwrap();
+    assert!(Segment::open(&token_b, KIND).is_err());
+    assert!(!id_b.lock_path().exists());
 }

@@ -549,7 +549,8 @@ class Pool(_Submitter):
 
     def stop(self, grace: float = 5.0) -> None:
         """Stops the pool: queued tasks are cancelled, workers get `grace` seconds to finish
-        their current task, then are killed; everything in shared memory is removed."""
+        their current task, then are killed; results not collected yet are dropped; what the
+        pool kept in shared memory is removed."""
         self._check()
         self._pool.stop(grace)
         if self._watch is not None:
