@@ -76,7 +76,12 @@ def test_map_starmap_imap_keep_order_for_any_chunksize(pool):
     assert pool.map(tasks.add, range(1000), range(1000), chunksize=1) == want
     assert pool.map(tasks.add, range(1000), range(1000), chunksize=999) == want
     assert pool.starmap(tasks.add, [(i, i) for i in range(1000)], chunksize=7) == want
+    ran = pool.status()["tasks"]
     it = pool.imap(tasks.add, range(1000), range(1000), chunksize=10)
+    deadline = time.monotonic() + 60
+    while pool.status()["tasks"] < ran + 100:  # all 100 chunks run before anyone iterates
+        assert time.monotonic() < deadline, "hang guard: imap submits at the call"
+        time.sleep(0.01)
     assert next(it) == 0
     assert list(it) == want[1:]
     assert pool.map(tasks.add, [], []) == []

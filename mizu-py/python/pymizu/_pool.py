@@ -390,12 +390,11 @@ class _Submitter:
             _codec.dumps_call(_run_chunk, (fn, s, items[s : s + chunksize], star, seed, offset), {})
             for s in range(0, n, chunksize)
         ]
-        return self._stream(calls, deadline, timeout, _Progress(n, progress), chunksize, n)
+        # Submitted now (as multiprocessing's imap does), collected as the caller iterates.
+        return self._stream(self._submit_all(calls), deadline, timeout, _Progress(n, progress), chunksize, n)
 
-    def _stream(self, calls, deadline, timeout, bar, chunksize, n):
-        tasks: list[Task] = []
+    def _stream(self, tasks: list[Task], deadline, timeout, bar, chunksize, n):
         try:
-            tasks = self._submit_all(calls)
             for k, t in enumerate(tasks):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
