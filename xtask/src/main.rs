@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
+mod r;
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let task = args.first().map(String::as_str).unwrap_or("help");
@@ -16,6 +18,7 @@ fn main() -> ExitCode {
         "bench" => bench(&root),
         "demo" => demo(&root),
         "wheel" => wheel(&root),
+        "rpkg" => r::rpkg(&root),
         _ => {
             eprintln!(
                 "usage: cargo xtask <task>\n\n\
@@ -24,7 +27,8 @@ fn main() -> ExitCode {
                  loom   the loom models of every atomic protocol (--cfg mizu_loom)\n  \
                  bench  every benchmark, each side by side with its peers, as ratios\n  \
                  demo   the headline comparison: mizu against the peers users run today\n  \
-                 wheel  build the pymizu wheel into target/wheels (maturin)"
+                 wheel  build the pymizu wheel into target/wheels (maturin)\n  \
+                 rpkg   build and install the mizu R package into target/rlib"
             );
             return if task == "help" {
                 ExitCode::SUCCESS
@@ -101,6 +105,8 @@ fn test(root: &Path) -> Res {
     )?;
     fuzz(root)?;
     python_tests(root, &py)?;
+    r::r_tests(root)?;
+    r::r_check(root)?;
     loom(root)?;
     leak_check()?;
     eprintln!(
@@ -246,7 +252,8 @@ fn bench(root: &Path) -> Res {
         Command::new(cargo()).args(["bench", "-p", "mizu-wire", "--bench", "decode"]),
     )?;
     pool_bench(root)?;
-    python_bench(root, false)
+    python_bench(root, false)?;
+    r::r_bench(root, false)
 }
 
 fn pool_bench(root: &Path) -> Res {
@@ -302,6 +309,7 @@ fn demo(root: &Path) -> Res {
          a thread pool; then the shared-memory ring underneath — all side by side in one run."
     );
     python_bench(root, true)?;
+    r::r_bench(root, true)?;
     pool_bench(root)?;
     run(
         root,

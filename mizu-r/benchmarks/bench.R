@@ -1,0 +1,120 @@
+# mizu against the peers R users run today, side by side in one run, as ratios:
+# parallel's PSOCK cluster and mclapply (fork), and future's multisession backend.
+#
+#   Rscript mizu-r/benchmarks/bench.R [--quick] [--workers N]
+#
+# (`cargo xtask bench` and `cargo xtask demo` run it against the installed package.)
+
+suppressPackageStartupMessages({
+  library(mizu)
+  library(parallel)
+  library(future)
+})
+
+args <- commandArgs(trailingOnly = TRUE)
+quick <- "--quick" %in% args
+workers <- if ("--workers" %in% args) as.integer(args[[which(args == "--workers") + 1L]]) else 2L
+scale <- if (quick) 0.25 else 1
+
+now <- function() proc.time()[[3]]
+# Median seconds per repetition of `f` (which runs `n` operations): seconds per operation.
+per_op <- function(f, n, reps = 3L) {
+  f()   # warm up
+  median(vapply(seq_len(reps), function(i) { t0 <- now(); f(); now() - t0 }, 0)) / n
+}
+rows <- list()
+report <- function(what, unit, mizu_s, peers) {
+  for (peer in names(peers)) {
+    rows[[length(rows) + 1L]] <<- data.frame(
+      benchmark = what, peer = peer,
+      mizu = mizu_s, other = peers[[peer]], unit = unit,
+      ratio = peers[[peer]] / mizu_s, stringsAsFactors = FALSE)
+  }
+}
+fmt_time <- function(s) {
+  if (s < 1e-3) sprintf("%.1f us", s * 1e6) else if (s < 1) sprintf("%.2f ms", s * 1e3)
+  else sprintf("%.2f s", s)
+}
+
+cat(sprintf("mizu R benchmarks: %d workers, R %s, %d CPUs%s\n", workers,
+            getRversion(), parallel::detectCores(), if (quick) " (quick)" else ""))
+pool <- mizu_pool(workers)
+cl <- makePSOCKcluster(workers)
+plan(multisession, workers = workers)
+invisible(value(future(1)))
+
+# 1. Trivial task round trip: submit one task, wait for its value.
+n <- max(200L, as.integer(20000 * scale))
+n_psock <- max(100L, as.integer(2000 * scale))
+n_slow <- max(20L, as.integer(200 * scale))
+rt_mizu <- per_op(function() for (i in seq_len(n)) mizu_collect(mizu_submit(pool, i, i = i)), n)
+rt_psock <- per_op(function() for (i in seq_len(n_psock)) clusterCall(cl[1], identity, i), n_psock)
+rt_fork <- per_op(function() for (i in seq_len(n_slow)) mclapply(i, identity, mc.cores = 1), n_slow)
+rt_future <- per_op(function() for (i in seq_len(n_slow)) value(future(i)), n_slow)
+report("trivial task round trip", "time", rt_mizu,
+       list(`PSOCK cluster` = rt_psock, mclapply = rt_fork, `future multisession` = rt_future))
+
+# 2. Pipelined throughput: many trivial tasks in flight.
+m <- max(1000L, as.integer(20000 * scale))
+m_slow <- max(100L, as.integer(1000 * scale))
+tp_mizu <- per_op(function() {
+  ts <- lapply(seq_len(m), function(i) mizu_submit(pool, i, i = i))
+  mizu_collect_all(ts)
+}, m)
+tp_psock <- per_op(function() clusterApply(cl, seq_len(m_slow), identity), m_slow)
+tp_future <- per_op(function() {
+  fs <- lapply(seq_len(m_slow / 10), function(i) future(i))
+  value(fs)
+}, m_slow / 10)
+report("pipelined throughput (per task)", "time", tp_mizu,
+       list(`PSOCK cluster (clusterApply)` = tp_psock, `future multisession` = tp_future))
+
+# 3. 8 MB double vector there and back.
+big <- runif(1e6)
+k <- max(5L, as.integer(40 * scale))
+v_mizu <- per_op(function() for (i in seq_len(k)) mizu_collect(mizu_submit(pool, x, x = big)), k)
+v_psock <- per_op(function() for (i in seq_len(k)) clusterCall(cl[1], identity, big), k)
+v_future <- per_op(function() for (i in seq_len(k)) value(future(big, globals = list(big = big))), k)
+report("8 MB double vector round trip", "time", v_mizu,
+       list(`PSOCK cluster` = v_psock, `future multisession` = v_future))
+
+# 4. Data frame: ~54 000 rows x 10 columns (numeric, integer, factor); add a column, return it.
+nr <- 54000L
+df <- data.frame(a = runif(nr), b = rnorm(nr), c = seq_len(nr), d = sample(100L, nr, TRUE),
+                 e = factor(sample(letters[1:5], nr, TRUE)), f = runif(nr), g = rnorm(nr),
+                 h = sample(1000L, nr, TRUE), i = factor(sample(month.name, nr, TRUE)),
+                 j = runif(nr))
+add_col <- function(d) { d$k <- d$a + d$c; d }
+df_mizu <- per_op(function() for (i in seq_len(k)) mizu_collect(mizu_submit(pool, f(d), f = add_col, d = df)), k)
+df_psock <- per_op(function() for (i in seq_len(k)) clusterCall(cl[1], add_col, df), k)
+df_future <- per_op(function() for (i in seq_len(k)) value(future(add_col(df), globals = list(add_col = add_col, df = df))), k)
+stopifnot(identical(mizu_collect(mizu_submit(pool, f(d), f = add_col, d = df)), add_col(df)))
+report("data frame round trip (54k x 10, add a column)", "time", df_mizu,
+       list(`PSOCK cluster` = df_psock, `future multisession` = df_future))
+
+# 5. A map of 2 000 tasks of ~10 us each.
+work <- function(i) sum(sqrt(seq_len(1500L) + i))
+nm <- 2000L
+seq_s <- per_op(function() lapply(seq_len(nm), work), 1)
+map_mizu <- per_op(function() mizu_map(pool, seq_len(nm), work), 1)
+map_psock <- per_op(function() parLapply(cl, seq_len(nm), work), 1)
+map_fork <- per_op(function() mclapply(seq_len(nm), work, mc.cores = workers), 1)
+stopifnot(identical(mizu_map(pool, seq_len(nm), work), lapply(seq_len(nm), work)))
+report(sprintf("map of %d tasks (%.1f us each)", nm, seq_s / nm * 1e6), "time", map_mizu,
+       list(`PSOCK cluster (parLapply)` = map_psock, mclapply = map_fork,
+            `sequential lapply` = seq_s))
+
+mizu_pool_stop(pool)
+stopCluster(cl)
+plan(sequential)
+
+out <- do.call(rbind, rows)
+cat("\n")
+w <- max(nchar(out$benchmark))
+cat(sprintf("%-*s  %-30s %12s %12s %9s\n", w, "benchmark", "peer", "mizu", "peer", "mizu is"))
+for (r in seq_len(nrow(out))) {
+  x <- out[r, ]
+  cat(sprintf("%-*s  %-30s %12s %12s %8.1fx\n", w, x$benchmark, x$peer, fmt_time(x$mizu),
+              fmt_time(x$other), x$ratio))
+}
+cat("\n(mizu is: how many times less time mizu takes than the peer, same run, same machine)\n")

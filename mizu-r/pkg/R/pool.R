@@ -1,0 +1,448 @@
+# Pools, tasks and collection.
+
+.rscript <- function() {
+  file.path(R.home("bin"), "Rscript")
+}
+
+# The command line of a worker: Rscript with this session's library paths, then the runtime
+# appends the pool token and the slot number.
+.worker_args <- function(entry, extra = character()) {
+  libs <- paste0("c(", paste(encodeString(.libPaths(), quote = '"'), collapse = ", "), ")")
+  c("--no-save", "--no-restore", "--no-echo", "-e",
+    sprintf(".libPaths(%s); mizu:::%s()", libs, entry), extra)
+}
+
+.secs <- function(x, what, null = Inf) {
+  if (is.null(x)) return(null)
+  if (!is.numeric(x) || length(x) != 1L || is.na(x) || x < 0) {
+    stop(sprintf("`%s` must be a non-negative number of seconds (or NULL)", what), call. = FALSE)
+  }
+  as.numeric(x)
+}
+
+#' Start a pool of R worker processes
+#'
+#' Workers are fresh `Rscript` processes that see this session's library paths (not its
+#' global variables: tasks carry what they need, see [mizu_submit()]). They exchange tasks and
+#' results with this session through shared memory.
+#'
+#' @param n_workers Number of worker processes.
+#' @param exec_timeout Seconds a task may run before its worker is killed and replaced (the
+#'   task fails with class `mizu_error_exec_timeout`); `NULL` for no limit.
+#' @param submit_timeout Seconds a submission may wait for room in the workers' queues before
+#'   failing with class `mizu_error_submit_timeout`; `NULL` waits as long as it takes.
+#' @param respawn Replace workers that die.
+#' @param max_tasks Tasks a worker runs before it is replaced by a fresh one (`NULL`: no limit).
+#' @param init An expression (quoted, e.g. `quote(library(stats))`) each worker evaluates in
+#'   its global environment when it starts.
+#' @param slots Tasks that may be in flight (submitted and not yet collected) at once.
+#' @return A `mizu_pool`. Stop it with [mizu_pool_stop()] (it is also stopped when it is
+#'   garbage collected or R exits).
+#' @examples
+#' \donttest{
+#' pool <- mizu_pool(2)
+#' mizu_collect(mizu_submit(pool, x + 1, x = 41))
+#' mizu_pool_stop(pool)
+#' }
+#' @export
+mizu_pool <- function(n_workers = 1L, exec_timeout = NULL, submit_timeout = NULL,
+                      respawn = TRUE, max_tasks = NULL, init = NULL, slots = 4096L) {
+  if (!is.numeric(n_workers) || length(n_workers) != 1L || is.na(n_workers) ||
+      n_workers < 1 || n_workers > 1024 || n_workers != round(n_workers)) {
+    stop("`n_workers` must be a whole number in 1..1024", call. = FALSE)
+  }
+  if (!is.numeric(slots) || length(slots) != 1L || is.na(slots) || slots < 1 ||
+      slots > 2^20) {
+    stop("`slots` must be a whole number in 1..1048576", call. = FALSE)
+  }
+  if (!is.null(max_tasks) && (!is.numeric(max_tasks) || length(max_tasks) != 1L ||
+                              is.na(max_tasks) || max_tasks < 1)) {
+    stop("`max_tasks` must be a positive number (or NULL)", call. = FALSE)
+  }
+  if (!is.logical(respawn) || length(respawn) != 1L || is.na(respawn)) {
+    stop("`respawn` must be TRUE or FALSE", call. = FALSE)
+  }
+  extra <- c(if (is.null(max_tasks)) "0" else format(max_tasks, scientific = FALSE),
+             if (is.null(init)) "" else .hex(serialize(init, NULL, xdr = FALSE)))
+  ptr <- .Call(wrap__pool_new, as.integer(n_workers), .rscript(),
+               .worker_args(".worker_main", extra), as.integer(slots),
+               .secs(exec_timeout, "exec_timeout"), .secs(submit_timeout, "submit_timeout"),
+               respawn)
+  pool <- new.env(parent = emptyenv())
+  pool$ptr <- ptr
+  pool$n_workers <- as.integer(n_workers)
+  pool$nested <- FALSE
+  class(pool) <- "mizu_pool"
+  pool
+}
+
+.hex <- function(r) paste(as.character(r), collapse = "")
+
+.check_pool <- function(pool) {
+  if (!inherits(pool, "mizu_pool")) {
+    stop("`pool` must be a mizu_pool (see mizu_pool() and mizu_current_pool())", call. = FALSE)
+  }
+}
+
+#' The pool running the current task
+#'
+#' Inside a task, returns a handle that submits to the pool running it: nested
+#' [mizu_submit()] and [mizu_map()] calls run on the same workers, and waiting for them runs
+#' other tasks meanwhile, so nesting never deadlocks, even with one worker.
+#'
+#' @return A `mizu_pool` usable inside the task; an error outside tasks.
+#' @examples
+#' \donttest{
+#' pool <- mizu_pool(1)
+#' mizu_collect(mizu_submit(pool, {
+#'   inner <- mizu::mizu_current_pool()
+#'   sum(unlist(mizu::mizu_map(inner, 1:4, function(i) i * 10)))
+#' }))
+#' mizu_pool_stop(pool)
+#' }
+#' @export
+mizu_current_pool <- function() {
+  if (!.Call(wrap__in_task)) {
+    .stop("mizu_error", "mizu_current_pool() is only available inside a mizu task")
+  }
+  pool <- new.env(parent = emptyenv())
+  pool$ptr <- NULL
+  pool$n_workers <- NA_integer_
+  pool$nested <- TRUE
+  class(pool) <- "mizu_pool"
+  pool
+}
+
+#' Stop a pool
+#'
+#' Queued tasks are cancelled, running ones fail (class `mizu_error_stopped`), results not
+#' collected yet are dropped, the workers exit and their shared memory is removed.
+#' Idempotent.
+#'
+#' @param pool A [mizu_pool()].
+#' @param grace Seconds to wait for workers to exit before they are killed.
+#' @return `pool`, invisibly.
+#' @examples
+#' \donttest{
+#' pool <- mizu_pool(1)
+#' mizu_pool_stop(pool)
+#' }
+#' @export
+mizu_pool_stop <- function(pool, grace = 5) {
+  .check_pool(pool)
+  if (!pool$nested) .Call(wrap__pool_stop, pool$ptr, .secs(grace, "grace"))
+  invisible(pool)
+}
+
+#' Pool status
+#'
+#' @param pool A [mizu_pool()].
+#' @return A data frame with one row per worker: `slot`, `pid`, `state`, `busy` (running a
+#'   task), `tasks` (tasks run) and `steals` (tasks taken from other workers' queues).
+#' @examples
+#' \donttest{
+#' pool <- mizu_pool(2)
+#' mizu_pool_status(pool)
+#' mizu_pool_stop(pool)
+#' }
+#' @export
+mizu_pool_status <- function(pool) {
+  .check_pool(pool)
+  if (pool$nested) stop("the status of the current pool is not available inside a task", call. = FALSE)
+  s <- .Call(wrap__pool_status, pool$ptr)
+  data.frame(slot = s[[1]], pid = s[[2]], state = s[[3]], busy = s[[4]],
+             tasks = s[[5]], steals = s[[6]], stringsAsFactors = FALSE)
+}
+
+#' @export
+print.mizu_pool <- function(x, ...) {
+  if (x$nested) {
+    cat("<mizu_pool: the pool running this task>\n")
+  } else if (!.Call(wrap__pool_running, x$ptr)) {
+    cat("<mizu_pool: stopped>\n")
+  } else {
+    s <- mizu_pool_status(x)
+    cat(sprintf("<mizu_pool: %d workers, %d busy, %s tasks run>\n", nrow(s), sum(s$busy),
+                format(sum(s$tasks), big.mark = ",")))
+  }
+  invisible(x)
+}
+
+.submit_msg <- function(pool, msg) {
+  r <- if (pool$nested) {
+    .Call(wrap__nested_submit, msg)
+  } else {
+    .Call(wrap__pool_submit, pool$ptr, msg)
+  }
+  if (is.character(r)) .raise_failure(r)
+  r
+}
+
+.new_task <- function(ptr, pool) {
+  t <- new.env(parent = emptyenv())
+  t$ptr <- ptr
+  t$pool <- pool
+  t$state <- "pending"
+  class(t) <- "mizu_task"
+  t
+}
+
+.check_vars <- function(vars) {
+  if (length(vars) && (is.null(names(vars)) || any(names(vars) == ""))) {
+    stop("the values in `...` must be named: they are the bindings the expression sees ",
+         "(a binding named as a prefix of `pool` or `expr`, such as `e` or `p`, is taken as ",
+         "that argument by R's partial matching: rename it)", call. = FALSE)
+  }
+}
+
+#' Submit a task
+#'
+#' `expr` is captured unevaluated and evaluated on a worker, in a new environment whose
+#' bindings are the named values in `...` and whose parent is the worker's global
+#' environment. Values travel through shared memory: vectors and data frames of 4 KiB or
+#' more are copied once and arrive as views.
+#'
+#' @param pool A [mizu_pool()] (or [mizu_current_pool()] inside a task).
+#' @param expr An expression, evaluated on a worker.
+#' @param ... Named values: the bindings `expr` sees.
+#' @return A `mizu_task`: collect it with [mizu_collect()].
+#' @examples
+#' \donttest{
+#' pool <- mizu_pool(1)
+#' t <- mizu_submit(pool, sum(x) * k, x = 1:10, k = 2)
+#' mizu_collect(t)
+#' mizu_pool_stop(pool)
+#' }
+#' @export
+mizu_submit <- function(pool, expr, ...) {
+  .check_pool(pool)
+  vars <- list(...)
+  .check_vars(vars)
+  ptr <- .submit_msg(pool, list("e", substitute(expr), vars))
+  .new_task(ptr, pool)
+}
+
+#' Submit several tasks at once
+#'
+#' One publication per worker queue for the whole batch (cheaper than submitting one by one).
+#'
+#' @param pool A [mizu_pool()].
+#' @param exprs A list of quoted expressions (e.g. from `quote()`, `bquote()` or
+#'   `lapply(1:3, function(i) bquote(sqrt(.(i))))`).
+#' @param ... Named values: the bindings every expression sees.
+#' @return A list of `mizu_task`s (with the names of `exprs`).
+#' @examples
+#' \donttest{
+#' pool <- mizu_pool(2)
+#' ts <- mizu_submit_batch(pool, lapply(1:3, function(i) bquote(.(i) * k)), k = 10)
+#' mizu_collect_all(ts)
+#' mizu_pool_stop(pool)
+#' }
+#' @export
+mizu_submit_batch <- function(pool, exprs, ...) {
+  .check_pool(pool)
+  if (!is.list(exprs)) stop("`exprs` must be a list of quoted expressions", call. = FALSE)
+  vars <- list(...)
+  .check_vars(vars)
+  msgs <- lapply(exprs, function(e) list("e", e, vars))
+  .submit_many(pool, msgs, names(exprs))
+}
+
+.submit_many <- function(pool, msgs, nms = NULL) {
+  if (!length(msgs)) return(list())
+  r <- if (pool$nested) {
+    .Call(wrap__nested_submit_batch, unname(msgs))
+  } else {
+    .Call(wrap__pool_submit_batch, pool$ptr, unname(msgs))
+  }
+  tasks <- lapply(r[[1]], .new_task, pool = pool)
+  if (!is.null(r[[2]])) {
+    # What was submitted keeps running; its handles are dropped (results abandoned).
+    .raise_failure(r[[2]])
+  }
+  names(tasks) <- nms
+  tasks
+}
+
+.check_task <- function(task) {
+  if (!inherits(task, "mizu_task")) stop("`task` must be a mizu_task", call. = FALSE)
+}
+
+#' @export
+print.mizu_task <- function(x, ...) {
+  st <- if (x$state == "pending" && .Call(wrap__task_done, x$ptr)) "finished" else x$state
+  cat("<mizu_task: ", st, ">\n", sep = "")
+  invisible(x)
+}
+
+# Turns a native outcome into the task's final state (value or condition); TRUE if final.
+.settle <- function(task, o) {
+  st <- o[[1]]
+  if (st == 6L) return(FALSE)
+  if (st == 8L) .signal_interrupt()
+  task$ptr <- NULL
+  if (st == 0L) {
+    task$state <- "done"
+    v <- o[[2]]
+    if (inherits(v, "mizu_with_warnings")) {
+      task$warnings <- v[[2]]
+      v <- v[[1]]
+    }
+    task$value <- v
+    return(TRUE)
+  }
+  task$state <- "failed"
+  task$error <- switch(
+    as.character(st),
+    "1" = .remote_condition(o[[2]]),
+    "2" = .mizu_condition("mizu_error_worker_died", o[[6]], slot = o[[4]], pid = o[[5]]),
+    "3" = .mizu_condition("mizu_error_exec_timeout", o[[6]], slot = o[[4]], pid = o[[5]]),
+    "4" = .mizu_condition("mizu_error_cancelled", "the task was cancelled"),
+    "5" = .mizu_condition("mizu_error_stopped", "the pool stopped before the task finished"),
+    .mizu_condition("mizu_error", paste("mizu:", o[[6]]))
+  )
+  TRUE
+}
+
+.remote_condition <- function(e) {
+  if (!inherits(e, "condition")) {
+    return(.mizu_condition("mizu_error", paste("mizu: malformed error from a worker")))
+  }
+  e
+}
+
+.result <- function(task) {
+  if (task$state == "done") {
+    # The task's warnings are signalled here, once, as they would be if it ran here.
+    w <- task$warnings
+    if (length(w)) {
+      task$warnings <- NULL
+      for (x in w) warning(x)
+    }
+    return(task$value)
+  }
+  stop(task$error)
+}
+
+#' Collect a task's value
+#'
+#' Waits for the task and returns its value. An error in the task is raised here with its
+#' original class and message; the call it happened in is its `call` (shown when printed) and
+#' the worker's call stack (deparsed calls) is its field `traceback`. Failures of the
+#' machinery have classes `mizu_error_worker_died` (fields `slot`, `pid`),
+#' `mizu_error_exec_timeout`, `mizu_error_cancelled` and `mizu_error_stopped`, all inheriting
+#' `mizu_error`. Ctrl-C interrupts the wait (the task stays valid). Collecting again returns
+#' the same value (or raises the same error).
+#'
+#' @param task A `mizu_task` from [mizu_submit()].
+#' @param timeout Seconds to wait; after that, `mizu_timeout` is returned and the task stays
+#'   valid.
+#' @return The task's value, or `mizu_timeout`.
+#' @examples
+#' \donttest{
+#' pool <- mizu_pool(1)
+#' t <- mizu_submit(pool, { Sys.sleep(0.5); "done" })
+#' mizu_collect(t, timeout = 0)   # mizu_timeout
+#' mizu_collect(t)                # "done"
+#' mizu_pool_stop(pool)
+#' }
+#' @export
+mizu_collect <- function(task, timeout = Inf) {
+  .check_task(task)
+  if (task$state != "pending") return(.result(task))
+  o <- .Call(wrap__task_collect, task$ptr, .secs(timeout, "timeout"))
+  if (!.settle(task, o)) return(mizu_timeout)
+  .result(task)
+}
+
+#' Collect whichever task finishes first
+#'
+#' @param tasks A list of `mizu_task`s. Tasks already collected are skipped.
+#' @param timeout Seconds to wait; after that, `mizu_timeout` is returned.
+#' @return `list(index, value)`: the position of a finished task in `tasks` and its value
+#'   (its error is raised, with field `index`), or `mizu_timeout`.
+#' @examples
+#' \donttest{
+#' pool <- mizu_pool(2)
+#' ts <- list(mizu_submit(pool, { Sys.sleep(1); "slow" }), mizu_submit(pool, "fast"))
+#' mizu_collect_any(ts)$value
+#' mizu_pool_stop(pool)
+#' }
+#' @export
+mizu_collect_any <- function(tasks, timeout = Inf) {
+  if (!is.list(tasks) || !all(vapply(tasks, inherits, TRUE, "mizu_task"))) {
+    stop("`tasks` must be a list of mizu_task", call. = FALSE)
+  }
+  timeout <- .secs(timeout, "timeout")
+  pending <- which(vapply(tasks, function(t) t$state == "pending", TRUE))
+  if (!length(pending)) stop("every task was already collected", call. = FALSE)
+  i <- .Call(wrap__task_wait_any, lapply(tasks[pending], `[[`, "ptr"), timeout)
+  if (i < 0L) .signal_interrupt()
+  if (i == 0L) return(mizu_timeout)
+  k <- pending[[i]]
+  t <- tasks[[k]]
+  .settle(t, .Call(wrap__task_collect, t$ptr, 0))
+  if (t$state == "failed") {
+    e <- t$error
+    e$index <- k
+    stop(e)
+  }
+  list(index = k, value = t$value)
+}
+
+#' Collect every task, in order
+#'
+#' @param tasks A list of `mizu_task`s.
+#' @param timeout Seconds to wait for all of them; after that, `mizu_timeout` is returned and
+#'   the tasks stay valid.
+#' @return The values, in the order (and with the names) of `tasks`. The first failure by
+#'   position is raised, with its position in field `index`.
+#' @examples
+#' \donttest{
+#' pool <- mizu_pool(2)
+#' mizu_collect_all(list(a = mizu_submit(pool, 1), b = mizu_submit(pool, 2)))
+#' mizu_pool_stop(pool)
+#' }
+#' @export
+mizu_collect_all <- function(tasks, timeout = Inf) {
+  if (!is.list(tasks) || !all(vapply(tasks, inherits, TRUE, "mizu_task"))) {
+    stop("`tasks` must be a list of mizu_task", call. = FALSE)
+  }
+  deadline <- Sys.time() + .secs(timeout, "timeout")
+  out <- vector("list", length(tasks))
+  for (k in seq_along(tasks)) {
+    t <- tasks[[k]]
+    if (t$state == "pending") {
+      left <- max(0, as.numeric(deadline - Sys.time(), units = "secs"))
+      if (!.settle(t, .Call(wrap__task_collect, t$ptr, left))) return(mizu_timeout)
+    }
+    if (t$state == "failed") {
+      e <- t$error
+      e$index <- k
+      stop(e)
+    }
+    out[k] <- list(t$value)
+  }
+  names(out) <- names(tasks)
+  out
+}
+
+#' Cancel a task that has not started
+#'
+#' @param task A `mizu_task`.
+#' @return `TRUE` if the task will never run (collecting it raises `mizu_error_cancelled`),
+#'   `FALSE` if it already started or finished.
+#' @examples
+#' \donttest{
+#' pool <- mizu_pool(1)
+#' busy <- mizu_submit(pool, Sys.sleep(1))
+#' queued <- mizu_submit(pool, "never")
+#' mizu_cancel(queued)
+#' mizu_pool_stop(pool)
+#' }
+#' @export
+mizu_cancel <- function(task) {
+  .check_task(task)
+  if (task$state != "pending") return(FALSE)
+  .Call(wrap__task_cancel, task$ptr)
+}

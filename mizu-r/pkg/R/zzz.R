@@ -1,0 +1,3 @@
+.onLoad <- function(libname, pkgname) {
+  .Call(wrap__init_native)
+}

@@ -1,0 +1,4 @@
+library(testthat)
+library(mizu)
+
+test_check("mizu")

@@ -1,0 +1,22 @@
+# Shared helpers. Every test file stops its pools; teardown checks /dev/shm.
+
+shm_names <- function() .Call(mizu:::wrap__shm_names)
+shm_before <- shm_names()
+
+with_pool <- function(n, code, ...) {
+  pool <- mizu_pool(n, ...)
+  on.exit(mizu_pool_stop(pool))
+  code(pool)
+}
+
+# Runs R code in a fresh Rscript; returns its output lines.
+run_r <- function(code) {
+  f <- tempfile(fileext = ".R")
+  writeLines(c(sprintf(".libPaths(c(%s))",
+                       paste(encodeString(.libPaths(), quote = '"'), collapse = ", ")),
+               code), f)
+  on.exit(unlink(f))
+  suppressWarnings(system2(file.path(R.home("bin"), "Rscript"), f, stdout = TRUE, stderr = TRUE))
+}
+
+in_ci <- function() nzchar(Sys.getenv("CI"))

@@ -1,0 +1,134 @@
+roundtrip <- function(pool, x) mizu_collect(mizu_submit(pool, x, x = x))
+
+test_that("vectors of every kind round-trip with their attributes, small and large", {
+  with_pool(1, function(pool) {
+    for (n in c(3L, 10000L)) {
+      d <- c(1.5, NA, NaN, -0, Inf, -Inf)
+      values <- list(
+        int = c(seq_len(n - 1L), NA),
+        dbl = rep_len(d, n),
+        lgl = rep_len(c(TRUE, FALSE, NA), n),
+        raw = as.raw(seq_len(n) %% 256L),
+        cplx = complex(real = seq_len(n), imaginary = -seq_len(n)),
+        chr = rep_len(c("a", NA, "\u00e9t\u00e9", ""), n),
+        fct = factor(rep_len(c("lo", "hi", NA), n), levels = c("lo", "hi")),
+        date = as.Date("2024-02-29") + seq_len(n),
+        time = as.POSIXct("2024-01-01 12:00:00", tz = "Asia/Tokyo") + seq_len(n),
+        dt = as.difftime(seq_len(n), units = "mins"),
+        named = stats::setNames(seq_len(n) * 1.0, paste0("n", seq_len(n))),
+        mat = matrix(seq_len(2 * n) * 1.0, nrow = 2, dimnames = list(c("a", "b"), NULL))
+      )
+      for (nm in names(values)) {
+        got <- roundtrip(pool, values[[nm]])
+        expect_identical(got, values[[nm]], label = sprintf("%s (n = %d)", nm, n))
+      }
+      # NA_real_ keeps its payload bits (R tells NA from NaN by them)
+      got <- roundtrip(pool, rep_len(c(NA_real_, NaN), n))
+      expect_true(is.na(got[1]) && !is.nan(got[1]))
+      expect_true(is.nan(got[2]))
+    }
+  })
+})
+
+test_that("large vectors arrive as views of shared memory; modifying one copies it", {
+  with_pool(1, function(pool) {
+    x <- runif(1e5)
+    got <- mizu_collect(mizu_submit(pool, list(a = x, b = x * 2), x = x))
+    expect_true(mizu_is_view(got$a))
+    expect_true(mizu_is_shared(got$a))
+    expect_false(mizu_is_view(x))
+    expect_equal(sum(got$a), sum(x))
+    y <- got$a
+    y[1] <- -1
+    expect_equal(y[1], -1)
+    expect_equal(got$a[1], x[1])          # the view itself is unchanged
+    got$b[2] <- 0                          # in place on the view: it becomes private
+    expect_false(mizu_is_shared(got$b))
+    expect_equal(got$b[2], 0)
+    expect_equal(got$b[-2], (x * 2)[-2])
+    # small vectors travel inside the serialization
+    expect_false(mizu_is_view(mizu_collect(mizu_submit(pool, 1:10))))
+  })
+})
+
+test_that("a view sent on arrives intact, and outlives the pool that produced it", {
+  p1 <- mizu_pool(1)
+  v <- mizu_collect(mizu_submit(p1, seq(0, 1, length.out = 50000)))
+  f <- mizu_collect(mizu_submit(p1, factor(rep(letters[1:3], 20000))))
+  mizu_pool_stop(p1)
+  # the producing workers are gone; the pages stay mapped while the views exist
+  expect_equal(v[50000], 1)
+  expect_equal(levels(f), c("a", "b", "c"))
+  expect_equal(as.integer(table(f)), rep(20000L, 3))
+  with_pool(1, function(p2) {
+    expect_identical(mizu_collect(mizu_submit(p2, v, v = v)), v)
+    expect_equal(mizu_collect(mizu_submit(p2, sum(v), v = v)), sum(seq(0, 1, length.out = 50000)))
+  })
+  gc()
+})
+
+test_that("data frames round-trip; the worker adds a column", {
+  n <- 54000L
+  df <- data.frame(
+    id = seq_len(n), x = runif(n), y = rnorm(n), z = seq_len(n) / 7,
+    g = factor(sample(c("a", "b", "c"), n, TRUE)),
+    h = factor(sample(month.name, n, TRUE), levels = month.name),
+    flag = sample(c(TRUE, FALSE, NA), n, TRUE),
+    when = as.Date("2020-01-01") + seq_len(n) %% 1000,
+    name = sample(c("ann", "bob", NA), n, TRUE),
+    k = sample(1:100, n, TRUE)
+  )
+  with_pool(1, function(pool) {
+    got <- mizu_collect(mizu_submit(pool, { d$w <- d$x * 2 + d$k; d }, d = df))
+    expected <- df
+    expected$w <- df$x * 2 + df$k
+    expect_identical(got, expected)
+    expect_true(mizu_is_view(got$x))
+    expect_identical(attributes(got$g), attributes(df$g))
+    expect_identical(mizu_collect(mizu_submit(pool, d, d = df[0, ])), df[0, ])
+  })
+})
+
+test_that("general objects travel through R's serialization", {
+  with_pool(1, function(pool) {
+    e <- new.env()
+    e$v <- 1:3
+    f <- local({ k <- 10; function(x) x + k })
+    fit <- stats::lm(mpg ~ wt, data = datasets::mtcars)
+    got <- mizu_collect(mizu_submit(pool, list(get("v", env), f(1), class(fit), coef(fit)),
+                                    env = e, f = f, fit = fit))
+    expect_identical(got, list(1:3, 11, "lm", coef(fit)))
+    nested <- list(a = list(b = list(c = runif(10000))), d = "x")
+    expect_identical(mizu_collect(mizu_submit(pool, n, n = nested)), nested)
+  })
+})
+
+test_that("malformed payloads give errors, never crashes", {
+  bad <- list(raw(0), as.raw(0xff), charToRaw("V"),
+              as.raw(c(0x56, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, rep(0, 8))),
+              as.raw(c(0x56, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                       rep(0xff, 16), 9, rep(0, 7))),
+              c(charToRaw("R"), as.raw(1:40)))
+  for (b in bad) expect_error(.Call(mizu:::wrap__codec_decode, b), "malformed")
+  good <- .Call(mizu:::wrap__codec_encode, list(a = runif(2000), m = matrix(1:4000, 2)))
+  for (cut in c(20L, 100L, length(good) - 8L)) {
+    expect_error(.Call(mizu:::wrap__codec_decode, good[seq_len(cut)]), "malformed")
+  }
+  # flipping bytes anywhere never crashes: either an error or some value
+  set.seed(3)
+  outcomes <- vapply(1:300, function(i) {
+    b <- good
+    k <- sample(length(b), 3)
+    b[k] <- as.raw(sample(0:255, 3))
+    r <- tryCatch(.Call(mizu:::wrap__codec_decode, b),
+                  error = function(e) if (grepl("malformed", conditionMessage(e))) "error" else "?")
+    if (identical(r, "error")) "error" else if (identical(r, "?")) "other error" else "value"
+  }, "")
+  expect_length(outcomes, 300)                   # the process survived every one
+  expect_false("other error" %in% outcomes)      # errors say the payload is malformed
+  expect_true("error" %in% outcomes)
+  # text payloads (runtime errors) decode as text
+  expect_equal(.Call(mizu:::wrap__codec_decode, charToRaw("Thello")), "hello")
+  v <- list(a = runif(1e4), b = "x", f = factor(rep(c("u", "v"), 5000)))
+  expect_identical(.Call(mizu:::wrap__codec_roundtrip, v), v)
+})

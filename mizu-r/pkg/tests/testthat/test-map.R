@@ -1,0 +1,110 @@
+test_that("maps return results in order with names; .ptype gives a typed vector", {
+  with_pool(2, function(pool) {
+    x <- stats::setNames(1:50, paste0("e", 1:50))
+    expect_identical(mizu_map(pool, x, function(i, k) i * k, k = 2L), as.list(x * 2L))
+    expect_identical(mizu_map(pool, x, function(i) i / 2, .ptype = double()), x / 2)
+    expect_identical(mizu_map(pool, 1:5, function(i) i %% 2 == 0, .ptype = logical()),
+                     c(FALSE, TRUE, FALSE, TRUE, FALSE))
+    expect_identical(mizu_map(pool, 1:3, function(i) letters[i], .ptype = character()),
+                     letters[1:3])
+    expect_identical(mizu_map(pool, list(), identity), list())
+    expect_identical(mizu_map(pool, integer(), identity, .ptype = double()), double())
+    expect_identical(mizu_map(pool, 1:3, function(i) NULL), list(NULL, NULL, NULL))
+    expect_identical(mizu_map(pool, 1:10, sqrt, .chunk_size = 3), as.list(sqrt(1:10)))
+    expect_error(mizu_map(pool, 1:3, function(i) c(i, i), .ptype = double()),
+                 "one double value")
+    expect_error(mizu_map(pool, 1:3, identity, .ptype = 1), "ptype")
+    expect_error(mizu_map(pool, 1:3, identity, .seed = -1), "seed")
+  })
+})
+
+test_that("the first failing element by position is reported, with its class and index", {
+  with_pool(2, function(pool) {
+    f <- function(i) if (i %in% c(37, 80)) stop(structure(
+      class = c("odd_error", "error", "condition"),
+      list(message = paste("bad", i), call = NULL))) else i
+    e <- tryCatch(mizu_map(pool, 1:100, f), error = function(e) e)
+    expect_s3_class(e, "odd_error")
+    expect_equal(conditionMessage(e), "bad 37")
+    expect_equal(e$index, 37)
+    # the pool is still usable afterwards
+    expect_identical(mizu_map(pool, 1:4, function(i) -i), as.list(-(1:4)))
+  })
+})
+
+test_that("seeded maps are identical for any worker count and chunking", {
+  f <- function(i) c(runif(2), rnorm(1), sample(100, 1))
+  r1 <- with_pool(1, function(p) mizu_map(p, 1:40, f, .seed = 2024))
+  r2 <- with_pool(2, function(p) mizu_map(p, 1:40, f, .seed = 2024, .chunk_size = 3))
+  r3 <- with_pool(2, function(p) mizu_map(p, 1:40, f, .seed = 2024))
+  expect_identical(r1, r2)
+  expect_identical(r1, r3)
+  expect_false(identical(r1[[1]], r1[[2]]))
+  r4 <- with_pool(1, function(p) mizu_map(p, 1:40, f, .seed = 2025))
+  expect_false(identical(r1, r4))
+  # runif in element i is the documented stream
+  u <- with_pool(1, function(p) mizu_map(p, 1:3, function(i) runif(4), .seed = 7))
+  for (i in 1:3) expect_identical(u[[i]], mizu_stream(7, i, 4))
+})
+
+test_that("the caller's and the workers' RNG state is left as it was", {
+  set.seed(1)
+  before <- .Random.seed
+  with_pool(1, function(p) {
+    mizu_map(p, 1:3, function(i) runif(1), .seed = 3)
+    w <- mizu_collect(mizu_submit(p, { set.seed(5); a <- runif(1); list(a, RNGkind()[1]) }))
+    mizu_map(p, 1:3, function(i) runif(1), .seed = 3)
+    w2 <- mizu_collect(mizu_submit(p, { set.seed(5); list(runif(1), RNGkind()[1]) }))
+    expect_identical(w, w2)
+    expect_equal(w[[2]], "Mersenne-Twister")
+  })
+  expect_identical(.Random.seed, before)
+})
+
+test_that("runif in a seeded element equals numpy's Philox stream", {
+  py <- Sys.getenv("MIZU_PYTHON")
+  if (!nzchar(py)) {
+    if (in_ci()) fail("MIZU_PYTHON must name a Python with numpy in CI")
+    skip("MIZU_PYTHON not set (cargo xtask test sets it)")
+  }
+  u <- with_pool(2, function(p) mizu_map(p, 1:5, function(i) runif(3), .seed = 123456789))
+  code <- paste0(
+    "import numpy as np\n",
+    "for i in range(5):\n",
+    "    g = np.random.Generator(np.random.Philox(key=123456789, counter=i << 128))\n",
+    "    print(' '.join(repr(float(v)) for v in g.random(3)))\n")
+  f <- tempfile(fileext = ".py")
+  writeLines(code, f)
+  out <- system2(py, f, stdout = TRUE)
+  unlink(f)
+  expect_length(out, 5)
+  for (i in 1:5) {
+    expect_identical(u[[i]], as.numeric(strsplit(out[[i]], " ")[[1]]))
+  }
+})
+
+test_that("nested maps and submits from inside tasks do not deadlock with one worker", {
+  with_pool(1, function(pool) {
+    r <- mizu_collect(mizu_submit(pool, {
+      inner <- mizu::mizu_current_pool()
+      level2 <- mizu::mizu_map(inner, 1:3, function(i) {
+        p <- mizu::mizu_current_pool()
+        sum(unlist(mizu::mizu_map(p, 1:i, function(j) j * 10)))
+      })
+      t <- mizu::mizu_submit(inner, 5 + 5)
+      list(unlist(level2), mizu::mizu_collect(t))
+    }))
+    expect_identical(r, list(c(10, 30, 60), 10))
+    seeded <- mizu_collect(mizu_submit(pool, mizu::mizu_map(mizu::mizu_current_pool(), 1:3,
+                                                            function(i) runif(1), .seed = 9)))
+    expect_identical(unlist(seeded), vapply(1:3, function(i) mizu_stream(9, i, 1), 0))
+  })
+})
+
+test_that("progress is shown when asked", {
+  with_pool(1, function(pool) {
+    out <- capture.output(r <- mizu_map(pool, 1:20, identity, .progress = TRUE))
+    expect_true(any(grepl("100%", out)))
+    expect_identical(r, as.list(1:20))
+  })
+})

@@ -1,0 +1,183 @@
+test_that("a task sees only its bindings and the worker's global environment", {
+  with_pool(1, function(pool) {
+    expect_equal(mizu_collect(mizu_submit(pool, x + y, x = 40, y = 2)), 42)
+    secret <- "caller's"
+    t <- mizu_submit(pool, exists("secret"))
+    expect_false(mizu_collect(t))
+    expect_equal(mizu_collect(mizu_submit(pool, environmentName(parent.env(environment())))),
+                 "R_GlobalEnv")
+    f <- function(v) v * 3
+    expect_equal(mizu_collect(mizu_submit(pool, f(7), f = f)), 21)
+    expect_error(mizu_submit(pool, x, 1), "must be named")
+  })
+})
+
+test_that("init runs on every worker; status and print describe the pool", {
+  with_pool(2, init = quote(answer <- 42), function(pool) {
+    ts <- lapply(1:4, function(i) mizu_submit(pool, answer + i, i = i))
+    expect_equal(unlist(mizu_collect_all(ts)), 43:46)
+    s <- mizu_pool_status(pool)
+    expect_equal(nrow(s), 2L)
+    expect_named(s, c("slot", "pid", "state", "busy", "tasks", "steals"))
+    expect_true(all(s$pid > 0))
+    expect_output(print(pool), "mizu_pool: 2 workers")
+  })
+})
+
+test_that("collect returns mizu_timeout on timeout and the task stays valid", {
+  with_pool(1, function(pool) {
+    t <- mizu_submit(pool, { Sys.sleep(0.5); "late" })
+    r <- mizu_collect(t, timeout = 0)
+    expect_true(mizu_is_sentinel(r, mizu_timeout))
+    expect_identical(r, mizu_timeout)
+    expect_equal(mizu_collect(t), "late")
+    expect_equal(mizu_collect(t), "late")   # collecting again gives the same value
+  })
+})
+
+test_that("errors keep their class and message, with the remote call and traceback", {
+  with_pool(1, function(pool) {
+    t <- mizu_submit(pool, g(1), g = function(x) {
+      h <- function(x) stop("boom ", x)
+      h(x)
+    })
+    e <- tryCatch(mizu_collect(t), error = function(e) e)
+    expect_s3_class(e, "simpleError")
+    expect_equal(conditionMessage(e), "boom 1")
+    expect_match(deparse(conditionCall(e)), "h\\(x\\)")
+    expect_true(any(grepl("g(1)", e$traceback, fixed = TRUE)))
+    expect_true(any(grepl("h(x)", e$traceback, fixed = TRUE)))
+    # the same error again when collected again
+    expect_error(mizu_collect(t), "boom 1")
+    custom <- mizu_submit(pool, stop(structure(class = c("my_error", "error", "condition"),
+                                               list(message = "custom", call = NULL, n = 7))))
+    e <- tryCatch(mizu_collect(custom), my_error = function(e) e)
+    expect_s3_class(e, "my_error")
+    expect_equal(e$n, 7)
+    # warnings on the worker do not fail the task
+    expect_equal(suppressWarnings(mizu_collect(mizu_submit(pool, { warning("w"); 1 }))), 1)
+  })
+})
+
+test_that("collect_all keeps names and order and raises the first failure with its index", {
+  with_pool(2, function(pool) {
+    ts <- list(a = mizu_submit(pool, 1), b = mizu_submit(pool, "two"),
+               c = mizu_submit(pool, list(3)))
+    expect_identical(mizu_collect_all(ts), list(a = 1, b = "two", c = list(3)))
+    ts <- list(mizu_submit(pool, 1), mizu_submit(pool, stop("second")),
+               mizu_submit(pool, stop("third")))
+    e <- tryCatch(mizu_collect_all(ts), error = function(e) e)
+    expect_equal(conditionMessage(e), "second")
+    expect_equal(e$index, 2L)
+    slow <- list(mizu_submit(pool, { Sys.sleep(2); 1 }))
+    expect_identical(mizu_collect_all(slow, timeout = 0.05), mizu_timeout)
+    expect_equal(mizu_collect_all(slow), list(1))
+  })
+})
+
+test_that("collect_any returns the first finished task; submit_batch keeps names", {
+  with_pool(2, function(pool) {
+    ts <- list(mizu_submit(pool, { Sys.sleep(3); "slow" }), mizu_submit(pool, "fast"))
+    r <- mizu_collect_any(ts)
+    expect_equal(r, list(index = 2L, value = "fast"))
+    r <- mizu_collect_any(ts)
+    expect_equal(r$index, 1L)
+    expect_error(mizu_collect_any(ts), "already collected")
+    b <- mizu_submit_batch(pool, list(x = quote(k * 1), y = quote(k * 2)), k = 5)
+    expect_named(b, c("x", "y"))
+    expect_equal(mizu_collect_all(b), list(x = 5, y = 10))
+  })
+})
+
+test_that("a queued task can be cancelled; a running one cannot", {
+  with_pool(1, function(pool) {
+    busy <- mizu_submit(pool, { Sys.sleep(1); "busy" })
+    Sys.sleep(0.2)   # let it start (a hang guard, not a timing assumption: see below)
+    queued <- mizu_submit(pool, "never")
+    expect_true(mizu_cancel(queued))
+    expect_error(mizu_collect(queued), class = "mizu_error_cancelled")
+    expect_equal(mizu_collect(busy), "busy")
+    expect_false(mizu_cancel(busy))
+  })
+})
+
+test_that("a worker killed mid-task fails that task with its slot and pid and is replaced", {
+  with_pool(1, function(pool) {
+    pid <- mizu_collect(mizu_submit(pool, Sys.getpid()))
+    t <- mizu_submit(pool, tools::pskill(Sys.getpid(), tools::SIGKILL))
+    e <- tryCatch(mizu_collect(t), error = function(e) e)
+    expect_s3_class(e, "mizu_error_worker_died")
+    expect_s3_class(e, "mizu_error")
+    expect_equal(e$pid, pid)
+    expect_equal(e$slot, 0)
+    # the replacement serves the next task
+    expect_equal(mizu_collect(mizu_submit(pool, 1 + 1)), 2)
+    expect_false(mizu_collect(mizu_submit(pool, Sys.getpid())) == pid)
+  })
+})
+
+test_that("exec_timeout kills a stuck worker and fails its task", {
+  with_pool(1, exec_timeout = 1, function(pool) {
+    t <- mizu_submit(pool, Sys.sleep(60))
+    expect_error(mizu_collect(t), class = "mizu_error_exec_timeout")
+    expect_equal(mizu_collect(mizu_submit(pool, "alive")), "alive")
+  })
+})
+
+test_that("max_tasks replaces workers after that many tasks", {
+  with_pool(1, max_tasks = 2, function(pool) {
+    pids <- vapply(1:6, function(i) mizu_collect(mizu_submit(pool, Sys.getpid())), 0)
+    expect_gte(length(unique(pids)), 3)
+  })
+})
+
+test_that("a stopped pool refuses work with mizu_error_stopped", {
+  pool <- mizu_pool(1)
+  t <- mizu_submit(pool, { Sys.sleep(30); 1 })
+  mizu_pool_stop(pool, grace = 1)
+  mizu_pool_stop(pool)   # idempotent
+  expect_error(mizu_collect(t), class = "mizu_error_stopped")
+  expect_error(mizu_submit(pool, 1), class = "mizu_error_stopped")
+  expect_output(print(pool), "stopped")
+})
+
+test_that("bad input gives clear errors", {
+  expect_error(mizu_pool(0), "n_workers")
+  expect_error(mizu_pool(1.5), "n_workers")
+  expect_error(mizu_pool("a"), "n_workers")
+  expect_error(mizu_pool(1, exec_timeout = -1), "exec_timeout")
+  expect_error(mizu_collect("nope"), "mizu_task")
+  expect_error(mizu_submit(list(), 1), "mizu_pool")
+  expect_error(mizu_current_pool(), class = "mizu_error")
+  # a pool handle restored from a saved session is refused, not dereferenced
+  pool <- mizu_pool(1)
+  stale <- unserialize(serialize(pool, NULL))
+  mizu_pool_stop(pool)
+  expect_error(mizu_submit(stale, 1), "live mizu pool|mizu pool")
+  expect_error(.Call(mizu:::wrap__task_collect, 42, 1), "mizu task")
+})
+
+test_that("Ctrl-C interrupts a wait and leaves the task valid", {
+  out <- run_r(c(
+    "library(mizu)",
+    "p <- mizu_pool(1)",
+    "me <- Sys.getpid()",
+    "t <- mizu_submit(p, { Sys.sleep(0.5); tools::pskill(me, tools::SIGINT); Sys.sleep(1); 7 }, me = me)",
+    "r <- tryCatch(mizu_collect(t), interrupt = function(e) 'interrupted')",
+    "cat('first:', r, '\\n')",
+    "cat('then:', mizu_collect(t), '\\n')",
+    "mizu_pool_stop(p)"
+  ))
+  expect_true(any(grepl("first: interrupted", out)), info = paste(out, collapse = "\n"))
+  expect_true(any(grepl("then: 7", out)), info = paste(out, collapse = "\n"))
+})
+
+test_that("more tasks than slots: finished outcomes make room, nothing is lost", {
+  with_pool(2, slots = 8L, function(pool) {
+    ts <- lapply(1:200, function(i) mizu_submit(pool, i * 2L, i = i))
+    expect_identical(unlist(mizu_collect_all(ts)), (1:200) * 2L)
+    b <- mizu_submit_batch(pool, lapply(1:50, function(i) bquote(.(i) + 1L)))
+    expect_identical(unlist(mizu_collect_all(b)), 2:51)
+    expect_identical(unlist(mizu_map(pool, 1:300, function(i) -i, .chunk_size = 1)), -(1:300))
+  })
+})

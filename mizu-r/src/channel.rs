@@ -1,0 +1,178 @@
+//! Channels: a duplex pair of shared-memory rings between this process and one peer (see
+//! `mizu_pool::Channel`); messages are R payloads (see `codec`).
+
+use std::cell::RefCell;
+use std::mem::ManuallyDrop;
+use std::time::{Duration, Instant};
+
+use extendr_api::Result;
+use extendr_api::prelude::*;
+use mizu_pool::{ChannelSendError, RecvError};
+
+use crate::codec::{Decoded, Outgoing, decode};
+use crate::{forked, interrupt, rerr};
+
+/// How long one wait lasts before Ctrl-C is checked.
+const SLICE: Duration = Duration::from_millis(50);
+
+/// One end of a channel.
+pub struct RChannel {
+    /// Dropped only in the process that made it (a forked child's copy is forgotten: the
+    /// peer belongs to the parent).
+    inner: ManuallyDrop<RefCell<mizu_pool::Channel>>,
+    pid: u32,
+}
+
+impl Drop for RChannel {
+    fn drop(&mut self) {
+        if self.pid == std::process::id() {
+            // SAFETY: dropped once, here, and never used again.
+            unsafe { ManuallyDrop::drop(&mut self.inner) };
+        }
+    }
+}
+
+fn wrap(c: mizu_pool::Channel) -> Robj {
+    ExternalPtr::new(RChannel {
+        inner: ManuallyDrop::new(RefCell::new(c)),
+        pid: std::process::id(),
+    })
+    .into()
+}
+
+fn chan(ch: &Robj) -> Result<&RChannel> {
+    let c: &ExternalPtr<RChannel> = ch
+        .try_into()
+        .map_err(|_| rerr("not a mizu channel (or one restored from a saved session)"))?;
+    let c = c.try_addr().map_err(|_| rerr("not a live mizu channel"))?;
+    forked(c.pid)?;
+    Ok(c)
+}
+
+/// Launches `program args… <token>` as the peer; returns once it attached.
+#[extendr]
+fn channel_launch(program: &str, args: Vec<String>, capacity: f64, timeout: f64) -> Result<Robj> {
+    let t = Duration::try_from_secs_f64(timeout.max(0.0)).map_err(rerr)?;
+    let cap = capacity.max(2.0) as u64;
+    mizu_pool::Channel::launch(program, args, cap.next_power_of_two(), 256, t)
+        .map(wrap)
+        .map_err(rerr)
+}
+
+/// Attaches to the channel named by `token` (the peer's side).
+#[extendr]
+fn channel_attach(token: &str) -> Result<Robj> {
+    mizu_pool::Channel::attach(token).map(wrap).map_err(rerr)
+}
+
+/// Sends values (a list) without blocking: `c(sent, status)`, the
+/// status of the first message not sent (0 when all were; 1 full, 2 closed, 3 peer gone).
+#[extendr]
+fn channel_send_batch(ch: Robj, payloads: List) -> Result<Vec<i32>> {
+    let c = chan(&ch)?;
+    let bytes: Vec<Vec<u8>> = crate::pool::outgoing_list(&payloads)?
+        .iter()
+        .map(Outgoing::to_vec)
+        .collect();
+    let r = c
+        .inner
+        .borrow_mut()
+        .send_batch(bytes.iter().map(Vec::as_slice));
+    Ok(match r {
+        Ok(n) if n == bytes.len() => vec![n as i32, 0],
+        Ok(n) => vec![n as i32, 1],
+        Err(ChannelSendError::Full) => vec![0, 1],
+        Err(ChannelSendError::Closed) => vec![0, 2],
+        Err(ChannelSendError::PeerGone) => vec![0, 3],
+        Err(ChannelSendError::Storage(m)) => return Err(rerr(m)),
+    })
+}
+
+/// Waits at most `timeout` seconds (Inf: forever) for a message: `list(status, value)`
+/// with status 0 message, 1 timeout, 2 closed, 3 peer gone, 8 interrupted (Ctrl-C).
+#[extendr]
+fn channel_recv(ch: Robj, timeout: f64) -> Result<List> {
+    let c = chan(&ch)?;
+    let start = Instant::now();
+    let timeout = if timeout.is_infinite() || timeout.is_nan() {
+        None
+    } else {
+        Some(Duration::try_from_secs_f64(timeout.max(0.0)).map_err(rerr)?)
+    };
+    let status = |s: i32| List::from_values([Robj::from(s), ().into()]);
+    loop {
+        let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
+        let slice = left.map_or(SLICE, |l| l.min(SLICE));
+        let r = c.inner.borrow_mut().recv(Some(slice));
+        match r {
+            Ok(buf) => {
+                return Ok(match decode(buf)? {
+                    Decoded::Value(v) => List::from_values([Robj::from(0), v]),
+                    Decoded::Text(t) => return Err(rerr(t)),
+                });
+            }
+            Err(RecvError::Timeout) => {
+                if left.is_some_and(|l| l <= slice) {
+                    return Ok(status(1));
+                }
+                if interrupt::pending() {
+                    return Ok(status(8));
+                }
+            }
+            Err(RecvError::Closed) => return Ok(status(2)),
+            Err(RecvError::PeerGone) => return Ok(status(3)),
+        }
+    }
+}
+
+/// Closes this side: the peer reads what was sent, then sees the channel closed.
+#[extendr]
+fn channel_close(ch: Robj) -> Result<()> {
+    chan(&ch)?.inner.borrow_mut().close();
+    Ok(())
+}
+
+/// Closes, then waits up to `timeout` seconds for a launched peer to exit (killing it after
+/// that): its exit code, or NA if it was killed or this end attached.
+#[extendr]
+fn channel_finish(ch: Robj, timeout: f64) -> Result<Option<i32>> {
+    let c = chan(&ch)?;
+    let mut g = c.inner.borrow_mut();
+    g.close();
+    let Some(child) = g.child() else {
+        return Ok(None);
+    };
+    let t0 = Instant::now();
+    loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            return Ok(st.code());
+        }
+        if t0.elapsed().as_secs_f64() >= timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The launched peer's process id (NA when this end attached).
+#[extendr]
+fn channel_peer_pid(ch: Robj) -> Result<Option<f64>> {
+    Ok(chan(&ch)?
+        .inner
+        .borrow_mut()
+        .child()
+        .map(|c| f64::from(c.id())))
+}
+
+extendr_module! {
+    mod channel;
+    fn channel_launch;
+    fn channel_attach;
+    fn channel_send_batch;
+    fn channel_recv;
+    fn channel_close;
+    fn channel_finish;
+    fn channel_peer_pid;
+}

@@ -1,0 +1,509 @@
+//! R payloads: R's serialization of a value, with every large atomic vector taken out and
+//! carried as an out-of-band buffer, laid out in one task payload — so a large value travels in
+//! one shared-memory region copied once from the sender's vectors, and the receiver sees each
+//! buffer as an ALTREP view of that region.
+//!
+//! Encoding walks the value's lists; each vector of at least [`FLOOR`] bytes is replaced, for
+//! the length of the serialization, by a placeholder (an external pointer tagged
+//! `mizu_oob_<k>` carrying the vector's attributes), and put back afterwards. Decoding
+//! unserializes and puts view `k` (with the placeholder's attributes) where each placeholder
+//! is. Serialization goes straight through R's C API into a byte buffer.
+//!
+//! Layout (all integers little-endian; offsets from the payload start):
+//! * `R` then the serialization — no buffers;
+//! * `V`, 3 zero bytes, `u32` buffer count `n`, `u64` serialization length, then `n` entries of
+//!   (`u64` offset, `u64` length, `u8` type code, 7 zero bytes), the serialization, then each
+//!   buffer at its offset, 64-byte aligned;
+//! * `T` then UTF-8 text: a runtime error (not an R condition).
+
+use std::ffi::{CStr, c_int, c_void};
+
+use arrow_buffer::Buffer;
+use extendr_api::prelude::*;
+use extendr_api::{Error, Result};
+use extendr_ffi::{
+    CAR, CDR, DATAPTR_RO, PRINTNAME, R_CHAR, R_ExternalPtrTag, R_MakeExternalPtr, R_NilValue,
+    R_xlen_t, Rf_install, Rf_setAttrib, SET_ATTRIB, SET_OBJECT, SET_VECTOR_ELT, SEXP, SEXPTYPE,
+    TAG, TYPEOF, VECTOR_ELT, XLENGTH,
+};
+use mizu_pool::Fill;
+
+use crate::ffi;
+use crate::rtry::try_r;
+use crate::view::{self, VType};
+
+const TAG_PLAIN: u8 = b'R';
+const TAG_BUFFERS: u8 = b'V';
+/// A runtime error message (see the module docs).
+pub const TAG_TEXT: u8 = b'T';
+const ALIGN: usize = 64;
+const ENTRY: usize = 24;
+/// Vectors of at least this many bytes travel out of band (and arrive as views).
+pub const FLOOR: usize = 4096;
+/// Lists nested deeper than this are serialized whole.
+const MAX_DEPTH: usize = 64;
+const PLACEHOLDER: &str = "mizu_oob_";
+
+/// A payload to send, written in place by [`Fill`]. Holds the vectors it points into, so
+/// their memory stays alive (R does not move vectors).
+pub struct Outgoing {
+    skel: Vec<u8>,
+    bufs: Vec<(Robj, VType, *const u8, usize)>,
+    at: Vec<usize>,
+    size: usize,
+}
+
+/// Takes large vectors out of lists in place, remembering how to put them back.
+struct Walk {
+    bufs: Vec<Robj>,
+    swaps: Vec<(SEXP, R_xlen_t, SEXP)>,
+    placeholders: Vec<Robj>,
+    failed: bool,
+}
+
+fn oob_type(x: SEXP) -> Option<VType> {
+    // SAFETY: TYPEOF/XLENGTH read any live SEXP.
+    unsafe {
+        let t = VType::of(TYPEOF(x))?;
+        ((XLENGTH(x) as usize).saturating_mul(t.size()) >= FLOOR).then_some(t)
+    }
+}
+
+impl Walk {
+    /// A placeholder for `x` (which goes out of band as buffer `k`).
+    fn placeholder(&mut self, x: SEXP) -> Option<SEXP> {
+        let k = self.bufs.len();
+        let name = std::ffi::CString::new(format!("{PLACEHOLDER}{k}")).expect("no NUL");
+        // SAFETY: `x` is live (reachable from the value being encoded, and protected below);
+        // the closure owns nothing, so an allocation error jumping out of it skips no
+        // destructor.
+        let ph = unsafe {
+            let np = name.as_ptr();
+            try_r(move || {
+                let p = R_MakeExternalPtr(std::ptr::null_mut(), Rf_install(np), R_NilValue);
+                SET_ATTRIB(p, ffi::ATTRIB(x));
+                SET_OBJECT(p, ffi::OBJECT(x));
+                p
+            })
+        };
+        match ph {
+            Ok(p) => {
+                // SAFETY: both are live SEXPs; Robj protects them until the walk ends.
+                unsafe {
+                    self.bufs.push(Robj::from_sexp(x));
+                    self.placeholders.push(Robj::from_sexp(p));
+                }
+                Some(p)
+            }
+            Err(_) => {
+                self.failed = true;
+                None
+            }
+        }
+    }
+
+    fn visit(&mut self, x: SEXP, depth: usize) {
+        // SAFETY: `x` is a live list; its elements are read and replaced (the originals are
+        // protected in `bufs` and put back by `restore`).
+        unsafe {
+            if TYPEOF(x) != SEXPTYPE::VECSXP || depth >= MAX_DEPTH {
+                return;
+            }
+            for i in 0..XLENGTH(x) {
+                if self.failed {
+                    return;
+                }
+                let e = VECTOR_ELT(x, i);
+                if oob_type(e).is_some() {
+                    if let Some(p) = self.placeholder(e) {
+                        SET_VECTOR_ELT(x, i, p);
+                        self.swaps.push((x, i, e));
+                    }
+                } else {
+                    self.visit(e, depth + 1);
+                }
+            }
+        }
+    }
+
+    /// Puts the original vectors back.
+    fn restore(&mut self) {
+        for (list, i, orig) in self.swaps.drain(..).rev() {
+            // SAFETY: the list is the caller's value (alive for the whole encode), `orig` is
+            // protected by `bufs`.
+            unsafe {
+                SET_VECTOR_ELT(list, i, orig);
+            }
+        }
+    }
+}
+
+unsafe extern "C" fn out_char(s: *mut ffi::R_outpstream_st, c: c_int) {
+    // SAFETY: `data` is the Vec<u8> `serialize` passed, alive for the call.
+    unsafe { (*(*s).data.cast::<Vec<u8>>()).push(c as u8) }
+}
+
+unsafe extern "C" fn out_bytes(s: *mut ffi::R_outpstream_st, buf: *mut c_void, n: c_int) {
+    // SAFETY: as above; R passes `n` readable bytes at `buf`.
+    unsafe {
+        let v = &mut *(*s).data.cast::<Vec<u8>>();
+        v.extend_from_slice(std::slice::from_raw_parts(
+            buf.cast::<u8>(),
+            n.max(0) as usize,
+        ));
+    }
+}
+
+/// R's serialization (version 3, native byte order) of `x`.
+fn serialize(x: SEXP) -> Result<Vec<u8>> {
+    let mut out: Vec<u8> = Vec::with_capacity(256);
+    let data = std::ptr::from_mut(&mut out).cast::<c_void>();
+    // SAFETY: the stream lives on this frame for the call; the callbacks write into `out`,
+    // which this frame owns (an R error jumps out of `try_r`'s closure only).
+    let r = unsafe {
+        let mut st = std::mem::MaybeUninit::<ffi::R_outpstream_st>::zeroed();
+        let sp = st.as_mut_ptr();
+        try_r(move || {
+            ffi::R_InitOutPStream(
+                sp,
+                data,
+                ffi::R_PSTREAM_BINARY_FORMAT,
+                3,
+                Some(out_char),
+                Some(out_bytes),
+                None,
+                R_NilValue,
+            );
+            ffi::R_Serialize(x, sp);
+            R_NilValue
+        })
+    };
+    match r {
+        Ok(_) => Ok(out),
+        Err(_) => Err(crate::rerr("this value cannot be serialized")),
+    }
+}
+
+struct Input<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+unsafe extern "C" fn in_char(s: *mut ffi::R_inpstream_st) -> c_int {
+    // SAFETY: `data` is the `Input` `unserialize` passed, alive for the call.
+    let inp = unsafe { &mut *(*s).data.cast::<Input<'_>>() };
+    match inp.bytes.get(inp.at) {
+        Some(&b) => {
+            inp.at += 1;
+            c_int::from(b)
+        }
+        // SAFETY: an R error from inside R_Unserialize (caught by `try_r`); this frame owns
+        // nothing.
+        None => unsafe { extendr_ffi::Rf_error(c"mizu: truncated serialization".as_ptr()) },
+    }
+}
+
+unsafe extern "C" fn in_bytes(s: *mut ffi::R_inpstream_st, buf: *mut c_void, n: c_int) {
+    // SAFETY: as above; R asks for `n` bytes into `buf`, which has room for them.
+    unsafe {
+        let inp = &mut *(*s).data.cast::<Input<'_>>();
+        let n = n.max(0) as usize;
+        if inp.bytes.len() - inp.at < n {
+            extendr_ffi::Rf_error(c"mizu: truncated serialization".as_ptr());
+        }
+        std::ptr::copy_nonoverlapping(inp.bytes.as_ptr().add(inp.at), buf.cast::<u8>(), n);
+        inp.at += n;
+    }
+}
+
+fn unserialize(bytes: &[u8]) -> Result<Robj> {
+    let mut inp = Input { bytes, at: 0 };
+    let data = std::ptr::from_mut(&mut inp).cast::<c_void>();
+    // SAFETY: the stream lives on this frame for the call; the callbacks read `inp`.
+    let r = unsafe {
+        let mut st = std::mem::MaybeUninit::<ffi::R_inpstream_st>::zeroed();
+        let sp = st.as_mut_ptr();
+        try_r(move || {
+            ffi::R_InitInPStream(
+                sp,
+                data,
+                ffi::R_PSTREAM_BINARY_FORMAT,
+                Some(in_char),
+                Some(in_bytes),
+                None,
+                R_NilValue,
+            );
+            ffi::R_Unserialize(sp)
+        })
+    };
+    match r {
+        // SAFETY: a fresh value; Robj protects it.
+        Ok(x) => Ok(unsafe { Robj::from_sexp(x) }),
+        Err(_) => Err(bad("the serialization cannot be read")),
+    }
+}
+
+impl Outgoing {
+    /// Encodes an R value.
+    pub fn encode(value: &Robj) -> Result<Outgoing> {
+        let mut w = Walk {
+            bufs: Vec::new(),
+            swaps: Vec::new(),
+            placeholders: Vec::new(),
+            failed: false,
+        };
+        // SAFETY: `value` is protected by its Robj for this call.
+        let root = unsafe { value.get() };
+        let top = if oob_type(root).is_some() {
+            w.placeholder(root)
+        } else {
+            w.visit(root, 0);
+            Some(root)
+        };
+        let skel = match top {
+            Some(t) if !w.failed => serialize(t),
+            _ => Err(crate::rerr("out of memory while encoding")),
+        };
+        w.restore();
+        let skel = skel?;
+        let mut bufs = Vec::with_capacity(w.bufs.len());
+        for v in w.bufs {
+            // SAFETY: `v` is an atomic vector (checked by `oob_type`) protected by its Robj;
+            // DATAPTR_RO is valid for XLENGTH elements while it lives unmodified.
+            let (t, ptr, n) = unsafe {
+                let s = v.get();
+                let t = VType::of(TYPEOF(s)).expect("checked by oob_type");
+                (
+                    t,
+                    DATAPTR_RO(s).cast::<u8>(),
+                    XLENGTH(s) as usize * t.size(),
+                )
+            };
+            bufs.push((v, t, ptr, n));
+        }
+        Ok(Outgoing::layout(skel, bufs))
+    }
+
+    fn layout(skel: Vec<u8>, bufs: Vec<(Robj, VType, *const u8, usize)>) -> Outgoing {
+        let mut out = Outgoing {
+            size: 1 + skel.len(),
+            skel,
+            bufs,
+            at: Vec::new(),
+        };
+        if out.bufs.is_empty() {
+            return out;
+        }
+        let mut at = 16 + ENTRY * out.bufs.len() + out.skel.len();
+        for b in &out.bufs {
+            at = at.next_multiple_of(ALIGN);
+            out.at.push(at);
+            at += b.3;
+        }
+        out.size = at;
+        out
+    }
+
+    /// The payload as bytes (where it cannot be written in place).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.size];
+        self.fill(&mut v);
+        v
+    }
+}
+
+impl Fill for Outgoing {
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn fill(&self, out: &mut [u8]) {
+        let skel = &self.skel;
+        if self.bufs.is_empty() {
+            out[0] = TAG_PLAIN;
+            out[1..].copy_from_slice(skel);
+            return;
+        }
+        out[..16].fill(0);
+        out[0] = TAG_BUFFERS;
+        out[4..8].copy_from_slice(&(self.bufs.len() as u32).to_le_bytes());
+        out[8..16].copy_from_slice(&(skel.len() as u64).to_le_bytes());
+        for (i, (b, &at)) in self.bufs.iter().zip(&self.at).enumerate() {
+            let e = 16 + ENTRY * i;
+            out[e..e + ENTRY].fill(0);
+            out[e..e + 8].copy_from_slice(&(at as u64).to_le_bytes());
+            out[e + 8..e + 16].copy_from_slice(&(b.3 as u64).to_le_bytes());
+            out[e + 16] = b.1 as u8;
+        }
+        let p = 16 + ENTRY * self.bufs.len();
+        out[p..p + skel.len()].copy_from_slice(skel);
+        let mut end = p + skel.len();
+        for (b, &at) in self.bufs.iter().zip(&self.at) {
+            out[end..at].fill(0);
+            // SAFETY: `b.2` points to `b.3` bytes of a vector that `self` keeps alive.
+            let src = unsafe { std::slice::from_raw_parts(b.2, b.3) };
+            out[at..at + b.3].copy_from_slice(src);
+            end = at + b.3;
+        }
+    }
+}
+
+fn bad(why: impl std::fmt::Display) -> Error {
+    crate::rerr(format!("malformed payload: {why}"))
+}
+
+/// A decoded payload.
+pub enum Decoded {
+    /// The value.
+    Value(Robj),
+    /// A runtime error's text.
+    Text(String),
+}
+
+/// Which view a placeholder stands for.
+fn placeholder_index(x: SEXP) -> Option<usize> {
+    // SAFETY: reading the type, tag and symbol name of a live SEXP.
+    unsafe {
+        if TYPEOF(x) != SEXPTYPE::EXTPTRSXP {
+            return None;
+        }
+        let tag = R_ExternalPtrTag(x);
+        if TYPEOF(tag) != SEXPTYPE::SYMSXP {
+            return None;
+        }
+        let name = CStr::from_ptr(R_CHAR(PRINTNAME(tag))).to_str().ok()?;
+        name.strip_prefix(PLACEHOLDER)?.parse().ok()
+    }
+}
+
+/// The view for placeholder `ph`, with the placeholder's attributes (set one by one, so R
+/// checks each: a `dim` that does not fit is refused).
+fn fill_in(ph: SEXP, views: &[Robj]) -> Result<SEXP> {
+    let k = placeholder_index(ph).ok_or_else(|| bad("bad placeholder"))?;
+    let v = views
+        .get(k)
+        .ok_or_else(|| bad(format!("placeholder {k} has no buffer")))?;
+    // SAFETY: `v` and `ph` are live (protected by the caller); the closures own nothing.
+    unsafe {
+        let vs = v.get();
+        let mut a = ffi::ATTRIB(ph);
+        while a != R_NilValue {
+            let (tag, val) = (TAG(a), CAR(a));
+            try_r(move || Rf_setAttrib(vs, tag, val))
+                .map_err(|_| bad("an attribute does not fit its vector"))?;
+            a = CDR(a);
+        }
+        Ok(vs)
+    }
+}
+
+fn fill_lists(x: SEXP, views: &[Robj], depth: usize) -> Result<()> {
+    // SAFETY: `x` is a live list inside the (protected) decoded value.
+    unsafe {
+        if TYPEOF(x) != SEXPTYPE::VECSXP || depth > MAX_DEPTH {
+            return Ok(());
+        }
+        for i in 0..XLENGTH(x) {
+            let e = VECTOR_ELT(x, i);
+            if TYPEOF(e) == SEXPTYPE::EXTPTRSXP && placeholder_index(e).is_some() {
+                SET_VECTOR_ELT(x, i, fill_in(e, views)?);
+            } else {
+                fill_lists(e, views, depth + 1)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Decodes a received payload. Input is untrusted: every offset is checked.
+pub fn decode(buf: Buffer) -> Result<Decoded> {
+    let b = buf.as_slice();
+    match b.first() {
+        Some(&TAG_PLAIN) => Ok(Decoded::Value(unserialize(&b[1..])?)),
+        Some(&TAG_TEXT) => Ok(Decoded::Text(String::from_utf8_lossy(&b[1..]).into_owned())),
+        Some(&TAG_BUFFERS) => {
+            if b.len() < 16 {
+                return Err(bad("header truncated"));
+            }
+            let n = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")) as usize;
+            let slen = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
+            let table_end = n
+                .checked_mul(ENTRY)
+                .and_then(|t| t.checked_add(16))
+                .filter(|&e| e <= b.len())
+                .ok_or_else(|| bad(format!("{n} buffers do not fit")))?;
+            let send = (table_end as u64)
+                .checked_add(slen)
+                .filter(|&e| e <= b.len() as u64)
+                .ok_or_else(|| bad("serialization out of bounds"))? as usize;
+            let mut views = Vec::with_capacity(n);
+            for i in 0..n {
+                let e = 16 + ENTRY * i;
+                let at = u64::from_le_bytes(b[e..e + 8].try_into().expect("8 bytes"));
+                let len = u64::from_le_bytes(b[e + 8..e + 16].try_into().expect("8 bytes"));
+                let t = VType::from_code(b[e + 16])
+                    .ok_or_else(|| bad(format!("buffer {i} has unknown type {}", b[e + 16])))?;
+                let end = at
+                    .checked_add(len)
+                    .filter(|&x| at >= send as u64 && x <= b.len() as u64)
+                    .ok_or_else(|| bad(format!("buffer {i} out of bounds")))?;
+                views.push(view::make(
+                    buf.slice_with_length(at as usize, (end - at) as usize),
+                    t,
+                )?);
+            }
+            let value = unserialize(&b[table_end..send])?;
+            // SAFETY: `value` is protected by its Robj.
+            let root = unsafe { value.get() };
+            if placeholder_index(root).is_some() {
+                // SAFETY: the view is protected by `views` until wrapped.
+                return Ok(Decoded::Value(unsafe {
+                    Robj::from_sexp(fill_in(root, &views)?)
+                }));
+            }
+            fill_lists(root, &views, 0)?;
+            Ok(Decoded::Value(value))
+        }
+        Some(t) => Err(bad(format!("unknown tag {t:#04x}"))),
+        None => Err(bad("empty")),
+    }
+}
+
+/// A runtime error as a payload.
+pub fn text(msg: &str) -> Vec<u8> {
+    let mut v = vec![TAG_TEXT];
+    v.extend_from_slice(msg.as_bytes());
+    v
+}
+
+/// Encodes and decodes in this process (tests of the payload format and of views).
+#[extendr]
+fn codec_roundtrip(value: Robj) -> Result<Robj> {
+    let out = Outgoing::encode(&value)?;
+    match decode(Buffer::from_vec(out.to_vec()))? {
+        Decoded::Value(v) => Ok(v),
+        Decoded::Text(t) => Err(crate::rerr(t)),
+    }
+}
+
+/// The payload bytes of a value (tests).
+#[extendr]
+fn codec_encode(value: Robj) -> Result<Raw> {
+    Ok(Raw::from_bytes(&Outgoing::encode(&value)?.to_vec()))
+}
+
+/// Decodes arbitrary bytes as a payload (tests: malformed input gives an error).
+#[extendr]
+fn codec_decode(bytes: Raw) -> Result<Robj> {
+    match decode(Buffer::from_slice_ref(bytes.as_slice()))? {
+        Decoded::Value(v) => Ok(v),
+        Decoded::Text(t) => Ok(Robj::from(t)),
+    }
+}
+
+extendr_module! {
+    mod codec;
+    fn codec_roundtrip;
+    fn codec_encode;
+    fn codec_decode;
+}

@@ -1,0 +1,69 @@
+//! R C-API functions and structures that extendr-ffi does not declare (checked against
+//! R 4.2's `Rinternals.h` and `R_ext/Memory.h`).
+
+#![allow(non_camel_case_types, non_snake_case)]
+// SEXP points to an opaque R object (extendr declares its target non-exhaustive).
+#![allow(improper_ctypes)]
+
+use std::ffi::{c_int, c_void};
+
+use extendr_ffi::SEXP;
+
+/// `R_pstream_binary_format`: native byte order (both ends run on this machine).
+pub const R_PSTREAM_BINARY_FORMAT: c_int = 2;
+
+/// `struct R_outpstream_st`.
+#[repr(C)]
+pub struct R_outpstream_st {
+    pub data: *mut c_void,
+    pub type_: c_int,
+    pub version: c_int,
+    pub OutChar: Option<unsafe extern "C" fn(*mut R_outpstream_st, c_int)>,
+    pub OutBytes: Option<unsafe extern "C" fn(*mut R_outpstream_st, *mut c_void, c_int)>,
+    pub OutPersistHookFunc: Option<unsafe extern "C" fn(SEXP, SEXP) -> SEXP>,
+    pub OutPersistHookData: SEXP,
+}
+
+/// `struct R_inpstream_st` (with room to spare after it, in case a later R adds fields).
+#[repr(C)]
+pub struct R_inpstream_st {
+    pub data: *mut c_void,
+    pub type_: c_int,
+    pub InChar: Option<unsafe extern "C" fn(*mut R_inpstream_st) -> c_int>,
+    pub InBytes: Option<unsafe extern "C" fn(*mut R_inpstream_st, *mut c_void, c_int)>,
+    pub InPersistHookFunc: Option<unsafe extern "C" fn(SEXP, SEXP) -> SEXP>,
+    pub InPersistHookData: SEXP,
+    pub native_encoding: [u8; 64],
+    pub nat2nat_obj: *mut c_void,
+    pub nat2utf8_obj: *mut c_void,
+    pub spare: [u8; 256],
+}
+
+unsafe extern "C" {
+    pub fn R_InitOutPStream(
+        stream: *mut R_outpstream_st,
+        data: *mut c_void,
+        type_: c_int,
+        version: c_int,
+        outchar: Option<unsafe extern "C" fn(*mut R_outpstream_st, c_int)>,
+        outbytes: Option<unsafe extern "C" fn(*mut R_outpstream_st, *mut c_void, c_int)>,
+        phook: Option<unsafe extern "C" fn(SEXP, SEXP) -> SEXP>,
+        pdata: SEXP,
+    );
+    pub fn R_InitInPStream(
+        stream: *mut R_inpstream_st,
+        data: *mut c_void,
+        type_: c_int,
+        inchar: Option<unsafe extern "C" fn(*mut R_inpstream_st) -> c_int>,
+        inbytes: Option<unsafe extern "C" fn(*mut R_inpstream_st, *mut c_void, c_int)>,
+        phook: Option<unsafe extern "C" fn(SEXP, SEXP) -> SEXP>,
+        pdata: SEXP,
+    );
+    pub fn R_Serialize(s: SEXP, ops: *mut R_outpstream_st);
+    pub fn R_Unserialize(ips: *mut R_inpstream_st) -> SEXP;
+    pub fn ATTRIB(x: SEXP) -> SEXP;
+    pub fn OBJECT(x: SEXP) -> c_int;
+    pub fn Rf_eval(e: SEXP, env: SEXP) -> SEXP;
+    pub fn Rf_lang2(f: SEXP, a: SEXP) -> SEXP;
+    pub fn R_gc();
+}

@@ -1,0 +1,93 @@
+//! Native code of the `mizu` R package: the extendr layer over `mizu-pool`. It converts types,
+//! lays out R payloads (R's serialization plus large vectors as out-of-band buffers in shared
+//! memory), hands received vectors to R as ALTREP views of shared pages, runs R as a worker's
+//! executor, and drives R's RNG from `mizu-rng` streams. The R API is in `pkg/R/`.
+//!
+//! R is single-threaded: every function here runs on R's main thread, and nothing calls into
+//! R from another thread.
+
+// The crate has no Rust API: what it exports are the `wrap__*` entry points extendr generates
+// for R, which cannot carry doc comments. The R API is documented in `pkg/man`.
+#![allow(missing_docs)]
+
+mod channel;
+mod codec;
+mod ffi;
+mod interrupt;
+mod pool;
+mod rng;
+mod rtry;
+mod view;
+mod worker;
+
+use extendr_api::prelude::*;
+use extendr_api::{Error, Result};
+
+/// An error message for R (raised by the generated wrapper as an R error).
+pub(crate) fn rerr(e: impl std::fmt::Display) -> Error {
+    Error::Other(format!("mizu: {e}"))
+}
+
+/// Refuses handles inherited through `fork()` (e.g. `parallel::mclapply`): the child does
+/// not own the parent's pool.
+pub(crate) fn forked(pid: u32) -> Result<()> {
+    if pid == std::process::id() {
+        Ok(())
+    } else {
+        Err(rerr(
+            "this handle belongs to the parent process; a forked child cannot use it",
+        ))
+    }
+}
+
+/// Called when the package loads: errors this crate returns reach R as R errors (extendr
+/// turns a returned `Err` into a panic it catches); keep those panics from printing a Rust
+/// panic report. Genuine panics still print.
+#[extendr]
+fn init_native() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let ours = info
+                .payload()
+                .downcast_ref::<String>()
+                .is_some_and(|m| m.starts_with("mizu: "));
+            if !ours {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// Removes shared-memory names left by processes that are gone; returns them.
+#[extendr]
+fn prune() -> Result<Vec<String>> {
+    mizu_shm::prune().map_err(rerr)
+}
+
+/// The shared-memory names this machine has under mizu's prefix.
+#[extendr]
+fn shm_names() -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(mizu_shm::name::PREFIX))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+extendr_module! {
+    mod mizu;
+    fn init_native;
+    fn prune;
+    fn shm_names;
+    use codec;
+    use pool;
+    use worker;
+    use rng;
+    use view;
+    use channel;
+}

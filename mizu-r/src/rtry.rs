@@ -1,0 +1,45 @@
+//! Running R C-API calls that may raise an R error, without R's long jump crossing Rust frames
+//! that own anything: the call runs inside `R_ToplevelExec`, which returns whether it
+//! completed. (`R_tryCatchError` would also hand back the condition, but it evaluates R's
+//! `tryCatch` on every call — microseconds each; callers that need the condition record it
+//! from R, see `worker.rs`.) An error is reported by R's default handler, which prints it
+//! unless the `show.error.messages` option is FALSE.
+
+use std::ffi::c_void;
+
+use extendr_ffi::{R_NilValue, SEXP};
+
+unsafe extern "C" {
+    fn R_ToplevelExec(fun: Option<unsafe extern "C" fn(*mut c_void)>, data: *mut c_void) -> i32;
+}
+
+struct Call<F> {
+    f: Option<F>,
+    out: SEXP,
+}
+
+unsafe extern "C" fn body<F: FnOnce() -> SEXP>(data: *mut c_void) {
+    // SAFETY: `data` is the `Call<F>` that `try_r` passes, alive for the whole call.
+    let call = unsafe { &mut *data.cast::<Call<F>>() };
+    if let Some(f) = call.f.take() {
+        call.out = f();
+    }
+}
+
+/// Runs `f` (which calls R's C API) on R's main thread: its value (unprotected, like any fresh
+/// R value), or `Err` if it raised an R error (or was interrupted).
+///
+/// # Safety
+/// R's main thread only. An R error long-jumps out of `f`, so `f` must not own values with
+/// destructors while it calls into R (capture raw pointers and `Copy` data only).
+pub unsafe fn try_r<F: FnOnce() -> SEXP>(f: F) -> Result<SEXP, ()> {
+    let mut call = Call {
+        f: Some(f),
+        // SAFETY: reading R's nil constant.
+        out: unsafe { R_NilValue },
+    };
+    let data = std::ptr::from_mut(&mut call).cast::<c_void>();
+    // SAFETY: the trampoline matches `R_ToplevelExec`'s signature and gets `call` back.
+    let ok = unsafe { R_ToplevelExec(Some(body::<F>), data) };
+    if ok != 0 { Ok(call.out) } else { Err(()) }
+}

@@ -1,0 +1,327 @@
+//! ALTREP views: received vectors whose elements stay in the shared pages they arrived in.
+//!
+//! A view holds the received buffer (which keeps the region mapped and referenced) in an
+//! external pointer (`data1`). Reading goes straight to shared memory; the first request for a
+//! writable pointer copies the elements into a private R vector (`data2`) that the view uses
+//! from then on, so modifying a view never writes to shared pages. `Duplicate` gives a plain
+//! private copy (R copies the attributes). Serialization writes the elements as a standard
+//! vector (no serialized state), so `saveRDS` of a view stores ordinary data.
+
+use std::cell::{Cell, OnceCell};
+use std::ffi::c_void;
+
+use arrow_buffer::Buffer;
+use extendr_api::Result;
+use extendr_api::prelude::*;
+use extendr_ffi::{
+    DATAPTR, R_ExternalPtrAddr, R_MakeExternalPtr, R_NilValue, R_RegisterCFinalizerEx,
+    R_altrep_class_t, R_altrep_data1, R_altrep_data2, R_altrep_inherits, R_make_altcomplex_class,
+    R_make_altinteger_class, R_make_altlogical_class, R_make_altraw_class, R_make_altreal_class,
+    R_new_altrep, R_set_altcomplex_Elt_method, R_set_altinteger_Elt_method,
+    R_set_altlogical_Elt_method, R_set_altraw_Elt_method, R_set_altreal_Elt_method,
+    R_set_altrep_Duplicate_method, R_set_altrep_Length_method, R_set_altrep_data2,
+    R_set_altvec_Dataptr_method, R_set_altvec_Dataptr_or_null_method, R_xlen_t, Rboolean, Rcomplex,
+    Rf_allocVector, Rf_protect, Rf_unprotect, SEXP, SEXPTYPE, TYPEOF,
+};
+
+/// The vector types that can be views, with their wire codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VType {
+    /// `integer` (also factors, and `Date`s stored as integers).
+    Int = 0,
+    /// `double` (also `Date`, `POSIXct`, `difftime`).
+    Real = 1,
+    /// `logical`.
+    Lgl = 2,
+    /// `raw`.
+    Raw = 3,
+    /// `complex`.
+    Cplx = 4,
+}
+
+impl VType {
+    /// From a wire code.
+    pub fn from_code(c: u8) -> Option<VType> {
+        Some(match c {
+            0 => VType::Int,
+            1 => VType::Real,
+            2 => VType::Lgl,
+            3 => VType::Raw,
+            4 => VType::Cplx,
+            _ => return None,
+        })
+    }
+
+    /// Of an R vector (None for types that cannot be views).
+    pub fn of(t: SEXPTYPE) -> Option<VType> {
+        Some(match t {
+            SEXPTYPE::INTSXP => VType::Int,
+            SEXPTYPE::REALSXP => VType::Real,
+            SEXPTYPE::LGLSXP => VType::Lgl,
+            SEXPTYPE::RAWSXP => VType::Raw,
+            SEXPTYPE::CPLXSXP => VType::Cplx,
+            _ => return None,
+        })
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            VType::Int | VType::Lgl => 4,
+            VType::Real => 8,
+            VType::Raw => 1,
+            VType::Cplx => 16,
+        }
+    }
+
+    fn sexptype(self) -> SEXPTYPE {
+        match self {
+            VType::Int => SEXPTYPE::INTSXP,
+            VType::Real => SEXPTYPE::REALSXP,
+            VType::Lgl => SEXPTYPE::LGLSXP,
+            VType::Raw => SEXPTYPE::RAWSXP,
+            VType::Cplx => SEXPTYPE::CPLXSXP,
+        }
+    }
+}
+
+/// What a view's external pointer owns.
+struct State {
+    buf: Buffer,
+    len: usize,
+}
+
+thread_local! {
+    /// The five ALTREP classes, registered once (on R's main thread).
+    static CLASSES: OnceCell<[R_altrep_class_t; 5]> = const { OnceCell::new() };
+}
+
+/// # Safety
+/// `x` is a view made by [`make`] (R calls the methods only on instances of our classes).
+unsafe fn state<'a>(x: SEXP) -> &'a State {
+    // SAFETY: data1 of our views is an external pointer to a live `State` (freed only by its
+    // finalizer, when the view itself is unreachable).
+    unsafe { &*R_ExternalPtrAddr(R_altrep_data1(x)).cast::<State>() }
+}
+
+/// The elements: the private copy once there is one, else the shared pages.
+///
+/// # Safety
+/// As [`state`].
+unsafe fn data(x: SEXP) -> *const c_void {
+    // SAFETY: as `state`; data2 is nil or the private copy (a vector of x's type).
+    unsafe {
+        let d2 = R_altrep_data2(x);
+        if d2 != R_NilValue {
+            DATAPTR(d2).cast_const()
+        } else {
+            state(x).buf.as_ptr().cast()
+        }
+    }
+}
+
+/// A private copy of the elements.
+///
+/// # Safety
+/// As [`state`].
+unsafe fn copy_of(x: SEXP) -> SEXP {
+    // SAFETY: as `state`; the new vector has room for `len` elements of the view's type.
+    unsafe {
+        let st = state(x);
+        let t = TYPEOF(x);
+        let size = VType::of(t).map_or(1, VType::size);
+        let v = Rf_protect(Rf_allocVector(t, st.len as R_xlen_t));
+        std::ptr::copy_nonoverlapping(data(x).cast::<u8>(), DATAPTR(v).cast::<u8>(), st.len * size);
+        Rf_unprotect(1);
+        v
+    }
+}
+
+unsafe extern "C" fn length(x: SEXP) -> R_xlen_t {
+    // SAFETY: called by R on one of our views.
+    unsafe { state(x).len as R_xlen_t }
+}
+
+unsafe extern "C" fn dataptr(x: SEXP, writeable: Rboolean) -> *mut c_void {
+    // SAFETY: called by R on one of our views; R protects `x` during the call.
+    unsafe {
+        if writeable != Rboolean::FALSE && R_altrep_data2(x) == R_NilValue {
+            // Copy on write: shared pages are never written.
+            let v = copy_of(x);
+            R_set_altrep_data2(x, v);
+        }
+        data(x).cast_mut()
+    }
+}
+
+unsafe extern "C" fn dataptr_or_null(x: SEXP) -> *const c_void {
+    // SAFETY: called by R on one of our views.
+    unsafe { data(x) }
+}
+
+unsafe extern "C" fn duplicate(x: SEXP, _deep: Rboolean) -> SEXP {
+    // SAFETY: called by R on one of our views.
+    unsafe { copy_of(x) }
+}
+
+macro_rules! elt {
+    ($name:ident, $t:ty) => {
+        unsafe extern "C" fn $name(x: SEXP, i: R_xlen_t) -> $t {
+            // SAFETY: called by R on one of our views with 0 <= i < length (R checks bounds);
+            // the elements are aligned for $t (checked in `make`).
+            unsafe { *data(x).cast::<$t>().add(i as usize) }
+        }
+    };
+}
+elt!(elt_int, i32);
+elt!(elt_real, f64);
+elt!(elt_raw, u8);
+elt!(elt_cplx, Rcomplex);
+
+unsafe extern "C" fn finalize(p: SEXP) {
+    // SAFETY: `p` is the external pointer made in `make`, finalized once by R.
+    unsafe {
+        let s = R_ExternalPtrAddr(p).cast::<State>();
+        if !s.is_null() {
+            drop(Box::from_raw(s));
+            extendr_ffi::R_ClearExternalPtr(p);
+        }
+    }
+}
+
+fn classes() -> [R_altrep_class_t; 5] {
+    CLASSES.with(|c| {
+        *c.get_or_init(|| {
+            let pkg = c"mizu";
+            // SAFETY: R's main thread; each class is registered once with static names and
+            // methods that match R's method signatures.
+            unsafe {
+                let make = [
+                    R_make_altinteger_class(
+                        c"mizu_view_int".as_ptr(),
+                        pkg.as_ptr(),
+                        std::ptr::null_mut(),
+                    ),
+                    R_make_altreal_class(
+                        c"mizu_view_real".as_ptr(),
+                        pkg.as_ptr(),
+                        std::ptr::null_mut(),
+                    ),
+                    R_make_altlogical_class(
+                        c"mizu_view_lgl".as_ptr(),
+                        pkg.as_ptr(),
+                        std::ptr::null_mut(),
+                    ),
+                    R_make_altraw_class(
+                        c"mizu_view_raw".as_ptr(),
+                        pkg.as_ptr(),
+                        std::ptr::null_mut(),
+                    ),
+                    R_make_altcomplex_class(
+                        c"mizu_view_cplx".as_ptr(),
+                        pkg.as_ptr(),
+                        std::ptr::null_mut(),
+                    ),
+                ];
+                for c in make {
+                    R_set_altrep_Length_method(c, Some(length));
+                    R_set_altrep_Duplicate_method(c, Some(duplicate));
+                    R_set_altvec_Dataptr_method(c, Some(dataptr));
+                    R_set_altvec_Dataptr_or_null_method(c, Some(dataptr_or_null));
+                }
+                R_set_altinteger_Elt_method(make[0], Some(elt_int));
+                R_set_altreal_Elt_method(make[1], Some(elt_real));
+                R_set_altlogical_Elt_method(make[2], Some(elt_int));
+                R_set_altraw_Elt_method(make[3], Some(elt_raw));
+                R_set_altcomplex_Elt_method(make[4], Some(elt_cplx));
+                make
+            }
+        })
+    })
+}
+
+thread_local! {
+    /// Bytes of views made since R's last garbage collection we asked for.
+    static SINCE_GC: Cell<usize> = const { Cell::new(0) };
+}
+
+/// R's collector cannot see the shared memory a view holds (a view is a small object to it),
+/// so views nobody uses any more would keep regions — and the sender's data segments — alive
+/// until R happens to collect. After every [`GC_EVERY`] bytes of new views, collect.
+const GC_EVERY: usize = 64 << 20;
+
+fn collect_garbage_now_and_then(bytes: usize) {
+    let n = SINCE_GC.with(Cell::get) + bytes;
+    if n >= GC_EVERY {
+        SINCE_GC.with(|c| c.set(0));
+        // SAFETY: R's main thread, between allocations (the caller's values are protected).
+        unsafe { crate::ffi::R_gc() };
+    } else {
+        SINCE_GC.with(|c| c.set(n));
+    }
+}
+
+/// A vector of type `t` over `buf` (whose length is a whole number of elements): a view when
+/// the bytes are aligned for the type, else a private copy.
+pub fn make(buf: Buffer, t: VType) -> Result<Robj> {
+    let size = t.size();
+    if !buf.len().is_multiple_of(size) {
+        return Err(crate::rerr(format!(
+            "malformed payload: {} bytes is not a whole number of {size}-byte elements",
+            buf.len()
+        )));
+    }
+    let len = buf.len() / size;
+    collect_garbage_now_and_then(buf.len());
+    let align = if t == VType::Cplx { 8 } else { size };
+    if !(buf.as_ptr() as usize).is_multiple_of(align) {
+        // SAFETY: a fresh vector of `len` elements of `t`; the copy fills it exactly.
+        return Ok(unsafe {
+            let v = Rf_protect(Rf_allocVector(t.sexptype(), len as R_xlen_t));
+            std::ptr::copy_nonoverlapping(buf.as_ptr(), DATAPTR(v).cast::<u8>(), buf.len());
+            let r = Robj::from_sexp(v);
+            Rf_unprotect(1);
+            r
+        });
+    }
+    let class = classes()[t as usize];
+    let state = Box::into_raw(Box::new(State { buf, len }));
+    // SAFETY: R's main thread; the external pointer owns `state` (freed by `finalize`), and is
+    // protected while the ALTREP object that keeps it as data1 is made.
+    unsafe {
+        let p = Rf_protect(R_MakeExternalPtr(state.cast(), R_NilValue, R_NilValue));
+        R_RegisterCFinalizerEx(p, Some(finalize), Rboolean::TRUE);
+        let v = R_new_altrep(class, p, R_NilValue);
+        let r = Robj::from_sexp(v);
+        Rf_unprotect(1);
+        Ok(r)
+    }
+}
+
+/// Whether `x` is a mizu view (shared pages or its private copy).
+pub fn is_view_sexp(x: SEXP) -> bool {
+    let cs = classes();
+    // SAFETY: R_altrep_inherits accepts any SEXP.
+    cs.iter()
+        .any(|c| unsafe { R_altrep_inherits(x, *c) != Rboolean::FALSE })
+}
+
+/// Whether `x` is a view whose elements are still the shared pages (not copied).
+#[extendr]
+fn view_is_shared(x: Robj) -> bool {
+    // SAFETY: `x` is live (held by R for this call); data2 is read only for our views.
+    unsafe { is_view_sexp(x.get()) && R_altrep_data2(x.get()) == R_NilValue }
+}
+
+/// Whether `x` is a mizu view.
+#[extendr]
+fn view_is_view(x: Robj) -> bool {
+    // SAFETY: as above.
+    is_view_sexp(unsafe { x.get() })
+}
+
+extendr_module! {
+    mod view;
+    fn view_is_shared;
+    fn view_is_view;
+}

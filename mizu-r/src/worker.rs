@@ -1,0 +1,186 @@
+//! The worker's side: runs R's task callback for every task, with the task's context reachable
+//! from R (nested submission, the element index of a map).
+
+use std::cell::Cell;
+
+use extendr_api::Result;
+use extendr_api::prelude::*;
+use mizu_pool::{Executor, TaskContext};
+
+use crate::codec::{Decoded, Outgoing, decode, text};
+use crate::ffi;
+use crate::pool::{RTask, batch_result, outgoing_list, submit_failure};
+use crate::rerr;
+use crate::rtry::try_r;
+
+thread_local! {
+    /// The context of the task this thread runs right now (null outside tasks). Set for the
+    /// duration of the R callback; nested tasks run while helping save and restore it.
+    static CURRENT: Cell<*const TaskContext<'static>> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Runs `f` with the current task's context, if this thread is running a task.
+pub fn with_context<T>(f: impl FnOnce(Option<&TaskContext<'_>>) -> T) -> T {
+    let p = CURRENT.with(Cell::get);
+    // SAFETY: CURRENT is non-null only while `execute` (below) is on this thread's stack
+    // with that context alive; it is restored before `execute` returns.
+    f(unsafe { p.as_ref() })
+}
+
+/// Runs R's `run(msg)` for every task, and `failed(msg)` — which returns the condition `run`
+/// raised, as the R side recorded it — when it raised an error.
+struct RExec {
+    run: Function,
+    failed: Function,
+    max_tasks: u64,
+    tasks: Cell<u64>,
+}
+
+// SAFETY: `mizu_pool::run_worker` calls `execute` only on the thread that called it — R's main
+// thread (see `run_worker` below); the R objects are never touched from another thread.
+unsafe impl Send for RExec {}
+// SAFETY: as above.
+unsafe impl Sync for RExec {}
+
+/// `f(arg)` evaluated in the global environment, or `Err` if it raised an error (the R side
+/// records the condition: see `.run_task`).
+fn call1(f: &Function, arg: &Robj) -> std::result::Result<Robj, ()> {
+    // SAFETY: R's main thread; `f` and `arg` are protected by their handles; the closure owns
+    // nothing; the call is protected while it is evaluated.
+    unsafe {
+        let (fs, a) = (f.get(), arg.get());
+        try_r(move || {
+            let call = extendr_ffi::Rf_protect(ffi::Rf_lang2(fs, a));
+            let v = ffi::Rf_eval(call, extendr_ffi::R_GlobalEnv);
+            extendr_ffi::Rf_unprotect(1);
+            v
+        })
+        .map(|v| Robj::from_sexp(v))
+    }
+}
+
+impl RExec {
+    fn run(&self, ctx: &TaskContext<'_>, input: &[u8]) -> std::result::Result<Vec<u8>, Vec<u8>> {
+        let buf = ctx
+            .input()
+            .unwrap_or_else(|| arrow_buffer::Buffer::from_slice_ref(input));
+        let msg = match decode(buf) {
+            Ok(Decoded::Value(v)) => v,
+            Ok(Decoded::Text(t)) => return Err(text(&format!("mizu: a text payload: {t}"))),
+            Err(e) => return Err(text(&e.to_string())),
+        };
+        let (ok, value) = match call1(&self.run, &msg) {
+            Ok(v) => (true, v),
+            Err(()) => match call1(&self.failed, &msg) {
+                Ok(c) => (false, c),
+                Err(()) => return Err(text("mizu: the task failed and so did reporting it")),
+            },
+        };
+        let out = match Outgoing::encode(&value) {
+            Ok(o) => o,
+            Err(e) => {
+                let why = format!(
+                    "mizu: the task's {} cannot be sent: {e}",
+                    if ok { "value" } else { "error" }
+                );
+                return Err(text(&why));
+            }
+        };
+        // Write straight into the result slot/region; fall back to bytes where that is not
+        // possible (inside a map element).
+        if ctx.reply(ok, &out as &dyn mizu_pool::Fill).is_ok() {
+            return Ok(Vec::new());
+        }
+        let v = out.to_vec();
+        if ok { Ok(v) } else { Err(v) }
+    }
+}
+
+impl Executor for RExec {
+    fn execute(
+        &self,
+        ctx: &TaskContext<'_>,
+        input: &[u8],
+    ) -> std::result::Result<Vec<u8>, Vec<u8>> {
+        let prev = CURRENT.with(|c| {
+            // SAFETY (lifetime erasure): the pointer is only dereferenced through
+            // `with_context` while this call is on the stack; it is restored below.
+            c.replace(std::ptr::from_ref(ctx).cast::<TaskContext<'static>>())
+        });
+        let r = self.run(ctx, input);
+        CURRENT.with(|c| c.set(prev));
+        let n = self.tasks.get() + 1;
+        self.tasks.set(n);
+        if self.max_tasks > 0 && n >= self.max_tasks {
+            ctx.recycle();
+        }
+        r
+    }
+}
+
+/// Serves a pool as worker `slot` until it stops, running `run(msg)` for each task and
+/// `failed(msg)` for each task that raised an error; with `max_tasks > 0` the worker leaves
+/// after that many tasks and the pool replaces it.
+#[extendr]
+fn run_worker(
+    token: &str,
+    slot: i32,
+    run: Function,
+    failed: Function,
+    max_tasks: f64,
+) -> Result<()> {
+    let slot = usize::try_from(slot).map_err(|_| rerr("bad worker slot"))?;
+    let exec = RExec {
+        run,
+        failed,
+        max_tasks: max_tasks.max(0.0) as u64,
+        tasks: Cell::new(0),
+    };
+    mizu_pool::run_worker(token, slot, &exec).map_err(rerr)
+}
+
+/// Whether this process is running a task (inside a worker).
+#[extendr]
+fn in_task() -> bool {
+    with_context(|c| c.is_some())
+}
+
+/// The worker slot of this process while it runs a task (else NULL).
+#[extendr]
+fn worker_slot() -> Option<i32> {
+    with_context(|c| c.map(|c| c.worker_slot() as i32))
+}
+
+/// Submits a nested task from inside a task (to the pool running it): the task, or
+/// `c(class, message)`.
+#[extendr]
+fn nested_submit(value: Robj) -> Result<Robj> {
+    let out = Outgoing::encode(&value)?;
+    with_context(|c| {
+        let ctx = c.ok_or_else(|| rerr("nested submission is only possible inside a mizu task"))?;
+        Ok(match ctx.submit_with(&out) {
+            Ok(t) => ExternalPtr::new(RTask::new(t)).into(),
+            Err(e) => submit_failure(e),
+        })
+    })
+}
+
+/// Nested batch submission (see `pool_submit_batch`).
+#[extendr]
+fn nested_submit_batch(payloads: List) -> Result<List> {
+    let outs = outgoing_list(&payloads)?;
+    with_context(|c| {
+        let ctx = c.ok_or_else(|| rerr("nested submission is only possible inside a mizu task"))?;
+        let (ts, res) = ctx.submit_batch_with(outs.iter().map(|o| o as &dyn mizu_pool::Fill));
+        Ok(batch_result(ts, res))
+    })
+}
+
+extendr_module! {
+    mod worker;
+    fn run_worker;
+    fn in_task;
+    fn worker_slot;
+    fn nested_submit;
+    fn nested_submit_batch;
+}

@@ -1,0 +1,170 @@
+//! The R package: installing R when it is missing, building and installing the package into
+//! `target/rlib`, its testthat suite, `R CMD check`, and its benchmarks.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::{Res, run, which};
+
+/// Debian packages the R side needs: R itself (with headers, for building the package), the
+/// test framework, and the peers the benchmarks compare against (`parallel` ships with R).
+const DEBIAN_PACKAGES: &[&str] = &["r-base-dev", "r-cran-testthat", "r-cran-future"];
+/// R packages that must load for the tests and benchmarks.
+const R_PACKAGES: &[&str] = &["testthat", "future"];
+
+/// Where `cargo xtask rpkg` installs the package (kept out of the system library).
+pub fn rlib(root: &Path) -> PathBuf {
+    root.join("target/rlib")
+}
+
+fn r_ready() -> bool {
+    let Some(rscript) = which("Rscript") else {
+        return false;
+    };
+    let check = format!(
+        "for (p in c({})) if (!requireNamespace(p, quietly = TRUE)) quit(status = 1)",
+        R_PACKAGES
+            .iter()
+            .map(|p| format!("'{p}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Command::new(rscript)
+        .args(["-e", &check])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// Makes sure R and the R packages the tests use are installed: from Debian's packages when
+/// missing and running as root, else a message saying what to install.
+pub fn ensure_r(root: &Path) -> Res {
+    if r_ready() {
+        return Ok(());
+    }
+    if !is_root() || which("apt-get").is_none() {
+        return Err(format!(
+            "R 4.2+ with the packages {R_PACKAGES:?} is needed for the R package and its tests.\n\
+             Debian/Ubuntu: sudo apt-get install {}\n\
+             (as root, `cargo xtask test` installs them itself)",
+            DEBIAN_PACKAGES.join(" ")
+        ));
+    }
+    eprintln!("\n==> R or its packages are missing: installing {DEBIAN_PACKAGES:?} (apt-get)");
+    run(
+        root,
+        Command::new("apt-get")
+            .args(["update", "-q"])
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )?;
+    run(
+        root,
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(DEBIAN_PACKAGES)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )?;
+    if r_ready() {
+        Ok(())
+    } else {
+        Err("R was installed but the packages still do not load".into())
+    }
+}
+
+/// An R command with the project's library first on the library path and the workspace
+/// known to the package's Makevars.
+pub fn r_command(root: &Path, program: &str) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.env("R_LIBS", rlib(root))
+        .env("MIZU_WORKSPACE", root)
+        .env("MIZU_PYTHON", root.join(".venv/bin/python"));
+    cmd
+}
+
+/// Builds the native library (cargo, through the package's Makevars) and installs the `mizu`
+/// R package into `target/rlib`.
+pub fn rpkg(root: &Path) -> Res {
+    ensure_r(root)?;
+    let lib = rlib(root);
+    std::fs::create_dir_all(&lib).map_err(|e| format!("{}: {e}", lib.display()))?;
+    run(
+        root,
+        r_command(root, "R")
+            .args(["CMD", "INSTALL", "--no-multiarch", "--library"])
+            .arg(&lib)
+            .arg("mizu-r/pkg"),
+    )
+}
+
+/// The testthat suite against the installed package, with real worker processes.
+pub fn r_tests(root: &Path) -> Res {
+    rpkg(root)?;
+    run(
+        root,
+        r_command(root, "Rscript").args([
+            "-e",
+            "testthat::test_dir('mizu-r/pkg/tests/testthat', package = 'mizu', \
+             load_package = 'installed', reporter = 'summary', stop_on_failure = TRUE)",
+        ]),
+    )
+}
+
+/// `R CMD build` then `R CMD check` of the tarball (without the manual, which needs LaTeX,
+/// and without the tests, which `r_tests` runs): errors and warnings fail.
+pub fn r_check(root: &Path) -> Res {
+    ensure_r(root)?;
+    let dir = root.join("target/rcheck");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    run(
+        &dir,
+        r_command(root, "R")
+            .args(["CMD", "build", "--no-build-vignettes"])
+            .arg(root.join("mizu-r/pkg")),
+    )?;
+    let tarball = std::fs::read_dir(&dir)
+        .map_err(|e| e.to_string())?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "gz"))
+        .ok_or("R CMD build made no tarball")?;
+    run(
+        &dir,
+        r_command(root, "R")
+            .args(["CMD", "check", "--no-manual", "--no-tests"])
+            .arg(&tarball)
+            .env("_R_CHECK_FORCE_SUGGESTS_", "false"),
+    )?;
+    let log = dir.join("mizu.Rcheck/00check.log");
+    let text = std::fs::read_to_string(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+    let bad: Vec<&str> = text
+        .lines()
+        .filter(|l| l.ends_with("WARNING") || l.ends_with("ERROR"))
+        .collect();
+    if bad.is_empty() {
+        eprintln!("\n==> R CMD check: no errors, no warnings");
+        Ok(())
+    } else {
+        Err(format!(
+            "R CMD check reported: {bad:?} (see {})",
+            log.display()
+        ))
+    }
+}
+
+/// The R benchmarks: mizu against parallel (PSOCK, mclapply) and future (`quick`: fewer
+/// repetitions, for the demo).
+pub fn r_bench(root: &Path, quick: bool) -> Res {
+    rpkg(root)?;
+    let mut cmd = r_command(root, "Rscript");
+    cmd.arg("mizu-r/benchmarks/bench.R");
+    if quick {
+        cmd.arg("--quick");
+    }
+    run(root, &mut cmd)
+}
