@@ -1,5 +1,5 @@
 # mizu against the peers R users run today, side by side in one run, as ratios:
-# parallel's PSOCK cluster and mclapply (fork), and future's multisession backend.
+# parallel's PSOCK cluster and mcparallel/mclapply (fork), and future's multisession backend.
 #
 #   Rscript mizu-r/benchmarks/bench.R [--quick] [--workers N]
 #
@@ -49,10 +49,11 @@ n_psock <- max(100L, as.integer(2000 * scale))
 n_slow <- max(20L, as.integer(200 * scale))
 rt_mizu <- per_op(function() for (i in seq_len(n)) mizu_collect(mizu_submit(pool, i, i = i)), n)
 rt_psock <- per_op(function() for (i in seq_len(n_psock)) clusterCall(cl[1], identity, i), n_psock)
-rt_fork <- per_op(function() for (i in seq_len(n_slow)) mclapply(i, identity, mc.cores = 1), n_slow)
+rt_fork <- per_op(function() for (i in seq_len(n_slow)) mccollect(mcparallel(i)), n_slow)
 rt_future <- per_op(function() for (i in seq_len(n_slow)) value(future(i)), n_slow)
 report("trivial task round trip", "time", rt_mizu,
-       list(`PSOCK cluster` = rt_psock, mclapply = rt_fork, `future multisession` = rt_future))
+       list(`PSOCK cluster` = rt_psock, `mcparallel (fork)` = rt_fork,
+            `future multisession` = rt_future))
 
 # 2. Pipelined throughput: many trivial tasks in flight.
 m <- max(1000L, as.integer(20000 * scale))

@@ -70,10 +70,10 @@ fn channel_attach(token: &str) -> Result<Robj> {
 #[extendr]
 fn channel_send_batch(ch: Robj, payloads: List) -> Result<Vec<i32>> {
     let c = chan(&ch)?;
-    let bytes: Vec<Vec<u8>> = crate::pool::outgoing_list(&payloads)?
-        .iter()
-        .map(Outgoing::to_vec)
-        .collect();
+    let bytes: Vec<Vec<u8>> = payloads
+        .values()
+        .map(|v| Outgoing::encode(&v).map(|o| o.to_vec()))
+        .collect::<Result<_>>()?;
     let r = c
         .inner
         .borrow_mut()

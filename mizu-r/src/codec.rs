@@ -11,6 +11,7 @@
 //!
 //! Layout (all integers little-endian; offsets from the payload start):
 //! * `R` then the serialization — no buffers;
+//! * `S` then the compact encoding of a small plain value (see `small.rs`) — no buffers;
 //! * `V`, 3 zero bytes, `u32` buffer count `n`, `u64` serialization length, then `n` entries of
 //!   (`u64` offset, `u64` length, `u8` type code, 7 zero bytes), the serialization, then each
 //!   buffer at its offset, 64-byte aligned;
@@ -33,6 +34,7 @@ use crate::rtry::try_r;
 use crate::view::{self, VType};
 
 const TAG_PLAIN: u8 = b'R';
+const TAG_SMALL: u8 = b'S';
 const TAG_BUFFERS: u8 = b'V';
 /// A runtime error message (see the module docs).
 pub const TAG_TEXT: u8 = b'T';
@@ -47,6 +49,8 @@ const PLACEHOLDER: &str = "mizu_oob_";
 /// A payload to send, written in place by [`Fill`]. Holds the vectors it points into, so
 /// their memory stays alive (R does not move vectors).
 pub struct Outgoing {
+    /// `TAG_PLAIN` or `TAG_SMALL` when there are no buffers.
+    tag: u8,
     skel: Vec<u8>,
     bufs: Vec<(Robj, VType, *const u8, usize)>,
     at: Vec<usize>,
@@ -254,6 +258,9 @@ impl Outgoing {
         };
         // SAFETY: `value` is protected by its Robj for this call.
         let root = unsafe { value.get() };
+        if let Some(bytes) = crate::small::encode(root) {
+            return Ok(Outgoing::layout(TAG_SMALL, bytes, Vec::new()));
+        }
         let top = if oob_type(root).is_some() {
             w.placeholder(root)
         } else {
@@ -281,11 +288,12 @@ impl Outgoing {
             };
             bufs.push((v, t, ptr, n));
         }
-        Ok(Outgoing::layout(skel, bufs))
+        Ok(Outgoing::layout(TAG_PLAIN, skel, bufs))
     }
 
-    fn layout(skel: Vec<u8>, bufs: Vec<(Robj, VType, *const u8, usize)>) -> Outgoing {
+    fn layout(tag: u8, skel: Vec<u8>, bufs: Vec<(Robj, VType, *const u8, usize)>) -> Outgoing {
         let mut out = Outgoing {
+            tag,
             size: 1 + skel.len(),
             skel,
             bufs,
@@ -320,7 +328,7 @@ impl Fill for Outgoing {
     fn fill(&self, out: &mut [u8]) {
         let skel = &self.skel;
         if self.bufs.is_empty() {
-            out[0] = TAG_PLAIN;
+            out[0] = self.tag;
             out[1..].copy_from_slice(skel);
             return;
         }
@@ -420,6 +428,11 @@ pub fn decode(buf: Buffer) -> Result<Decoded> {
     let b = buf.as_slice();
     match b.first() {
         Some(&TAG_PLAIN) => Ok(Decoded::Value(unserialize(&b[1..])?)),
+        Some(&TAG_SMALL) => match crate::small::decode(&b[1..]) {
+            // SAFETY: a fresh value; Robj protects it.
+            Some(v) => Ok(Decoded::Value(unsafe { Robj::from_sexp(v) })),
+            None => Err(bad("the compact encoding cannot be read")),
+        },
         Some(&TAG_TEXT) => Ok(Decoded::Text(String::from_utf8_lossy(&b[1..]).into_owned())),
         Some(&TAG_BUFFERS) => {
             if b.len() < 16 {

@@ -65,5 +65,10 @@ unsafe extern "C" {
     pub fn OBJECT(x: SEXP) -> c_int;
     pub fn Rf_eval(e: SEXP, env: SEXP) -> SEXP;
     pub fn Rf_lang2(f: SEXP, a: SEXP) -> SEXP;
-    pub fn R_gc();
+    pub fn R_ParseEvalString(code: *const std::ffi::c_char, env: SEXP) -> SEXP;
+    pub fn SETCAR(x: SEXP, y: SEXP) -> SEXP;
+    pub fn Rf_getCharCE(x: SEXP) -> c_int;
+    pub fn Rf_installChar(x: SEXP) -> SEXP;
+    pub fn R_NewEnv(enclos: SEXP, hash: c_int, size: c_int) -> SEXP;
+    pub fn Rf_defineVar(symbol: SEXP, value: SEXP, rho: SEXP);
 }

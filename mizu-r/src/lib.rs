@@ -17,6 +17,7 @@ mod interrupt;
 mod pool;
 mod rng;
 mod rtry;
+mod small;
 mod view;
 mod worker;
 

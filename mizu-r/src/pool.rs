@@ -20,6 +20,9 @@ const SLICE: Duration = Duration::from_millis(50);
 /// A pool of R worker processes.
 pub struct RPool {
     inner: RefCell<Option<mizu_pool::Pool>>,
+    /// The handle `mizu_current_pool()` gives inside a task: submits to the pool running it.
+    nested: bool,
+    workers: i32,
     pid: u32,
     submit_timeout: Option<Duration>,
     /// The tasks submitted here that may still hold a task slot: when every slot is taken,
@@ -54,7 +57,11 @@ pub enum TaskState {
     Pending(mizu_pool::Task),
     /// Its outcome, moved out of the slot to make room for more tasks.
     Finished(std::result::Result<Buffer, CollectError>),
-    /// Collected.
+    /// Collected: the outcome list `task_collect` returned is kept in the task object's
+    /// `prot` field (so R's collector sees it as part of the task, not as a global root) and
+    /// returned again when asked again.
+    Done,
+    /// Dropped in a forked child.
     Taken,
 }
 
@@ -77,9 +84,16 @@ impl RTask {
     fn is_done(&self) -> bool {
         match &*self.cell.borrow() {
             TaskState::Pending(t) => t.is_done(),
-            TaskState::Finished(_) => true,
+            TaskState::Finished(_) | TaskState::Done => true,
             TaskState::Taken => false,
         }
+    }
+
+    /// A task handle for R: an external pointer of class `mizu_task`.
+    pub(crate) fn into_robj(self) -> Robj {
+        let mut r: Robj = ExternalPtr::new(self).into();
+        let _ = r.set_class(["mizu_task"]);
+        r
     }
 }
 
@@ -165,11 +179,25 @@ fn opt_secs(x: f64, what: &str) -> Result<Option<Duration>> {
         .map_err(|e| rerr(format!("{what}: {e}")))
 }
 
+/// Whether `x` is an external pointer whose address was cleared (restored from a saved
+/// session, where native handles cannot survive).
+pub(crate) fn stale(x: &Robj) -> bool {
+    // SAFETY: reading the address of an external pointer (checked to be one).
+    x.is_external_pointer() && unsafe { extendr_ffi::R_ExternalPtrAddr(x.get()).is_null() }
+}
+
 fn pool_ref(pool: &Robj) -> Result<&RPool> {
-    let p: &ExternalPtr<RPool> = pool
-        .try_into()
-        .map_err(|_| rerr("not a mizu pool (or one restored from a saved session)"))?;
-    let p = p.try_addr().map_err(|_| rerr("not a live mizu pool"))?;
+    if stale(pool) {
+        return Err(rerr(
+            "not a live mizu pool (one restored from a saved session?)",
+        ));
+    }
+    let p: &ExternalPtr<RPool> = pool.try_into().map_err(|_| {
+        rerr("`pool` must be a mizu_pool (see mizu_pool() and mizu_current_pool())")
+    })?;
+    let p = p
+        .try_addr()
+        .map_err(|_| rerr("not a live mizu pool (one restored from a saved session?)"))?;
     forked(p.pid)?;
     Ok(p)
 }
@@ -186,6 +214,12 @@ pub(crate) fn submit_failure(e: PoolError) -> Robj {
         PoolError::Stopped => failure("mizu_error_stopped", e),
         e => failure("mizu_error", e),
     }
+}
+
+fn pool_robj(p: RPool) -> Robj {
+    let mut r: Robj = ExternalPtr::new(p).into();
+    let _ = r.set_class(["mizu_pool"]);
+    r
 }
 
 /// Starts a pool: `workers` processes `program args… <token> <slot>`.
@@ -211,23 +245,87 @@ fn pool_new(
     };
     cfg.validate().map_err(rerr)?;
     let pool = mizu_pool::Pool::new(cfg, Launcher::new(program, args)).map_err(rerr)?;
-    Ok(ExternalPtr::new(RPool {
+    Ok(pool_robj(RPool {
         inner: RefCell::new(Some(pool)),
+        nested: false,
+        workers,
         pid: std::process::id(),
         submit_timeout: opt_secs(submit_timeout, "submit_timeout")?,
         tasks: RefCell::new(Vec::new()),
-    })
-    .into())
+    }))
 }
 
-/// Submits an R value (the task message): the task handle, or `c(class, message)` when it
-/// cannot be submitted.
-/// When every task slot is taken, finished outcomes are moved into their tasks first (and,
-/// if none is finished, it waits for one, up to the pool's submit timeout).
+/// The pool running the current task (see `mizu_current_pool()`).
 #[extendr]
-fn pool_submit(pool: Robj, value: Robj) -> Result<Robj> {
+fn pool_nested() -> Result<Robj> {
+    if !with_context(|c| c.is_some()) {
+        return Err(rerr(
+            "mizu_current_pool() is only available inside a mizu task",
+        ));
+    }
+    Ok(pool_robj(RPool {
+        inner: RefCell::new(None),
+        nested: true,
+        workers: 0,
+        pid: std::process::id(),
+        submit_timeout: None,
+        tasks: RefCell::new(Vec::new()),
+    }))
+}
+
+/// `list(n_workers, nested, running)`.
+#[extendr]
+fn pool_info(pool: Robj) -> Result<List> {
     let p = pool_ref(&pool)?;
-    let out = Outgoing::encode(&value)?;
+    Ok(List::from_values([
+        Robj::from(p.workers),
+        Robj::from(p.nested),
+        Robj::from(p.nested || p.inner.borrow().is_some()),
+    ]))
+}
+
+/// Checks a task message `list(kind, expr, vars)`: every binding is named.
+fn check_msg(msg: &Robj) -> Result<()> {
+    let bad = || {
+        rerr(
+            "the values in `...` must be named: they are the bindings the expression sees (a \
+             binding named as a prefix of `pool` or `expr`, such as `e` or `p`, is taken as that \
+             argument by R's partial matching: rename it)",
+        )
+    };
+    let Some(l) = msg.as_list() else {
+        return Ok(());
+    };
+    if l.len() == 3
+        && let Ok(vars) = l.elt(2)
+        && let Some(v) = vars.as_list()
+        && !v.is_empty()
+    {
+        let names = v.names().ok_or_else(bad)?;
+        if names.into_iter().any(|n| n.is_empty() || n == "NA") {
+            return Err(bad());
+        }
+    }
+    Ok(())
+}
+
+/// Submits a task message: the task (class `mizu_task`), or `c(class, message)` when it
+/// cannot be submitted. When every task slot is taken, finished outcomes are moved into their
+/// tasks first (and, if none is finished, it waits for one, up to the pool's submit timeout).
+#[extendr]
+fn pool_submit(pool: Robj, msg: Robj) -> Result<Robj> {
+    let p = pool_ref(&pool)?;
+    check_msg(&msg)?;
+    let out = Outgoing::encode(&msg)?;
+    if p.nested {
+        return with_context(|c| {
+            let ctx = c.ok_or_else(|| rerr("this pool handle only works inside its task"))?;
+            Ok(match ctx.submit_with(&out) {
+                Ok(t) => RTask::new(t).into_robj(),
+                Err(e) => submit_failure(e),
+            })
+        });
+    }
     loop {
         let r = {
             let g = p.inner.borrow();
@@ -240,7 +338,7 @@ fn pool_submit(pool: Robj, value: Robj) -> Result<Robj> {
             Ok(t) => {
                 let t = RTask::new(t);
                 p.track(&t);
-                return Ok(ExternalPtr::new(t).into());
+                return Ok(t.into_robj());
             }
             Err(PoolError::SlotsExhausted(_)) => {
                 if !p.drain(p.submit_timeout)? {
@@ -254,12 +352,28 @@ fn pool_submit(pool: Robj, value: Robj) -> Result<Robj> {
     }
 }
 
-/// Submits several values (a list of task messages) with one publication per worker
-/// queue: `list(tasks, failure)` where `failure` is NULL or `c(class, message)` for the rest.
+/// Submits several task messages with one publication per worker queue: `list(tasks,
+/// failure)` where `failure` is NULL or `c(class, message)` for the rest.
 #[extendr]
-fn pool_submit_batch(pool: Robj, payloads: List) -> Result<List> {
+fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
     let p = pool_ref(&pool)?;
-    let outs = outgoing_list(&payloads)?;
+    for m in msgs.values() {
+        check_msg(&m)?;
+    }
+    let outs: Vec<Outgoing> = msgs
+        .values()
+        .map(|v| Outgoing::encode(&v))
+        .collect::<Result<_>>()?;
+    if p.nested {
+        return with_context(|c| {
+            let ctx = c.ok_or_else(|| rerr("this pool handle only works inside its task"))?;
+            let (ts, res) = ctx.submit_batch_with(outs.iter().map(|o| o as &dyn mizu_pool::Fill));
+            Ok(batch_list(
+                ts.into_iter().map(RTask::new).collect(),
+                res.err(),
+            ))
+        });
+    }
     let mut tasks = Vec::with_capacity(outs.len());
     let mut fail = None;
     while tasks.len() < outs.len() {
@@ -299,127 +413,170 @@ fn pool_submit_batch(pool: Robj, payloads: List) -> Result<List> {
     Ok(batch_list(tasks, fail))
 }
 
-pub(crate) fn batch_list(tasks: Vec<RTask>, fail: Option<PoolError>) -> List {
-    let tasks: Vec<Robj> = tasks
-        .into_iter()
-        .map(|t| ExternalPtr::new(t).into())
-        .collect();
+fn batch_list(tasks: Vec<RTask>, fail: Option<PoolError>) -> List {
+    let tasks: Vec<Robj> = tasks.into_iter().map(RTask::into_robj).collect();
     let fail = fail.map_or_else(|| Robj::from(()), submit_failure);
     List::from_values([List::from_values(tasks).into(), fail])
 }
 
-pub(crate) fn outgoing_list(values: &List) -> Result<Vec<Outgoing>> {
-    values.values().map(|v| Outgoing::encode(&v)).collect()
-}
-
-pub(crate) fn batch_result(ts: Vec<mizu_pool::Task>, res: mizu_pool::Result<()>) -> List {
-    batch_list(ts.into_iter().map(RTask::new).collect(), res.err())
-}
-
 fn task_ref(task: &Robj) -> Result<&RTask> {
+    if stale(task) {
+        return Err(rerr(
+            "not a live mizu task (one restored from a saved session?)",
+        ));
+    }
     let t: &ExternalPtr<RTask> = task
         .try_into()
-        .map_err(|_| rerr("not a mizu task (or one restored from a saved session)"))?;
-    let t = t.try_addr().map_err(|_| rerr("not a live mizu task"))?;
+        .map_err(|_| rerr("`task` must be a mizu_task"))?;
+    let t = t
+        .try_addr()
+        .map_err(|_| rerr("not a live mizu task (one restored from a saved session?)"))?;
     forked(t.pid)?;
     Ok(t)
 }
 
-/// How a collect ended: `list(status, value, NULL, slot, pid, message)`. Status: 0 value,
-/// 1 the task raised (the value is the condition), 2 worker died, 3 execution timeout, 4 cancelled,
-/// 5 pool stopped, 6 not finished (timeout), 7 already collected, 8 interrupted (Ctrl-C),
-/// 9 a runtime error (message).
+/// Status codes of an outcome (see `outcome`).
+mod status {
+    pub const VALUE: i32 = 0;
+    pub const RAISED: i32 = 1;
+    pub const DIED: i32 = 2;
+    pub const EXEC_TIMEOUT: i32 = 3;
+    pub const CANCELLED: i32 = 4;
+    pub const STOPPED: i32 = 5;
+    pub const TIMEOUT: i32 = 6;
+    pub const INTERRUPTED: i32 = 8;
+    pub const RUNTIME: i32 = 9;
+    pub const WARNED: i32 = 10;
+}
+
+fn mk(st: i32, value: Robj, slot: usize, pid: u32, msg: &str) -> List {
+    List::from_values([
+        Robj::from(st),
+        value,
+        Robj::from(slot as f64),
+        Robj::from(f64::from(pid)),
+        Robj::from(msg),
+    ])
+}
+
+/// How a task ended: `list(status, value, slot, pid, message)`. Status: 0 value, 10 value with
+/// warnings (the value is `list(value, warnings)`), 1 the task raised (the value is the
+/// condition), 2 worker died, 3 execution timeout, 4 cancelled, 5 pool stopped, 6 not finished
+/// (timeout), 8 interrupted (Ctrl-C), 9 a runtime error (message).
 fn outcome(r: std::result::Result<Buffer, CollectError>) -> Result<List> {
     let nil = || Robj::from(());
-    let mk = |st: i32, skel: Robj, views: Robj, slot: usize, pid: u32, msg: String| {
-        List::from_values([
-            Robj::from(st),
-            skel,
-            views,
-            Robj::from(slot as f64),
-            Robj::from(f64::from(pid)),
-            Robj::from(msg),
-        ])
-    };
     let value = |st: i32, b: Buffer| -> Result<List> {
         Ok(match decode(b)? {
-            Decoded::Value(v) => mk(st, v, nil(), 0, 0, String::new()),
-            Decoded::Text(t) => mk(9, nil(), nil(), 0, 0, t),
+            Decoded::Value(v) if st == status::VALUE && v.inherits("mizu_with_warnings") => {
+                mk(status::WARNED, v, 0, 0, "")
+            }
+            Decoded::Value(v) => mk(st, v, 0, 0, ""),
+            Decoded::Text(t) => mk(status::RUNTIME, nil(), 0, 0, &t),
         })
     };
     Ok(match r {
-        Ok(b) => value(0, b)?,
-        Err(CollectError::Timeout) => mk(6, nil(), nil(), 0, 0, String::new()),
-        Err(CollectError::AlreadyCollected) => mk(7, nil(), nil(), 0, 0, String::new()),
+        Ok(b) => value(status::VALUE, b)?,
+        Err(CollectError::Timeout) => mk(status::TIMEOUT, nil(), 0, 0, ""),
+        Err(CollectError::AlreadyCollected) => mk(
+            status::RUNTIME,
+            nil(),
+            0,
+            0,
+            "the task was already collected",
+        ),
         Err(CollectError::Task(e)) => match e {
-            TaskError::Failed(b) => value(1, Buffer::from_vec(b))?,
-            TaskError::WorkerDied { slot, pid } => mk(2, nil(), nil(), slot, pid, e.to_string()),
-            TaskError::ExecTimeout { slot, pid } => mk(3, nil(), nil(), slot, pid, e.to_string()),
-            TaskError::Cancelled => mk(4, nil(), nil(), 0, 0, e.to_string()),
-            e => mk(5, nil(), nil(), 0, 0, e.to_string()),
+            TaskError::Failed(b) => value(status::RAISED, Buffer::from_vec(b))?,
+            TaskError::WorkerDied { slot, pid } => {
+                mk(status::DIED, nil(), slot, pid, &e.to_string())
+            }
+            TaskError::ExecTimeout { slot, pid } => {
+                mk(status::EXEC_TIMEOUT, nil(), slot, pid, &e.to_string())
+            }
+            TaskError::Cancelled => mk(status::CANCELLED, nil(), 0, 0, &e.to_string()),
+            e => mk(status::STOPPED, nil(), 0, 0, &e.to_string()),
         },
     })
 }
 
-fn interrupted() -> Result<List> {
-    Ok(List::from_values([
-        Robj::from(8),
-        ().into(),
-        ().into(),
-        0.0.into(),
-        0.0.into(),
-        "interrupted".into(),
-    ]))
+/// A timeout in seconds from R: a non-negative number (Inf: none).
+fn timeout_arg(t: &Robj) -> Result<Option<Duration>> {
+    let x = t
+        .as_real()
+        .or_else(|| t.as_integer().map(f64::from))
+        .filter(|x| !x.is_nan() && *x >= 0.0)
+        .ok_or_else(|| rerr("`timeout` must be a non-negative number of seconds"))?;
+    opt_secs(x, "timeout")
 }
 
-/// Waits at most `timeout` seconds (Inf: forever) for the task's outcome. Inside a worker,
-/// waiting runs other tasks (nested maps never deadlock).
+/// Waits at most `timeout` seconds (Inf: forever) for the task's outcome (see `outcome`);
+/// asked again, returns the same outcome. Inside a worker, waiting runs other tasks (nested
+/// maps never deadlock).
 #[extendr]
-fn task_collect(task: Robj, timeout: f64) -> Result<List> {
+fn task_collect(task: Robj, timeout: Robj) -> Result<Robj> {
     let t = task_ref(&task)?;
-    let timeout = if timeout.is_nan() {
-        None
-    } else {
-        opt_secs(timeout.max(0.0), "timeout")?
-    };
+    let timeout = timeout_arg(&timeout)?;
     let start = Instant::now();
     let mut g = t.cell.borrow_mut();
-    let task = match &mut *g {
-        TaskState::Pending(task) => task,
+    let r = match &mut *g {
+        TaskState::Done => {
+            // SAFETY: `task` is an external pointer (checked by `task_ref`), alive for the call.
+            return Ok(unsafe { Robj::from_sexp(extendr_ffi::R_ExternalPtrProtected(task.get())) });
+        }
+        TaskState::Taken => return Ok(outcome(Err(CollectError::AlreadyCollected))?.into()),
         TaskState::Finished(_) => {
             let TaskState::Finished(r) = std::mem::replace(&mut *g, TaskState::Taken) else {
                 unreachable!("matched above")
             };
-            return outcome(r);
+            r
         }
-        TaskState::Taken => return outcome(Err(CollectError::AlreadyCollected)),
+        TaskState::Pending(task) => loop {
+            let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
+            let slice = left.map_or(SLICE, |l| l.min(SLICE));
+            let r = with_context(|ctx| match ctx {
+                Some(ctx) => ctx.collect(task, Some(slice)),
+                None => task.result(Some(slice)),
+            });
+            if matches!(r, Err(CollectError::Timeout)) {
+                if left.is_some_and(|l| l <= slice) {
+                    return Ok(outcome(r)?.into());
+                }
+                if interrupt::pending() {
+                    return Ok(mk(status::INTERRUPTED, ().into(), 0, 0, "interrupted").into());
+                }
+                continue;
+            }
+            break r;
+        },
     };
-    loop {
-        let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
-        let slice = left.map_or(SLICE, |l| l.min(SLICE));
-        let r = with_context(|ctx| match ctx {
-            Some(ctx) => ctx.collect(task, Some(slice)),
-            None => task.result(Some(slice)),
-        });
-        if matches!(r, Err(CollectError::Timeout)) {
-            if left.is_some_and(|l| l <= slice) {
-                return outcome(r);
-            }
-            if interrupt::pending() {
-                return interrupted();
-            }
-            continue;
-        }
-        *g = TaskState::Taken;
-        return outcome(r);
-    }
+    let o = outcome(r)?;
+    let first: Robj = o.clone().into();
+    // Later collects see the value without its warnings (they are signalled once).
+    let kept: Robj = if o.elt(0)?.as_integer() == Some(status::WARNED) {
+        let inner = o
+            .elt(1)?
+            .as_list()
+            .and_then(|l| l.elt(0).ok())
+            .unwrap_or(().into());
+        mk(status::VALUE, inner, 0, 0, "").into()
+    } else {
+        first.clone()
+    };
+    // SAFETY: as above; R keeps `kept` alive as part of the task object.
+    unsafe { extendr_ffi::R_SetExternalPtrProtected(task.get(), kept.get()) };
+    *g = TaskState::Done;
+    Ok(first)
 }
 
-/// Whether the task's outcome is ready to collect.
+/// Whether the task's outcome is ready to collect (or was collected).
 #[extendr]
 fn task_done(task: Robj) -> Result<bool> {
-    let t = task_ref(&task)?;
-    Ok(t.is_done())
+    Ok(task_ref(&task)?.is_done())
+}
+
+/// Whether the task was collected.
+#[extendr]
+fn task_collected(task: Robj) -> Result<bool> {
+    Ok(matches!(&*task_ref(&task)?.cell.borrow(), TaskState::Done))
 }
 
 /// Cancels the task if it has not started; whether it will never run.
@@ -429,10 +586,10 @@ fn task_cancel(task: Robj) -> Result<bool> {
     Ok(matches!(&*t.cell.borrow(), TaskState::Pending(t) if t.cancel()))
 }
 
-/// Waits until one of `tasks` has an outcome: its 1-based position, 0 after `timeout`
-/// seconds, -1 on Ctrl-C.
+/// Waits until one of `tasks` that was not collected yet has an outcome: its 1-based
+/// position, 0 after `timeout` seconds, -1 on Ctrl-C, -2 when every task was collected.
 #[extendr]
-fn task_wait_any(tasks: List, timeout: f64) -> Result<i32> {
+fn task_wait_any(tasks: List, timeout: Robj) -> Result<i32> {
     let ts: Vec<&RTask> = tasks
         .values()
         .map(|t| task_ref(&t).map(|r| r as *const RTask))
@@ -441,10 +598,15 @@ fn task_wait_any(tasks: List, timeout: f64) -> Result<i32> {
         // SAFETY: each task is kept alive by the `tasks` list for this whole call.
         .map(|p| unsafe { &*p })
         .collect();
-    let timeout = opt_secs(timeout.max(0.0), "timeout")?;
+    let timeout = timeout_arg(&timeout)?;
     let start = Instant::now();
+    let ready = |s: &TaskState| match s {
+        TaskState::Pending(t) => t.is_done(),
+        TaskState::Finished(_) => true,
+        TaskState::Done | TaskState::Taken => false,
+    };
     loop {
-        if let Some(i) = ts.iter().position(|t| t.is_done()) {
+        if let Some(i) = ts.iter().position(|t| ready(&t.cell.borrow())) {
             return Ok(i as i32 + 1);
         }
         let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
@@ -458,15 +620,10 @@ fn task_wait_any(tasks: List, timeout: f64) -> Result<i32> {
             _ => None,
         });
         let Some(probe) = probe else {
-            return Err(rerr("every task was already collected"));
+            return Ok(-2);
         };
-        let found = mizu_pool::wait_until(probe, Some(slice), || {
-            guards.iter().position(|g| match &**g {
-                TaskState::Pending(t) => t.is_done(),
-                TaskState::Finished(_) => true,
-                TaskState::Taken => false,
-            })
-        });
+        let found =
+            mizu_pool::wait_until(probe, Some(slice), || guards.iter().position(|g| ready(g)));
         drop(guards);
         if let Some(i) = found {
             return Ok(i as i32 + 1);
@@ -481,6 +638,11 @@ fn task_wait_any(tasks: List, timeout: f64) -> Result<i32> {
 #[extendr]
 fn pool_status(pool: Robj) -> Result<List> {
     let p = pool_ref(&pool)?;
+    if p.nested {
+        return Err(rerr(
+            "the status of the current pool is not available inside a task",
+        ));
+    }
     let ws = p
         .inner
         .borrow()
@@ -497,14 +659,9 @@ fn pool_status(pool: Robj) -> Result<List> {
     ]))
 }
 
-/// Whether the pool is running.
-#[extendr]
-fn pool_running(pool: Robj) -> Result<bool> {
-    Ok(pool_ref(&pool)?.inner.borrow().is_some())
-}
-
 /// Stops the pool (queued tasks cancelled, running ones fail, uncollected results dropped);
-/// idempotent. What its workers left in shared memory is removed.
+/// idempotent; a no-op on the handle of `mizu_current_pool()`. What its workers left in shared
+/// memory is removed.
 #[extendr]
 fn pool_stop(pool: Robj, grace: f64) -> Result<()> {
     let p = pool_ref(&pool)?;
@@ -518,13 +675,15 @@ fn pool_stop(pool: Robj, grace: f64) -> Result<()> {
 extendr_module! {
     mod pool;
     fn pool_new;
+    fn pool_nested;
+    fn pool_info;
     fn pool_submit;
     fn pool_submit_batch;
     fn pool_status;
-    fn pool_running;
     fn pool_stop;
     fn task_collect;
     fn task_done;
+    fn task_collected;
     fn task_cancel;
     fn task_wait_any;
 }

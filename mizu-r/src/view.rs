@@ -178,11 +178,21 @@ elt!(elt_real, f64);
 elt!(elt_raw, u8);
 elt!(elt_cplx, Rcomplex);
 
+thread_local! {
+    /// Views not finalized yet, and their bytes.
+    static LIVE: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+}
+
 unsafe extern "C" fn finalize(p: SEXP) {
     // SAFETY: `p` is the external pointer made in `make`, finalized once by R.
     unsafe {
         let s = R_ExternalPtrAddr(p).cast::<State>();
         if !s.is_null() {
+            let bytes = (*s).buf.len() as u64;
+            LIVE.with(|l| {
+                let (n, b) = l.get();
+                l.set((n.saturating_sub(1), b.saturating_sub(bytes)));
+            });
             drop(Box::from_raw(s));
             extendr_ffi::R_ClearExternalPtr(p);
         }
@@ -247,18 +257,39 @@ thread_local! {
 
 /// R's collector cannot see the shared memory a view holds (a view is a small object to it),
 /// so views nobody uses any more would keep regions — and the sender's data segments — alive
-/// until R happens to collect. After every [`GC_EVERY`] bytes of new views, collect.
-const GC_EVERY: usize = 64 << 20;
+/// until R happens to collect. After every [`GC_EVERY`] bytes of new views, run a young-
+/// generation collection (`gc(full = FALSE)`: about a millisecond here), which reclaims views
+/// made and dropped since the last one; every [`FULL_EVERY`]th time a full one (tens of
+/// milliseconds), for views that were still in use at a young collection and so were promoted.
+const GC_EVERY: usize = 32 << 20;
+const FULL_EVERY: u32 = 8;
+
+thread_local! {
+    static YOUNG_GCS: Cell<u32> = const { Cell::new(0) };
+}
 
 fn collect_garbage_now_and_then(bytes: usize) {
     let n = SINCE_GC.with(Cell::get) + bytes;
-    if n >= GC_EVERY {
-        SINCE_GC.with(|c| c.set(0));
-        // SAFETY: R's main thread, between allocations (the caller's values are protected).
-        unsafe { crate::ffi::R_gc() };
-    } else {
+    if n < GC_EVERY {
         SINCE_GC.with(|c| c.set(n));
+        return;
     }
+    SINCE_GC.with(|c| c.set(0));
+    let k = YOUNG_GCS.with(|c| {
+        let k = (c.get() + 1) % FULL_EVERY;
+        c.set(k);
+        k
+    });
+    let code = if k == 0 {
+        c"base::gc(FALSE, FALSE, TRUE)"
+    } else {
+        c"base::gc(FALSE, FALSE, FALSE)"
+    };
+    // SAFETY: R's main thread, between allocations (the caller's values are protected); the
+    // closure owns nothing; an error (there should be none) is caught.
+    let _ = unsafe {
+        crate::rtry::try_r(|| crate::ffi::R_ParseEvalString(code.as_ptr(), extendr_ffi::R_BaseEnv))
+    };
 }
 
 /// A vector of type `t` over `buf` (whose length is a whole number of elements): a view when
@@ -285,6 +316,10 @@ pub fn make(buf: Buffer, t: VType) -> Result<Robj> {
         });
     }
     let class = classes()[t as usize];
+    LIVE.with(|l| {
+        let (n, b) = l.get();
+        l.set((n + 1, b + buf.len() as u64));
+    });
     let state = Box::into_raw(Box::new(State { buf, len }));
     // SAFETY: R's main thread; the external pointer owns `state` (freed by `finalize`), and is
     // protected while the ALTREP object that keeps it as data1 is made.
@@ -320,8 +355,16 @@ fn view_is_view(x: Robj) -> bool {
     is_view_sexp(unsafe { x.get() })
 }
 
+/// Views in this process not finalized yet: `c(count, bytes)`.
+#[extendr]
+fn view_live() -> Vec<f64> {
+    let (n, b) = LIVE.with(Cell::get);
+    vec![n as f64, b as f64]
+}
+
 extendr_module! {
     mod view;
+    fn view_live;
     fn view_is_shared;
     fn view_is_view;
 }

@@ -9,7 +9,6 @@ use mizu_pool::{Executor, TaskContext};
 
 use crate::codec::{Decoded, Outgoing, decode, text};
 use crate::ffi;
-use crate::pool::{RTask, batch_result, outgoing_list, submit_failure};
 use crate::rerr;
 use crate::rtry::try_r;
 
@@ -139,6 +138,32 @@ fn run_worker(
     mizu_pool::run_worker(token, slot, &exec).map_err(rerr)
 }
 
+/// The environment a task's expression is evaluated in: the named values of `vars` bound in a
+/// new environment whose parent is the global environment.
+#[extendr]
+fn task_env(vars: List) -> Result<Robj> {
+    // SAFETY: R's main thread; `vars` is protected by its handle; the closure owns nothing
+    // (an allocation error is caught by `try_r`); the new environment is protected while the
+    // bindings are made.
+    unsafe {
+        let v = vars.get();
+        let r = try_r(move || {
+            let env = extendr_ffi::Rf_protect(ffi::R_NewEnv(extendr_ffi::R_GlobalEnv, 0, 29));
+            let names = extendr_ffi::Rf_getAttrib(v, extendr_ffi::R_NamesSymbol);
+            if extendr_ffi::TYPEOF(names) == extendr_ffi::SEXPTYPE::STRSXP {
+                for i in 0..extendr_ffi::XLENGTH(v) {
+                    let sym = ffi::Rf_installChar(extendr_ffi::STRING_ELT(names, i));
+                    ffi::Rf_defineVar(sym, extendr_ffi::VECTOR_ELT(v, i), env);
+                }
+            }
+            extendr_ffi::Rf_unprotect(1);
+            env
+        });
+        r.map(|e| Robj::from_sexp(e))
+            .map_err(|()| rerr("cannot make the task's environment"))
+    }
+}
+
 /// Whether this process is running a task (inside a worker).
 #[extendr]
 fn in_task() -> bool {
@@ -151,36 +176,10 @@ fn worker_slot() -> Option<i32> {
     with_context(|c| c.map(|c| c.worker_slot() as i32))
 }
 
-/// Submits a nested task from inside a task (to the pool running it): the task, or
-/// `c(class, message)`.
-#[extendr]
-fn nested_submit(value: Robj) -> Result<Robj> {
-    let out = Outgoing::encode(&value)?;
-    with_context(|c| {
-        let ctx = c.ok_or_else(|| rerr("nested submission is only possible inside a mizu task"))?;
-        Ok(match ctx.submit_with(&out) {
-            Ok(t) => ExternalPtr::new(RTask::new(t)).into(),
-            Err(e) => submit_failure(e),
-        })
-    })
-}
-
-/// Nested batch submission (see `pool_submit_batch`).
-#[extendr]
-fn nested_submit_batch(payloads: List) -> Result<List> {
-    let outs = outgoing_list(&payloads)?;
-    with_context(|c| {
-        let ctx = c.ok_or_else(|| rerr("nested submission is only possible inside a mizu task"))?;
-        let (ts, res) = ctx.submit_batch_with(outs.iter().map(|o| o as &dyn mizu_pool::Fill));
-        Ok(batch_result(ts, res))
-    })
-}
-
 extendr_module! {
     mod worker;
     fn run_worker;
+    fn task_env;
     fn in_task;
     fn worker_slot;
-    fn nested_submit;
-    fn nested_submit_batch;
 }

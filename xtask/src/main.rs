@@ -1,4 +1,4 @@
-//! Developer tasks for mizu: `cargo xtask test | loom | bench | demo`.
+//! Developer tasks for mizu: `cargo xtask test | loom | bench | demo | wheel | rpkg`.
 //!
 //! Each task prints the commands it runs, so a failure can be reproduced by hand.
 
@@ -298,15 +298,17 @@ fn which(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// pymizu against the Python peers, then the process pool against the architecture of
-/// `ProcessPoolExecutor`/mirai (request/response over socketpairs) and a thread pool, then the
-/// ring underneath it.
+/// pymizu against the Python peers, the R package against the R peers, then the process pool
+/// against the architecture of `ProcessPoolExecutor`/mirai (request/response over socketpairs)
+/// and a thread pool, then the ring underneath it.
 fn demo(root: &Path) -> Res {
     eprintln!(
         "mizu demo: pymizu (Pool and PoolExecutor) against ProcessPoolExecutor,\n\
-         multiprocessing.Pool, loky and ThreadPoolExecutor on the same work; then the Rust pool\n\
-         against a socketpair request/response pool (how ProcessPoolExecutor and mirai work) and\n\
-         a thread pool; then the shared-memory ring underneath — all side by side in one run."
+         multiprocessing.Pool, loky and ThreadPoolExecutor on the same work; the mizu R package\n\
+         against parallel (PSOCK cluster, mclapply/mcparallel) and future (multisession); then\n\
+         the Rust pool against a socketpair request/response pool (how ProcessPoolExecutor and\n\
+         mirai work) and a thread pool; then the shared-memory ring underneath — all side by\n\
+         side in one run."
     );
     python_bench(root, true)?;
     r::r_bench(root, true)?;

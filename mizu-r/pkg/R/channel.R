@@ -29,7 +29,10 @@
 #' @export
 mizu_channel <- function(expr, ..., .capacity = 1024, .timeout = 60) {
   vars <- list(...)
-  .check_vars(vars)
+  if (length(vars) && (is.null(names(vars)) || any(names(vars) == ""))) {
+    stop("the values in `...` must be named: they are the bindings the expression sees",
+         call. = FALSE)
+  }
   ptr <- .Call(wrap__channel_launch, .rscript(), .worker_args(".channel_main"),
                as.numeric(.capacity), .secs(.timeout, ".timeout"))
   ch <- .new_channel(ptr)

@@ -49,7 +49,7 @@
 #' @export
 mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress = FALSE,
                      .chunk_size = NULL) {
-  .check_pool(pool)
+  info <- .Call(wrap__pool_info, pool)
   .f <- match.fun(.f)
   seed <- .check_seed(.seed)
   if (!is.null(.ptype) && !(is.atomic(.ptype) && length(.ptype) == 0L)) {
@@ -60,7 +60,7 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
     stop("`.chunk_size` must be a positive whole number (or NULL)", call. = FALSE)
   }
   n <- length(.x)
-  workers <- if (pool$nested || is.na(pool$n_workers)) 2L else pool$n_workers
+  workers <- if (info[[2]]) 2L else info[[1]]
   chunks <- .chunks(n, workers, if (!is.null(.chunk_size)) as.integer(.chunk_size))
   dots <- list(...)
   xs <- if (is.list(.x)) .x else as.list(.x)
@@ -71,20 +71,19 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
   bar <- if (isTRUE(.progress) && n > 0L) utils::txtProgressBar(0, n, style = 3)
   on.exit({
     # Stop what has not started; abandon the rest (their slots free themselves).
-    for (t in tasks) if (t$state == "pending") mizu_cancel(t)
+    for (t in tasks) .Call(wrap__task_cancel, t)
     if (!is.null(bar)) close(bar)
   })
   parts <- vector("list", length(chunks))
   done <- 0L
   for (k in seq_along(tasks)) {
-    t <- tasks[[k]]
-    .settle(t, .Call(wrap__task_collect, t$ptr, Inf))
-    if (t$state == "failed") {
-      e <- t$error
+    o <- .Call(wrap__task_collect, tasks[[k]], Inf)
+    if (o[[1]] == 1L) {
+      e <- .remote_condition(o[[2]])
       if (is.null(e$index)) e$index <- chunks[[k]][[1]]
       stop(e)
     }
-    parts[[k]] <- t$value
+    parts[[k]] <- .value(o, index = chunks[[k]][[1]])
     done <- done + length(chunks[[k]])
     if (!is.null(bar)) utils::setTxtProgressBar(bar, done)
   }
@@ -99,33 +98,36 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
   out
 }
 
-# Runs one chunk on a worker: results for elements `start`, `start + 1`, ...
+# Runs one chunk on a worker: results for elements `start`, `start + 1`, ... An error in an
+# element reaches the task's handler (see .run_task) with .worker_state$element set to its
+# position. With a seed, R's RNG is switched to mizu's streams for the chunk and element i
+# draws from the stream of (seed, i); the worker's own RNG kind and state are put back after.
 .run_chunk <- function(f, dots, xs, seed, start, ptype) {
   n <- length(xs)
-  out <- if (is.null(ptype)) vector("list", n) else vector(typeof(ptype), n)
+  typed <- !is.null(ptype)
+  out <- if (typed) vector(typeof(ptype), n) else vector("list", n)
+  st <- .worker_state
+  if (!is.null(seed)) {
+    saved <- .rng_switch()
+    on.exit(.rng_restore(saved))
+  }
+  with_dots <- length(dots) > 0L
   for (j in seq_len(n)) {
     i <- start + j - 1L
-    call_f <- function() .mizu_user_code(function() do.call(f, c(list(xs[[j]]), dots)))
-    r <- withCallingHandlers(
-      if (is.null(seed)) call_f() else .with_stream(seed, i - 1, call_f),
-      error = function(e) .mark_element(i)
-    )
-    if (is.null(ptype)) {
-      if (!is.null(r)) out[[j]] <- r
-    } else {
+    st$element <- i
+    if (!is.null(seed)) .Call(wrap__rng_enter, seed, i - 1)
+    r <- if (with_dots) do.call(f, c(list(xs[[j]]), dots)) else f(xs[[j]])
+    if (typed) {
       if (length(r) != 1L || !is.atomic(r) || (typeof(r) != typeof(ptype) &&
-          !(is.numeric(r) && is.numeric(ptype) && typeof(ptype) == "double"))) {
-        .mark_element(i)
+          !(is.numeric(r) && typeof(ptype) == "double"))) {
         stop(sprintf("element %d: the result must be one %s value, not %s of length %d",
                      i, typeof(ptype), typeof(r), length(r)), call. = FALSE)
       }
       out[[j]] <- r
+    } else if (!is.null(r)) {
+      out[[j]] <- r
     }
   }
+  st$element <- NULL
   out
-}
-
-# Remembers which element failed (read by the worker's error handler).
-.mark_element <- function(i) {
-  .worker_state$element <- i
 }

@@ -64,25 +64,13 @@ mizu_pool <- function(n_workers = 1L, exec_timeout = NULL, submit_timeout = NULL
   }
   extra <- c(if (is.null(max_tasks)) "0" else format(max_tasks, scientific = FALSE),
              if (is.null(init)) "" else .hex(serialize(init, NULL, xdr = FALSE)))
-  ptr <- .Call(wrap__pool_new, as.integer(n_workers), .rscript(),
-               .worker_args(".worker_main", extra), as.integer(slots),
-               .secs(exec_timeout, "exec_timeout"), .secs(submit_timeout, "submit_timeout"),
-               respawn)
-  pool <- new.env(parent = emptyenv())
-  pool$ptr <- ptr
-  pool$n_workers <- as.integer(n_workers)
-  pool$nested <- FALSE
-  class(pool) <- "mizu_pool"
-  pool
+  .Call(wrap__pool_new, as.integer(n_workers), .rscript(),
+        .worker_args(".worker_main", extra), as.integer(slots),
+        .secs(exec_timeout, "exec_timeout"), .secs(submit_timeout, "submit_timeout"),
+        respawn)
 }
 
 .hex <- function(r) paste(as.character(r), collapse = "")
-
-.check_pool <- function(pool) {
-  if (!inherits(pool, "mizu_pool")) {
-    stop("`pool` must be a mizu_pool (see mizu_pool() and mizu_current_pool())", call. = FALSE)
-  }
-}
 
 #' The pool running the current task
 #'
@@ -105,12 +93,7 @@ mizu_current_pool <- function() {
   if (!.Call(wrap__in_task)) {
     .stop("mizu_error", "mizu_current_pool() is only available inside a mizu task")
   }
-  pool <- new.env(parent = emptyenv())
-  pool$ptr <- NULL
-  pool$n_workers <- NA_integer_
-  pool$nested <- TRUE
-  class(pool) <- "mizu_pool"
-  pool
+  .Call(wrap__pool_nested)
 }
 
 #' Stop a pool
@@ -129,8 +112,7 @@ mizu_current_pool <- function() {
 #' }
 #' @export
 mizu_pool_stop <- function(pool, grace = 5) {
-  .check_pool(pool)
-  if (!pool$nested) .Call(wrap__pool_stop, pool$ptr, .secs(grace, "grace"))
+  .Call(wrap__pool_stop, pool, .secs(grace, "grace"))
   invisible(pool)
 }
 
@@ -147,18 +129,17 @@ mizu_pool_stop <- function(pool, grace = 5) {
 #' }
 #' @export
 mizu_pool_status <- function(pool) {
-  .check_pool(pool)
-  if (pool$nested) stop("the status of the current pool is not available inside a task", call. = FALSE)
-  s <- .Call(wrap__pool_status, pool$ptr)
+  s <- .Call(wrap__pool_status, pool)
   data.frame(slot = s[[1]], pid = s[[2]], state = s[[3]], busy = s[[4]],
              tasks = s[[5]], steals = s[[6]], stringsAsFactors = FALSE)
 }
 
 #' @export
 print.mizu_pool <- function(x, ...) {
-  if (x$nested) {
+  info <- .Call(wrap__pool_info, x)
+  if (info[[2]]) {
     cat("<mizu_pool: the pool running this task>\n")
-  } else if (!.Call(wrap__pool_running, x$ptr)) {
+  } else if (!info[[3]]) {
     cat("<mizu_pool: stopped>\n")
   } else {
     s <- mizu_pool_status(x)
@@ -168,31 +149,10 @@ print.mizu_pool <- function(x, ...) {
   invisible(x)
 }
 
-.submit_msg <- function(pool, msg) {
-  r <- if (pool$nested) {
-    .Call(wrap__nested_submit, msg)
-  } else {
-    .Call(wrap__pool_submit, pool$ptr, msg)
-  }
+# A submission result: the task, or a failure c(class, message) to raise.
+.submitted <- function(r) {
   if (is.character(r)) .raise_failure(r)
   r
-}
-
-.new_task <- function(ptr, pool) {
-  t <- new.env(parent = emptyenv())
-  t$ptr <- ptr
-  t$pool <- pool
-  t$state <- "pending"
-  class(t) <- "mizu_task"
-  t
-}
-
-.check_vars <- function(vars) {
-  if (length(vars) && (is.null(names(vars)) || any(names(vars) == ""))) {
-    stop("the values in `...` must be named: they are the bindings the expression sees ",
-         "(a binding named as a prefix of `pool` or `expr`, such as `e` or `p`, is taken as ",
-         "that argument by R's partial matching: rename it)", call. = FALSE)
-  }
 }
 
 #' Submit a task
@@ -215,11 +175,9 @@ print.mizu_pool <- function(x, ...) {
 #' }
 #' @export
 mizu_submit <- function(pool, expr, ...) {
-  .check_pool(pool)
-  vars <- list(...)
-  .check_vars(vars)
-  ptr <- .submit_msg(pool, list("e", substitute(expr), vars))
-  .new_task(ptr, pool)
+  r <- .Call(wrap__pool_submit, pool, list("e", substitute(expr), list(...)))
+  if (is.character(r)) .raise_failure(r)
+  r
 }
 
 #' Submit several tasks at once
@@ -240,88 +198,61 @@ mizu_submit <- function(pool, expr, ...) {
 #' }
 #' @export
 mizu_submit_batch <- function(pool, exprs, ...) {
-  .check_pool(pool)
   if (!is.list(exprs)) stop("`exprs` must be a list of quoted expressions", call. = FALSE)
   vars <- list(...)
-  .check_vars(vars)
   msgs <- lapply(exprs, function(e) list("e", e, vars))
   .submit_many(pool, msgs, names(exprs))
 }
 
 .submit_many <- function(pool, msgs, nms = NULL) {
   if (!length(msgs)) return(list())
-  r <- if (pool$nested) {
-    .Call(wrap__nested_submit_batch, unname(msgs))
-  } else {
-    .Call(wrap__pool_submit_batch, pool$ptr, unname(msgs))
-  }
-  tasks <- lapply(r[[1]], .new_task, pool = pool)
+  r <- .Call(wrap__pool_submit_batch, pool, unname(msgs))
   if (!is.null(r[[2]])) {
     # What was submitted keeps running; its handles are dropped (results abandoned).
     .raise_failure(r[[2]])
   }
+  tasks <- r[[1]]
   names(tasks) <- nms
   tasks
 }
 
-.check_task <- function(task) {
-  if (!inherits(task, "mizu_task")) stop("`task` must be a mizu_task", call. = FALSE)
-}
-
 #' @export
 print.mizu_task <- function(x, ...) {
-  st <- if (x$state == "pending" && .Call(wrap__task_done, x$ptr)) "finished" else x$state
+  st <- if (.Call(wrap__task_collected, x)) "collected"
+        else if (.Call(wrap__task_done, x)) "finished" else "pending"
   cat("<mizu_task: ", st, ">\n", sep = "")
   invisible(x)
 }
 
-# Turns a native outcome into the task's final state (value or condition); TRUE if final.
-.settle <- function(task, o) {
+# The value of an outcome list(status, value, slot, pid, message) from task_collect, or the
+# condition it stands for raised; status 6 (not finished) gives mizu_timeout.
+.value <- function(o, index = NULL) {
   st <- o[[1]]
-  if (st == 6L) return(FALSE)
-  if (st == 8L) .signal_interrupt()
-  task$ptr <- NULL
-  if (st == 0L) {
-    task$state <- "done"
-    v <- o[[2]]
-    if (inherits(v, "mizu_with_warnings")) {
-      task$warnings <- v[[2]]
-      v <- v[[1]]
-    }
-    task$value <- v
-    return(TRUE)
+  if (st == 0L) return(o[[2]])
+  if (st == 10L) {
+    for (w in o[[2]][[2]]) warning(w)
+    return(o[[2]][[1]])
   }
-  task$state <- "failed"
-  task$error <- switch(
+  if (st == 6L) return(mizu_timeout)
+  if (st == 8L) .signal_interrupt()
+  e <- switch(
     as.character(st),
     "1" = .remote_condition(o[[2]]),
-    "2" = .mizu_condition("mizu_error_worker_died", o[[6]], slot = o[[4]], pid = o[[5]]),
-    "3" = .mizu_condition("mizu_error_exec_timeout", o[[6]], slot = o[[4]], pid = o[[5]]),
+    "2" = .mizu_condition("mizu_error_worker_died", o[[5]], slot = o[[3]], pid = o[[4]]),
+    "3" = .mizu_condition("mizu_error_exec_timeout", o[[5]], slot = o[[3]], pid = o[[4]]),
     "4" = .mizu_condition("mizu_error_cancelled", "the task was cancelled"),
     "5" = .mizu_condition("mizu_error_stopped", "the pool stopped before the task finished"),
-    .mizu_condition("mizu_error", paste("mizu:", o[[6]]))
+    .mizu_condition("mizu_error", paste("mizu:", o[[5]]))
   )
-  TRUE
+  if (!is.null(index)) e$index <- index
+  stop(e)
 }
 
 .remote_condition <- function(e) {
   if (!inherits(e, "condition")) {
-    return(.mizu_condition("mizu_error", paste("mizu: malformed error from a worker")))
+    return(.mizu_condition("mizu_error", "mizu: malformed error from a worker"))
   }
   e
-}
-
-.result <- function(task) {
-  if (task$state == "done") {
-    # The task's warnings are signalled here, once, as they would be if it ran here.
-    w <- task$warnings
-    if (length(w)) {
-      task$warnings <- NULL
-      for (x in w) warning(x)
-    }
-    return(task$value)
-  }
-  stop(task$error)
 }
 
 #' Collect a task's value
@@ -348,11 +279,14 @@ print.mizu_task <- function(x, ...) {
 #' }
 #' @export
 mizu_collect <- function(task, timeout = Inf) {
-  .check_task(task)
-  if (task$state != "pending") return(.result(task))
-  o <- .Call(wrap__task_collect, task$ptr, .secs(timeout, "timeout"))
-  if (!.settle(task, o)) return(mizu_timeout)
-  .result(task)
+  o <- .Call(wrap__task_collect, task, timeout)
+  if (o[[1]] == 0L) o[[2]] else .value(o)
+}
+
+.check_tasks <- function(tasks) {
+  if (!is.list(tasks) || !all(vapply(tasks, inherits, TRUE, "mizu_task"))) {
+    stop("`tasks` must be a list of mizu_task", call. = FALSE)
+  }
 }
 
 #' Collect whichever task finishes first
@@ -370,24 +304,12 @@ mizu_collect <- function(task, timeout = Inf) {
 #' }
 #' @export
 mizu_collect_any <- function(tasks, timeout = Inf) {
-  if (!is.list(tasks) || !all(vapply(tasks, inherits, TRUE, "mizu_task"))) {
-    stop("`tasks` must be a list of mizu_task", call. = FALSE)
-  }
-  timeout <- .secs(timeout, "timeout")
-  pending <- which(vapply(tasks, function(t) t$state == "pending", TRUE))
-  if (!length(pending)) stop("every task was already collected", call. = FALSE)
-  i <- .Call(wrap__task_wait_any, lapply(tasks[pending], `[[`, "ptr"), timeout)
-  if (i < 0L) .signal_interrupt()
+  .check_tasks(tasks)
+  i <- .Call(wrap__task_wait_any, unname(tasks), timeout)
+  if (i == -2L) stop("every task was already collected", call. = FALSE)
+  if (i == -1L) .signal_interrupt()
   if (i == 0L) return(mizu_timeout)
-  k <- pending[[i]]
-  t <- tasks[[k]]
-  .settle(t, .Call(wrap__task_collect, t$ptr, 0))
-  if (t$state == "failed") {
-    e <- t$error
-    e$index <- k
-    stop(e)
-  }
-  list(index = k, value = t$value)
+  list(index = i, value = .value(.Call(wrap__task_collect, tasks[[i]], 0), index = i))
 }
 
 #' Collect every task, in order
@@ -405,23 +327,20 @@ mizu_collect_any <- function(tasks, timeout = Inf) {
 #' }
 #' @export
 mizu_collect_all <- function(tasks, timeout = Inf) {
-  if (!is.list(tasks) || !all(vapply(tasks, inherits, TRUE, "mizu_task"))) {
-    stop("`tasks` must be a list of mizu_task", call. = FALSE)
-  }
-  deadline <- Sys.time() + .secs(timeout, "timeout")
+  .check_tasks(tasks)
+  timeout <- .secs(timeout, "timeout")
+  end <- if (is.finite(timeout)) proc.time()[[3L]] + timeout
   out <- vector("list", length(tasks))
   for (k in seq_along(tasks)) {
-    t <- tasks[[k]]
-    if (t$state == "pending") {
-      left <- max(0, as.numeric(deadline - Sys.time(), units = "secs"))
-      if (!.settle(t, .Call(wrap__task_collect, t$ptr, left))) return(mizu_timeout)
+    left <- if (is.null(end)) Inf else max(0, end - proc.time()[[3L]])
+    o <- .Call(wrap__task_collect, tasks[[k]], left)
+    if (o[[1L]] == 0L) {
+      if (!is.null(o[[2L]])) out[[k]] <- o[[2L]]
+      next
     }
-    if (t$state == "failed") {
-      e <- t$error
-      e$index <- k
-      stop(e)
-    }
-    out[k] <- list(t$value)
+    if (o[[1L]] == 6L) return(mizu_timeout)
+    v <- .value(o, index = k)
+    if (!is.null(v)) out[[k]] <- v
   }
   names(out) <- names(tasks)
   out
@@ -441,8 +360,4 @@ mizu_collect_all <- function(tasks, timeout = Inf) {
 #' mizu_pool_stop(pool)
 #' }
 #' @export
-mizu_cancel <- function(task) {
-  .check_task(task)
-  if (task$state != "pending") return(FALSE)
-  .Call(wrap__task_cancel, task$ptr)
-}
+mizu_cancel <- function(task) .Call(wrap__task_cancel, task)

@@ -9,25 +9,26 @@
   as.numeric(seed)
 }
 
-# Runs `f()` with R's RNG drawing from the stream of (seed, index); the caller's RNG kind and
-# .Random.seed are restored afterwards, whatever happens.
-.with_stream <- function(seed, index, f) {
+# Switches R's RNG to the user-supplied hook (mizu's streams; each element then selects its
+# stream with rng_enter); returns what .rng_restore needs to put the caller's RNG back.
+.rng_switch <- function() {
   genv <- globalenv()
   had <- exists(".Random.seed", envir = genv, inherits = FALSE)
-  old_seed <- if (had) get(".Random.seed", envir = genv, inherits = FALSE)
-  old_kind <- RNGkind()
-  .Call(wrap__rng_enter, seed, index)
-  on.exit({
-    RNGkind(old_kind[[1]], old_kind[[2]], old_kind[[3]])
-    if (had) {
-      assign(".Random.seed", old_seed, envir = genv)
-    } else if (exists(".Random.seed", envir = genv, inherits = FALSE)) {
-      rm(".Random.seed", envir = genv)
-    }
-    .Call(wrap__rng_exit)
-  })
+  saved <- list(had, if (had) get(".Random.seed", envir = genv, inherits = FALSE), RNGkind())
   suppressWarnings(RNGkind("user-supplied"))
-  f()
+  saved
+}
+
+.rng_restore <- function(saved) {
+  genv <- globalenv()
+  kind <- saved[[3]]
+  RNGkind(kind[[1]], kind[[2]], kind[[3]])
+  if (saved[[1]]) {
+    assign(".Random.seed", saved[[2]], envir = genv)
+  } else if (exists(".Random.seed", envir = genv, inherits = FALSE)) {
+    rm(".Random.seed", envir = genv)
+  }
+  .Call(wrap__rng_exit)
 }
 
 #' The random stream of a map element

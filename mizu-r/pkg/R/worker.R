@@ -65,7 +65,7 @@
 .dispatch <- function(msg) {
   kind <- msg[[1]]
   if (identical(kind, "e")) {
-    env <- list2env(msg[[3]], parent = globalenv())
+    env <- .Call(wrap__task_env, msg[[3]])
     return(.mizu_user_code(function() eval(msg[[2]], env)))
   }
   if (identical(kind, "m")) {
@@ -81,7 +81,7 @@
 .traceback <- function(calls) {
   name <- function(cl) if (is.name(cl[[1]])) as.character(cl[[1]]) else ""
   nm <- vapply(calls, name, "")
-  at <- which(nm == ".mizu_user_code")
+  at <- which(nm %in% c(".mizu_user_code", ".run_chunk"))
   if (length(at)) {
     keep <- seq_along(calls) > at[[length(at)]]
     calls <- calls[keep]

@@ -132,3 +132,51 @@ test_that("malformed payloads give errors, never crashes", {
   v <- list(a = runif(1e4), b = "x", f = factor(rep(c("u", "v"), 5000)))
   expect_identical(.Call(mizu:::wrap__codec_roundtrip, v), v)
 })
+
+test_that("small plain values take the compact encoding and round-trip exactly", {
+  compact <- list(NULL, TRUE, NA, 1L, NA_integer_, c(1.5, NA, NaN, -0, Inf), 2 + 3i,
+                  "a", NA_character_, c("\u00e9t\u00e9", "x"), as.raw(0:255), character(0),
+                  list(), list(1, "a", list(NULL)), c(a = 1, b = 2), list(x = 1, 2),
+                  quote(x), quote(f(x, y = 2)), quote(x[, 1]), quote(f(a = , b)),
+                  list("e", quote(x + y), list(x = 1L, y = 2)))
+  for (v in compact) {
+    b <- .Call(mizu:::wrap__codec_encode, v)
+    expect_identical(rawToChar(b[1]), "S", label = deparse(v)[1])
+    expect_identical(.Call(mizu:::wrap__codec_decode, b), v, label = deparse(v)[1])
+  }
+  latin1 <- iconv("caf\u00e9", "UTF-8", "latin1")
+  expect_identical(Encoding(.Call(mizu:::wrap__codec_roundtrip, latin1)), "latin1")
+  # everything else takes R's serialization
+  other <- list(factor("a"), Sys.Date(), function(x) x, new.env(), 1:3, quote(function(x) x),
+                matrix(1:4, 2), structure(1, foo = "bar"), runif(1000))
+  for (v in other) {
+    b <- .Call(mizu:::wrap__codec_encode, v)
+    expect_true(rawToChar(b[1]) %in% c("R", "V"), label = deparse(v)[1])
+    r <- .Call(mizu:::wrap__codec_decode, b)
+    if (is.environment(v)) {
+      expect_true(is.environment(r))
+    } else if (is.function(v)) {
+      expect_identical(deparse(r), deparse(v))
+    } else {
+      expect_equal(r, v)
+    }
+  }
+})
+
+test_that("views nobody uses any more are released (their shared memory with them)", {
+  live <- function() .Call(mizu:::wrap__view_live)[1]
+  with_pool(1, function(pool) {
+    invisible(gc())
+    base <- live()
+    keep <- lapply(1:5, function(i) mizu_collect(mizu_submit(pool, runif(1e5))))
+    expect_equal(live(), base + 5)
+    expect_true(all(vapply(keep, mizu_is_shared, TRUE)))
+    rm(keep)
+    invisible(gc())
+    expect_equal(live(), base)
+    # the worker releases the views of its inputs too
+    x <- runif(1e5)
+    for (i in 1:5) mizu_collect(mizu_submit(pool, sum(x), x = x))
+    expect_equal(mizu_collect(mizu_submit(pool, { invisible(gc()); .Call(mizu:::wrap__view_live)[1] })), 0)
+  })
+})

@@ -154,7 +154,11 @@ test_that("bad input gives clear errors", {
   stale <- unserialize(serialize(pool, NULL))
   mizu_pool_stop(pool)
   expect_error(mizu_submit(stale, 1), "live mizu pool|mizu pool")
-  expect_error(.Call(mizu:::wrap__task_collect, 42, 1), "mizu task")
+  expect_error(.Call(mizu:::wrap__task_collect, 42, 1), "mizu_task")
+  p2 <- mizu_pool(1)
+  expect_error(mizu_collect(mizu_submit(p2, 1), timeout = -1), "timeout")
+  expect_error(mizu_collect(mizu_submit(p2, 1), timeout = "soon"), "timeout")
+  mizu_pool_stop(p2)
 })
 
 test_that("Ctrl-C interrupts a wait and leaves the task valid", {
@@ -179,5 +183,14 @@ test_that("more tasks than slots: finished outcomes make room, nothing is lost",
     b <- mizu_submit_batch(pool, lapply(1:50, function(i) bquote(.(i) + 1L)))
     expect_identical(unlist(mizu_collect_all(b)), 2:51)
     expect_identical(unlist(mizu_map(pool, 1:300, function(i) -i, .chunk_size = 1)), -(1:300))
+  })
+})
+
+test_that("submit_timeout bounds the wait for a free slot", {
+  with_pool(1, slots = 1L, submit_timeout = 0.2, function(pool) {
+    busy <- mizu_submit(pool, { Sys.sleep(2); "done" })
+    expect_error(mizu_submit(pool, 1), class = "mizu_error_submit_timeout")
+    expect_equal(mizu_collect(busy), "done")
+    expect_equal(mizu_collect(mizu_submit(pool, 2)), 2)   # room again
   })
 })

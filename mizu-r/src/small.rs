@@ -1,0 +1,426 @@
+//! A compact encoding for small, plain R values — what most task messages and results are —
+//! written and read without R's serializer, whose fixed cost (a reference table allocated per
+//! call, the header) dominates small messages.
+//!
+//! Covered: `NULL`; logical, integer, double, complex, character and raw vectors shorter than
+//! the out-of-band floor, with no attributes or only `names`; lists of those (same attribute
+//! rule); symbols; calls. Anything else — another attribute, an object bit, ALTREP vectors,
+//! closures, environments, nesting deeper than 64 — makes [`encode`] return `None` and the
+//! caller uses R's serialization.
+//!
+//! Item: a tag byte, then: `0` NULL; `1..=4` logical/integer/double/complex: varint `n`, the
+//! elements (little-endian, NA as R stores it); `5` character: varint `n`, each element a kind
+//! byte (0 NA, else the encoding + 1: native, UTF-8, Latin-1, bytes), varint length, bytes;
+//! `6` raw: varint `n`, bytes; `7` list: varint `n`, items; `8` symbol: varint length, UTF-8
+//! name; `9` call: varint `n`, per node a flag byte (1 when tagged, then the tag as a symbol
+//! item) and the item; `10` names: the names (a character item) then the value; `11` the
+//! missing argument.
+
+use std::ffi::{c_char, c_int};
+
+use extendr_ffi::{
+    CAR, CDR, DATAPTR_RO, LOGICAL, PRINTNAME, R_CHAR, R_MissingArg, R_NaString, R_NamesSymbol,
+    R_NilValue, R_xlen_t, RAW, Rf_allocVector, Rf_cons, Rf_lcons, Rf_mkCharLenCE, Rf_protect,
+    Rf_unprotect, SET_STRING_ELT, SET_TAG, SET_VECTOR_ELT, SEXP, SEXPTYPE, STRING_ELT, TAG, TYPEOF,
+    XLENGTH, cetype_t,
+};
+
+use crate::codec::FLOOR;
+use crate::ffi;
+
+const MAX_DEPTH: usize = 64;
+
+fn varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// The compact encoding of `x`, or `None` when it is not covered (see the module docs).
+pub fn encode(x: SEXP) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(64);
+    // SAFETY: `x` is live (protected by the caller); only reads, no allocation.
+    unsafe { item(&mut out, x, 0) }.then_some(out)
+}
+
+/// # Safety
+/// `x` is a live SEXP; nothing here allocates or can raise an R error.
+unsafe fn item(out: &mut Vec<u8>, x: SEXP, depth: usize) -> bool {
+    if depth > MAX_DEPTH {
+        return false;
+    }
+    // SAFETY: reads of a live object (the caller's contract).
+    unsafe {
+        let t = TYPEOF(x);
+        if t == SEXPTYPE::NILSXP {
+            out.push(0);
+            return true;
+        }
+        if t == SEXPTYPE::SYMSXP {
+            if x == R_MissingArg {
+                out.push(11);
+                return true;
+            }
+            out.push(8);
+            return string(out, PRINTNAME(x), false);
+        }
+        if t == SEXPTYPE::LANGSXP {
+            if ffi::ATTRIB(x) != R_NilValue {
+                return false;
+            }
+            out.push(9);
+            let mut n = 0u64;
+            let mut p = x;
+            while p != R_NilValue {
+                n += 1;
+                p = CDR(p);
+            }
+            varint(out, n);
+            let mut p = x;
+            while p != R_NilValue {
+                let tag = TAG(p);
+                if tag == R_NilValue {
+                    out.push(0);
+                } else {
+                    out.push(1);
+                    if !item(out, tag, depth + 1) {
+                        return false;
+                    }
+                }
+                if !item(out, CAR(p), depth + 1) {
+                    return false;
+                }
+                p = CDR(p);
+                if p != R_NilValue && TYPEOF(p) != SEXPTYPE::LISTSXP {
+                    return false;
+                }
+            }
+            return true;
+        }
+        // Vectors: no attributes, or only names; never ALTREP (reading one may run code).
+        if !matches!(
+            t,
+            SEXPTYPE::LGLSXP
+                | SEXPTYPE::INTSXP
+                | SEXPTYPE::REALSXP
+                | SEXPTYPE::CPLXSXP
+                | SEXPTYPE::RAWSXP
+                | SEXPTYPE::STRSXP
+                | SEXPTYPE::VECSXP
+        ) {
+            return false;
+        }
+        let attrs = ffi::ATTRIB(x);
+        if extendr_ffi::ALTREP(x) != 0 || ffi::OBJECT(x) != 0 {
+            return false;
+        }
+        if attrs != R_NilValue {
+            if TAG(attrs) != R_NamesSymbol || CDR(attrs) != R_NilValue {
+                return false;
+            }
+            out.push(10);
+            if !item(out, CAR(attrs), depth + 1) {
+                return false;
+            }
+        }
+        let n = XLENGTH(x) as usize;
+        let fixed = |out: &mut Vec<u8>, tag: u8, size: usize| {
+            if n * size >= FLOOR {
+                return false;
+            }
+            out.push(tag);
+            varint(out, n as u64);
+            if n > 0 {
+                out.extend_from_slice(std::slice::from_raw_parts(
+                    DATAPTR_RO(x).cast::<u8>(),
+                    n * size,
+                ));
+            }
+            true
+        };
+        match t {
+            SEXPTYPE::LGLSXP => fixed(out, 1, 4),
+            SEXPTYPE::INTSXP => fixed(out, 2, 4),
+            SEXPTYPE::REALSXP => fixed(out, 3, 8),
+            SEXPTYPE::CPLXSXP => fixed(out, 4, 16),
+            SEXPTYPE::RAWSXP => fixed(out, 6, 1),
+            SEXPTYPE::STRSXP => {
+                if n >= FLOOR {
+                    return false;
+                }
+                out.push(5);
+                varint(out, n as u64);
+                (0..n).all(|i| string(out, STRING_ELT(x, i as R_xlen_t), true))
+            }
+            SEXPTYPE::VECSXP => {
+                out.push(7);
+                varint(out, n as u64);
+                (0..n).all(|i| item(out, extendr_ffi::VECTOR_ELT(x, i as R_xlen_t), depth + 1))
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A CHARSXP: with its kind byte when `kind`, else (a symbol name) UTF-8 only.
+///
+/// # Safety
+/// `c` is a live CHARSXP.
+unsafe fn string(out: &mut Vec<u8>, c: SEXP, kind: bool) -> bool {
+    // SAFETY: reads of a live CHARSXP.
+    unsafe {
+        if c == R_NaString {
+            if !kind {
+                return false;
+            }
+            out.push(0);
+            return true;
+        }
+        let ce = ffi::Rf_getCharCE(c);
+        let k: u8 = match ce {
+            0 | 99 => 1,
+            1 => 2,
+            2 => 3,
+            3 => 4,
+            _ => return false,
+        };
+        if kind {
+            out.push(k);
+        } else if k != 1 && k != 2 {
+            return false;
+        }
+        let len = XLENGTH(c) as usize;
+        varint(out, len as u64);
+        out.extend_from_slice(std::slice::from_raw_parts(R_CHAR(c).cast::<u8>(), len));
+        true
+    }
+}
+
+/// Reads items; every allocation is protected while the next is made.
+struct Reader {
+    p: *const u8,
+    len: usize,
+    at: usize,
+}
+
+impl Reader {
+    fn byte(&mut self) -> Option<u8> {
+        if self.at < self.len {
+            // SAFETY: in bounds.
+            let b = unsafe { *self.p.add(self.at) };
+            self.at += 1;
+            Some(b)
+        } else {
+            None
+        }
+    }
+
+    fn varint(&mut self) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.byte()?;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    }
+
+    /// `n` bytes, or None when fewer remain.
+    fn bytes(&mut self, n: usize) -> Option<*const u8> {
+        if self.len - self.at < n {
+            return None;
+        }
+        // SAFETY: in bounds (checked).
+        let p = unsafe { self.p.add(self.at) };
+        self.at += n;
+        Some(p)
+    }
+
+    /// A count that cannot claim more elements of `size` bytes than remain.
+    fn count(&mut self, size: usize) -> Option<usize> {
+        let n = usize::try_from(self.varint()?).ok()?;
+        (n.checked_mul(size.max(1))? <= self.len - self.at).then_some(n)
+    }
+
+    /// # Safety
+    /// R's main thread, inside `R_ToplevelExec` (allocation may long-jump; nothing here owns
+    /// anything). The result is unprotected.
+    unsafe fn item(&mut self, depth: usize) -> Option<SEXP> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        // SAFETY: allocations are protected while further allocations happen.
+        unsafe {
+            let tag = self.byte()?;
+            let fixed = |r: &mut Reader, t: SEXPTYPE, size: usize| -> Option<SEXP> {
+                let n = r.count(size)?;
+                let src = r.bytes(n * size)?;
+                let v = Rf_allocVector(t, n as R_xlen_t);
+                if n > 0 {
+                    let dst = match t {
+                        SEXPTYPE::RAWSXP => RAW(v).cast::<u8>(),
+                        SEXPTYPE::LGLSXP => LOGICAL(v).cast::<u8>(),
+                        _ => extendr_ffi::DATAPTR(v).cast::<u8>(),
+                    };
+                    std::ptr::copy_nonoverlapping(src, dst, n * size);
+                }
+                Some(v)
+            };
+            match tag {
+                0 => Some(R_NilValue),
+                1 => fixed(self, SEXPTYPE::LGLSXP, 4),
+                2 => fixed(self, SEXPTYPE::INTSXP, 4),
+                3 => fixed(self, SEXPTYPE::REALSXP, 8),
+                4 => fixed(self, SEXPTYPE::CPLXSXP, 16),
+                6 => fixed(self, SEXPTYPE::RAWSXP, 1),
+                5 => {
+                    let n = self.count(1)?;
+                    let v = Rf_protect(Rf_allocVector(SEXPTYPE::STRSXP, n as R_xlen_t));
+                    for i in 0..n {
+                        let Some(c) = self.charsxp(true) else {
+                            Rf_unprotect(1);
+                            return None;
+                        };
+                        SET_STRING_ELT(v, i as R_xlen_t, c);
+                    }
+                    Rf_unprotect(1);
+                    Some(v)
+                }
+                7 => {
+                    let n = self.count(1)?;
+                    let v = Rf_protect(Rf_allocVector(SEXPTYPE::VECSXP, n as R_xlen_t));
+                    for i in 0..n {
+                        let Some(e) = self.item(depth + 1) else {
+                            Rf_unprotect(1);
+                            return None;
+                        };
+                        SET_VECTOR_ELT(v, i as R_xlen_t, e);
+                    }
+                    Rf_unprotect(1);
+                    Some(v)
+                }
+                8 => {
+                    let c = Rf_protect(self.charsxp(false)?);
+                    let s = ffi::Rf_installChar(c);
+                    Rf_unprotect(1);
+                    Some(s)
+                }
+                11 => Some(R_MissingArg),
+                9 => {
+                    let n = self.count(2)?;
+                    if n == 0 {
+                        return None;
+                    }
+                    // The head is protected; every later node hangs off it.
+                    let head = Rf_protect(Rf_lcons(R_NilValue, R_NilValue));
+                    let mut last = head;
+                    for i in 0..n {
+                        let node = if i == 0 {
+                            head
+                        } else {
+                            let c = Rf_cons(R_NilValue, R_NilValue);
+                            extendr_ffi::SETCDR(last, c);
+                            c
+                        };
+                        last = node;
+                        let tagged = self.byte();
+                        match tagged {
+                            Some(0) => {}
+                            Some(1) => {
+                                let Some(t) = self.item(depth + 1) else {
+                                    Rf_unprotect(1);
+                                    return None;
+                                };
+                                if TYPEOF(t) != SEXPTYPE::SYMSXP {
+                                    Rf_unprotect(1);
+                                    return None;
+                                }
+                                SET_TAG(node, t);
+                            }
+                            _ => {
+                                Rf_unprotect(1);
+                                return None;
+                            }
+                        }
+                        let Some(e) = self.item(depth + 1) else {
+                            Rf_unprotect(1);
+                            return None;
+                        };
+                        ffi::SETCAR(node, e);
+                    }
+                    Rf_unprotect(1);
+                    Some(head)
+                }
+                10 => {
+                    let names = Rf_protect(self.item(depth + 1)?);
+                    let Some(v) = self.item(depth + 1) else {
+                        Rf_unprotect(1);
+                        return None;
+                    };
+                    let v = Rf_protect(v);
+                    let ok = TYPEOF(names) == SEXPTYPE::STRSXP
+                        && XLENGTH(names) == XLENGTH(v)
+                        && TYPEOF(v) != SEXPTYPE::NILSXP;
+                    if ok {
+                        extendr_ffi::Rf_setAttrib(v, R_NamesSymbol, names);
+                    }
+                    Rf_unprotect(2);
+                    ok.then_some(v)
+                }
+                _ => None,
+            }
+        }
+    }
+
+    /// # Safety
+    /// As [`Reader::item`].
+    unsafe fn charsxp(&mut self, kind: bool) -> Option<SEXP> {
+        let k = if kind { self.byte()? } else { 2 };
+        if k == 0 {
+            // SAFETY: reading R's NA string constant.
+            return Some(unsafe { R_NaString });
+        }
+        let ce = match k {
+            1 => cetype_t::CE_NATIVE,
+            2 => cetype_t::CE_UTF8,
+            3 => cetype_t::CE_LATIN1,
+            4 => cetype_t::CE_BYTES,
+            _ => return None,
+        };
+        let n = self.count(1)?;
+        let len = c_int::try_from(n).ok()?;
+        let p = self.bytes(n)?;
+        // SAFETY: `p` points to `n` readable bytes; R copies them (and checks for NULs).
+        Some(unsafe { Rf_mkCharLenCE(p.cast::<c_char>(), len, ce) })
+    }
+}
+
+/// Decodes a compact item that fills `bytes` exactly; `None` when malformed (or R ran out
+/// of memory).
+pub fn decode(bytes: &[u8]) -> Option<SEXP> {
+    let (p, len) = (bytes.as_ptr(), bytes.len());
+    let mut ok = false;
+    let okp = std::ptr::from_mut(&mut ok);
+    // SAFETY: R's main thread; the closure owns nothing (the reader is plain data on its own
+    // frame); `bytes` outlives the call.
+    let r = unsafe {
+        crate::rtry::try_r(move || {
+            let mut rd = Reader { p, len, at: 0 };
+            match rd.item(0) {
+                Some(v) if rd.at == rd.len => {
+                    *okp = true;
+                    v
+                }
+                _ => R_NilValue,
+            }
+        })
+    };
+    match r {
+        Ok(v) if ok => Some(v),
+        _ => None,
+    }
+}
