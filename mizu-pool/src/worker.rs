@@ -20,6 +20,11 @@ pub trait Executor: Send + Sync {
     /// Runs one task.
     fn execute(&self, ctx: &TaskContext<'_>, input: &[u8])
     -> std::result::Result<Vec<u8>, Vec<u8>>;
+
+    /// Called when the worker finds no task to run, before it waits (off every task's
+    /// critical path): for housekeeping such as a garbage collection. Must be quick when there
+    /// is nothing to do; it is called again after every idle wake-up.
+    fn idle(&self) {}
 }
 
 /// What a running task can do: submit nested tasks and collect them (helping meanwhile).
@@ -381,6 +386,7 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         if rt.run_one() {
             continue;
         }
+        exec.idle();
         // Busy workers count too: a spinner must not take the CPU a running task needs.
         let busy = (0..v.params.max_workers as usize)
             .filter(|&w| {

@@ -259,13 +259,26 @@ thread_local! {
 /// so views nobody uses any more would keep regions — and the sender's data segments — alive
 /// until R happens to collect. After every [`GC_EVERY`] bytes of new views, run a young-
 /// generation collection (`gc(full = FALSE)`: about a millisecond here), which reclaims views
-/// made and dropped since the last one; every [`FULL_EVERY`]th time a full one (tens of
-/// milliseconds), for views that were still in use at a young collection and so were promoted.
-const GC_EVERY: usize = 32 << 20;
-const FULL_EVERY: u32 = 8;
+/// made and dropped since the last one; views still in use then are promoted and wait for an
+/// older collection, so when the views alive or not yet collected exceed [`budget`], the
+/// collection is a full one (tens of milliseconds here): shared memory held by garbage stays
+/// bounded even where `/dev/shm` is small.
+const GC_EVERY: usize = 16 << 20;
 
-thread_local! {
-    static YOUNG_GCS: Cell<u32> = const { Cell::new(0) };
+/// Bytes of views this process may hold before a full collection: an eighth of `/dev/shm`,
+/// at most 256 MiB.
+fn budget() -> u64 {
+    thread_local! {
+        static BUDGET: OnceCell<u64> = const { OnceCell::new() };
+    }
+    BUDGET.with(|b| {
+        *b.get_or_init(|| {
+            let total = rustix::fs::statvfs("/dev/shm")
+                .map(|s| s.f_blocks.saturating_mul(s.f_frsize))
+                .unwrap_or(u64::MAX);
+            (total / 8).min(256 << 20)
+        })
+    })
 }
 
 fn collect_garbage_now_and_then(bytes: usize) {
@@ -274,13 +287,25 @@ fn collect_garbage_now_and_then(bytes: usize) {
         SINCE_GC.with(|c| c.set(n));
         return;
     }
+    collect_garbage();
+}
+
+/// A worker with nothing to do: if it made views since the last collection (the inputs of
+/// the tasks it ran, now most likely unused), collect them now rather than during a later
+/// task, so the senders can reuse their shared memory at once.
+pub fn collect_garbage_when_idle() {
+    if SINCE_GC.with(Cell::get) >= IDLE_GC_MIN {
+        collect_garbage();
+    }
+}
+
+/// Idle workers collect once they hold this many bytes of views made since the last time.
+const IDLE_GC_MIN: usize = 1 << 20;
+
+fn collect_garbage() {
     SINCE_GC.with(|c| c.set(0));
-    let k = YOUNG_GCS.with(|c| {
-        let k = (c.get() + 1) % FULL_EVERY;
-        c.set(k);
-        k
-    });
-    let code = if k == 0 {
+    let full = LIVE.with(Cell::get).1 > budget();
+    let code = if full {
         c"base::gc(FALSE, FALSE, TRUE)"
     } else {
         c"base::gc(FALSE, FALSE, FALSE)"

@@ -115,6 +115,10 @@ impl Executor for RExec {
         }
         r
     }
+
+    fn idle(&self) {
+        crate::view::collect_garbage_when_idle();
+    }
 }
 
 /// Serves a pool as worker `slot` until it stops, running `run(msg)` for each task and

@@ -31,13 +31,15 @@
 # with the warnings it raised (relayed to the caller, which signals them when it collects).
 .run_task <- function(msg) {
   st <- .worker_state
-  st$error <- NULL
-  st$trace <- NULL
+  if (!is.null(st$error)) st$error <- st$trace <- NULL
+  if (!is.null(st$warnings)) st$warnings <- NULL
   st$element <- NULL
-  st$warnings <- NULL
-  value <- withCallingHandlers(.dispatch(msg), error = .note_error, warning = .note_warning)
-  if (length(st$warnings)) structure(list(value, st$warnings), class = "mizu_with_warnings")
-  else value
+  value <- withCallingHandlers(
+    if (identical(msg[[1L]], "e")) eval(msg[[2L]], .Call(wrap__task_env, msg[[3L]]))
+    else .dispatch(msg),
+    error = .note_error, warning = .note_warning)
+  if (is.null(st$warnings)) value
+  else structure(list(value, st$warnings), class = "mizu_with_warnings")
 }
 
 .note_error <- function(e) {
@@ -63,31 +65,23 @@
 }
 
 .dispatch <- function(msg) {
-  kind <- msg[[1]]
-  if (identical(kind, "e")) {
-    env <- .Call(wrap__task_env, msg[[3]])
-    return(.mizu_user_code(function() eval(msg[[2]], env)))
-  }
-  if (identical(kind, "m")) {
+  if (identical(msg[[1L]], "m")) {
     return(.run_chunk(msg[[2]], msg[[3]], msg[[4]], msg[[5]], msg[[6]], msg[[7]]))
   }
   stop("mizu: unknown task kind")
 }
 
-# User code runs below this frame; the traceback starts after it.
-.mizu_user_code <- function(thunk) thunk()
-
 # The calls of the task (without the worker's own frames), deparsed.
 .traceback <- function(calls) {
   name <- function(cl) if (is.name(cl[[1]])) as.character(cl[[1]]) else ""
   nm <- vapply(calls, name, "")
-  at <- which(nm %in% c(".mizu_user_code", ".run_chunk"))
+  at <- which(nm %in% c(".run_task", ".run_chunk"))
   if (length(at)) {
     keep <- seq_along(calls) > at[[length(at)]]
     calls <- calls[keep]
     nm <- nm[keep]
   }
-  lead <- cumprod(nm %in% c("thunk", "eval", "do.call", "call_f")) == 1
+  lead <- cumprod(nm %in% c("withCallingHandlers", "eval", "do.call", ".dispatch")) == 1
   trail <- rev(cumprod(rev(nm) %in% c(".handleSimpleError", "h")) == 1)
   calls <- calls[!(lead | trail)]
   vapply(calls, function(cl) paste(deparse(cl, nlines = 1L), collapse = ""), "")
