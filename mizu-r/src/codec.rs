@@ -3,7 +3,8 @@
 //! one shared-memory region copied once from the sender's vectors, and the receiver sees each
 //! buffer as an ALTREP view of that region.
 //!
-//! Encoding walks the value's lists; each vector of at least [`FLOOR`] bytes is replaced, for
+//! Encoding walks the value's lists; each vector of at least [`FLOOR`] bytes (a character
+//! vector: of 512 elements or more, see `strview.rs`) is replaced, for
 //! the length of the serialization, by a placeholder (an external pointer tagged
 //! `mizu_oob_<k>` carrying the vector's attributes), and put back afterwards. Decoding
 //! unserializes and puts view `k` (with the placeholder's attributes) where each placeholder
@@ -66,9 +67,14 @@ struct Walk {
 }
 
 fn oob_type(x: SEXP) -> Option<VType> {
-    // SAFETY: TYPEOF/XLENGTH read any live SEXP.
+    // SAFETY: TYPEOF/XLENGTH/ALTREP read any live SEXP.
     unsafe {
         let t = VType::of(TYPEOF(x))?;
+        // Reading an ALTREP character vector's elements may run code: it is serialized
+        // (unless it is one of ours).
+        if t == VType::Str && !crate::strview::can_lay_out(x) {
+            return None;
+        }
         ((XLENGTH(x) as usize).saturating_mul(t.size()) >= FLOOR).then_some(t)
     }
 }
@@ -280,6 +286,10 @@ impl Outgoing {
             let (t, ptr, n) = unsafe {
                 let s = v.get();
                 let t = VType::of(TYPEOF(s)).expect("checked by oob_type");
+                if t == VType::Str {
+                    bufs.push((v, t, std::ptr::null(), crate::strview::encoded_len(s)));
+                    continue;
+                }
                 (
                     t,
                     DATAPTR_RO(s).cast::<u8>(),
@@ -348,9 +358,15 @@ impl Fill for Outgoing {
         let mut end = p + skel.len();
         for (b, &at) in self.bufs.iter().zip(&self.at) {
             out[end..at].fill(0);
-            // SAFETY: `b.2` points to `b.3` bytes of a vector that `self` keeps alive.
-            let src = unsafe { std::slice::from_raw_parts(b.2, b.3) };
-            out[at..at + b.3].copy_from_slice(src);
+            if b.1 == VType::Str {
+                // SAFETY: a non-ALTREP character vector `self` keeps alive, unchanged since
+                // its length was measured.
+                unsafe { crate::strview::fill(b.0.get(), &mut out[at..at + b.3]) };
+            } else {
+                // SAFETY: `b.2` points to `b.3` bytes of a vector that `self` keeps alive.
+                let src = unsafe { std::slice::from_raw_parts(b.2, b.3) };
+                out[at..at + b.3].copy_from_slice(src);
+            }
             end = at + b.3;
         }
     }

@@ -18,6 +18,7 @@ mod pool;
 mod rng;
 mod rtry;
 mod small;
+mod strview;
 mod view;
 mod worker;
 

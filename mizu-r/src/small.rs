@@ -147,7 +147,8 @@ unsafe fn item(out: &mut Vec<u8>, x: SEXP, depth: usize) -> bool {
             SEXPTYPE::CPLXSXP => fixed(out, 4, 16),
             SEXPTYPE::RAWSXP => fixed(out, 6, 1),
             SEXPTYPE::STRSXP => {
-                if n >= FLOOR {
+                // Long character vectors go out of band (see strview.rs).
+                if n * 8 >= FLOOR {
                     return false;
                 }
                 out.push(5);

@@ -37,6 +37,8 @@ pub enum VType {
     Raw = 3,
     /// `complex`.
     Cplx = 4,
+    /// `character` (see `strview.rs`).
+    Str = 5,
 }
 
 impl VType {
@@ -48,6 +50,7 @@ impl VType {
             2 => VType::Lgl,
             3 => VType::Raw,
             4 => VType::Cplx,
+            5 => VType::Str,
             _ => return None,
         })
     }
@@ -60,15 +63,16 @@ impl VType {
             SEXPTYPE::LGLSXP => VType::Lgl,
             SEXPTYPE::RAWSXP => VType::Raw,
             SEXPTYPE::CPLXSXP => VType::Cplx,
+            SEXPTYPE::STRSXP => VType::Str,
             _ => return None,
         })
     }
 
-    /// Bytes per element.
+    /// Bytes per element (for a character vector: of its offset).
     pub fn size(self) -> usize {
         match self {
             VType::Int | VType::Lgl => 4,
-            VType::Real => 8,
+            VType::Real | VType::Str => 8,
             VType::Raw => 1,
             VType::Cplx => 16,
         }
@@ -81,6 +85,7 @@ impl VType {
             VType::Lgl => SEXPTYPE::LGLSXP,
             VType::Raw => SEXPTYPE::RAWSXP,
             VType::Cplx => SEXPTYPE::CPLXSXP,
+            VType::Str => SEXPTYPE::STRSXP,
         }
     }
 }
@@ -183,16 +188,29 @@ thread_local! {
     static LIVE: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
 }
 
+/// A view of `bytes` is being made (and R may be asked to collect garbage first).
+pub fn account(bytes: usize) {
+    collect_garbage_now_and_then(bytes);
+    LIVE.with(|l| {
+        let (n, b) = l.get();
+        l.set((n + 1, b + bytes as u64));
+    });
+}
+
+/// A view of `bytes` was finalized.
+pub fn released(bytes: usize) {
+    LIVE.with(|l| {
+        let (n, b) = l.get();
+        l.set((n.saturating_sub(1), b.saturating_sub(bytes as u64)));
+    });
+}
+
 unsafe extern "C" fn finalize(p: SEXP) {
     // SAFETY: `p` is the external pointer made in `make`, finalized once by R.
     unsafe {
         let s = R_ExternalPtrAddr(p).cast::<State>();
         if !s.is_null() {
-            let bytes = (*s).buf.len() as u64;
-            LIVE.with(|l| {
-                let (n, b) = l.get();
-                l.set((n.saturating_sub(1), b.saturating_sub(bytes)));
-            });
+            released((*s).buf.len());
             drop(Box::from_raw(s));
             extendr_ffi::R_ClearExternalPtr(p);
         }
@@ -320,6 +338,9 @@ fn collect_garbage() {
 /// A vector of type `t` over `buf` (whose length is a whole number of elements): a view when
 /// the bytes are aligned for the type, else a private copy.
 pub fn make(buf: Buffer, t: VType) -> Result<Robj> {
+    if t == VType::Str {
+        return crate::strview::make(buf);
+    }
     let size = t.size();
     if !buf.len().is_multiple_of(size) {
         return Err(crate::rerr(format!(
@@ -328,7 +349,6 @@ pub fn make(buf: Buffer, t: VType) -> Result<Robj> {
         )));
     }
     let len = buf.len() / size;
-    collect_garbage_now_and_then(buf.len());
     let align = if t == VType::Cplx { 8 } else { size };
     if !(buf.as_ptr() as usize).is_multiple_of(align) {
         // SAFETY: a fresh vector of `len` elements of `t`; the copy fills it exactly.
@@ -341,10 +361,7 @@ pub fn make(buf: Buffer, t: VType) -> Result<Robj> {
         });
     }
     let class = classes()[t as usize];
-    LIVE.with(|l| {
-        let (n, b) = l.get();
-        l.set((n + 1, b + buf.len() as u64));
-    });
+    account(buf.len());
     let state = Box::into_raw(Box::new(State { buf, len }));
     // SAFETY: R's main thread; the external pointer owns `state` (freed by `finalize`), and is
     // protected while the ALTREP object that keeps it as data1 is made.
@@ -370,14 +387,20 @@ pub fn is_view_sexp(x: SEXP) -> bool {
 #[extendr]
 fn view_is_shared(x: Robj) -> bool {
     // SAFETY: `x` is live (held by R for this call); data2 is read only for our views.
-    unsafe { is_view_sexp(x.get()) && R_altrep_data2(x.get()) == R_NilValue }
+    unsafe {
+        if let Some(complete) = crate::strview::string_view(x.get()) {
+            return !complete;
+        }
+        is_view_sexp(x.get()) && R_altrep_data2(x.get()) == R_NilValue
+    }
 }
 
 /// Whether `x` is a mizu view.
 #[extendr]
 fn view_is_view(x: Robj) -> bool {
     // SAFETY: as above.
-    is_view_sexp(unsafe { x.get() })
+    let s = unsafe { x.get() };
+    is_view_sexp(s) || crate::strview::string_view(s).is_some()
 }
 
 /// Views in this process not finalized yet: `c(count, bytes)`.

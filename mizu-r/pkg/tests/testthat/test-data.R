@@ -110,7 +110,8 @@ test_that("malformed payloads give errors, never crashes", {
                        rep(0xff, 16), 9, rep(0, 7))),
               c(charToRaw("R"), as.raw(1:40)))
   for (b in bad) expect_error(.Call(mizu:::wrap__codec_decode, b), "malformed")
-  good <- .Call(mizu:::wrap__codec_encode, list(a = runif(2000), m = matrix(1:4000, 2)))
+  good <- .Call(mizu:::wrap__codec_encode, list(a = runif(2000), m = matrix(1:4000, 2),
+                                                 s = rep(c("x", NA, "\u00e9"), 300)))
   for (cut in c(20L, 100L, length(good) - 8L)) {
     expect_error(.Call(mizu:::wrap__codec_decode, good[seq_len(cut)]), "malformed")
   }
@@ -179,4 +180,41 @@ test_that("views nobody uses any more are released (their shared memory with the
     for (i in 1:5) mizu_collect(mizu_submit(pool, sum(x), x = x))
     expect_equal(mizu_collect(mizu_submit(pool, { invisible(gc()); .Call(mizu:::wrap__view_live)[1] })), 0)
   })
+})
+
+test_that("long character vectors arrive as views that make their strings when read", {
+  x <- c(rep(c("a", NA, "\u00e9t\u00e9", "", "a longer string"), 400),
+         iconv("caf\u00e9", "UTF-8", "latin1"))
+  names(x) <- paste0("n", seq_along(x))
+  with_pool(1, function(pool) {
+    v <- mizu_collect(mizu_submit(pool, y, y = x))
+    expect_true(mizu_is_view(v))
+    expect_true(mizu_is_shared(v))
+    expect_identical(v, x)
+    expect_identical(Encoding(v[2001]), "latin1")
+    expect_identical(v[2], c(n2 = NA_character_))
+    expect_identical(sort(unique(v[1:5])), sort(unique(x[1:5])))
+    # sent on unmodified: the same bytes again, a view again
+    w <- mizu_collect(mizu_submit(pool, y, y = v))
+    expect_true(mizu_is_view(w))
+    expect_identical(w, x)
+    # modifying makes a private copy; the view it came from is unchanged
+    v2 <- v
+    v2[1] <- "changed"
+    expect_false(mizu_is_shared(v2))
+    expect_identical(v2[[1]], "changed")
+    expect_identical(v[[1]], "a")
+    expect_identical(v2[-1], x[-1])
+    # data frame columns of strings too; short vectors travel inline
+    df <- data.frame(s = rep(letters, 400), n = seq_len(10400))
+    d2 <- mizu_collect(mizu_submit(pool, d, d = df))
+    expect_identical(d2, df)
+    expect_true(mizu_is_view(d2$s))
+    expect_false(mizu_is_view(mizu_collect(mizu_submit(pool, c("a", "b")))))
+  })
+  # a malformed string layout is refused before any string is made
+  b <- .Call(mizu:::wrap__codec_encode, rep("abc", 600))
+  bad <- b
+  bad[length(b) - 1] <- as.raw(0)        # a NUL inside a string
+  expect_error(.Call(mizu:::wrap__codec_decode, bad), "malformed")
 })
