@@ -28,7 +28,10 @@ use extendr_ffi::{
     R_xlen_t, Rf_install, Rf_setAttrib, SET_ATTRIB, SET_OBJECT, SET_VECTOR_ELT, SEXP, SEXPTYPE,
     TAG, TYPEOF, VECTOR_ELT, XLENGTH,
 };
+use std::sync::Arc;
+
 use mizu_pool::Fill;
+use mizu_wire::{Mapper, Region, RegionDesc};
 
 use crate::ffi;
 use crate::rtry::try_r;
@@ -53,9 +56,56 @@ pub struct Outgoing {
     /// `TAG_PLAIN` or `TAG_SMALL` when there are no buffers.
     tag: u8,
     skel: Vec<u8>,
-    bufs: Vec<(Robj, VType, *const u8, usize)>,
+    bufs: Vec<Oob>,
     at: Vec<usize>,
     size: usize,
+}
+
+/// One out-of-band vector.
+struct Oob {
+    /// Keeps the vector (and the memory `how` points into) alive.
+    vec: Robj,
+    t: VType,
+    /// Its length in bytes (of the layout, for a character vector).
+    len: usize,
+    how: How,
+}
+
+enum How {
+    /// Copy these bytes.
+    Bytes(*const u8),
+    /// Lay the character vector out (see `strview.rs`).
+    Strings,
+    /// An unmodified view of a region: send a reference to the region (and the offset of the
+    /// view in it) instead of the bytes.
+    Ref(Arc<Region>, usize),
+}
+
+impl Oob {
+    /// Bytes it takes in the payload.
+    fn space(&self) -> usize {
+        match self.how {
+            How::Ref(..) => REF_BYTES,
+            _ => self.len,
+        }
+    }
+}
+
+/// A region reference in a payload: the 64-byte descriptor, then the `u64` offset of the
+/// view in the region.
+const REF_BYTES: usize = 72;
+/// Type code flag of a buffer sent by reference.
+const BY_REF: u8 = 0x80;
+
+/// Maps the regions that payloads refer to (segments stay mapped while views of them live).
+static MAPPER: std::sync::LazyLock<Mapper> = std::sync::LazyLock::new(Mapper::new);
+
+/// How to send `v`: by reference when it is one of our views, unmodified, of a region whose
+/// segment still has its name; else `None`.
+fn by_ref(v: SEXP) -> Option<How> {
+    let buf = crate::view::shared_buffer(v).or_else(|| crate::strview::shared_buffer(v))?;
+    let (region, off) = Region::containing(buf.as_ptr())?;
+    (off + buf.len() <= region.len() && region.still_named()).then_some(How::Ref(region, off))
 }
 
 /// Takes large vectors out of lists in place, remembering how to put them back.
@@ -286,8 +336,26 @@ impl Outgoing {
             let (t, ptr, n) = unsafe {
                 let s = v.get();
                 let t = VType::of(TYPEOF(s)).expect("checked by oob_type");
+                if let Some(how) = by_ref(s) {
+                    let len = crate::view::shared_buffer(s)
+                        .or_else(|| crate::strview::shared_buffer(s))
+                        .map_or(0, |b| b.len());
+                    bufs.push(Oob {
+                        vec: v,
+                        t,
+                        len,
+                        how,
+                    });
+                    continue;
+                }
                 if t == VType::Str {
-                    bufs.push((v, t, std::ptr::null(), crate::strview::encoded_len(s)));
+                    let len = crate::strview::encoded_len(s);
+                    bufs.push(Oob {
+                        vec: v,
+                        t,
+                        len,
+                        how: How::Strings,
+                    });
                     continue;
                 }
                 (
@@ -296,12 +364,17 @@ impl Outgoing {
                     XLENGTH(s) as usize * t.size(),
                 )
             };
-            bufs.push((v, t, ptr, n));
+            bufs.push(Oob {
+                vec: v,
+                t,
+                len: n,
+                how: How::Bytes(ptr),
+            });
         }
         Ok(Outgoing::layout(TAG_PLAIN, skel, bufs))
     }
 
-    fn layout(tag: u8, skel: Vec<u8>, bufs: Vec<(Robj, VType, *const u8, usize)>) -> Outgoing {
+    fn layout(tag: u8, skel: Vec<u8>, bufs: Vec<Oob>) -> Outgoing {
         let mut out = Outgoing {
             tag,
             size: 1 + skel.len(),
@@ -316,7 +389,7 @@ impl Outgoing {
         for b in &out.bufs {
             at = at.next_multiple_of(ALIGN);
             out.at.push(at);
-            at += b.3;
+            at += b.space();
         }
         out.size = at;
         out
@@ -350,24 +423,37 @@ impl Fill for Outgoing {
             let e = 16 + ENTRY * i;
             out[e..e + ENTRY].fill(0);
             out[e..e + 8].copy_from_slice(&(at as u64).to_le_bytes());
-            out[e + 8..e + 16].copy_from_slice(&(b.3 as u64).to_le_bytes());
-            out[e + 16] = b.1 as u8;
+            out[e + 8..e + 16].copy_from_slice(&(b.len as u64).to_le_bytes());
+            let by_ref = if matches!(b.how, How::Ref(..)) {
+                BY_REF
+            } else {
+                0
+            };
+            out[e + 16] = b.t as u8 | by_ref;
         }
         let p = 16 + ENTRY * self.bufs.len();
         out[p..p + skel.len()].copy_from_slice(skel);
         let mut end = p + skel.len();
         for (b, &at) in self.bufs.iter().zip(&self.at) {
             out[end..at].fill(0);
-            if b.1 == VType::Str {
-                // SAFETY: a non-ALTREP character vector `self` keeps alive, unchanged since
-                // its length was measured.
-                unsafe { crate::strview::fill(b.0.get(), &mut out[at..at + b.3]) };
-            } else {
-                // SAFETY: `b.2` points to `b.3` bytes of a vector that `self` keeps alive.
-                let src = unsafe { std::slice::from_raw_parts(b.2, b.3) };
-                out[at..at + b.3].copy_from_slice(src);
+            match &b.how {
+                // SAFETY: a character vector `self` keeps alive, unchanged since its length
+                // was measured.
+                How::Strings => unsafe {
+                    crate::strview::fill(b.vec.get(), &mut out[at..at + b.len])
+                },
+                How::Bytes(p) => {
+                    // SAFETY: `p` points to `b.len` bytes of a vector that `self` keeps alive.
+                    let src = unsafe { std::slice::from_raw_parts(*p, b.len) };
+                    out[at..at + b.len].copy_from_slice(src);
+                }
+                How::Ref(region, off) => {
+                    // The descriptor carries a new reference, which the receiver adopts.
+                    region.share().write_to(&mut out[at..at + 64]);
+                    out[at + 64..at + REF_BYTES].copy_from_slice(&(*off as u64).to_le_bytes());
+                }
             }
-            end = at + b.3;
+            end = at + b.space();
         }
     }
 }
@@ -470,8 +556,32 @@ pub fn decode(buf: Buffer) -> Result<Decoded> {
                 let e = 16 + ENTRY * i;
                 let at = u64::from_le_bytes(b[e..e + 8].try_into().expect("8 bytes"));
                 let len = u64::from_le_bytes(b[e + 8..e + 16].try_into().expect("8 bytes"));
-                let t = VType::from_code(b[e + 16])
-                    .ok_or_else(|| bad(format!("buffer {i} has unknown type {}", b[e + 16])))?;
+                let code = b[e + 16];
+                let t = VType::from_code(code & !BY_REF)
+                    .ok_or_else(|| bad(format!("buffer {i} has unknown type {code}")))?;
+                if code & BY_REF != 0 {
+                    let desc = at
+                        .checked_add(REF_BYTES as u64)
+                        .filter(|&x| at >= send as u64 && x <= b.len() as u64)
+                        .ok_or_else(|| bad(format!("reference {i} out of bounds")))?
+                        as usize;
+                    let at = at as usize;
+                    let d = RegionDesc::read_from(&b[at..at + 64])
+                        .map_err(|w| bad(format!("reference {i}: {w}")))?;
+                    let off = u64::from_le_bytes(b[at + 64..desc].try_into().expect("8 bytes"));
+                    let region = Arc::new(MAPPER.adopt(&d).map_err(bad)?);
+                    let end = off
+                        .checked_add(len)
+                        .filter(|&x| x <= region.len() as u64)
+                        .ok_or_else(|| bad(format!("reference {i} beyond its region")))?;
+                    let whole = Region::buffer(&region);
+                    views.push(view::make(
+                        whole.slice_with_length(off as usize, (end - off) as usize),
+                        t,
+                        false,
+                    )?);
+                    continue;
+                }
                 let end = at
                     .checked_add(len)
                     .filter(|&x| at >= send as u64 && x <= b.len() as u64)
@@ -479,6 +589,7 @@ pub fn decode(buf: Buffer) -> Result<Decoded> {
                 views.push(view::make(
                     buf.slice_with_length(at as usize, (end - at) as usize),
                     t,
+                    true,
                 )?);
             }
             let value = unserialize(&b[table_end..send])?;
@@ -521,6 +632,19 @@ fn codec_encode(value: Robj) -> Result<Raw> {
     Ok(Raw::from_bytes(&Outgoing::encode(&value)?.to_vec()))
 }
 
+/// Unmaps the data segments kept mapped only for reuse (regions views still hold stay
+/// mapped). Called when R exits, so that nothing of this process's outlives it.
+#[extendr]
+fn release_mappings() {
+    MAPPER.release_unused();
+}
+
+/// The size of a value's payload (tests; nothing is shared).
+#[extendr]
+fn codec_size(value: Robj) -> Result<f64> {
+    Ok(Outgoing::encode(&value)?.size() as f64)
+}
+
 /// Decodes arbitrary bytes as a payload (tests: malformed input gives an error).
 #[extendr]
 fn codec_decode(bytes: Raw) -> Result<Robj> {
@@ -534,5 +658,7 @@ extendr_module! {
     mod codec;
     fn codec_roundtrip;
     fn codec_encode;
+    fn codec_size;
+    fn release_mappings;
     fn codec_decode;
 }

@@ -337,10 +337,10 @@ fn class() -> R_altrep_class_t {
     })
 }
 
-/// A character vector over `buf` (checked first).
-pub fn make(buf: Buffer) -> Result<Robj> {
+/// A character vector over `buf` (checked first); `fresh` as in `view::account`.
+pub fn make(buf: Buffer, fresh: bool) -> Result<Robj> {
     let (n, kinds_at, bytes_at) = check(&buf)?;
-    crate::view::account(buf.len());
+    crate::view::account(buf.len(), fresh);
     let st = Box::into_raw(Box::new(State {
         buf,
         n,
@@ -359,6 +359,12 @@ pub fn make(buf: Buffer) -> Result<Robj> {
         Rf_unprotect(1);
         Ok(r)
     }
+}
+
+/// The layout bytes of `x` when it is one of our string views and was not modified.
+pub fn shared_buffer(x: SEXP) -> Option<Buffer> {
+    // SAFETY: `state` only for our string views (checked).
+    (string_view(x) == Some(false)).then(|| unsafe { state(x) }.buf.clone())
 }
 
 /// Whether `x` is a string view, and whether all of its elements were made (copied).

@@ -188,9 +188,12 @@ thread_local! {
     static LIVE: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
 }
 
-/// A view of `bytes` is being made (and R may be asked to collect garbage first).
-pub fn account(bytes: usize) {
-    collect_garbage_now_and_then(bytes);
+/// A view of `bytes` is being made (and R may be asked to collect garbage first, when the
+/// bytes are `fresh`: a view of a region re-sent by reference pins no new memory).
+pub fn account(bytes: usize, fresh: bool) {
+    if fresh {
+        collect_garbage_now_and_then(bytes);
+    }
     LIVE.with(|l| {
         let (n, b) = l.get();
         l.set((n + 1, b + bytes as u64));
@@ -335,11 +338,12 @@ fn collect_garbage() {
     };
 }
 
-/// A vector of type `t` over `buf` (whose length is a whole number of elements): a view when
+/// A vector of type `t` over `buf` (whose length is a whole number of elements; `fresh` as in
+/// [`account`]): a view when
 /// the bytes are aligned for the type, else a private copy.
-pub fn make(buf: Buffer, t: VType) -> Result<Robj> {
+pub fn make(buf: Buffer, t: VType, fresh: bool) -> Result<Robj> {
     if t == VType::Str {
-        return crate::strview::make(buf);
+        return crate::strview::make(buf, fresh);
     }
     let size = t.size();
     if !buf.len().is_multiple_of(size) {
@@ -361,7 +365,7 @@ pub fn make(buf: Buffer, t: VType) -> Result<Robj> {
         });
     }
     let class = classes()[t as usize];
-    account(buf.len());
+    account(buf.len(), fresh);
     let state = Box::into_raw(Box::new(State { buf, len }));
     // SAFETY: R's main thread; the external pointer owns `state` (freed by `finalize`), and is
     // protected while the ALTREP object that keeps it as data1 is made.
@@ -381,6 +385,12 @@ pub fn is_view_sexp(x: SEXP) -> bool {
     // SAFETY: R_altrep_inherits accepts any SEXP.
     cs.iter()
         .any(|c| unsafe { R_altrep_inherits(x, *c) != Rboolean::FALSE })
+}
+
+/// The shared bytes of `x` when it is one of our (non-string) views and was not modified.
+pub fn shared_buffer(x: SEXP) -> Option<Buffer> {
+    // SAFETY: `state` and data2 are read only for our views (checked).
+    unsafe { (is_view_sexp(x) && R_altrep_data2(x) == R_NilValue).then(|| state(x).buf.clone()) }
 }
 
 /// Whether `x` is a view whose elements are still the shared pages (not copied).

@@ -271,9 +271,15 @@ impl Region {
         }
     }
 
-    /// The payload as an Arrow buffer that keeps this reference (and the mapping) alive.
+    /// The payload as an Arrow buffer that keeps this reference (and the mapping) alive. The
+    /// region can be found again from any address inside the buffer ([`Region::containing`]),
+    /// so a view of it can be re-sent by reference.
     pub fn buffer(this: &Arc<Region>) -> arrow_buffer::Buffer {
         let (ptr, len) = (this.ptr(), this.len());
+        registry()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(ptr.as_ptr() as usize, (len, Arc::downgrade(this)));
         let owner: Arc<dyn arrow_buffer::alloc::Allocation> = this.clone();
         // SAFETY: ptr..ptr+len is valid, immutable memory for as long as the owner (a counted
         // reference holding the mapping) lives, which the Buffer guarantees by holding it.
@@ -281,8 +287,45 @@ impl Region {
     }
 }
 
+/// Regions of this process that back buffers ([`Region::buffer`]), by start address.
+type Registry = Mutex<std::collections::BTreeMap<usize, (usize, Weak<Region>)>>;
+
+fn registry() -> &'static Registry {
+    static R: std::sync::OnceLock<Registry> = std::sync::OnceLock::new();
+    R.get_or_init(Default::default)
+}
+
+impl Region {
+    /// The region (of this process) whose payload holds `addr`, with the offset of `addr` in
+    /// it — for a buffer made by [`Region::buffer`] (or a slice of one) that is still alive.
+    pub fn containing(addr: *const u8) -> Option<(Arc<Region>, usize)> {
+        let a = addr as usize;
+        let g = registry().lock().unwrap_or_else(|p| p.into_inner());
+        let (&start, (len, w)) = g.range(..=a).next_back()?;
+        if a >= start + len {
+            return None;
+        }
+        Some((w.upgrade()?, a - start))
+    }
+
+    /// Whether the segment still has its name (nobody removed it: a descriptor sent now can
+    /// be adopted).
+    pub fn still_named(&self) -> bool {
+        std::path::Path::new("/dev/shm")
+            .join(self.seg.name().as_str().trim_start_matches('/'))
+            .exists()
+    }
+}
+
 impl Drop for Region {
     fn drop(&mut self) {
+        {
+            let mut g = registry().lock().unwrap_or_else(|p| p.into_inner());
+            let key = self.ptr().as_ptr() as usize;
+            if g.get(&key).is_some_and(|(_, w)| w.strong_count() == 0) {
+                g.remove(&key);
+            }
+        }
         let Ok(h) = self.seg.header(self.offset) else {
             return;
         };

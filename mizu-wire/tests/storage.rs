@@ -178,3 +178,27 @@ fn bad_descriptors_are_refused_clearly() {
     assert!(e.to_string().contains("layout kind"), "{e}");
     assert_eq!(mapper.adopt(&good).unwrap().bytes(), b"0123456789");
 }
+
+#[test]
+fn a_buffer_leads_back_to_its_region_while_it_lives() {
+    let pool = DataPool::new(1 << 16);
+    let mapper = Mapper::new();
+    let data: Vec<u8> = (0..4096u32).map(|i| i as u8).collect();
+    let sent = pool.store(&data).unwrap();
+    let region = std::sync::Arc::new(mapper.adopt(&sent.share()).unwrap());
+    let buf = mizu_wire::Region::buffer(&region);
+    let part = buf.slice_with_length(1000, 500);
+    let (found, off) = mizu_wire::Region::containing(part.as_ptr()).expect("registered");
+    assert!(std::sync::Arc::ptr_eq(&found, &region));
+    assert_eq!(off, 1000);
+    assert!(found.still_named());
+    // one past the end is not inside
+    let end = buf.as_ptr().wrapping_add(buf.len());
+    assert!(
+        mizu_wire::Region::containing(end)
+            .is_none_or(|(r, _)| !std::sync::Arc::ptr_eq(&r, &region))
+    );
+    let addr = part.as_ptr();
+    drop((found, part, buf, region));
+    assert!(mizu_wire::Region::containing(addr).is_none());
+}

@@ -218,3 +218,31 @@ test_that("long character vectors arrive as views that make their strings when r
   bad[length(b) - 1] <- as.raw(0)        # a NUL inside a string
   expect_error(.Call(mizu:::wrap__codec_decode, bad), "malformed")
 })
+
+test_that("an unmodified view sent on crosses by reference, not by copy", {
+  size <- function(x) .Call(mizu:::wrap__codec_size, x)
+  p1 <- mizu_pool(2)
+  v <- mizu_collect(mizu_submit(p1, runif(1e6)))
+  s <- mizu_collect(mizu_submit(p1, rep(letters, 1000)))
+  expect_lt(size(v), 1000)                  # a region descriptor, not 8 MB
+  expect_lt(size(s), 1000)
+  expect_lt(size(list(a = v, b = s, c = 1)), 2000)
+  r <- mizu_collect(mizu_submit(p1, list(sum(x), length(y), mizu_is_view(x), x, y),
+                                x = v, y = s))
+  expect_identical(r[[1]], sum(v))
+  expect_identical(r[[2]], 26000L)
+  expect_true(r[[3]])
+  expect_identical(r[[4]], v)
+  expect_identical(r[[5]], s)
+  # a third process gets it through a second: the same region each time
+  r2 <- mizu_collect(mizu_submit(p1, mizu::mizu_collect(mizu::mizu_submit(
+    mizu::mizu_current_pool(), sum(z), z = x)), x = v))
+  expect_identical(r2, sum(v))
+  v2 <- v
+  v2[1] <- 0                                # modified: copied
+  expect_gt(size(v2), 8e6)
+  mizu_pool_stop(p1)
+  # the producer is gone and its segments with it: sent on by copy, still intact
+  expect_gt(size(v), 8e6)
+  with_pool(1, function(p2) expect_identical(mizu_collect(mizu_submit(p2, x, x = v)), v))
+})
