@@ -21,6 +21,8 @@ use crate::worker::{Executor, TaskContext};
 
 /// Segment kind of a map.
 pub const MAP_KIND: u32 = u32::from_le_bytes(*b"MAP1");
+/// How often a waiting map asks its caller whether to stop.
+const STOP_POLL: Duration = Duration::from_millis(20);
 /// Payload prefix of a runner task (the runtime runs it; executors never see it).
 pub const RUNNER_MAGIC: &[u8] = b"\x00mizu-map-runner\x00";
 
@@ -75,6 +77,9 @@ pub enum MapError {
     /// The map could not run (no workers, storage, timeout, ...).
     #[error("map failed: {0}")]
     Pool(String),
+    /// The caller asked to stop (`stop` returned true): elements not started were skipped.
+    #[error("map stopped by the caller")]
+    Stopped,
 }
 
 fn runner_payload(token: &str) -> Vec<u8> {
@@ -84,12 +89,15 @@ fn runner_payload(token: &str) -> Vec<u8> {
 }
 
 /// Runs `f`'s elements over the pool's workers (see the module docs). `help` is called while
-/// waiting (nested maps run other tasks meanwhile).
+/// waiting (nested maps run other tasks meanwhile); `stop` every [`STOP_POLL`], and once it
+/// returns true the elements not started yet are skipped and the map ends
+/// with [`MapError::Stopped`].
 pub(crate) fn map(
     core: &Arc<SubmitterCore>,
     inputs: &[&[u8]],
     opts: &MapOptions,
     help: &mut dyn FnMut() -> bool,
+    stop: &mut dyn FnMut() -> bool,
 ) -> Result<MapOutput, MapError> {
     let pool_err = |e: &dyn std::fmt::Display| MapError::Pool(e.to_string());
     let n = inputs.len();
@@ -164,8 +172,24 @@ pub(crate) fn map(
         .map_err(|e| pool_err(&e))?;
     let mut results = Vec::with_capacity(runners);
     let mut failure: Option<MapError> = None;
+    let mut stopped = false;
+    let start = std::time::Instant::now();
     for t in &mut tasks {
-        match t.result_helping(opts.timeout, help) {
+        // Waits in slices, asking `stop` between them.
+        let r = loop {
+            let left = opts.timeout.map(|d| d.saturating_sub(start.elapsed()));
+            let slice = left.map_or(STOP_POLL, |l| l.min(STOP_POLL));
+            match t.result_helping(Some(slice), help) {
+                Err(CollectError::Timeout) if left.is_none_or(|l| l > slice) => {
+                    if !stopped && stop() {
+                        stopped = true;
+                        ctl.cancel.store(1, Ordering::Release);
+                    }
+                }
+                other => break other,
+            }
+        };
+        match r {
             Ok(b) => results.push(b),
             Err(e) => {
                 ctl.cancel.store(1, Ordering::Release);
@@ -182,6 +206,9 @@ pub(crate) fn map(
         }
     }
     let _ = seg.unlink();
+    if stopped {
+        return Err(MapError::Stopped);
+    }
     // Entries: index u64, status u8 (0 ok, 1 error), length u32, bytes.
     let mut out: Vec<Option<Buffer>> = vec![None; if elem == 0 { n } else { 0 }];
     let mut first: Option<(usize, Vec<u8>)> = None;

@@ -322,7 +322,19 @@ impl Pool {
         inputs: &[&[u8]],
         opts: &crate::map::MapOptions,
     ) -> std::result::Result<crate::map::MapOutput, crate::map::MapError> {
-        crate::map::map(&self.core, inputs, opts, &mut || false)
+        crate::map::map(&self.core, inputs, opts, &mut || false, &mut || false)
+    }
+
+    /// [`Pool::map`] that can be stopped: `stop` is polled while waiting (every 20 ms);
+    /// once it returns true, elements not started are skipped and the
+    /// map ends with [`crate::map::MapError::Stopped`] (for Ctrl-C in a binding).
+    pub fn map_until(
+        &self,
+        inputs: &[&[u8]],
+        opts: &crate::map::MapOptions,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> std::result::Result<crate::map::MapOutput, crate::map::MapError> {
+        crate::map::map(&self.core, inputs, opts, &mut || false, stop)
     }
 
     /// A snapshot of workers and counters.

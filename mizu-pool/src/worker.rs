@@ -55,9 +55,13 @@ impl TaskContext<'_> {
         inputs: &[&[u8]],
         opts: &crate::map::MapOptions,
     ) -> std::result::Result<crate::map::MapOutput, crate::map::MapError> {
-        crate::map::map(&self.rt.sub, inputs, opts, &mut || {
-            self.rt.run_one() || self.rt.steal()
-        })
+        crate::map::map(
+            &self.rt.sub,
+            inputs,
+            opts,
+            &mut || self.rt.run_one() || self.rt.steal(),
+            &mut || false,
+        )
     }
 
     /// Submits a nested task from this worker.

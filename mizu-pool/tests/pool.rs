@@ -505,6 +505,28 @@ fn the_first_failure_stops_the_map_and_names_its_index() {
 }
 
 #[test]
+fn a_map_stops_when_asked_and_the_pool_goes_on() {
+    use mizu_pool::MapOptions;
+    let p = pool(workers(2));
+    let inputs: Vec<Vec<u8>> = (0..2000).map(|_| b"sleep:5".to_vec()).collect();
+    let refs: Vec<&[u8]> = inputs.iter().map(|v| &v[..]).collect();
+    let mut polls = 0;
+    let r = p.map_until(
+        &refs,
+        &MapOptions {
+            chunk: Some(1),
+            ..Default::default()
+        },
+        &mut || {
+            polls += 1;
+            polls > 3
+        },
+    );
+    assert!(matches!(r, Err(mizu_pool::MapError::Stopped)), "{r:?}");
+    assert_eq!(text(&p.call(b"echo:after").unwrap()), "after");
+}
+
+#[test]
 fn nested_maps_never_deadlock_even_with_one_worker() {
     let p = pool(workers(1));
     assert_eq!(

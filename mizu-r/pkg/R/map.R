@@ -60,10 +60,10 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
     stop("`.chunk_size` must be a positive whole number (or NULL)", call. = FALSE)
   }
   n <- length(.x)
-  workers <- if (info[[2]]) 2L else info[[1]]
-  chunks <- .chunks(n, workers, if (!is.null(.chunk_size)) as.integer(.chunk_size))
   dots <- list(...)
   xs <- if (is.list(.x)) .x else as.list(.x)
+  workers <- if (info[[2]]) 2L else info[[1]]
+  chunks <- .chunks(n, workers, if (!is.null(.chunk_size)) as.integer(.chunk_size))
   msgs <- lapply(chunks, function(ix) {
     list("m", .f, dots, unname(xs[ix]), seed, ix[[1]], .ptype)
   })
@@ -98,6 +98,17 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
   out
 }
 
+# Checks that `r` (the result of element i) is one value of ptype's type; returns it as that
+# type, without attributes.
+.typed_value <- function(r, ptype, i) {
+  if (length(r) != 1L || !is.atomic(r) || (typeof(r) != typeof(ptype) &&
+      !(is.numeric(r) && typeof(ptype) == "double"))) {
+    stop(sprintf("element %d: the result must be one %s value, not %s of length %d",
+                 i, typeof(ptype), typeof(r), length(r)), call. = FALSE)
+  }
+  as.vector(r, typeof(ptype))
+}
+
 # Runs one chunk on a worker: results for elements `start`, `start + 1`, ... An error in an
 # element reaches the task's handler (see .run_task) with .worker_state$element set to its
 # position. With a seed, R's RNG is switched to mizu's streams for the chunk and element i
@@ -118,12 +129,7 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
     if (!is.null(seed)) .Call(wrap__rng_enter, seed, i - 1)
     r <- if (with_dots) do.call(f, c(list(xs[[j]]), dots)) else f(xs[[j]])
     if (typed) {
-      if (length(r) != 1L || !is.atomic(r) || (typeof(r) != typeof(ptype) &&
-          !(is.numeric(r) && typeof(ptype) == "double"))) {
-        stop(sprintf("element %d: the result must be one %s value, not %s of length %d",
-                     i, typeof(ptype), typeof(r), length(r)), call. = FALSE)
-      }
-      out[[j]] <- r
+      out[[j]] <- .typed_value(r, ptype, i)
     } else if (!is.null(r)) {
       out[[j]] <- r
     }
