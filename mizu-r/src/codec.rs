@@ -575,10 +575,11 @@ pub fn decode(buf: Buffer) -> Result<Decoded> {
                         .filter(|&x| x <= region.len() as u64)
                         .ok_or_else(|| bad(format!("reference {i} beyond its region")))?;
                     let whole = Region::buffer(&region);
+                    // Counted like any new view: once the sender lets go of its own, this
+                    // one alone keeps the region from being reused.
                     views.push(view::make(
                         whole.slice_with_length(off as usize, (end - off) as usize),
                         t,
-                        false,
                     )?);
                     continue;
                 }
@@ -589,7 +590,6 @@ pub fn decode(buf: Buffer) -> Result<Decoded> {
                 views.push(view::make(
                     buf.slice_with_length(at as usize, (end - at) as usize),
                     t,
-                    true,
                 )?);
             }
             let value = unserialize(&b[table_end..send])?;

@@ -337,10 +337,10 @@ fn class() -> R_altrep_class_t {
     })
 }
 
-/// A character vector over `buf` (checked first); `fresh` as in `view::account`.
-pub fn make(buf: Buffer, fresh: bool) -> Result<Robj> {
+/// A character vector over `buf` (checked first).
+pub fn make(buf: Buffer) -> Result<Robj> {
     let (n, kinds_at, bytes_at) = check(&buf)?;
-    crate::view::account(buf.len(), fresh);
+    crate::view::account(buf.len());
     let st = Box::into_raw(Box::new(State {
         buf,
         n,

@@ -188,12 +188,9 @@ thread_local! {
     static LIVE: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
 }
 
-/// A view of `bytes` is being made (and R may be asked to collect garbage first, when the
-/// bytes are `fresh`: a view of a region re-sent by reference pins no new memory).
-pub fn account(bytes: usize, fresh: bool) {
-    if fresh {
-        collect_garbage_now_and_then(bytes);
-    }
+/// A view of `bytes` is being made (and R may be asked to collect garbage first).
+pub fn account(bytes: usize) {
+    collect_garbage_now_and_then(bytes);
     LIVE.with(|l| {
         let (n, b) = l.get();
         l.set((n + 1, b + bytes as u64));
@@ -287,7 +284,7 @@ thread_local! {
 const GC_EVERY: usize = 16 << 20;
 
 /// Bytes of views this process may hold before a full collection: an eighth of `/dev/shm`,
-/// at most 256 MiB.
+/// at most 128 MiB.
 fn budget() -> u64 {
     thread_local! {
         static BUDGET: OnceCell<u64> = const { OnceCell::new() };
@@ -297,7 +294,7 @@ fn budget() -> u64 {
             let total = rustix::fs::statvfs("/dev/shm")
                 .map(|s| s.f_blocks.saturating_mul(s.f_frsize))
                 .unwrap_or(u64::MAX);
-            (total / 8).min(256 << 20)
+            (total / 8).min(128 << 20)
         })
     })
 }
@@ -338,12 +335,11 @@ fn collect_garbage() {
     };
 }
 
-/// A vector of type `t` over `buf` (whose length is a whole number of elements; `fresh` as in
-/// [`account`]): a view when
+/// A vector of type `t` over `buf` (whose length is a whole number of elements): a view when
 /// the bytes are aligned for the type, else a private copy.
-pub fn make(buf: Buffer, t: VType, fresh: bool) -> Result<Robj> {
+pub fn make(buf: Buffer, t: VType) -> Result<Robj> {
     if t == VType::Str {
-        return crate::strview::make(buf, fresh);
+        return crate::strview::make(buf);
     }
     let size = t.size();
     if !buf.len().is_multiple_of(size) {
@@ -365,7 +361,7 @@ pub fn make(buf: Buffer, t: VType, fresh: bool) -> Result<Robj> {
         });
     }
     let class = classes()[t as usize];
-    account(buf.len(), fresh);
+    account(buf.len());
     let state = Box::into_raw(Box::new(State { buf, len }));
     // SAFETY: R's main thread; the external pointer owns `state` (freed by `finalize`), and is
     // protected while the ALTREP object that keeps it as data1 is made.
