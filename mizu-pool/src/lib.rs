@@ -22,4 +22,4 @@ pub use mizu_queue::{RecvError, SlotState};
 pub use pool::{Launcher, Pool, PoolConfig, PoolStatus, WorkerStatus};
 pub use shared::Fill;
 pub use submitter::{CollectError, Task, collect_all, collect_any, wait_until};
-pub use worker::{Executor, TaskContext, run_worker};
+pub use worker::{Executor, TaskContext, run_worker, with_current_task};

@@ -332,7 +332,7 @@ pub(crate) fn run_runner(
             // SAFETY: nobody writes the input extent after staging.
             let input = unsafe { inputs.with(0, |d| d[a as usize..b as usize].to_vec()) };
             ctx.set_element(Some(i));
-            let r = exec.execute(ctx, &input);
+            let r = crate::worker::execute_current(exec, ctx, &input);
             ctx.set_element(None);
             match r {
                 Ok(res) => match &output {

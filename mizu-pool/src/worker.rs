@@ -27,6 +27,42 @@ pub trait Executor: Send + Sync {
     fn idle(&self) {}
 }
 
+thread_local! {
+    /// The context of the task this thread runs right now (null outside tasks). Nested tasks
+    /// run while a task helps: each sets its own and puts the outer one back.
+    static CURRENT: Cell<*const TaskContext<'static>> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Runs `f` with the context of the task this thread is running (`None` outside tasks): for
+/// bindings whose task code calls back into them (nested submission, the current element).
+pub fn with_current_task<T>(f: impl FnOnce(Option<&TaskContext<'_>>) -> T) -> T {
+    let p = CURRENT.with(Cell::get);
+    // SAFETY: CURRENT is non-null only while `execute_current` (below) is on this thread's
+    // stack with that context alive; it is restored (by a guard, even on panic) before that
+    // call returns.
+    f(unsafe { p.as_ref() })
+}
+
+/// Runs the executor with `ctx` as the thread's current task (see [`with_current_task`]).
+pub(crate) fn execute_current(
+    exec: &dyn Executor,
+    ctx: &TaskContext<'_>,
+    input: &[u8],
+) -> std::result::Result<Vec<u8>, Vec<u8>> {
+    struct Restore(*const TaskContext<'static>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CURRENT.with(|c| c.set(self.0));
+        }
+    }
+    // Lifetime erasure: the pointer is only dereferenced through `with_current_task` while
+    // this call is on the stack; `_restore` puts the previous one back when it returns.
+    let _restore = Restore(
+        CURRENT.with(|c| c.replace(std::ptr::from_ref(ctx).cast::<TaskContext<'static>>())),
+    );
+    exec.execute(ctx, input)
+}
+
 /// What a running task can do: submit nested tasks and collect them (helping meanwhile).
 pub struct TaskContext<'a> {
     rt: &'a Runtime<'a>,
@@ -277,7 +313,7 @@ impl Runtime<'_> {
                 None => {
                     ctx.slot.set(Some((s, k)));
                     *ctx.input.borrow_mut() = Some(input.clone());
-                    let r = self.exec.execute(&ctx, input.as_slice());
+                    let r = execute_current(self.exec, &ctx, input.as_slice());
                     ctx.slot.set(None);
                     ctx.input.borrow_mut().take();
                     r

@@ -1,7 +1,6 @@
 //! The worker's side: runs Python's task callback for every task, with the task's context
 //! reachable from Python (nested submission, `current_pool()`).
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use pyo3::prelude::*;
@@ -13,19 +12,8 @@ use crate::codec::{Outgoing, decode, encode_vec};
 use crate::err;
 use crate::pool::{Task, batch_result, outgoing};
 
-thread_local! {
-    /// The context of the task this thread runs right now (null outside tasks). Set for the
-    /// duration of the Python callback; nested tasks run while helping save and restore it.
-    static CURRENT: Cell<*const TaskContext<'static>> = const { Cell::new(std::ptr::null()) };
-}
-
-/// Runs `f` with the current task's context, if this thread is running a task.
-pub fn with_context<T>(f: impl FnOnce(Option<&TaskContext<'_>>) -> T) -> T {
-    let p = CURRENT.with(Cell::get);
-    // SAFETY: CURRENT is non-null only while `execute` (below) is on this thread's stack
-    // with that context alive; it is restored before `execute` returns.
-    f(unsafe { p.as_ref() })
-}
+/// The context of the task this thread is running, if any (set by the runtime).
+pub use mizu_pool::with_current_task as with_context;
 
 /// Runs Python's `callback(pickle, buffers) -> (ok, pickle, buffers)` for every task.
 struct PyExec {
@@ -64,13 +52,7 @@ impl PyExec {
 
 impl Executor for PyExec {
     fn execute(&self, ctx: &TaskContext<'_>, input: &[u8]) -> Result<Vec<u8>, Vec<u8>> {
-        let prev = CURRENT.with(|c| {
-            // SAFETY (lifetime erasure): the pointer is only dereferenced through
-            // `with_context` while this call is on the stack; it is restored below.
-            c.replace(std::ptr::from_ref(ctx).cast::<TaskContext<'static>>())
-        });
         let r = Python::attach(|py| self.run(py, ctx, input));
-        CURRENT.with(|c| c.set(prev));
         let n = self.tasks.fetch_add(1, Ordering::Relaxed) + 1;
         if self.max_tasks > 0 && n >= self.max_tasks {
             ctx.recycle();

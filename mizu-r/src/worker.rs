@@ -12,19 +12,8 @@ use crate::ffi;
 use crate::rerr;
 use crate::rtry::try_r;
 
-thread_local! {
-    /// The context of the task this thread runs right now (null outside tasks). Set for the
-    /// duration of the R callback; nested tasks run while helping save and restore it.
-    static CURRENT: Cell<*const TaskContext<'static>> = const { Cell::new(std::ptr::null()) };
-}
-
-/// Runs `f` with the current task's context, if this thread is running a task.
-pub fn with_context<T>(f: impl FnOnce(Option<&TaskContext<'_>>) -> T) -> T {
-    let p = CURRENT.with(Cell::get);
-    // SAFETY: CURRENT is non-null only while `execute` (below) is on this thread's stack
-    // with that context alive; it is restored before `execute` returns.
-    f(unsafe { p.as_ref() })
-}
+/// The context of the task this thread is running, if any (set by the runtime).
+pub use mizu_pool::with_current_task as with_context;
 
 /// Runs R's `run(msg)` for every task, and `failed(msg)` — which returns the condition `run`
 /// raised, as the R side recorded it — when it raised an error.
@@ -101,13 +90,7 @@ impl Executor for RExec {
         ctx: &TaskContext<'_>,
         input: &[u8],
     ) -> std::result::Result<Vec<u8>, Vec<u8>> {
-        let prev = CURRENT.with(|c| {
-            // SAFETY (lifetime erasure): the pointer is only dereferenced through
-            // `with_context` while this call is on the stack; it is restored below.
-            c.replace(std::ptr::from_ref(ctx).cast::<TaskContext<'static>>())
-        });
         let r = self.run(ctx, input);
-        CURRENT.with(|c| c.set(prev));
         let n = self.tasks.get() + 1;
         self.tasks.set(n);
         if self.max_tasks > 0 && n >= self.max_tasks {
