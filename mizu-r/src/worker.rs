@@ -57,6 +57,7 @@ impl RExec {
             Ok(Decoded::Text(t)) => return Err(text(&format!("mizu: a text payload: {t}"))),
             Err(e) => return Err(text(&e.to_string())),
         };
+        bind_vars(&msg);
         let (ok, value) = match call1(&self.run, &msg) {
             Ok(v) => (true, v),
             Err(()) => match call1(&self.failed, &msg) {
@@ -125,9 +126,29 @@ fn run_worker(
     mizu_pool::run_worker(token, slot, &exec).map_err(rerr)
 }
 
+/// For an expression task (`list("e", expr, vars)`, freshly decoded and owned here): replaces
+/// `vars` by the environment the expression is evaluated in — the bindings in a new
+/// environment whose parent is the global environment — so R does not make it (saves an R
+/// call per task). Anything else is left as it is.
+fn bind_vars(msg: &Robj) {
+    let Some(l) = msg.as_list() else {
+        return;
+    };
+    if l.len() != 3 || l.elt(0).ok().and_then(|k| k.as_str().map(|k| k == "e")) != Some(true) {
+        return;
+    }
+    let Ok(vars) = l.elt(2).and_then(List::try_from) else {
+        return;
+    };
+    if let Ok(env) = task_env(vars) {
+        // SAFETY: `msg` is a list of length 3 (checked) that nobody else holds yet; `env` is
+        // protected by its handle until the list owns it.
+        unsafe { extendr_ffi::SET_VECTOR_ELT(msg.get(), 2, env.get()) };
+    }
+}
+
 /// The environment a task's expression is evaluated in: the named values of `vars` bound in a
 /// new environment whose parent is the global environment.
-#[extendr]
 fn task_env(vars: List) -> Result<Robj> {
     // SAFETY: R's main thread; `vars` is protected by its handle; the closure owns nothing
     // (an allocation error is caught by `try_r`); the new environment is protected while the
@@ -166,7 +187,6 @@ fn worker_slot() -> Option<i32> {
 extendr_module! {
     mod worker;
     fn run_worker;
-    fn task_env;
     fn in_task;
     fn worker_slot;
 }

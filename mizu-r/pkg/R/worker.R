@@ -35,7 +35,7 @@
   if (!is.null(st$warnings)) st$warnings <- NULL
   st$element <- NULL
   value <- withCallingHandlers(
-    if (identical(msg[[1L]], "e")) eval(msg[[2L]], .Call(wrap__task_env, msg[[3L]]))
+    if (identical(msg[[1L]], "e")) eval(msg[[2L]], msg[[3L]])   # msg[[3]]: the environment
     else .dispatch(msg),
     error = .note_error, warning = .note_warning)
   if (is.null(st$warnings)) value
