@@ -100,12 +100,13 @@ const BY_REF: u8 = 0x80;
 /// Maps the regions that payloads refer to (segments stay mapped while views of them live).
 static MAPPER: std::sync::LazyLock<Mapper> = std::sync::LazyLock::new(Mapper::new);
 
-/// How to send `v`: by reference when it is one of our views, unmodified, of a region whose
-/// segment still has its name; else `None`.
-fn by_ref(v: SEXP) -> Option<How> {
+/// How to send `v` by reference, and its length: when it is one of our views, unmodified, of
+/// a region whose segment still has its name; else `None`.
+fn by_ref(v: SEXP) -> Option<(How, usize)> {
     let buf = crate::view::shared_buffer(v).or_else(|| crate::strview::shared_buffer(v))?;
     let (region, off) = Region::containing(buf.as_ptr())?;
-    (off + buf.len() <= region.len() && region.still_named()).then_some(How::Ref(region, off))
+    (off + buf.len() <= region.len() && region.still_named())
+        .then(|| (How::Ref(region, off), buf.len()))
 }
 
 /// Takes large vectors out of lists in place, remembering how to put them back.
@@ -175,7 +176,13 @@ impl Walk {
                 }
                 let e = VECTOR_ELT(x, i);
                 if oob_type(e).is_some() {
-                    if let Some(p) = self.placeholder(e) {
+                    // The same vector twice (list(a = x, b = x)) travels once.
+                    let seen = self.bufs.iter().position(|b| b.get() == e);
+                    let p = match seen {
+                        Some(k) => Some(self.placeholders[k].get()),
+                        None => self.placeholder(e),
+                    };
+                    if let Some(p) = p {
                         SET_VECTOR_ELT(x, i, p);
                         self.swaps.push((x, i, e));
                     }
@@ -336,10 +343,7 @@ impl Outgoing {
             let (t, ptr, n) = unsafe {
                 let s = v.get();
                 let t = VType::of(TYPEOF(s)).expect("checked by oob_type");
-                if let Some(how) = by_ref(s) {
-                    let len = crate::view::shared_buffer(s)
-                        .or_else(|| crate::strview::shared_buffer(s))
-                        .map_or(0, |b| b.len());
+                if let Some((how, len)) = by_ref(s) {
                     bufs.push(Oob {
                         vec: v,
                         t,
@@ -575,11 +579,10 @@ pub fn decode(buf: Buffer) -> Result<Decoded> {
                         .filter(|&x| x <= region.len() as u64)
                         .ok_or_else(|| bad(format!("reference {i} beyond its region")))?;
                     let whole = Region::buffer(&region);
-                    // Counted like any new view: once the sender lets go of its own, this
-                    // one alone keeps the region from being reused.
                     views.push(view::make(
                         whole.slice_with_length(off as usize, (end - off) as usize),
                         t,
+                        false,
                     )?);
                     continue;
                 }
@@ -590,6 +593,7 @@ pub fn decode(buf: Buffer) -> Result<Decoded> {
                 views.push(view::make(
                     buf.slice_with_length(at as usize, (end - at) as usize),
                     t,
+                    true,
                 )?);
             }
             let value = unserialize(&b[table_end..send])?;

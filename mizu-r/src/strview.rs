@@ -337,10 +337,10 @@ fn class() -> R_altrep_class_t {
     })
 }
 
-/// A character vector over `buf` (checked first).
-pub fn make(buf: Buffer) -> Result<Robj> {
+/// A character vector over `buf` (checked first; `copy` as in `view::account`).
+pub fn make(buf: Buffer, copy: bool) -> Result<Robj> {
     let (n, kinds_at, bytes_at) = check(&buf)?;
-    crate::view::account(buf.len());
+    crate::view::account(buf.len(), copy);
     let st = Box::into_raw(Box::new(State {
         buf,
         n,

@@ -188,9 +188,10 @@ thread_local! {
     static LIVE: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
 }
 
-/// A view of `bytes` is being made (and R may be asked to collect garbage first).
-pub fn account(bytes: usize) {
-    collect_garbage_now_and_then(bytes);
+/// A view of `bytes` is being made — of a new copy, or (`copy` false) of a region re-sent by
+/// reference — and R may be asked to collect garbage first.
+pub fn account(bytes: usize, copy: bool) {
+    collect_garbage_now_and_then(bytes, copy);
     LIVE.with(|l| {
         let (n, b) = l.get();
         l.set((n + 1, b + bytes as u64));
@@ -269,22 +270,33 @@ fn classes() -> [R_altrep_class_t; 5] {
 }
 
 thread_local! {
-    /// Bytes of views made since R's last garbage collection we asked for.
+    /// Bytes of views of new copies made since R's last collection we asked for.
     static SINCE_GC: Cell<usize> = const { Cell::new(0) };
+    /// Bytes of all views (copies and references) made since then.
+    static SINCE_ANY: Cell<usize> = const { Cell::new(0) };
+    /// Bytes of views alive right after the last full collection.
+    static BASELINE: Cell<u64> = const { Cell::new(0) };
 }
 
 /// R's collector cannot see the shared memory a view holds (a view is a small object to it),
 /// so views nobody uses any more would keep regions — and the sender's data segments — alive
-/// until R happens to collect. After every [`GC_EVERY`] bytes of new views, run a young-
-/// generation collection (`gc(full = FALSE)`: about a millisecond here), which reclaims views
-/// made and dropped since the last one; views still in use then are promoted and wait for an
-/// older collection, so when the views alive or not yet collected exceed [`budget`], the
-/// collection is a full one (tens of milliseconds here): shared memory held by garbage stays
-/// bounded even where `/dev/shm` is small.
+/// until R happens to collect.
+///
+/// * After every [`GC_EVERY`] bytes of views of new copies, a young-generation collection
+///   (`gc(full = FALSE)`: about a millisecond here) reclaims those made and dropped since the
+///   last one. Views of regions re-sent by reference do not count there: the sender's own view
+///   usually pins the same region, and collecting for each of them would put a collection on
+///   every re-send.
+/// * Every [`budget`] bytes of views of either kind, a young collection too.
+/// * Views alive at a young collection are promoted and wait for an older one, so when, after
+///   a young collection, the views alive still grew by more than [`budget`] since the last
+///   full collection (promoted garbage may be holding that much), a full one follows (tens of
+///   milliseconds here). Views the program really holds do not count against the budget, only
+///   growth does.
 const GC_EVERY: usize = 16 << 20;
 
-/// Bytes of views this process may hold before a full collection: an eighth of `/dev/shm`,
-/// at most 128 MiB.
+/// How much the bytes held by views may grow between full collections: an eighth of
+/// `/dev/shm`, at most 128 MiB.
 fn budget() -> u64 {
     thread_local! {
         static BUDGET: OnceCell<u64> = const { OnceCell::new() };
@@ -299,10 +311,12 @@ fn budget() -> u64 {
     })
 }
 
-fn collect_garbage_now_and_then(bytes: usize) {
-    let n = SINCE_GC.with(Cell::get) + bytes;
-    if n < GC_EVERY {
-        SINCE_GC.with(|c| c.set(n));
+fn collect_garbage_now_and_then(bytes: usize, copy: bool) {
+    let young = SINCE_GC.with(Cell::get) + if copy { bytes } else { 0 };
+    let any = SINCE_ANY.with(Cell::get) + bytes;
+    if young < GC_EVERY && (any as u64) < budget() {
+        SINCE_GC.with(|c| c.set(young));
+        SINCE_ANY.with(|c| c.set(any));
         return;
     }
     collect_garbage();
@@ -322,24 +336,33 @@ const IDLE_GC_MIN: usize = 1 << 20;
 
 fn collect_garbage() {
     SINCE_GC.with(|c| c.set(0));
-    let full = LIVE.with(Cell::get).1 > budget();
-    let code = if full {
-        c"base::gc(FALSE, FALSE, TRUE)"
-    } else {
-        c"base::gc(FALSE, FALSE, FALSE)"
+    SINCE_ANY.with(|c| c.set(0));
+    let gc = |code: &std::ffi::CStr| {
+        // SAFETY: R's main thread, between allocations (the caller's values are protected);
+        // the closure owns nothing; an error (there should be none) is caught.
+        let _ = unsafe {
+            crate::rtry::try_r(|| {
+                crate::ffi::R_ParseEvalString(code.as_ptr(), extendr_ffi::R_BaseEnv)
+            })
+        };
     };
-    // SAFETY: R's main thread, between allocations (the caller's values are protected); the
-    // closure owns nothing; an error (there should be none) is caught.
-    let _ = unsafe {
-        crate::rtry::try_r(|| crate::ffi::R_ParseEvalString(code.as_ptr(), extendr_ffi::R_BaseEnv))
-    };
+    gc(c"base::gc(FALSE, FALSE, FALSE)");
+    let held = || LIVE.with(Cell::get).1;
+    // Views the program let go of since the last full collection lower what it holds.
+    BASELINE.with(|b| b.set(b.get().min(held())));
+    if held().saturating_sub(BASELINE.with(Cell::get)) > budget() {
+        gc(c"base::gc(FALSE, FALSE, TRUE)");
+        // What survived a full collection is held by the program.
+        BASELINE.with(|b| b.set(held()));
+    }
 }
 
-/// A vector of type `t` over `buf` (whose length is a whole number of elements): a view when
+/// A vector of type `t` over `buf` (whose length is a whole number of elements; `copy` as in
+/// [`account`]): a view when
 /// the bytes are aligned for the type, else a private copy.
-pub fn make(buf: Buffer, t: VType) -> Result<Robj> {
+pub fn make(buf: Buffer, t: VType, copy: bool) -> Result<Robj> {
     if t == VType::Str {
-        return crate::strview::make(buf);
+        return crate::strview::make(buf, copy);
     }
     let size = t.size();
     if !buf.len().is_multiple_of(size) {
@@ -361,7 +384,7 @@ pub fn make(buf: Buffer, t: VType) -> Result<Robj> {
         });
     }
     let class = classes()[t as usize];
-    account(buf.len());
+    account(buf.len(), copy);
     let state = Box::into_raw(Box::new(State { buf, len }));
     // SAFETY: R's main thread; the external pointer owns `state` (freed by `finalize`), and is
     // protected while the ALTREP object that keeps it as data1 is made.

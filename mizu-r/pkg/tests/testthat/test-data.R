@@ -246,3 +246,13 @@ test_that("an unmodified view sent on crosses by reference, not by copy", {
   expect_gt(size(v), 8e6)
   with_pool(1, function(p2) expect_identical(mizu_collect(mizu_submit(p2, x, x = v)), v))
 })
+
+test_that("the same vector twice in a value travels once and arrives as one view", {
+  x <- runif(1e5)
+  size <- function(v) .Call(mizu:::wrap__codec_size, v)
+  expect_lt(size(list(a = x, b = x)), size(list(a = x, b = x + 0)) * 0.6)
+  with_pool(1, function(pool) {
+    r <- mizu_collect(mizu_submit(pool, list(a = x, b = x), x = x))
+    expect_identical(r, list(a = x, b = x))
+  })
+})
