@@ -13,7 +13,12 @@ use mizu_pool::{Launcher, Pool, PoolConfig, collect_all};
 use rustix::io::FdFlags;
 use rustix::net::{AddressFamily, SocketFlags, SocketType};
 
-const WORKER: &str = env!("CARGO_BIN_EXE_mizu-pool-testworker");
+const WORKER_BIN: &str = env!("CARGO_BIN_EXE_mizu-pool-testworker");
+
+/// The test worker (`MIZU_BENCH_WORKER` overrides it, for A/B runs of two builds).
+fn worker_bin() -> String {
+    std::env::var("MIZU_BENCH_WORKER").unwrap_or_else(|_| WORKER_BIN.to_string())
+}
 const RUNS: usize = 5;
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -36,7 +41,7 @@ fn mizu(workers: usize) -> Pool {
         ring_capacity: 4096,
         ..Default::default()
     };
-    Pool::new(cfg, Launcher::new(WORKER, Vec::<String>::new())).unwrap()
+    Pool::new(cfg, Launcher::new(worker_bin(), Vec::<String>::new())).unwrap()
 }
 
 fn mizu_round_trip(n: usize) -> (f64, u64) {
@@ -94,7 +99,7 @@ fn sock_worker() -> (UnixStream, Child) {
     .unwrap();
     rustix::io::fcntl_setfd(&theirs, FdFlags::empty()).unwrap();
     let fd = std::os::fd::AsRawFd::as_raw_fd(&theirs).to_string();
-    let child = Command::new(WORKER)
+    let child = Command::new(worker_bin())
         .args(["--sock-worker", &fd])
         .spawn()
         .unwrap();
@@ -222,7 +227,7 @@ fn mizu_map(workers: usize, n: usize) -> f64 {
 
 fn channel_round_trip(n: usize) -> f64 {
     let mut ch = mizu_pool::Channel::launch(
-        WORKER,
+        worker_bin(),
         ["--channel-echo"],
         1024,
         256,
@@ -254,6 +259,10 @@ fn main() {
     unsafe { std::env::set_var("MIZU_PIN_CPU", "1") };
     let rt_n = scale(100_000);
     let (mizu_rt, parks) = mizu_round_trip(rt_n);
+    if std::env::var_os("MIZU_BENCH_RT_ONLY").is_some() {
+        println!("rt {mizu_rt:.1} ns parks {parks}");
+        return;
+    }
     let sock_rt = sock_round_trip(scale(10_000));
     let thr_rt = threads_round_trip(rt_n);
     let chan_rt = channel_round_trip(rt_n);

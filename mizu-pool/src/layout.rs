@@ -54,8 +54,9 @@ struct Control {
     params: Params,
     stop: AtomicU32,
     /// Idle workers spinning right now (bounded so that spinners never outnumber the CPUs
-    /// left to the workers that have work and to the submitters).
-    spinners: AtomicU32,
+    /// left to the workers that have work and to the submitters). On a line of its own: the
+    /// workers change it around every wait, and every submit reads `stop`.
+    spinners: CacheLine<AtomicU32>,
 }
 // SAFETY: repr(C); params written once before sharing, the rest atomics; zero is valid.
 unsafe impl ShmSafe for Control {}
@@ -86,6 +87,13 @@ pub struct WorkerRec {
     pub pid: AtomicU32,
     /// Identity nonce.
     pub nonce: AtomicU64,
+    /// 0 busy, 1 idle and spinning, 2 idle without spinning: submitters prefer idle workers,
+    /// spinning ones first (they need no wake).
+    pub idle: AtomicU32,
+    _pad: AtomicU32,
+    // Submitters read the fields above on every submit; the worker writes the ones below on
+    // every task. Separate lines keep those reads from missing.
+    _line: [AtomicU64; 5],
     /// The claim record: the task id this worker is claiming or running (0 = none). Written
     /// *before* the claim CAS, so a reaper can tell which task died with the worker.
     pub current: AtomicU64,
@@ -97,11 +105,8 @@ pub struct WorkerRec {
     pub steals: AtomicU64,
     /// Times this worker slept in the kernel.
     pub parks: AtomicU64,
-    /// 0 busy, 1 idle and spinning, 2 idle without spinning: submitters prefer idle workers,
-    /// spinning ones first (they need no wake).
-    pub idle: AtomicU32,
-    _pad: AtomicU32,
 }
+const _: () = assert!(std::mem::offset_of!(WorkerRec, current) == 64);
 
 /// One worker slot: record plus the word it parks on, on separate lines.
 #[repr(C)]
@@ -236,7 +241,7 @@ pub fn create(p: Params) -> Result<Segment> {
             CacheLine(Control {
                 params: Params { magic: MAGIC, ..p },
                 stop: AtomicU32::new(0),
-                spinners: AtomicU32::new(0),
+                spinners: CacheLine(AtomicU32::new(0)),
             }),
         )?
     };

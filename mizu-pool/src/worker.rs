@@ -277,7 +277,7 @@ impl Runtime<'_> {
             return false;
         }
         let hdr = v.task(s, k);
-        let (g, st) = hdr.state.load();
+        let (g, st) = hdr.state.load_for_update();
         if st != Some(SlotState::Pending) || g as u32 != g32 {
             return false;
         }
@@ -424,6 +424,11 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
     let done = || v.stopped() || controller_dead.load(Ordering::Relaxed) || rt.retired();
     while !done() {
         if rt.run_one() {
+            continue;
+        }
+        // In a busy stream the next task is a few hundred ns away: look for it before any
+        // idle bookkeeping, which writes lines that submitters read.
+        if spinner.burst(|| rt.any_queued().then_some(())).is_some() {
             continue;
         }
         exec.idle();

@@ -120,6 +120,13 @@ impl StateWord {
         (w >> GEN_SHIFT, SlotState::from_bits(w as u8))
     }
 
+    /// [`StateWord::load`] that takes the line for writing: for a caller about to transition
+    /// the word, one ownership transfer instead of a shared read followed by an upgrade.
+    pub fn load_for_update(&self) -> (u64, Option<SlotState>) {
+        let w = self.0.fetch_or(0, Ordering::Acquire);
+        (w >> GEN_SHIFT, SlotState::from_bits(w as u8))
+    }
+
     /// `from -> to` at `generation`, atomically; exactly one of several racing callers wins.
     pub fn transition(
         &self,

@@ -135,9 +135,13 @@ fn slot_cancel_vs_claim_exactly_one_wins() {
         w.transition(0, SlotState::Free, SlotState::Pending)
             .unwrap();
         let w2 = w.clone();
+        // The worker's claim as mizu-pool does it: read for update, check, then CAS.
         let worker = thread::spawn(move || {
-            w2.transition(0, SlotState::Pending, SlotState::Running)
-                .is_ok()
+            let (g, s) = w2.load_for_update();
+            s == Some(SlotState::Pending)
+                && w2
+                    .transition(g, SlotState::Pending, SlotState::Running)
+                    .is_ok()
         });
         let cancelled = w
             .transition(0, SlotState::Pending, SlotState::Cancelled)
