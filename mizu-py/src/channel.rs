@@ -41,7 +41,7 @@ impl Channel {
         Channel {
             token: c.token().to_owned(),
             inner: ManuallyDrop::new(Mutex::new(c)),
-            pid: std::process::id(),
+            pid: mizu_shm::current_pid(),
         }
     }
 }
@@ -142,7 +142,7 @@ impl Channel {
 
     /// Closes this side: the peer reads what was sent, then sees the channel closed.
     fn close(&self, py: Python<'_>) {
-        if self.pid == std::process::id() {
+        if self.pid == mizu_shm::current_pid() {
             py.detach(|| self.inner.lock().unwrap_or_else(|p| p.into_inner()).close());
         }
     }
@@ -174,7 +174,7 @@ impl Channel {
 
 impl Drop for Channel {
     fn drop(&mut self) {
-        if self.pid == std::process::id() {
+        if self.pid == mizu_shm::current_pid() {
             // SAFETY: dropped once, here, and never used again.
             unsafe { ManuallyDrop::drop(&mut self.inner) };
         }

@@ -43,7 +43,7 @@ fn err(e: impl std::fmt::Display) -> PyErr {
 
 /// Refuses handles inherited through `fork()`: the child does not own the parent's pool.
 fn forked(pid: u32) -> PyResult<()> {
-    if pid == std::process::id() {
+    if pid == mizu_shm::current_pid() {
         Ok(())
     } else {
         Err(ForkedError::new_err(

@@ -87,7 +87,7 @@ impl Pool {
             .map_err(err)?;
         Ok(Pool {
             inner: RwLock::new(Some(pool)),
-            pid: std::process::id(),
+            pid: mizu_shm::current_pid(),
         })
     }
 
@@ -174,7 +174,7 @@ impl Pool {
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        if self.pid != std::process::id() {
+        if self.pid != mizu_shm::current_pid() {
             // A forked child's copy: the workers belong to the parent; touch nothing.
             if let Ok(mut g) = self.inner.write()
                 && let Some(p) = g.take()
@@ -219,7 +219,7 @@ impl Task {
     pub(crate) fn new(t: mizu_pool::Task) -> Task {
         Task {
             inner: Mutex::new(Some(t)),
-            pid: std::process::id(),
+            pid: mizu_shm::current_pid(),
         }
     }
 }
@@ -311,7 +311,7 @@ impl Task {
     /// `f` of the task when it is uncollected, in this process, and not being collected by
     /// another thread right now (never waits); else false.
     fn peek(&self, f: impl FnOnce(&mizu_pool::Task) -> bool) -> bool {
-        self.pid == std::process::id()
+        self.pid == mizu_shm::current_pid()
             && self
                 .inner
                 .try_lock()
@@ -321,7 +321,7 @@ impl Task {
 
 impl Drop for Task {
     fn drop(&mut self) {
-        if self.pid != std::process::id()
+        if self.pid != mizu_shm::current_pid()
             && let Ok(mut g) = self.inner.lock()
             && let Some(t) = g.take()
         {

@@ -25,7 +25,7 @@ pub struct RChannel {
 
 impl Drop for RChannel {
     fn drop(&mut self) {
-        if self.pid == std::process::id() {
+        if self.pid == mizu_shm::current_pid() {
             // SAFETY: dropped once, here, and never used again.
             unsafe { ManuallyDrop::drop(&mut self.inner) };
         }
@@ -35,7 +35,7 @@ impl Drop for RChannel {
 fn wrap(c: mizu_pool::Channel) -> Robj {
     ExternalPtr::new(RChannel {
         inner: ManuallyDrop::new(RefCell::new(c)),
-        pid: std::process::id(),
+        pid: mizu_shm::current_pid(),
     })
     .into()
 }

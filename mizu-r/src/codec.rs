@@ -313,14 +313,18 @@ fn unserialize(bytes: &[u8]) -> Result<Robj> {
 impl Outgoing {
     /// Encodes an R value.
     pub fn encode(value: &Robj) -> Result<Outgoing> {
+        // SAFETY: `value` is protected by its Robj for this call.
+        Outgoing::encode_sexp(unsafe { value.get() })
+    }
+
+    /// [`Outgoing::encode`] of a value the caller keeps alive (protected) for the call.
+    pub fn encode_sexp(root: SEXP) -> Result<Outgoing> {
         let mut w = Walk {
             bufs: Vec::new(),
             swaps: Vec::new(),
             placeholders: Vec::new(),
             failed: false,
         };
-        // SAFETY: `value` is protected by its Robj for this call.
-        let root = unsafe { value.get() };
         if let Some(bytes) = crate::small::encode(root) {
             return Ok(Outgoing::layout(TAG_SMALL, bytes, Vec::new()));
         }
@@ -527,6 +531,16 @@ fn fill_lists(x: SEXP, views: &[Robj], depth: usize) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// For a payload in the compact encoding: the value, fresh and unprotected (the caller
+/// protects it before anything allocates), without an R handle (see `handle.rs` for why
+/// that matters). `None` for any other payload: use [`decode`].
+pub fn decode_small(buf: &Buffer) -> Option<Result<SEXP>> {
+    let b = buf.as_slice();
+    (b.first() == Some(&TAG_SMALL)).then(|| {
+        crate::small::decode(&b[1..]).ok_or_else(|| bad("the compact encoding cannot be read"))
+    })
 }
 
 /// Decodes a received payload. Input is untrusted: every offset is checked.

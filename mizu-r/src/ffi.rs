@@ -71,4 +71,5 @@ unsafe extern "C" {
     pub fn Rf_installChar(x: SEXP) -> SEXP;
     pub fn R_NewEnv(enclos: SEXP, hash: c_int, size: c_int) -> SEXP;
     pub fn Rf_defineVar(symbol: SEXP, value: SEXP, rho: SEXP);
+    pub fn Rf_findVarInFrame(rho: SEXP, symbol: SEXP) -> SEXP;
 }

@@ -12,7 +12,9 @@
 
 mod channel;
 mod codec;
+mod fast;
 mod ffi;
+mod handle;
 mod interrupt;
 mod pool;
 mod rng;
@@ -33,7 +35,7 @@ pub(crate) fn rerr(e: impl std::fmt::Display) -> Error {
 /// Refuses handles inherited through `fork()` (e.g. `parallel::mclapply`): the child does
 /// not own the parent's pool.
 pub(crate) fn forked(pid: u32) -> Result<()> {
-    if pid == std::process::id() {
+    if pid == mizu_shm::current_pid() {
         Ok(())
     } else {
         Err(rerr(
@@ -87,6 +89,7 @@ extendr_module! {
     fn prune;
     fn shm_names;
     use codec;
+    use fast;
     use pool;
     use worker;
     use rng;

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use arrow_buffer::Buffer;
 use extendr_api::Result;
 use extendr_api::prelude::*;
+use extendr_ffi::{SEXP, SEXPTYPE};
 use mizu_pool::{CollectError, Launcher, PoolConfig, PoolError, TaskError};
 
 use crate::codec::{Decoded, Outgoing, decode};
@@ -23,17 +24,19 @@ pub struct RPool {
     /// The handle `mizu_current_pool()` gives inside a task: submits to the pool running it.
     nested: bool,
     workers: i32,
-    pid: u32,
+    pub(crate) pid: u32,
     submit_timeout: Option<Duration>,
     /// The tasks submitted here that may still hold a task slot: when every slot is taken,
     /// finished outcomes are moved out of their slots into the tasks (see `drain`).
     tasks: RefCell<Vec<Weak<TaskCell>>>,
+    /// The batch new task handles join (see `handle::task_handle`).
+    pub(crate) batch: crate::handle::BatchSlot,
 }
 
 impl Drop for RPool {
     fn drop(&mut self) {
         if let Some(p) = self.inner.get_mut().take() {
-            if self.pid == std::process::id() {
+            if self.pid == mizu_shm::current_pid() {
                 stop_pool(p, Duration::from_secs(2));
             } else {
                 // A forked child's copy (mclapply): the workers belong to the parent.
@@ -70,14 +73,26 @@ type TaskCell = RefCell<TaskState>;
 /// A submitted task.
 pub struct RTask {
     cell: Rc<TaskCell>,
-    pid: u32,
+    pub(crate) pid: u32,
+}
+
+thread_local! {
+    /// Tasks alive in this process (for tests: dropped handles must release theirs).
+    static LIVE_TASKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// How many task objects this process holds (a test hook: see `test-pool.R`).
+#[extendr]
+fn live_tasks() -> f64 {
+    LIVE_TASKS.get() as f64
 }
 
 impl RTask {
     pub(crate) fn new(t: mizu_pool::Task) -> RTask {
+        LIVE_TASKS.set(LIVE_TASKS.get() + 1);
         RTask {
             cell: Rc::new(RefCell::new(TaskState::Pending(t))),
-            pid: std::process::id(),
+            pid: mizu_shm::current_pid(),
         }
     }
 
@@ -88,18 +103,12 @@ impl RTask {
             TaskState::Taken => false,
         }
     }
-
-    /// A task handle for R: an external pointer of class `mizu_task`.
-    pub(crate) fn into_robj(self) -> Robj {
-        let mut r: Robj = ExternalPtr::new(self).into();
-        let _ = r.set_class(["mizu_task"]);
-        r
-    }
 }
 
 impl Drop for RTask {
     fn drop(&mut self) {
-        if self.pid != std::process::id() {
+        LIVE_TASKS.set(LIVE_TASKS.get().saturating_sub(1));
+        if self.pid != mizu_shm::current_pid() {
             let st = std::mem::replace(&mut *self.cell.borrow_mut(), TaskState::Taken);
             if let TaskState::Pending(t) = st {
                 std::mem::forget(t);
@@ -192,12 +201,10 @@ fn pool_ref(pool: &Robj) -> Result<&RPool> {
             "not a live mizu pool (one restored from a saved session?)",
         ));
     }
-    let p: &ExternalPtr<RPool> = pool.try_into().map_err(|_| {
+    // SAFETY: `pool` is protected by the caller for the lifetime of the reference.
+    let p = unsafe { crate::handle::ext_ref::<RPool>(pool.get()) }.ok_or_else(|| {
         rerr("`pool` must be a mizu_pool (see mizu_pool() and mizu_current_pool())")
     })?;
-    let p = p
-        .try_addr()
-        .map_err(|_| rerr("not a live mizu pool (one restored from a saved session?)"))?;
     forked(p.pid)?;
     Ok(p)
 }
@@ -249,9 +256,10 @@ fn pool_new(
         inner: RefCell::new(Some(pool)),
         nested: false,
         workers,
-        pid: std::process::id(),
+        pid: mizu_shm::current_pid(),
         submit_timeout: opt_secs(submit_timeout, "submit_timeout")?,
         tasks: RefCell::new(Vec::new()),
+        batch: Default::default(),
     }))
 }
 
@@ -267,9 +275,10 @@ fn pool_nested() -> Result<Robj> {
         inner: RefCell::new(None),
         nested: true,
         workers: 0,
-        pid: std::process::id(),
+        pid: mizu_shm::current_pid(),
         submit_timeout: None,
         tasks: RefCell::new(Vec::new()),
+        batch: Default::default(),
     }))
 }
 
@@ -286,24 +295,40 @@ fn pool_info(pool: Robj) -> Result<List> {
 
 /// Checks a task message `list(kind, expr, vars)`: every binding is named.
 fn check_msg(msg: &Robj) -> Result<()> {
-    let bad = || {
-        rerr(
-            "the values in `...` must be named: they are the bindings the expression sees (a \
-             binding named as a prefix of `pool` or `expr`, such as `e` or `p`, is taken as that \
-             argument by R's partial matching: rename it)",
-        )
+    // SAFETY: `msg` is protected by its handle for the call.
+    unsafe { check_msg_sexp(msg.get()) }.map_err(rerr)
+}
+
+/// [`check_msg`] on a raw value (no R handles: it runs on every submit).
+///
+/// # Safety
+/// `msg` is a live SEXP; this only reads it.
+pub(crate) unsafe fn check_msg_sexp(msg: SEXP) -> std::result::Result<(), &'static str> {
+    use extendr_ffi::{
+        R_NaString, R_NamesSymbol, Rf_getAttrib, STRING_ELT, TYPEOF, VECTOR_ELT, XLENGTH,
     };
-    let Some(l) = msg.as_list() else {
-        return Ok(());
-    };
-    if l.len() == 3
-        && let Ok(vars) = l.elt(2)
-        && let Some(v) = vars.as_list()
-        && !v.is_empty()
-    {
-        let names = v.names().ok_or_else(bad)?;
-        if names.into_iter().any(|n| n.is_empty() || n == "NA") {
-            return Err(bad());
+    const BAD: &str = "the values in `...` must be named: they are the bindings the expression \
+                       sees (a binding named as a prefix of `pool` or `expr`, such as `e` or \
+                       `p`, is taken as that argument by R's partial matching: rename it)";
+    // SAFETY: reads of live objects (the caller's contract); `Rf_getAttrib` of `names` on a
+    // list does not allocate.
+    unsafe {
+        if TYPEOF(msg) != SEXPTYPE::VECSXP || XLENGTH(msg) != 3 {
+            return Ok(());
+        }
+        let vars = VECTOR_ELT(msg, 2);
+        if TYPEOF(vars) != SEXPTYPE::VECSXP || XLENGTH(vars) == 0 {
+            return Ok(());
+        }
+        let names = Rf_getAttrib(vars, R_NamesSymbol);
+        if TYPEOF(names) != SEXPTYPE::STRSXP || XLENGTH(names) != XLENGTH(vars) {
+            return Err(BAD);
+        }
+        for i in 0..XLENGTH(names) {
+            let n = STRING_ELT(names, i);
+            if n == R_NaString || extendr_ffi::LENGTH(n) == 0 {
+                return Err(BAD);
+            }
         }
     }
     Ok(())
@@ -316,13 +341,28 @@ fn check_msg(msg: &Robj) -> Result<()> {
 fn pool_submit(pool: Robj, msg: Robj) -> Result<Robj> {
     let p = pool_ref(&pool)?;
     check_msg(&msg)?;
-    let out = Outgoing::encode(&msg)?;
+    // SAFETY: `msg` is protected by its handle for the call.
+    let out = Outgoing::encode_sexp(unsafe { msg.get() })?;
+    Ok(match submit_encoded(p, &out)? {
+        // SAFETY: R's main thread; `pool` is the live handle of `p`; the new handle is
+        // protected by the Robj from here on.
+        Ok(t) => unsafe { Robj::from_sexp(crate::handle::task_handle(pool.get(), &p.batch, t)) },
+        Err(f) => f,
+    })
+}
+
+/// Submits an encoded task message: the task, or the failure for the R wrapper (`c(class,
+/// message)`) when it cannot be submitted.
+pub(crate) fn submit_encoded(
+    p: &RPool,
+    out: &Outgoing,
+) -> Result<std::result::Result<RTask, Robj>> {
     if p.nested {
         return with_context(|c| {
             let ctx = c.ok_or_else(|| rerr("this pool handle only works inside its task"))?;
-            Ok(match ctx.submit_with(&out) {
-                Ok(t) => RTask::new(t).into_robj(),
-                Err(e) => submit_failure(e),
+            Ok(match ctx.submit_with(out) {
+                Ok(t) => Ok(RTask::new(t)),
+                Err(e) => Err(submit_failure(e)),
             })
         });
     }
@@ -330,24 +370,24 @@ fn pool_submit(pool: Robj, msg: Robj) -> Result<Robj> {
         let r = {
             let g = p.inner.borrow();
             let Some(inner) = g.as_ref() else {
-                return Ok(failure("mizu_error_stopped", "the pool is stopped"));
+                return Ok(Err(failure("mizu_error_stopped", "the pool is stopped")));
             };
-            inner.submit_with(&out, p.submit_timeout)
+            inner.submit_with(out, p.submit_timeout)
         };
         match r {
             Ok(t) => {
                 let t = RTask::new(t);
                 p.track(&t);
-                return Ok(t.into_robj());
+                return Ok(Ok(t));
             }
             Err(PoolError::SlotsExhausted(_)) => {
                 if !p.drain(p.submit_timeout)? {
-                    return Ok(submit_failure(PoolError::SubmitTimeout(
+                    return Ok(Err(submit_failure(PoolError::SubmitTimeout(
                         p.submit_timeout.unwrap_or_default(),
-                    )));
+                    ))));
                 }
             }
-            Err(e) => return Ok(submit_failure(e)),
+            Err(e) => return Ok(Err(submit_failure(e))),
         }
     }
 }
@@ -369,6 +409,8 @@ fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
             let ctx = c.ok_or_else(|| rerr("this pool handle only works inside its task"))?;
             let (ts, res) = ctx.submit_batch_with(outs.iter().map(|o| o as &dyn mizu_pool::Fill));
             Ok(batch_list(
+                &pool,
+                p,
                 ts.into_iter().map(RTask::new).collect(),
                 res.err(),
             ))
@@ -410,11 +452,16 @@ fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
             }
         }
     }
-    Ok(batch_list(tasks, fail))
+    Ok(batch_list(&pool, p, tasks, fail))
 }
 
-fn batch_list(tasks: Vec<RTask>, fail: Option<PoolError>) -> List {
-    let tasks: Vec<Robj> = tasks.into_iter().map(RTask::into_robj).collect();
+fn batch_list(pool: &Robj, p: &RPool, tasks: Vec<RTask>, fail: Option<PoolError>) -> List {
+    let tasks: Vec<Robj> = tasks
+        .into_iter()
+        // SAFETY: R's main thread; `pool` is the live handle of `p`; each new handle is
+        // protected by its Robj at once.
+        .map(|t| unsafe { Robj::from_sexp(crate::handle::task_handle(pool.get(), &p.batch, t)) })
+        .collect();
     let fail = fail.map_or_else(|| Robj::from(()), submit_failure);
     List::from_values([List::from_values(tasks).into(), fail])
 }
@@ -425,12 +472,9 @@ fn task_ref(task: &Robj) -> Result<&RTask> {
             "not a live mizu task (one restored from a saved session?)",
         ));
     }
-    let t: &ExternalPtr<RTask> = task
-        .try_into()
-        .map_err(|_| rerr("`task` must be a mizu_task"))?;
-    let t = t
-        .try_addr()
-        .map_err(|_| rerr("not a live mizu task (one restored from a saved session?)"))?;
+    // SAFETY: `task` is protected by the caller for the lifetime of the reference.
+    let t = unsafe { crate::handle::task_ref(task.get()) }
+        .ok_or_else(|| rerr("`task` must be a mizu_task"))?;
     forked(t.pid)?;
     Ok(t)
 }
@@ -465,15 +509,7 @@ fn mk(st: i32, value: Robj, slot: usize, pid: u32, msg: &str) -> List {
 /// (timeout), 8 interrupted (Ctrl-C), 9 a runtime error (message).
 fn outcome(r: std::result::Result<Buffer, CollectError>) -> Result<List> {
     let nil = || Robj::from(());
-    let value = |st: i32, b: Buffer| -> Result<List> {
-        Ok(match decode(b)? {
-            Decoded::Value(v) if st == status::VALUE && v.inherits("mizu_with_warnings") => {
-                mk(status::WARNED, v, 0, 0, "")
-            }
-            Decoded::Value(v) => mk(st, v, 0, 0, ""),
-            Decoded::Text(t) => mk(status::RUNTIME, nil(), 0, 0, &t),
-        })
-    };
+    let value = |st: i32, b: Buffer| -> Result<List> { Ok(decoded_outcome(st, decode(b)?)) };
     Ok(match r {
         Ok(b) => value(status::VALUE, b)?,
         Err(CollectError::Timeout) => mk(status::TIMEOUT, nil(), 0, 0, ""),
@@ -498,13 +534,39 @@ fn outcome(r: std::result::Result<Buffer, CollectError>) -> Result<List> {
     })
 }
 
+/// The outcome (see `outcome`) of a decoded value or error of status `st`.
+fn decoded_outcome(st: i32, d: Decoded) -> List {
+    match d {
+        Decoded::Value(v) if st == status::VALUE && v.inherits("mizu_with_warnings") => {
+            mk(status::WARNED, v, 0, 0, "")
+        }
+        Decoded::Value(v) => mk(st, v, 0, 0, ""),
+        Decoded::Text(t) => mk(status::RUNTIME, ().into(), 0, 0, &t),
+    }
+}
+
 /// A timeout in seconds from R: a non-negative number (Inf: none).
 fn timeout_arg(t: &Robj) -> Result<Option<Duration>> {
-    let x = t
-        .as_real()
-        .or_else(|| t.as_integer().map(f64::from))
-        .filter(|x| !x.is_nan() && *x >= 0.0)
-        .ok_or_else(|| rerr("`timeout` must be a non-negative number of seconds"))?;
+    // SAFETY: `t` is protected by its handle for the call.
+    unsafe { timeout_sexp(t.get()) }
+}
+
+/// [`timeout_arg`] of a raw value.
+///
+/// # Safety
+/// `t` is a live SEXP; this only reads it.
+pub(crate) unsafe fn timeout_sexp(t: SEXP) -> Result<Option<Duration>> {
+    use extendr_ffi::{INTEGER, R_NaInt, REAL, TYPEOF, XLENGTH};
+    // SAFETY: type and length are checked before the element is read.
+    let x = unsafe {
+        match (TYPEOF(t), XLENGTH(t)) {
+            (SEXPTYPE::REALSXP, 1) => Some(*REAL(t)),
+            (SEXPTYPE::INTSXP, 1) if *INTEGER(t) != R_NaInt => Some(f64::from(*INTEGER(t))),
+            _ => None,
+        }
+    }
+    .filter(|x| !x.is_nan() && *x >= 0.0)
+    .ok_or_else(|| rerr("`timeout` must be a non-negative number of seconds"))?;
     opt_secs(x, "timeout")
 }
 
@@ -515,14 +577,40 @@ fn timeout_arg(t: &Robj) -> Result<Option<Duration>> {
 fn task_collect(task: Robj, timeout: Robj) -> Result<Robj> {
     let t = task_ref(&task)?;
     let timeout = timeout_arg(&timeout)?;
+    // SAFETY: R's main thread; `task` is the live handle `t` was read from; the outcome comes
+    // back protected once and is held by an Robj before that protection ends.
+    unsafe {
+        let o = collect_protected(t, task.get(), timeout)?;
+        let r = Robj::from_sexp(o);
+        extendr_ffi::Rf_unprotect(1);
+        Ok(r)
+    }
+}
+
+/// [`task_collect`] for the task `t` behind handle `task`: the outcome, protected once (the
+/// caller unprotects it); nothing is left protected when it fails.
+///
+/// # Safety
+/// R's main thread; `task` is the live, protected handle `t` belongs to.
+pub(crate) unsafe fn collect_protected(
+    t: &RTask,
+    task: SEXP,
+    timeout: Option<Duration>,
+) -> Result<SEXP> {
+    use extendr_ffi::{
+        INTEGER, R_ExternalPtrProtected, R_SetExternalPtrProtected, Rf_protect, Rf_unprotect,
+        VECTOR_ELT,
+    };
     let start = Instant::now();
     let mut g = t.cell.borrow_mut();
     let r = match &mut *g {
-        TaskState::Done => {
-            // SAFETY: `task` is an external pointer (checked by `task_ref`), alive for the call.
-            return Ok(unsafe { Robj::from_sexp(extendr_ffi::R_ExternalPtrProtected(task.get())) });
+        // SAFETY: `task` is a live external pointer (the caller's contract).
+        TaskState::Done => return Ok(unsafe { Rf_protect(R_ExternalPtrProtected(task)) }),
+        TaskState::Taken => {
+            let o = outcome(Err(CollectError::AlreadyCollected))?;
+            // SAFETY: R's main thread; `o` is alive until after the protection.
+            return Ok(unsafe { Rf_protect(o.get()) });
         }
-        TaskState::Taken => return Ok(outcome(Err(CollectError::AlreadyCollected))?.into()),
         TaskState::Finished(_) => {
             let TaskState::Finished(r) = std::mem::replace(&mut *g, TaskState::Taken) else {
                 unreachable!("matched above")
@@ -537,34 +625,67 @@ fn task_collect(task: Robj, timeout: Robj) -> Result<Robj> {
                 None => task.result(Some(slice)),
             });
             if matches!(r, Err(CollectError::Timeout)) {
-                if left.is_some_and(|l| l <= slice) {
-                    return Ok(outcome(r)?.into());
-                }
-                if interrupt::pending() {
-                    return Ok(mk(status::INTERRUPTED, ().into(), 0, 0, "interrupted").into());
-                }
-                continue;
+                let o = if left.is_some_and(|l| l <= slice) {
+                    outcome(r)?
+                } else if interrupt::pending() {
+                    mk(status::INTERRUPTED, ().into(), 0, 0, "interrupted")
+                } else {
+                    continue;
+                };
+                // SAFETY: as above.
+                return Ok(unsafe { Rf_protect(o.get()) });
             }
             break r;
         },
     };
-    let o = outcome(r)?;
-    let first: Robj = o.clone().into();
-    // Later collects see the value without its warnings (they are signalled once).
-    let kept: Robj = if o.elt(0)?.as_integer() == Some(status::WARNED) {
-        let inner = o
-            .elt(1)?
-            .as_list()
-            .and_then(|l| l.elt(0).ok())
-            .unwrap_or(().into());
-        mk(status::VALUE, inner, 0, 0, "").into()
-    } else {
-        first.clone()
-    };
-    // SAFETY: as above; R keeps `kept` alive as part of the task object.
-    unsafe { extendr_ffi::R_SetExternalPtrProtected(task.get(), kept.get()) };
-    *g = TaskState::Done;
-    Ok(first)
+    // SAFETY: R's main thread; every value is protected while anything allocates: `v` by its
+    // Robj, the lists by `Rf_protect` (one left for the caller); `task` is live.
+    unsafe {
+        let o = match r {
+            // The common case, built without R handles: a small plain value.
+            Ok(b) if let Some(v) = crate::codec::decode_small(&b) => {
+                let v = Rf_protect(v?);
+                let o = value_outcome(v);
+                Rf_unprotect(2);
+                Rf_protect(o)
+            }
+            Ok(b) => match decode(b)? {
+                // (`OBJECT` first: the class lookup costs an R handle, plain values have none.)
+                Decoded::Value(v)
+                    if crate::ffi::OBJECT(v.get()) == 0 || !v.inherits("mizu_with_warnings") =>
+                {
+                    value_outcome(v.get())
+                }
+                d => Rf_protect(decoded_outcome(status::VALUE, d).get()),
+            },
+            r => Rf_protect(outcome(r)?.get()),
+        };
+        // Later collects see the value without its warnings (they are signalled once).
+        if *INTEGER(VECTOR_ELT(o, 0)) == status::WARNED {
+            let kept = value_outcome(VECTOR_ELT(VECTOR_ELT(o, 1), 0));
+            R_SetExternalPtrProtected(task, kept);
+            Rf_unprotect(1);
+        } else {
+            R_SetExternalPtrProtected(task, o);
+        }
+        *g = TaskState::Done;
+        Ok(o)
+    }
+}
+
+/// `list(0L, v, NULL, NULL, NULL)`: the outcome of a plain value (see `outcome`), protected
+/// once.
+///
+/// # Safety
+/// R's main thread; `v` is protected by the caller.
+unsafe fn value_outcome(v: SEXP) -> SEXP {
+    // SAFETY: as stated; the list is protected while its status is allocated.
+    unsafe {
+        let o = extendr_ffi::Rf_protect(extendr_ffi::Rf_allocVector(SEXPTYPE::VECSXP, 5));
+        extendr_ffi::SET_VECTOR_ELT(o, 0, extendr_ffi::Rf_ScalarInteger(status::VALUE));
+        extendr_ffi::SET_VECTOR_ELT(o, 1, v);
+        o
+    }
 }
 
 /// Whether the task's outcome is ready to collect (or was collected).
@@ -682,6 +803,7 @@ extendr_module! {
     fn pool_status;
     fn pool_stop;
     fn task_collect;
+    fn live_tasks;
     fn task_done;
     fn task_collected;
     fn task_cancel;

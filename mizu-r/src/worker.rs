@@ -1,13 +1,14 @@
-//! The worker's side: runs R's task callback for every task, with the task's context reachable
-//! from R (nested submission, the element index of a map).
+//! The worker's side: runs every task in R, with the task's context reachable from R (nested
+//! submission, the element index of a map).
 
 use std::cell::Cell;
 
 use extendr_api::Result;
 use extendr_api::prelude::*;
+use extendr_ffi::{Rf_protect, Rf_unprotect, SEXP};
 use mizu_pool::{Executor, TaskContext};
 
-use crate::codec::{Decoded, Outgoing, decode, text};
+use crate::codec::{Decoded, Outgoing, decode, decode_small, text};
 use crate::ffi;
 use crate::rerr;
 use crate::rtry::try_r;
@@ -15,11 +16,19 @@ use crate::rtry::try_r;
 /// The context of the task this thread is running, if any (set by the runtime).
 pub use mizu_pool::with_current_task as with_context;
 
-/// Runs R's `run(msg)` for every task, and `failed(msg)` — which returns the condition `run`
-/// raised, as the R side recorded it — when it raised an error.
+/// Runs every task natively: establishes the worker's condition handlers, then evaluates an
+/// expression task in its environment (or calls `dispatch(msg)` for any other kind), all in
+/// one R top-level context. When the task raised an error, `failed(msg)` returns the condition
+/// the handler recorded; when it raised warnings, `with_warnings(value)` attaches them.
 struct RExec {
-    run: Function,
+    /// `.Internal(.addCondHands(...))` with the worker's handlers as constants: what
+    /// `withCallingHandlers()` does, without its closure call (~4 µs per task).
+    hands: Robj,
+    dispatch: Function,
     failed: Function,
+    with_warnings: Function,
+    /// The environment where the handlers record conditions (`.worker_state`).
+    state: Robj,
     max_tasks: u64,
     tasks: Cell<u64>,
 }
@@ -30,8 +39,7 @@ unsafe impl Send for RExec {}
 // SAFETY: as above.
 unsafe impl Sync for RExec {}
 
-/// `f(arg)` evaluated in the global environment, or `Err` if it raised an error (the R side
-/// records the condition: see `.run_task`).
+/// `f(arg)` evaluated in the global environment, or `Err` if it raised an error.
 fn call1(f: &Function, arg: &Robj) -> std::result::Result<Robj, ()> {
     // SAFETY: R's main thread; `f` and `arg` are protected by their handles; the closure owns
     // nothing; the call is protected while it is evaluated.
@@ -48,40 +56,118 @@ fn call1(f: &Function, arg: &Robj) -> std::result::Result<Robj, ()> {
 }
 
 impl RExec {
+    /// The task's value, protected once (the caller unprotects it), or `Err` if it raised an
+    /// error (recorded by the handlers; nothing is left protected then).
+    ///
+    /// # Safety
+    /// R's main thread; `msg` is protected by the caller and owns the expression and its
+    /// environment.
+    unsafe fn eval_task(&self, msg: SEXP, expr_task: bool) -> std::result::Result<SEXP, ()> {
+        // SAFETY: the caller's contract; the handles are held by `self`; the closure owns
+        // nothing; the handlers it establishes live until `R_ToplevelExec` restores the
+        // handler stack; the value is protected inside the context (an error unwinds that).
+        unsafe {
+            let (h, d) = (self.hands.get(), self.dispatch.get());
+            try_r(move || {
+                ffi::Rf_eval(h, extendr_ffi::R_GlobalEnv);
+                let v = if expr_task {
+                    ffi::Rf_eval(
+                        extendr_ffi::VECTOR_ELT(msg, 1),
+                        extendr_ffi::VECTOR_ELT(msg, 2),
+                    )
+                } else {
+                    let call = extendr_ffi::Rf_protect(ffi::Rf_lang2(d, msg));
+                    let v = ffi::Rf_eval(call, extendr_ffi::R_GlobalEnv);
+                    extendr_ffi::Rf_unprotect(1);
+                    v
+                };
+                extendr_ffi::Rf_protect(v)
+            })
+        }
+    }
+
+    /// Whether the handlers recorded warnings during the task.
+    fn warned(&self) -> bool {
+        // SAFETY: R's main thread; `state` is an environment (checked by `run_worker`) held by
+        // its handle; a frame lookup neither allocates nor raises errors.
+        unsafe {
+            let sym = extendr_ffi::Rf_install(c"warnings".as_ptr());
+            let w = ffi::Rf_findVarInFrame(self.state.get(), sym);
+            w != extendr_ffi::R_NilValue && w != extendr_ffi::R_UnboundValue
+        }
+    }
+
     fn run(&self, ctx: &TaskContext<'_>, input: &[u8]) -> std::result::Result<Vec<u8>, Vec<u8>> {
         let buf = ctx
             .input()
             .unwrap_or_else(|| arrow_buffer::Buffer::from_slice_ref(input));
-        let msg = match decode(buf) {
-            Ok(Decoded::Value(v)) => v,
-            Ok(Decoded::Text(t)) => return Err(text(&format!("mizu: a text payload: {t}"))),
-            Err(e) => return Err(text(&e.to_string())),
-        };
-        bind_vars(&msg);
-        let (ok, value) = match call1(&self.run, &msg) {
-            Ok(v) => (true, v),
-            Err(()) => match call1(&self.failed, &msg) {
-                Ok(c) => (false, c),
-                Err(()) => return Err(text("mizu: the task failed and so did reporting it")),
-            },
-        };
-        let out = match Outgoing::encode(&value) {
-            Ok(o) => o,
-            Err(e) => {
-                let why = format!(
-                    "mizu: the task's {} cannot be sent: {e}",
-                    if ok { "value" } else { "error" }
-                );
-                return Err(text(&why));
+        // SAFETY: R's main thread. Values live on R's protect stack from the moment they exist
+        // to the end of the task (the `Unprotect` guards pop them); nothing here holds an R
+        // handle on the hot path (see `handle.rs` for why that matters).
+        unsafe {
+            let msg = match decode_small(&buf) {
+                Some(Ok(m)) => Rf_protect(m),
+                Some(Err(e)) => return Err(text(&e.to_string())),
+                None => match decode(buf) {
+                    Ok(Decoded::Value(v)) => Rf_protect(v.get()),
+                    Ok(Decoded::Text(t)) => {
+                        return Err(text(&format!("mizu: a text payload: {t}")));
+                    }
+                    Err(e) => return Err(text(&e.to_string())),
+                },
+            };
+            let _msg = Unprotect(1);
+            let expr_task = bind_vars(msg);
+            let (ok, value) = match self.eval_task(msg, expr_task) {
+                Ok(v) if !self.warned() => (true, v),
+                Ok(v) => {
+                    let r = call1(&self.with_warnings, &Robj::from_sexp(v));
+                    Rf_unprotect(1);
+                    match r {
+                        Ok(w) => (true, Rf_protect(w.get())),
+                        Err(()) => {
+                            return Err(text("mizu: the task's warnings cannot be reported"));
+                        }
+                    }
+                }
+                Err(()) => match call1(&self.failed, &Robj::from_sexp(msg)) {
+                    Ok(c) => (false, Rf_protect(c.get())),
+                    Err(()) => {
+                        return Err(text("mizu: the task failed and so did reporting it"));
+                    }
+                },
+            };
+            // Out-of-band buffers point into `value`: it stays protected until they are copied.
+            let _value = Unprotect(1);
+            let out = match Outgoing::encode_sexp(value) {
+                Ok(o) => o,
+                Err(e) => {
+                    let why = format!(
+                        "mizu: the task's {} cannot be sent: {e}",
+                        if ok { "value" } else { "error" }
+                    );
+                    return Err(text(&why));
+                }
+            };
+            // Write straight into the result slot/region; fall back to bytes where that is
+            // not possible (inside a map element).
+            if ctx.reply(ok, &out as &dyn mizu_pool::Fill).is_ok() {
+                return Ok(Vec::new());
             }
-        };
-        // Write straight into the result slot/region; fall back to bytes where that is not
-        // possible (inside a map element).
-        if ctx.reply(ok, &out as &dyn mizu_pool::Fill).is_ok() {
-            return Ok(Vec::new());
+            let v = out.to_vec();
+            if ok { Ok(v) } else { Err(v) }
         }
-        let v = out.to_vec();
-        if ok { Ok(v) } else { Err(v) }
+    }
+}
+
+/// Pops this many values off R's protect stack when dropped.
+struct Unprotect(i32);
+
+impl Drop for Unprotect {
+    fn drop(&mut self) {
+        // SAFETY: R's main thread; the owner pushed exactly this many values, and anything
+        // pushed after them was popped before this guard drops (guards drop in reverse order).
+        unsafe { Rf_unprotect(self.0) };
     }
 }
 
@@ -105,21 +191,30 @@ impl Executor for RExec {
     }
 }
 
-/// Serves a pool as worker `slot` until it stops, running `run(msg)` for each task and
-/// `failed(msg)` for each task that raised an error; with `max_tasks > 0` the worker leaves
-/// after that many tasks and the pool replaces it.
+/// Serves a pool as worker `slot` until it stops (see [`RExec`] for what runs each task); with
+/// `max_tasks > 0` the worker leaves after that many tasks and the pool replaces it.
 #[extendr]
+#[allow(clippy::too_many_arguments)]
 fn run_worker(
     token: &str,
     slot: i32,
-    run: Function,
+    hands: Robj,
+    dispatch: Function,
     failed: Function,
+    with_warnings: Function,
+    state: Robj,
     max_tasks: f64,
 ) -> Result<()> {
     let slot = usize::try_from(slot).map_err(|_| rerr("bad worker slot"))?;
+    if !state.is_environment() || !hands.is_language() {
+        return Err(rerr("run_worker: bad handler call or state environment"));
+    }
     let exec = RExec {
-        run,
+        hands,
+        dispatch,
         failed,
+        with_warnings,
+        state,
         max_tasks: max_tasks.max(0.0) as u64,
         tasks: Cell::new(0),
     };
@@ -128,47 +223,59 @@ fn run_worker(
 
 /// For an expression task (`list("e", expr, vars)`, freshly decoded and owned here): replaces
 /// `vars` by the environment the expression is evaluated in — the bindings in a new
-/// environment whose parent is the global environment — so R does not make it (saves an R
-/// call per task). Anything else is left as it is.
-fn bind_vars(msg: &Robj) {
-    let Some(l) = msg.as_list() else {
-        return;
-    };
-    if l.len() != 3 || l.elt(0).ok().and_then(|k| k.as_str().map(|k| k == "e")) != Some(true) {
-        return;
-    }
-    let Ok(vars) = l.elt(2).and_then(List::try_from) else {
-        return;
-    };
-    if let Ok(env) = task_env(vars) {
-        // SAFETY: `msg` is a list of length 3 (checked) that nobody else holds yet; `env` is
-        // protected by its handle until the list owns it.
-        unsafe { extendr_ffi::SET_VECTOR_ELT(msg.get(), 2, env.get()) };
+/// environment whose parent is the global environment — and returns true. Anything else is
+/// left as it is (false).
+///
+/// # Safety
+/// R's main thread; `msg` is protected by the caller and held by nobody else.
+unsafe fn bind_vars(msg: SEXP) -> bool {
+    use extendr_ffi::{R_CHAR, SEXPTYPE, STRING_ELT, TYPEOF, VECTOR_ELT, XLENGTH};
+    // SAFETY: types and lengths are checked before elements are read; the new environment
+    // is stored in `msg` before anything else allocates.
+    unsafe {
+        if TYPEOF(msg) != SEXPTYPE::VECSXP || XLENGTH(msg) != 3 {
+            return false;
+        }
+        let kind = VECTOR_ELT(msg, 0);
+        if TYPEOF(kind) != SEXPTYPE::STRSXP
+            || XLENGTH(kind) != 1
+            || std::ffi::CStr::from_ptr(R_CHAR(STRING_ELT(kind, 0))) != c"e"
+        {
+            return false;
+        }
+        let vars = VECTOR_ELT(msg, 2);
+        if TYPEOF(vars) != SEXPTYPE::VECSXP {
+            return false;
+        }
+        let Ok(env) = task_env(vars) else {
+            return false;
+        };
+        extendr_ffi::SET_VECTOR_ELT(msg, 2, env);
+        true
     }
 }
 
 /// The environment a task's expression is evaluated in: the named values of `vars` bound in a
-/// new environment whose parent is the global environment.
-fn task_env(vars: List) -> Result<Robj> {
-    // SAFETY: R's main thread; `vars` is protected by its handle; the closure owns nothing
-    // (an allocation error is caught by `try_r`); the new environment is protected while the
-    // bindings are made.
+/// new environment whose parent is the global environment (unprotected).
+///
+/// # Safety
+/// R's main thread; `vars` is a list protected by the caller.
+unsafe fn task_env(vars: SEXP) -> std::result::Result<SEXP, ()> {
+    // SAFETY: the caller's contract; the closure owns nothing (an allocation error is caught
+    // by `try_r`); the new environment is protected while the bindings are made.
     unsafe {
-        let v = vars.get();
-        let r = try_r(move || {
+        try_r(move || {
             let env = extendr_ffi::Rf_protect(ffi::R_NewEnv(extendr_ffi::R_GlobalEnv, 0, 29));
-            let names = extendr_ffi::Rf_getAttrib(v, extendr_ffi::R_NamesSymbol);
+            let names = extendr_ffi::Rf_getAttrib(vars, extendr_ffi::R_NamesSymbol);
             if extendr_ffi::TYPEOF(names) == extendr_ffi::SEXPTYPE::STRSXP {
-                for i in 0..extendr_ffi::XLENGTH(v) {
+                for i in 0..extendr_ffi::XLENGTH(vars) {
                     let sym = ffi::Rf_installChar(extendr_ffi::STRING_ELT(names, i));
-                    ffi::Rf_defineVar(sym, extendr_ffi::VECTOR_ELT(v, i), env);
+                    ffi::Rf_defineVar(sym, extendr_ffi::VECTOR_ELT(vars, i), env);
                 }
             }
             extendr_ffi::Rf_unprotect(1);
             env
-        });
-        r.map(|e| Robj::from_sexp(e))
-            .map_err(|()| rerr("cannot make the task's environment"))
+        })
     }
 }
 

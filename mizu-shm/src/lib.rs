@@ -18,6 +18,8 @@ pub mod liveness;
 #[cfg(not(mizu_loom))]
 pub mod name;
 #[cfg(not(mizu_loom))]
+pub mod pid;
+#[cfg(not(mizu_loom))]
 pub mod prune;
 #[cfg(not(mizu_loom))]
 pub mod segment;
@@ -34,6 +36,7 @@ pub use {
     liveness::ProcessId,
     name::SegmentName,
     parker::{WaitError, Waiter},
+    pid::current_pid,
     prune::{prune, prune_of},
     segment::{Layout, Segment, ShmSafe},
     watch::DeathWatch,

@@ -77,7 +77,7 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
   parts <- vector("list", length(chunks))
   done <- 0L
   for (k in seq_along(tasks)) {
-    o <- .Call(wrap__task_collect, tasks[[k]], Inf)
+    o <- .Call(.native$collect, tasks[[k]], Inf)
     if (o[[1]] == 1L) {
       e <- .remote_condition(o[[2]])
       if (is.null(e$index)) e$index <- chunks[[k]][[1]]
@@ -110,8 +110,8 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
 }
 
 # Runs one chunk on a worker: results for elements `start`, `start + 1`, ... An error in an
-# element reaches the task's handler (see .run_task) with .worker_state$element set to its
-# position. With a seed, R's RNG is switched to mizu's streams for the chunk and element i
+# element reaches the worker's handlers (see .handlers_call) with .worker_state$element set
+# to its position. With a seed, R's RNG is switched to mizu's streams for the chunk and element i
 # draws from the stream of (seed, i); the worker's own RNG kind and state are put back after.
 .run_chunk <- function(f, dots, xs, seed, start, ptype) {
   n <- length(xs)

@@ -17,9 +17,18 @@
                                                 seq(2L, nchar(h), 2L)), 16L)))
     eval(init, globalenv())
   }
-  .Call(wrap__run_worker, a[[n - 1L]], as.integer(a[[n]]), .run_task, .task_failed,
-        max_tasks)
+  .Call(wrap__run_worker, a[[n - 1L]], as.integer(a[[n]]), .handlers_call(), .dispatch,
+        .task_failed, .with_warnings, .worker_state, max_tasks)
   invisible()
+}
+
+# What withCallingHandlers(expr, error = .note_error, warning = .note_warning) establishes,
+# as a call with constant arguments: native code evaluates it before each task in the task's
+# own top-level context (the handlers last until that context ends), saving the closure call.
+.handlers_call <- function() {
+  add <- as.call(list(as.name(".addCondHands"), c("error", "warning"),
+                      list(.note_error, .note_warning), globalenv(), NULL, TRUE))
+  as.call(list(as.name(".Internal"), add))
 }
 
 # Tasks and channel peers see mizu's exported functions, as the caller does.
@@ -27,19 +36,12 @@
   if (!"package:mizu" %in% search()) attachNamespace("mizu")
 }
 
-# The worker's executor (called by native code, which catches the errors): the task's value,
-# with the warnings it raised (relayed to the caller, which signals them when it collects).
-.run_task <- function(msg) {
-  st <- .worker_state
-  if (!is.null(st$error)) st$error <- st$trace <- NULL
-  if (!is.null(st$warnings)) st$warnings <- NULL
-  st$element <- NULL
-  value <- withCallingHandlers(
-    if (identical(msg[[1L]], "e")) eval(msg[[2L]], msg[[3L]])   # msg[[3]]: the environment
-    else .dispatch(msg),
-    error = .note_error, warning = .note_warning)
-  if (is.null(st$warnings)) value
-  else structure(list(value, st$warnings), class = "mizu_with_warnings")
+# A task's value with the warnings it raised (relayed to the caller, which signals them when
+# it collects).
+.with_warnings <- function(value) {
+  w <- .worker_state$warnings
+  .worker_state$warnings <- NULL
+  structure(list(value, w), class = "mizu_with_warnings")
 }
 
 .note_error <- function(e) {
@@ -54,20 +56,27 @@
 
 # The error the last task raised (recorded by .note_error), as the caller gets it: with the
 # task's call stack and, in a map, the failing element's position.
+# Reading it resets what the handlers recorded, for the next task.
 .task_failed <- function(msg) {
-  e <- .worker_state$error
+  st <- .worker_state
+  e <- st$error
+  trace <- st$trace
+  element <- st$element
+  st$error <- st$trace <- st$element <- st$warnings <- NULL
   if (!inherits(e, "condition") || !is.list(e)) {
     return(.mizu_condition("mizu_error", trimws(geterrmessage())))
   }
-  e$traceback <- .traceback(.worker_state$trace)
-  if (!is.null(.worker_state$element)) e$index <- .worker_state$element
+  e$traceback <- .traceback(trace)
+  if (!is.null(element)) e$index <- element
   e
 }
 
+# Tasks other than plain expressions (native code evaluates those itself).
 .dispatch <- function(msg) {
   if (identical(msg[[1L]], "m")) {
     return(.run_chunk(msg[[2]], msg[[3]], msg[[4]], msg[[5]], msg[[6]], msg[[7]]))
   }
+  if (identical(msg[[1L]], "e")) return(eval(msg[[2L]], msg[[3L]], globalenv()))
   stop("mizu: unknown task kind")
 }
 
@@ -75,7 +84,7 @@
 .traceback <- function(calls) {
   name <- function(cl) if (is.name(cl[[1]])) as.character(cl[[1]]) else ""
   nm <- vapply(calls, name, "")
-  at <- which(nm %in% c(".run_task", ".run_chunk"))
+  at <- which(nm %in% c(".dispatch", ".run_chunk"))
   if (length(at)) {
     keep <- seq_along(calls) > at[[length(at)]]
     calls <- calls[keep]

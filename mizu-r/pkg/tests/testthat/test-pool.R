@@ -194,3 +194,39 @@ test_that("submit_timeout bounds the wait for a free slot", {
     expect_equal(mizu_collect(mizu_submit(pool, 2)), 2)   # room again
   })
 })
+
+test_that("foreign external pointers are refused, not dereferenced", {
+  foreign <- mizu:::.native$submit   # an external pointer that is no mizu handle
+  expect_error(mizu_collect(foreign), "mizu_task")
+  expect_error(mizu_submit(foreign, 1), "mizu_pool")
+  with_pool(1, function(pool) {
+    t <- mizu_submit(pool, 1)
+    expect_error(mizu_collect(pool), "mizu_task")
+    expect_error(mizu_submit(t, 1), "mizu_pool")
+    expect_error(mizu_cancel(pool), "mizu_task")
+    expect_equal(mizu_collect(t), 1)
+    expect_equal(mizu_collect(t), 1)   # collected twice: the same value
+  })
+})
+
+test_that("dropped task handles release their tasks and slots", {
+  with_pool(1, slots = 4L, function(pool) {
+    before <- .Call(mizu:::wrap__live_tasks)
+    for (i in 1:500) mizu_submit(pool, i, i = i)   # never collected
+    expect_equal(mizu_collect(mizu_submit(pool, 42)), 42)
+    for (k in 1:3) gc()
+    # What is left: at most the batch still being filled (64 handles share one finalizer).
+    expect_lte(.Call(mizu:::wrap__live_tasks) - before, 64)
+    expect_equal(mizu_collect(mizu_submit(pool, 43)), 43)
+  })
+})
+
+test_that("a pool used in a forked child gives a clear error; the parent's stays usable", {
+  with_pool(1, function(pool) {
+    expect_equal(mizu_collect(mizu_submit(pool, 1)), 1)
+    job <- parallel::mcparallel(tryCatch(mizu_submit(pool, 2), error = conditionMessage))
+    out <- parallel::mccollect(job)[[1]]
+    expect_match(out, "forked child")
+    expect_equal(mizu_collect(mizu_submit(pool, 3)), 3)
+  })
+})

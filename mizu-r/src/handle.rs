@@ -1,0 +1,192 @@
+//! Native handles as R external pointers, made and read without extendr's object tracking
+//! (which costs a hash-table update per R value touched: the round trip of a task touches
+//! dozens).
+//!
+//! Pool and channel handles have extendr's `ExternalPtr<T>` layout (the address is a
+//! `Box<Box<dyn Any>>`, the tag a character vector naming `T`); [`ext_ref`] checks the tag
+//! before the address is touched, so an external pointer of another origin is refused instead
+//! of dereferenced. Task handles are batched (see [`task_handle`]).
+
+use std::any::{Any, type_name};
+use std::cell::{Cell, RefCell};
+use std::ffi::CStr;
+use std::rc::Rc;
+
+use extendr_ffi::{
+    R_ClassSymbol, R_ClearExternalPtr, R_ExternalPtrAddr, R_ExternalPtrTag, R_MakeExternalPtr,
+    R_NilValue, R_PreserveObject, R_RegisterCFinalizerEx, Rboolean, Rf_mkCharLenCE, Rf_protect,
+    Rf_setAttrib, Rf_unprotect, SEXP, SEXPTYPE, STRING_ELT, TYPEOF, XLENGTH, cetype_t,
+};
+
+use crate::pool::RTask;
+
+/// A character vector of one UTF-8 string (R's main thread; allocates).
+///
+/// # Safety
+/// R's main thread. The result is unprotected.
+pub(crate) unsafe fn mk_string(s: &str) -> SEXP {
+    // SAFETY: R's main thread (the caller's contract); the CHARSXP is protected while the
+    // vector that holds it is allocated.
+    unsafe {
+        let c = Rf_protect(Rf_mkCharLenCE(
+            s.as_ptr().cast(),
+            s.len() as i32,
+            cetype_t::CE_UTF8,
+        ));
+        let v = extendr_ffi::Rf_allocVector(SEXPTYPE::STRSXP, 1);
+        extendr_ffi::SET_STRING_ELT(v, 0, c);
+        Rf_unprotect(1);
+        v
+    }
+}
+
+/// Task handles per batch: the batch (one external pointer with a finalizer) owns the tasks
+/// of up to this many handles, which hold it through their tags.
+pub(crate) const BATCH: usize = 64;
+
+/// The tasks of one batch of handles (boxed: a handle's address points into its box).
+pub(crate) struct Batch {
+    // Boxed: handles point at the tasks, which must not move when the vector grows.
+    #[allow(clippy::vec_box)]
+    tasks: RefCell<Vec<Box<RTask>>>,
+}
+
+/// A pool's batch being filled, if any (see [`task_handle`]).
+#[derive(Default)]
+pub(crate) struct BatchSlot(RefCell<Option<(Rc<Batch>, usize)>>);
+
+thread_local! {
+    /// The tag of batch handles: a vector made once, compared by address.
+    static BATCH_TAG: Cell<Option<SEXP>> = const { Cell::new(None) };
+    /// The class vector of task handles.
+    static TASK_CLASS: Cell<Option<SEXP>> = const { Cell::new(None) };
+}
+
+/// A vector made once per session and kept (preserved).
+///
+/// # Safety
+/// R's main thread.
+unsafe fn kept(key: &'static std::thread::LocalKey<Cell<Option<SEXP>>>, text: &str) -> SEXP {
+    if let Some(x) = key.get() {
+        return x;
+    }
+    // SAFETY: R's main thread; preserved as soon as it exists.
+    let x = unsafe {
+        let x = mk_string(text);
+        R_PreserveObject(x);
+        x
+    };
+    key.set(Some(x));
+    x
+}
+
+/// Drops a batch R no longer holds: the tasks of its handles (an uncollected one frees its
+/// task slot when it finishes).
+unsafe extern "C" fn finalize_batch(x: SEXP) {
+    // SAFETY: R calls this with the batch handle it was registered for; its address is the
+    // `Box<Rc<Batch>>` made by `task_handle`, cleared below so that it is dropped once. Every
+    // task handle of the batch is unreachable (each holds the batch through its tag).
+    unsafe {
+        let p = R_ExternalPtrAddr(x).cast::<Rc<Batch>>();
+        if p.is_null() {
+            return;
+        }
+        R_ClearExternalPtr(x);
+        drop(Box::from_raw(p));
+    }
+}
+
+/// A new task handle owning `t`: an external pointer of class `mizu_task` whose address is the
+/// task and whose tag is its batch. A finalizer per handle would cost ~3 µs per task (R
+/// allocates a weak reference for each, and every collection walks them all); a finalizer
+/// per [`BATCH`] handles costs 64 times less. The batch being filled is kept in the pool
+/// handle's `prot` field, so it lives while the pool handle or any of its task handles does;
+/// an uncollected task whose handle was dropped therefore keeps its slot until the rest of
+/// its batch is gone (slot pressure is relieved by moving finished outcomes out of their
+/// slots, see `RPool::drain`).
+///
+/// # Safety
+/// R's main thread; `pool` is a live, protected pool handle and `slot` its batch slot. The
+/// result is unprotected.
+pub(crate) unsafe fn task_handle(pool: SEXP, slot: &BatchSlot, t: RTask) -> SEXP {
+    // SAFETY: R's main thread; a new batch handle is reachable from the pool handle before
+    // anything else allocates; the task handle is protected while its class is set; the task
+    // box never moves (its address stays valid while the batch lives, which the handle's tag
+    // guarantees).
+    unsafe {
+        let tag = kept(&BATCH_TAG, "mizu_task_batch");
+        let class = kept(&TASK_CLASS, "mizu_task");
+        let mut cur = slot.0.borrow_mut();
+        if cur.as_ref().is_none_or(|(_, n)| *n >= BATCH) {
+            let b = Rc::new(Batch {
+                tasks: RefCell::new(Vec::with_capacity(BATCH)),
+            });
+            let owner: Box<Rc<Batch>> = Box::new(b.clone());
+            let bx = R_MakeExternalPtr(Box::into_raw(owner).cast(), tag, R_NilValue);
+            extendr_ffi::R_SetExternalPtrProtected(pool, bx);
+            R_RegisterCFinalizerEx(bx, Some(finalize_batch), Rboolean::FALSE);
+            *cur = Some((b, 0));
+        }
+        let Some((b, n)) = cur.as_mut() else {
+            unreachable!("set above")
+        };
+        *n += 1;
+        let bx = extendr_ffi::R_ExternalPtrProtected(pool);
+        let task: *const RTask = {
+            let mut v = b.tasks.borrow_mut();
+            v.push(Box::new(t));
+            &**v.last().expect("pushed")
+        };
+        let x = Rf_protect(R_MakeExternalPtr(task.cast_mut().cast(), bx, R_NilValue));
+        Rf_setAttrib(x, R_ClassSymbol, class);
+        Rf_unprotect(1);
+        x
+    }
+}
+
+/// The task behind handle `x`, if `x` is a live task handle.
+///
+/// # Safety
+/// R's main thread; `x` is a live SEXP that stays protected while the reference is used.
+pub(crate) unsafe fn task_ref<'a>(x: SEXP) -> Option<&'a RTask> {
+    // SAFETY: type and tags are checked before the address is read (the batch tag is compared
+    // by address: only `task_handle` makes such handles); the task lives while its batch does,
+    // which `x` holds.
+    unsafe {
+        if TYPEOF(x) != SEXPTYPE::EXTPTRSXP {
+            return None;
+        }
+        let b = R_ExternalPtrTag(x);
+        let tag = BATCH_TAG.get()?;
+        if TYPEOF(b) != SEXPTYPE::EXTPTRSXP || R_ExternalPtrTag(b) != tag {
+            return None;
+        }
+        R_ExternalPtrAddr(x).cast::<RTask>().cast_const().as_ref()
+    }
+}
+
+/// The `T` behind handle `x`, if `x` is a live handle of a `T`.
+///
+/// # Safety
+/// R's main thread; `x` is a live SEXP that stays protected while the reference is used.
+pub(crate) unsafe fn ext_ref<'a, T: Any>(x: SEXP) -> Option<&'a T> {
+    // SAFETY: type and tag are checked before the address is read; the address of a handle
+    // with this tag is a `Box<Box<dyn Any>>` (see the module docs), alive while `x` is.
+    unsafe {
+        if TYPEOF(x) != SEXPTYPE::EXTPTRSXP {
+            return None;
+        }
+        let tag = R_ExternalPtrTag(x);
+        if TYPEOF(tag) != SEXPTYPE::STRSXP || XLENGTH(tag) != 1 {
+            return None;
+        }
+        let name = CStr::from_ptr(extendr_ffi::R_CHAR(STRING_ELT(tag, 0)));
+        if name.to_bytes() != type_name::<T>().as_bytes() {
+            return None;
+        }
+        R_ExternalPtrAddr(x)
+            .cast::<Box<dyn Any>>()
+            .as_ref()?
+            .downcast_ref::<T>()
+    }
+}
