@@ -21,9 +21,10 @@ pub trait Executor: Send + Sync {
     fn execute(&self, ctx: &TaskContext<'_>, input: &[u8])
     -> std::result::Result<Vec<u8>, Vec<u8>>;
 
-    /// Called when the worker finds no task to run, before it waits (off every task's
-    /// critical path): for housekeeping such as a garbage collection. Must be quick when there
-    /// is nothing to do; it is called again after every idle wake-up.
+    /// Called when the worker has had nothing to run for a whole wait slice (2 ms): for
+    /// housekeeping such as a garbage collection, which then cannot delay the next task of a
+    /// busy stream. Must be quick when there is nothing to do; it is called again after every
+    /// idle slice.
     fn idle(&self) {}
 }
 
@@ -431,7 +432,6 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         if spinner.burst(|| rt.any_queued().then_some(())).is_some() {
             continue;
         }
-        exec.idle();
         // Busy workers count too: a spinner must not take the CPU a running task needs.
         let busy = (0..v.params.max_workers as usize)
             .filter(|&w| {
@@ -465,9 +465,10 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
                 .parks
                 .fetch_add(waiter.parks() - before, Ordering::Relaxed);
         }
-        // Stealing scans task slots: only after a whole idle slice, never between two tasks
-        // of a busy stream (that would put the scan on every round trip).
+        // Housekeeping and stealing (which scans task slots) only after a whole idle slice,
+        // never between two tasks of a busy stream (that would put them on every round trip).
         if woke.is_err() {
+            exec.idle();
             while rt.steal() {}
         }
     }

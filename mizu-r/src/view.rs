@@ -282,8 +282,8 @@ thread_local! {
 /// so views nobody uses any more would keep regions — and the sender's data segments — alive
 /// until R happens to collect.
 ///
-/// * After every [`GC_EVERY`] bytes of views of new copies, a young-generation collection
-///   (`gc(full = FALSE)`: about a millisecond here) reclaims those made and dropped since the
+/// * After every [`young_every`] bytes of views of new copies, a young-generation collection
+///   (`gc(full = FALSE)`: a millisecond or more here) reclaims those made and dropped since the
 ///   last one. Views of regions re-sent by reference do not count there: the sender's own view
 ///   usually pins the same region, and collecting for each of them would put a collection on
 ///   every re-send.
@@ -293,7 +293,12 @@ thread_local! {
 ///   full collection (promoted garbage may be holding that much), a full one follows (tens of
 ///   milliseconds here). Views the program really holds do not count against the budget, only
 ///   growth does.
-const GC_EVERY: usize = 16 << 20;
+///
+/// A data frame of a few MB per task made 16 MiB collect every five tasks, which doubled the
+/// cost of such tasks; 64 MiB (at most half the budget) keeps collections off most of them.
+fn young_every() -> usize {
+    (budget() / 2).min(64 << 20) as usize
+}
 
 /// How much the bytes held by views may grow between full collections: an eighth of
 /// `/dev/shm`, at most 128 MiB.
@@ -314,7 +319,7 @@ fn budget() -> u64 {
 fn collect_garbage_now_and_then(bytes: usize, copy: bool) {
     let young = SINCE_GC.with(Cell::get) + if copy { bytes } else { 0 };
     let any = SINCE_ANY.with(Cell::get) + bytes;
-    if young < GC_EVERY && (any as u64) < budget() {
+    if young < young_every() && (any as u64) < budget() {
         SINCE_GC.with(|c| c.set(young));
         SINCE_ANY.with(|c| c.set(any));
         return;
