@@ -221,9 +221,16 @@ impl SubmitterCore {
         let mut start = None;
         loop {
             // An idle worker that spins (no wake needed) first, then any idle one, then any.
+            // In a batch, an idle worker that already got part of it counts as busy: the
+            // batch is spread over every worker instead of filling the queue of the one that
+            // happened to spin (the others would only get work by stealing, after an idle
+            // slice).
             for pass in 0..3 {
                 for i in 0..nw {
                     let w = (g.next_worker + i) % nw;
+                    if pass < 2 && defer && g.pending[w] {
+                        continue;
+                    }
                     let rec = &v.worker(w).rec;
                     let st = rec.state.load(Ordering::Acquire);
                     let ok = match pass {
