@@ -41,10 +41,10 @@ fn wrap(c: mizu_pool::Channel) -> Robj {
 }
 
 fn chan(ch: &Robj) -> Result<&RChannel> {
-    let c: &ExternalPtr<RChannel> = ch
-        .try_into()
-        .map_err(|_| rerr("not a mizu channel (or one restored from a saved session)"))?;
-    let c = c.try_addr().map_err(|_| rerr("not a live mizu channel"))?;
+    // SAFETY: `ch` is protected by the caller for the lifetime of the reference; the tag is
+    // checked before the address is read.
+    let c = unsafe { crate::handle::ext_ref::<RChannel>(ch.get()) }
+        .ok_or_else(|| rerr("not a mizu channel (or one restored from a saved session)"))?;
     forked(c.pid)?;
     Ok(c)
 }

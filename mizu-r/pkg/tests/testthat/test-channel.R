@@ -61,4 +61,8 @@ test_that("a killed peer is reported as mizu_peer_gone; a full ring as mizu_full
 test_that("channel arguments are checked", {
   expect_error(mizu_send("x", 1), "mizu_channel")
   expect_error(mizu_channel(1, 2), "must be named")
+  # a forged channel around an external pointer of another kind is refused, not dereferenced
+  fake <- structure(list(ptr = mizu:::.native$submit), class = "mizu_channel")
+  expect_error(mizu_send(fake, 1), "mizu channel")
+  expect_error(mizu_recv(fake, 0), "mizu channel")
 })
