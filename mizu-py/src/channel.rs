@@ -59,7 +59,7 @@ impl Channel {
         slot_size: u64,
         timeout: f64,
     ) -> PyResult<Channel> {
-        let t = Duration::from_secs_f64(timeout.max(0.0));
+        let t = crate::bounded_secs(timeout, "timeout")?;
         py.detach(|| mizu_pool::Channel::launch(program, args, capacity, slot_size, t))
             .map(Channel::new)
             .map_err(err)
@@ -108,7 +108,7 @@ impl Channel {
     fn recv(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<(u8, Py<PyAny>, Py<PyList>)> {
         forked(self.pid)?;
         let start = Instant::now();
-        let timeout = timeout.map(|t| Duration::from_secs_f64(t.max(0.0)));
+        let timeout = crate::wait_secs(timeout, "timeout")?;
         let empty = |s: u8| {
             (
                 s,

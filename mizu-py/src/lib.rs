@@ -53,6 +53,25 @@ fn forked(pid: u32) -> PyResult<()> {
     }
 }
 
+/// A wait in seconds from Python: `None` (or an infinite or unrepresentably long time) waits
+/// forever, a negative one does not wait; NaN is refused.
+fn wait_secs(t: Option<f64>, what: &str) -> PyResult<Option<std::time::Duration>> {
+    match t {
+        None => Ok(None),
+        Some(t) if t.is_nan() => Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "{what} must be a number of seconds, not NaN"
+        ))),
+        Some(t) => Ok(std::time::Duration::try_from_secs_f64(t.max(0.0)).ok()),
+    }
+}
+
+/// [`wait_secs`] for a bound that must be finite: an infinite one becomes a day.
+fn bounded_secs(t: f64, what: &str) -> PyResult<std::time::Duration> {
+    Ok(wait_secs(Some(t), what)?
+        .unwrap_or(std::time::Duration::from_secs(86_400))
+        .min(std::time::Duration::from_secs(86_400)))
+}
+
 /// The first 64-bit word of the random stream of map element `index` under `seed` (seeds the
 /// stdlib `random` module per element).
 #[pyfunction]

@@ -157,12 +157,13 @@ impl Pool {
     #[pyo3(signature = (grace=5.0))]
     fn stop(&self, py: Python<'_>, grace: f64) -> PyResult<()> {
         forked(self.pid)?;
+        let grace = crate::bounded_secs(grace, "grace")?;
         // Taken with the GIL released: a reader may be waiting for the GIL.
         let pool = py.detach(|| self.inner.write().unwrap_or_else(|p| p.into_inner()).take());
         if let Some(mut p) = pool {
             py.detach(|| {
                 let workers = p.launched_pids();
-                p.stop(Duration::from_secs_f64(grace.max(0.0)));
+                p.stop(grace);
                 drop(p);
                 // Only our own workers' leftovers: other programs may have data in flight.
                 let _ = mizu_shm::prune_of(&workers);
@@ -267,7 +268,7 @@ impl Task {
     fn result(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Outcome>> {
         forked(self.pid)?;
         let start = Instant::now();
-        let timeout = timeout.map(|t| Duration::from_secs_f64(t.max(0.0)));
+        let timeout = crate::wait_secs(timeout, "timeout")?;
         // Never block on this lock while holding the GIL: the holder may need the GIL back.
         let Ok(mut g) = self.inner.try_lock() else {
             return Ok(None);
@@ -340,7 +341,7 @@ pub fn wait_any(
     timeout: Option<f64>,
 ) -> PyResult<Option<usize>> {
     let start = Instant::now();
-    let timeout = timeout.map(|t| Duration::from_secs_f64(t.max(0.0)));
+    let timeout = crate::wait_secs(timeout, "timeout")?;
     let ready = |ts: &[Py<Task>]| {
         ts.iter().position(|t| {
             t.get()

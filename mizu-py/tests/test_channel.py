@@ -69,3 +69,13 @@ def test_attach_by_token_from_a_peer():
 def test_a_bad_token_is_a_clear_error():
     with pytest.raises(pymizu.MizuError):
         pymizu.Channel.attach("/mizu_0_nonexistent")
+
+
+def test_infinite_timeouts_wait_nan_is_refused():
+    with pymizu.Channel.spawn(ECHO) as ch:
+        assert ch.send(5) is True
+        assert ch.recv(timeout=float("inf")) == 5
+        assert ch.send(6) is True
+        assert ch.recv(timeout=1e300) == 6
+        with pytest.raises(ValueError, match="NaN"):
+            ch.recv(timeout=float("nan"))

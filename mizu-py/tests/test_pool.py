@@ -354,3 +354,15 @@ def test_bound_builtin_methods_see_their_object_as_it_is_now(pool):
     assert pool.submit(d.get, "k").result(timeout=60) == 1
     d["k"] = 2  # a cached pickle of `d.get` would still say 1
     assert pool.submit(d.get, "k").result(timeout=60) == 2
+
+
+def test_infinite_and_huge_timeouts_wait_nan_is_refused(pool):
+    # Seconds that no Duration holds used to panic inside the native layer.
+    assert pool.submit(tasks.add, 1, 2).result(timeout=float("inf")) == 3
+    assert pool.submit(tasks.add, 1, 2).result(timeout=1e300) == 3
+    t = pool.submit(tasks.add, 1, 2)
+    with pytest.raises(ValueError, match="NaN"):
+        t._t.result(float("nan"))
+    assert t.result(timeout=60) == 3
+    with pytest.raises(ValueError, match="NaN"):
+        pymizu._native.wait_any([pool.submit(tasks.add, 1, 2)._t], float("nan"))
