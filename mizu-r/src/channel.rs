@@ -52,7 +52,11 @@ fn chan(ch: &Robj) -> Result<&RChannel> {
 /// Launches `program args… <token>` as the peer; returns once it attached.
 #[extendr]
 fn channel_launch(program: &str, args: Vec<String>, capacity: f64, timeout: f64) -> Result<Robj> {
-    let t = Duration::try_from_secs_f64(timeout.max(0.0)).map_err(rerr)?;
+    if timeout.is_nan() {
+        return Err(rerr("`timeout` must be a number of seconds, not NaN"));
+    }
+    // An infinite (or huge) bound on the peer's start is a day.
+    let t = Duration::try_from_secs_f64(timeout.clamp(0.0, 86_400.0)).map_err(rerr)?;
     let cap = capacity.max(2.0) as u64;
     mizu_pool::Channel::launch(program, args, cap.next_power_of_two(), 256, t)
         .map(wrap)

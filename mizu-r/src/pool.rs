@@ -785,6 +785,9 @@ fn pool_status(pool: Robj) -> Result<List> {
 /// memory is removed.
 #[extendr]
 fn pool_stop(pool: Robj, grace: f64) -> Result<()> {
+    if grace.is_nan() {
+        return Err(rerr("`grace` must be a number of seconds, not NaN"));
+    }
     let p = pool_ref(&pool)?;
     let taken = p.inner.borrow_mut().take();
     if let Some(pl) = taken {
