@@ -26,8 +26,9 @@ _NO_BUFFERS: tuple = ()
 
 
 def _pickled_fn(fn) -> bytes | None:
-    """The pickle of a module-level function or class (pickled by reference, so it can be
-    cached); None for anything else (closures, callables with state)."""
+    """The call header of a module-level function or class: the call marker, the length of
+    its pickle and the pickle (by reference, so it can be cached); None for anything else
+    (closures, callables with state)."""
     if type(fn) not in _FN_TYPES:
         return None
     if type(fn) is types.BuiltinFunctionType and not isinstance(fn.__self__, (types.ModuleType, type(None))):
@@ -43,6 +44,7 @@ def _pickled_fn(fn) -> bytes | None:
             return None
         if len(b) > 512:
             return None
+        b = bytes((_CALL,)) + len(b).to_bytes(2, "little") + b
         if len(_fn_bytes) > 4096:
             _fn_bytes.clear()
         _fn_bytes[fn] = b
@@ -52,11 +54,18 @@ def _pickled_fn(fn) -> bytes | None:
 def dumps_call(fn, args: tuple, kwargs: dict) -> tuple[bytes, list]:
     """A call `fn(*args, **kwargs)`: the function's pickle is cached (and the worker caches
     what it unpickles to), so a trivial call costs one small pickle."""
-    fb = _pickled_fn(fn)
-    if fb is None:
+    head = _pickled_fn(fn)
+    if head is None:
         return dumps((fn, args, kwargs))
+    if not kwargs:
+        # Scalar arguments (the common small call) need no buffer machinery.
+        for a in args:
+            if type(a) not in _SCALARS:
+                break
+        else:
+            return head + _dumps(args, 5), _NO_BUFFERS
     data, bufs = dumps((args, kwargs) if kwargs else args)
-    return b"\x01" + len(fb).to_bytes(2, "little") + fb + data, bufs
+    return head + data, bufs
 
 
 def loads_call(data, bufs):
