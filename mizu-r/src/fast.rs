@@ -10,12 +10,13 @@ use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use extendr_api::prelude::*;
-use extendr_ffi::{R_ExternalPtrAddr, R_NilValue, Rf_protect, Rf_unprotect, SEXP};
+use extendr_ffi::{R_NilValue, Rf_protect, Rf_unprotect, SEXP};
 
 use crate::codec::Outgoing;
-use crate::forked;
-use crate::handle::{ext_ref, mk_string};
-use crate::pool::{RPool, check_msg_sexp, collect_protected, submit_encoded, timeout_sexp};
+use crate::handle::mk_string;
+use crate::pool::{
+    check_msg_sexp, collect_protected, pool_at, submit_encoded, task_at, timeout_sexp,
+};
 
 /// The message of an error for R, without the `mizu: ` prefix the R side adds.
 fn message(e: impl std::fmt::Display) -> String {
@@ -23,44 +24,31 @@ fn message(e: impl std::fmt::Display) -> String {
     m.strip_prefix("mizu: ").map(str::to_owned).unwrap_or(m)
 }
 
-/// # Safety
-/// R's main thread; `x` is live.
-unsafe fn live<'a, T: std::any::Any>(x: SEXP, what: &str) -> Result<&'a T, String> {
-    // SAFETY: the caller's contract; a handle restored from a saved session is an external
-    // pointer with a null address.
-    unsafe {
-        if extendr_ffi::TYPEOF(x) == extendr_ffi::SEXPTYPE::EXTPTRSXP
-            && R_ExternalPtrAddr(x).is_null()
-        {
-            return Err(format!(
-                "not a live mizu {what} (one restored from a saved session?)"
-            ));
-        }
-        ext_ref::<T>(x).ok_or_else(|| format!("`{what}` must be a mizu_{what}"))
-    }
+/// `f()`, with a panic turned into a message (none may unwind into R).
+fn guarded(f: impl FnOnce() -> Result<SEXP, String>) -> Result<SEXP, String> {
+    catch_unwind(AssertUnwindSafe(f))
+        .unwrap_or_else(|_| Err("internal error (see the panic message above)".to_string()))
 }
 
 /// Submits `msg` (`list(kind, expr, vars)`) to `pool`: the task handle, or `c(class,
-/// message)` for the R wrapper to raise.
+/// message)` for the R wrapper to raise (messages as the other entry points word them).
 unsafe extern "C" fn submit(pool: SEXP, msg: SEXP) -> SEXP {
-    let r = catch_unwind(AssertUnwindSafe(|| -> Result<SEXP, String> {
+    let r = guarded(|| {
         // SAFETY: R's main thread (`.Call`); `pool` and `msg` are protected by R for the call.
         unsafe {
-            let p = live::<RPool>(pool, "pool")?;
-            forked(p.pid).map_err(message)?;
-            check_msg_sexp(msg).map_err(message)?;
-            let out = Outgoing::encode_sexp(msg).map_err(message)?;
-            Ok(match submit_encoded(p, &out).map_err(message)? {
+            let p = pool_at(pool).map_err(|e| e.to_string())?;
+            check_msg_sexp(msg).map_err(|e| format!("mizu: {e}"))?;
+            let out = Outgoing::encode_sexp(msg).map_err(|e| e.to_string())?;
+            Ok(match submit_encoded(p, &out).map_err(|e| e.to_string())? {
                 Ok(t) => crate::handle::task_handle(pool, &p.batch, t),
                 // The failure's Robj is released here; nothing allocates before R has it.
                 Err(f) => f.get(),
             })
         }
-    }));
+    });
     let why = match r {
-        Ok(Ok(x)) => return x,
-        Ok(Err(m)) => m,
-        Err(_) => "internal error (see the panic message above)".to_string(),
+        Ok(x) => return x,
+        Err(m) => m,
     };
     // SAFETY: R's main thread; the vector is protected while its second element is made.
     unsafe {
@@ -78,27 +66,20 @@ unsafe extern "C" fn submit(pool: SEXP, msg: SEXP) -> SEXP {
 /// Collects `task` within `timeout` seconds: its outcome (see `pool::outcome`); a bad
 /// argument is an outcome of status 9 with the message.
 unsafe extern "C" fn collect(task: SEXP, timeout: SEXP) -> SEXP {
-    let r = catch_unwind(AssertUnwindSafe(|| -> Result<SEXP, String> {
+    let r = guarded(|| {
         // SAFETY: R's main thread (`.Call`); `task` and `timeout` are protected by R for the
         // call; the outcome comes back protected once.
         unsafe {
-            if extendr_ffi::TYPEOF(task) == extendr_ffi::SEXPTYPE::EXTPTRSXP
-                && R_ExternalPtrAddr(task).is_null()
-            {
-                return Err("not a live mizu task (one restored from a saved session?)".into());
-            }
-            let t = crate::handle::task_ref(task).ok_or("`task` must be a mizu_task")?;
-            forked(t.pid).map_err(message)?;
+            let t = task_at(task).map_err(message)?;
             let timeout = timeout_sexp(timeout).map_err(message)?;
             let o = collect_protected(t, task, timeout).map_err(message)?;
             Rf_unprotect(1);
             Ok(o)
         }
-    }));
+    });
     let why = match r {
-        Ok(Ok(x)) => return x,
-        Ok(Err(m)) => m,
-        Err(_) => "internal error (see the panic message above)".to_string(),
+        Ok(x) => return x,
+        Err(m) => m,
     };
     // SAFETY: R's main thread; the list is protected while its elements are made.
     unsafe {

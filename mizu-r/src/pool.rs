@@ -190,23 +190,39 @@ fn opt_secs(x: f64, what: &str) -> Result<Option<Duration>> {
 
 /// Whether `x` is an external pointer whose address was cleared (restored from a saved
 /// session, where native handles cannot survive).
-pub(crate) fn stale(x: &Robj) -> bool {
-    // SAFETY: reading the address of an external pointer (checked to be one).
-    x.is_external_pointer() && unsafe { extendr_ffi::R_ExternalPtrAddr(x.get()).is_null() }
+///
+/// # Safety
+/// `x` is a live SEXP; this only reads it.
+unsafe fn stale(x: SEXP) -> bool {
+    // SAFETY: the address is read only from an external pointer.
+    unsafe {
+        extendr_ffi::TYPEOF(x) == SEXPTYPE::EXTPTRSXP && extendr_ffi::R_ExternalPtrAddr(x).is_null()
+    }
 }
 
 fn pool_ref(pool: &Robj) -> Result<&RPool> {
-    if stale(pool) {
-        return Err(rerr(
-            "not a live mizu pool (one restored from a saved session?)",
-        ));
+    // SAFETY: `pool` is protected by its handle for the lifetime of the reference.
+    unsafe { pool_at(pool.get()) }
+}
+
+/// The pool behind handle `pool`, checked (kind, liveness, process).
+///
+/// # Safety
+/// `pool` is a live SEXP that stays protected while the reference is used.
+pub(crate) unsafe fn pool_at<'a>(pool: SEXP) -> Result<&'a RPool> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if stale(pool) {
+            return Err(rerr(
+                "not a live mizu pool (one restored from a saved session?)",
+            ));
+        }
+        let p = crate::handle::ext_ref::<RPool>(pool).ok_or_else(|| {
+            rerr("`pool` must be a mizu_pool (see mizu_pool() and mizu_current_pool())")
+        })?;
+        forked(p.pid)?;
+        Ok(p)
     }
-    // SAFETY: `pool` is protected by the caller for the lifetime of the reference.
-    let p = unsafe { crate::handle::ext_ref::<RPool>(pool.get()) }.ok_or_else(|| {
-        rerr("`pool` must be a mizu_pool (see mizu_pool() and mizu_current_pool())")
-    })?;
-    forked(p.pid)?;
-    Ok(p)
 }
 
 /// A classed failure for the R wrapper: `c(class, message)`.
@@ -467,16 +483,26 @@ fn batch_list(pool: &Robj, p: &RPool, tasks: Vec<RTask>, fail: Option<PoolError>
 }
 
 fn task_ref(task: &Robj) -> Result<&RTask> {
-    if stale(task) {
-        return Err(rerr(
-            "not a live mizu task (one restored from a saved session?)",
-        ));
+    // SAFETY: `task` is protected by its handle for the lifetime of the reference.
+    unsafe { task_at(task.get()) }
+}
+
+/// The task behind handle `task`, checked (kind, liveness, process).
+///
+/// # Safety
+/// `task` is a live SEXP that stays protected while the reference is used.
+pub(crate) unsafe fn task_at<'a>(task: SEXP) -> Result<&'a RTask> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if stale(task) {
+            return Err(rerr(
+                "not a live mizu task (one restored from a saved session?)",
+            ));
+        }
+        let t = crate::handle::task_ref(task).ok_or_else(|| rerr("`task` must be a mizu_task"))?;
+        forked(t.pid)?;
+        Ok(t)
     }
-    // SAFETY: `task` is protected by the caller for the lifetime of the reference.
-    let t = unsafe { crate::handle::task_ref(task.get()) }
-        .ok_or_else(|| rerr("`task` must be a mizu_task"))?;
-    forked(t.pid)?;
-    Ok(t)
 }
 
 /// Status codes of an outcome (see `outcome`).
