@@ -290,7 +290,8 @@ fn unserialize(bytes: &[u8]) -> Result<Robj> {
     let r = unsafe {
         let mut st = std::mem::MaybeUninit::<ffi::R_inpstream_st>::zeroed();
         let sp = st.as_mut_ptr();
-        try_r(move || {
+        // Unreadable input is reported as mizu's error below, not also printed by R.
+        crate::rtry::try_r_quiet(move || {
             ffi::R_InitInPStream(
                 sp,
                 data,

@@ -72,4 +72,5 @@ unsafe extern "C" {
     pub fn R_NewEnv(enclos: SEXP, hash: c_int, size: c_int) -> SEXP;
     pub fn Rf_defineVar(symbol: SEXP, value: SEXP, rho: SEXP);
     pub fn Rf_findVarInFrame(rho: SEXP, symbol: SEXP) -> SEXP;
+    pub fn Rf_GetOption1(tag: SEXP) -> SEXP;
 }

@@ -43,3 +43,45 @@ pub unsafe fn try_r<F: FnOnce() -> SEXP>(f: F) -> Result<SEXP, ()> {
     let ok = unsafe { R_ToplevelExec(Some(body::<F>), data) };
     if ok != 0 { Ok(call.out) } else { Err(()) }
 }
+
+/// Sets R's `show.error.messages` option; returns whether it was TRUE.
+///
+/// # Safety
+/// R's main thread only.
+unsafe fn show_error_messages(on: bool) -> bool {
+    // SAFETY: R's main thread; the option lookup does not allocate; the assignment runs in
+    // its own top-level context (an error there leaves the option as it was).
+    unsafe {
+        let tag = extendr_ffi::Rf_install(c"show.error.messages".as_ptr());
+        let cur = crate::ffi::Rf_GetOption1(tag);
+        let was = extendr_ffi::TYPEOF(cur) == extendr_ffi::SEXPTYPE::LGLSXP
+            && extendr_ffi::XLENGTH(cur) == 1
+            && *extendr_ffi::LOGICAL(cur) == 1;
+        if was != on {
+            let code = if on {
+                c"options(show.error.messages = TRUE)"
+            } else {
+                c"options(show.error.messages = FALSE)"
+            };
+            let _ = try_r(|| crate::ffi::R_ParseEvalString(code.as_ptr(), extendr_ffi::R_BaseEnv));
+        }
+        was
+    }
+}
+
+/// [`try_r`] for calls whose errors the caller reports itself: R does not print them (R's
+/// default handler would put its own message on stderr before the caller's error).
+///
+/// # Safety
+/// As for [`try_r`].
+pub unsafe fn try_r_quiet<F: FnOnce() -> SEXP>(f: F) -> Result<SEXP, ()> {
+    // SAFETY: the caller's contract; the option is put back on every path.
+    unsafe {
+        let was = show_error_messages(false);
+        let r = try_r(f);
+        if was {
+            show_error_messages(true);
+        }
+        r
+    }
+}

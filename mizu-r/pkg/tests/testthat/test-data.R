@@ -134,6 +134,19 @@ test_that("malformed payloads give errors, never crashes", {
   expect_identical(.Call(mizu:::wrap__codec_roundtrip, v), v)
 })
 
+test_that("an unreadable serialization is mizu's error alone (R prints nothing of its own)", {
+  out <- run_r(c(
+    "bad <- c(charToRaw('R'), as.raw(1:40))",
+    "r <- tryCatch(.Call(mizu:::wrap__codec_decode, bad), error = conditionMessage)",
+    "cat('got:', r, '\\n')",
+    "cat('option:', getOption('show.error.messages'), '\\n')"
+  ))
+  text <- paste(out, collapse = "\n")
+  expect_true(any(grepl("got: .*malformed", out)), info = text)
+  expect_true(any(grepl("option: TRUE", out)), info = text)   # put back as it was
+  expect_false(any(grepl("unknown input format", out)), info = text)
+})
+
 test_that("small plain values take the compact encoding and round-trip exactly", {
   compact <- list(NULL, TRUE, NA, 1L, NA_integer_, c(1.5, NA, NaN, -0, Inf), 2 + 3i,
                   "a", NA_character_, c("\u00e9t\u00e9", "x"), as.raw(0:255), character(0),
