@@ -69,7 +69,9 @@ impl RExec {
         unsafe {
             let (h, d) = (self.hands.get(), self.dispatch.get());
             try_r(move || {
-                ffi::Rf_eval(h, extendr_ffi::R_GlobalEnv);
+                // In the base environment: `.Internal` is found there at once, not after
+                // every attached package's frame.
+                ffi::Rf_eval(h, extendr_ffi::R_BaseEnv);
                 let v = if expr_task {
                     ffi::Rf_eval(
                         extendr_ffi::VECTOR_ELT(msg, 1),
