@@ -4,7 +4,9 @@
 //! pointers (`.native` in the package namespace, filled when the package loads).
 //!
 //! Each entry point returns a value the R wrapper understands even when something is wrong:
-//! no R error is raised from here (so none long-jumps over Rust frames) and a panic is caught.
+//! no R error is raised from here (so none long-jumps over Rust frames; R running out of
+//! memory while allocating a result is the exception, as everywhere in extendr code) and a
+//! panic is caught.
 
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
