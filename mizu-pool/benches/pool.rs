@@ -44,8 +44,10 @@ fn mizu(workers: usize) -> Pool {
     Pool::new(cfg, Launcher::new(worker_bin(), Vec::<String>::new())).unwrap()
 }
 
-fn mizu_round_trip(n: usize) -> (f64, u64) {
-    let p = mizu(1);
+/// Sequential submit+collect; with more than one worker the others stay idle (parked), and
+/// the round trip must keep to the worker that ran the previous task.
+fn mizu_round_trip(n: usize, workers: usize) -> (f64, u64) {
+    let p = mizu(workers);
     for _ in 0..n / 10 {
         p.submit(b"echo:x").unwrap().result(None).unwrap();
     }
@@ -60,6 +62,15 @@ fn mizu_round_trip(n: usize) -> (f64, u64) {
             })
             .collect(),
     );
+    if workers > 1 {
+        let tasks: Vec<(u64, u64)> = p
+            .status()
+            .workers
+            .iter()
+            .map(|w| (w.tasks, w.parks))
+            .collect();
+        eprintln!("round trip over {workers} workers: (tasks, parks) per worker {tasks:?}");
+    }
     (ns, p.status().workers.iter().map(|w| w.parks).sum())
 }
 
@@ -258,11 +269,12 @@ fn main() {
     // SAFETY: single-threaded at this point; nothing reads the environment concurrently.
     unsafe { std::env::set_var("MIZU_PIN_CPU", "1") };
     let rt_n = scale(100_000);
-    let (mizu_rt, parks) = mizu_round_trip(rt_n);
+    let (mizu_rt, parks) = mizu_round_trip(rt_n, 1);
     if std::env::var_os("MIZU_BENCH_RT_ONLY").is_some() {
         println!("rt {mizu_rt:.1} ns parks {parks}");
         return;
     }
+    let (mizu_rt2, _) = mizu_round_trip(rt_n, 2);
     let sock_rt = sock_round_trip(scale(10_000));
     let thr_rt = threads_round_trip(rt_n);
     let chan_rt = channel_round_trip(rt_n);
@@ -279,7 +291,9 @@ fn main() {
     println!(
         "mizu-pool: task round trip and throughput with the Rust test worker (echo), median of {RUNS} runs"
     );
-    println!("placement: controller cpu0, one worker cpu1 (fan-out rows: unpinned, 2 workers)");
+    println!(
+        "placement: controller cpu0, workers cpu1 (fan-out and map rows: unpinned, 2 workers)"
+    );
     println!(
         "| measure                         | mizu pool | socketpair pool | crossbeam thread pool | mizu vs socketpair | mizu vs threads |"
     );
@@ -293,6 +307,14 @@ fn main() {
         thr_rt / 1e3,
         sock_rt / mizu_rt,
         thr_rt / mizu_rt
+    );
+    println!(
+        "| round trip, 2 workers (µs)      | {:>9.3} | {:>15.1} | {:>21.3} | {:>17.0}x | {:>14.2}x |",
+        mizu_rt2 / 1e3,
+        sock_rt / 1e3,
+        thr_rt / 1e3,
+        sock_rt / mizu_rt2,
+        thr_rt / mizu_rt2
     );
     println!(
         "| pipelined, 1 worker (M tasks/s) | {:>9.2} | {:>15.3} | {:>21} | {:>17.1}x | {:>15} |",

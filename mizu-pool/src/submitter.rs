@@ -31,6 +31,8 @@ struct Inner {
     producers: Vec<Producer<'static>>,
     /// Worker queues with written but unpublished task ids (batched submission).
     pending: Vec<bool>,
+    /// The last task id pushed to each worker queue (0: none).
+    last: Vec<u64>,
     next_worker: usize,
     next_slot: usize,
 }
@@ -65,6 +67,7 @@ impl SubmitterCore {
         Arc::new(SubmitterCore {
             inner: Mutex::new(Inner {
                 pending: vec![false; producers.len()],
+                last: vec![0; producers.len()],
                 producers,
                 next_worker: 0,
                 next_slot: 0,
@@ -220,15 +223,19 @@ impl SubmitterCore {
         // Read the clock only once there is something to wait for (a read costs ~30 ns).
         let mut start = None;
         loop {
-            // An idle worker that spins (no wake needed) first, then any idle one, then any.
+            // An idle worker that spins (no wake needed) first; then one that has taken
+            // everything we gave it and is between two tasks or finishing one whose outcome
+            // is already out (it looks at its queues next: a round trip finds the worker that
+            // ran the previous task there, and waking a sleeping one instead would cost
+            // microseconds); then any idle one; then any.
             // In a batch, an idle worker that already got part of it counts as busy: the
             // batch is spread over every worker instead of filling the queue of the one that
             // happened to spin (the others would only get work by stealing, after an idle
             // slice).
-            for pass in 0..3 {
+            for pass in 0..4 {
                 for i in 0..nw {
                     let w = (g.next_worker + i) % nw;
-                    if pass < 2 && defer && g.pending[w] {
+                    if pass < 3 && defer && g.pending[w] {
                         continue;
                     }
                     let rec = &v.worker(w).rec;
@@ -239,7 +246,13 @@ impl SubmitterCore {
                                 && rec.idle.load(Ordering::Relaxed) == 1
                                 && v.worker(w).park.sleepers() == 0
                         }
-                        1 => st == wstate::READY && rec.idle.load(Ordering::Relaxed) != 0,
+                        1 => {
+                            st == wstate::READY
+                                && rec.idle.load(Ordering::Relaxed) == 0
+                                && !pending(v, g.last[w])
+                                && finishing(v, rec.current.load(Ordering::Acquire))
+                        }
+                        2 => st == wstate::READY && rec.idle.load(Ordering::Relaxed) != 0,
                         _ => st == wstate::READY || st == wstate::STARTING,
                     };
                     if !ok {
@@ -252,13 +265,18 @@ impl SubmitterCore {
                     })
                     .is_ok()
                     {
+                        g.last[w] = word;
                         if defer {
                             g.pending[w] = true;
                         } else {
                             p.publish_quiet();
                             v.worker(w).park.wake_all();
                         }
-                        g.next_worker = w + 1;
+                        // A single task's next search starts at this worker: round trips keep
+                        // to one worker, whose spin budget stays warm (moving on would leave
+                        // it to cool and park, then wake the next one, every time). Batches
+                        // and busy pools move on, to spread the work.
+                        g.next_worker = if defer || pass == 3 { w + 1 } else { w };
                         return Ok(w);
                     }
                 }
@@ -583,4 +601,25 @@ pub fn wait_until<T>(
             Err(_) => {}
         }
     }
+}
+
+/// The state of the task with id word `word`, if that task is still in its slot.
+fn state_of(v: &crate::layout::PoolView<'_>, word: u64) -> Option<Option<SlotState>> {
+    let (s, k, g32) = TaskId::unpack(word)?;
+    if s >= v.params.submitters as usize || k >= v.params.slots as usize {
+        return None;
+    }
+    let (g, st) = v.task(s, k).state.load();
+    (g as u32 == g32).then_some(st)
+}
+
+/// Whether the task with id word `word` (0: none) waits in a queue.
+fn pending(v: &crate::layout::PoolView<'_>, word: u64) -> bool {
+    state_of(v, word).is_some_and(|st| st == Some(SlotState::Pending))
+}
+
+/// Whether a worker whose claim record reads `current` runs no task, or one whose outcome is
+/// already out (it is in the few hundred nanoseconds after a reply).
+fn finishing(v: &crate::layout::PoolView<'_>, current: u64) -> bool {
+    current == 0 || state_of(v, current).is_none_or(|st| st.is_some_and(|st| st.is_final()))
 }

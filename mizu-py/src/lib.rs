@@ -6,6 +6,8 @@
 mod channel;
 mod codec;
 mod pool;
+mod small;
+mod task;
 mod wire;
 mod worker;
 
@@ -94,20 +96,23 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("StoppedError", py.get_type::<StoppedError>())?;
     m.add("ForkedError", py.get_type::<ForkedError>())?;
     m.add_class::<pool::Pool>()?;
-    m.add_class::<pool::Task>()?;
+    m.add_class::<task::Task>()?;
     m.add_class::<codec::ShmBuffer>()?;
     m.add_class::<channel::Channel>()?;
     m.add_class::<wire::ArrowArray>()?;
     m.add_class::<wire::ArrowTable>()?;
     m.add_function(wrap_pyfunction!(wire::wire_dumps, m)?)?;
     m.add_function(wrap_pyfunction!(wire::wire_loads, m)?)?;
-    m.add_function(wrap_pyfunction!(pool::wait_any, m)?)?;
+    m.add_function(wrap_pyfunction!(task::wait_any, m)?)?;
     m.add_function(wrap_pyfunction!(worker::run_worker, m)?)?;
     m.add_function(wrap_pyfunction!(worker::in_task, m)?)?;
     m.add_function(wrap_pyfunction!(worker::current_element, m)?)?;
     m.add_function(wrap_pyfunction!(worker::nested_submit, m)?)?;
     m.add_function(wrap_pyfunction!(worker::nested_submit_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(worker::nested_submit_small, m)?)?;
     m.add_function(wrap_pyfunction!(worker::decode_payload, m)?)?;
+    m.add_function(wrap_pyfunction!(worker::small_dumps, m)?)?;
+    m.add_function(wrap_pyfunction!(worker::small_loads, m)?)?;
     m.add_function(wrap_pyfunction!(stream_word, m)?)?;
     m.add_function(wrap_pyfunction!(prune, m)?)?;
     Ok(())

@@ -1,21 +1,22 @@
 //! `Pool` and `Task`: the caller's side. Every wait releases the GIL and checks for signals
 //! (Ctrl-C) in bounded slices.
 
-use std::sync::{Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::RwLock;
+use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::types::{PyBytes, PyDict, PyTuple};
 
-use mizu_pool::{CollectError, Fill, Launcher, PoolConfig, TaskError};
+use mizu_pool::{Fill, Launcher, PoolConfig, PoolError};
 
-use crate::codec::{Outgoing, decode};
-use crate::worker::with_context;
+use crate::codec::Outgoing;
+use crate::task::{Registry, Task};
 use crate::{SlotsFull, err, forked};
 
-/// How long one GIL-free wait lasts before signals are checked.
-const SLICE: Duration = Duration::from_millis(50);
+/// Payloads up to this size are submitted without releasing the GIL first (when a queue has
+/// room): releasing and retaking it costs more than writing them.
+const HOT_SUBMIT_MAX: usize = 64 << 10;
 
 /// A pool of Python worker processes (`python -m pymizu.worker ...`).
 #[pyclass(module = "pymizu._native", frozen)]
@@ -24,21 +25,72 @@ pub struct Pool {
     /// write-locked only to take it out in `stop`.
     inner: RwLock<Option<mizu_pool::Pool>>,
     pid: u32,
+    tasks: Registry,
 }
-
-/// How a task ended: `(status, pickle, buffers, worker slot, worker pid)`.
-/// Status: 0 result, 1 raised (pickled exception and traceback), 2 worker died, 3 execution
-/// timeout, 4 cancelled, 5 pool stopped, 6 not finished yet (timeout), 7 not readable here.
-type Outcome = (u8, Py<PyAny>, Py<PyList>, usize, u32);
 
 /// One worker in `Pool.status()`: (slot, pid, state, busy, tasks run, steals).
 type WorkerRow = (usize, u32, String, bool, u64, u64);
 
-pub(crate) fn submit_error(e: mizu_pool::PoolError) -> PyErr {
+pub(crate) fn submit_error(e: PoolError) -> PyErr {
     match e {
-        mizu_pool::PoolError::SlotsExhausted(_) => SlotsFull::new_err(e.to_string()),
+        PoolError::SlotsExhausted(_) => SlotsFull::new_err(e.to_string()),
         e => err(e),
     }
+}
+
+/// Submits with `f(timeout)`, making room when every task slot holds an uncollected task
+/// (finished outcomes move into their `Task` objects; else it waits for one to finish). A
+/// small payload is first tried with the GIL held.
+pub(crate) fn submit_draining(
+    py: Python<'_>,
+    tasks: &Registry,
+    nested: bool,
+    size: usize,
+    f: impl Fn(Option<Duration>) -> mizu_pool::Result<mizu_pool::Task> + Sync,
+) -> PyResult<Task> {
+    let mut hot = size <= HOT_SUBMIT_MAX;
+    loop {
+        let r = if hot {
+            f(Some(Duration::ZERO))
+        } else {
+            py.detach(|| f(None))
+        };
+        match r {
+            Ok(t) => return Ok(Task::new(t, tasks, nested)),
+            Err(PoolError::SubmitTimeout(_)) if hot => hot = false,
+            Err(PoolError::SlotsExhausted(_)) => {
+                py.detach(|| tasks.drain());
+                py.check_signals()?;
+            }
+            Err(e) => return Err(submit_error(e)),
+        }
+    }
+}
+
+/// Submits every payload, with one publication per worker queue for each run of them, making
+/// room as [`submit_draining`] when every slot is taken.
+pub(crate) fn submit_all_draining(
+    py: Python<'_>,
+    tasks: &Registry,
+    nested: bool,
+    outs: &[Outgoing<'_>],
+    f: impl Fn(&[Outgoing<'_>]) -> (Vec<mizu_pool::Task>, mizu_pool::Result<()>) + Sync,
+) -> PyResult<Vec<Task>> {
+    let mut done = Vec::with_capacity(outs.len());
+    while done.len() < outs.len() {
+        let (ts, r) = py.detach(|| f(&outs[done.len()..]));
+        done.extend(ts.into_iter().map(|t| Task::new(t, tasks, nested)));
+        match r {
+            Ok(()) => {}
+            Err(PoolError::SlotsExhausted(_)) => {
+                py.detach(|| tasks.drain());
+                py.check_signals()?;
+            }
+            // Tasks already submitted still run; their handles are dropped (abandoned).
+            Err(e) => return Err(submit_error(e)),
+        }
+    }
+    Ok(done)
 }
 
 impl Pool {
@@ -88,11 +140,13 @@ impl Pool {
         Ok(Pool {
             inner: RwLock::new(Some(pool)),
             pid: mizu_shm::current_pid(),
+            tasks: Registry::default(),
         })
     }
 
     /// Submits a pickled call and its out-of-band buffers (copied once, into shared memory).
-    /// Raises `SlotsFull` when every task slot holds an uncollected task.
+    /// When every task slot holds an uncollected task, finished outcomes are moved into their
+    /// `Task` objects to make room (or it waits for a task to finish).
     #[pyo3(signature = (pickle, buffers=None))]
     fn submit(
         &self,
@@ -105,26 +159,46 @@ impl Pool {
             None => Outgoing::new(py, pickle, &py.None().into_bound(py))?,
         };
         self.with(|pool| {
-            let t = py
-                .detach(|| pool.submit_with(&out, None))
-                .map_err(submit_error)?;
-            Ok(Task::new(t))
+            submit_draining(py, &self.tasks, false, out.size(), |t| {
+                pool.submit_with(&out, t)
+            })
+        })
+    }
+
+    /// Submits a call of the function pickled (by reference) as `head` when every argument
+    /// is a small value, written natively (no pickle). Returns None, submitting nothing, when
+    /// an argument is not small.
+    #[pyo3(signature = (head, args, kwargs=None))]
+    fn submit_small(
+        &self,
+        py: Python<'_>,
+        head: &[u8],
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Option<Task>> {
+        let Some(payload) = crate::small::encode_call(head, args, kwargs) else {
+            return Ok(None);
+        };
+        self.with(|pool| {
+            submit_draining(py, &self.tasks, false, payload.len(), |t| {
+                pool.submit_with(&payload, t)
+            })
+            .map(Some)
         })
     }
 
     /// Submits several pickled calls (`[(pickle, buffers), ...]`) with one publication per
-    /// worker queue. Returns the tasks submitted and whether it stopped early because every
-    /// slot is taken (then submit the rest after collecting some).
+    /// worker queue, making room as `submit` does.
     fn submit_batch(
         &self,
         py: Python<'_>,
         calls: Vec<(Py<PyBytes>, Py<PyAny>)>,
-    ) -> PyResult<(Vec<Task>, bool)> {
+    ) -> PyResult<Vec<Task>> {
         let outs = outgoing(py, &calls)?;
         self.with(|pool| {
-            let (ts, res) =
-                py.detach(|| pool.submit_batch_with(outs.iter().map(|o| o as &dyn Fill)));
-            batch_result(ts, res)
+            submit_all_draining(py, &self.tasks, false, &outs, |rest| {
+                pool.submit_batch_with(rest.iter().map(|o| o as &dyn Fill))
+            })
         })
     }
 
@@ -194,195 +268,4 @@ pub(crate) fn outgoing<'a>(
         .iter()
         .map(|(p, b)| Outgoing::new(py, p.as_bytes(py), b.bind(py)))
         .collect()
-}
-
-pub(crate) fn batch_result(
-    ts: Vec<mizu_pool::Task>,
-    res: mizu_pool::Result<()>,
-) -> PyResult<(Vec<Task>, bool)> {
-    let full = match res {
-        Ok(()) => false,
-        Err(mizu_pool::PoolError::SlotsExhausted(_)) => true,
-        // Tasks already submitted still run; their handles are dropped (abandoned).
-        Err(e) => return Err(submit_error(e)),
-    };
-    Ok((ts.into_iter().map(Task::new).collect(), full))
-}
-
-/// A submitted task.
-#[pyclass(module = "pymizu._native", frozen)]
-pub struct Task {
-    inner: Mutex<Option<mizu_pool::Task>>,
-    pid: u32,
-}
-
-impl Task {
-    pub(crate) fn new(t: mizu_pool::Task) -> Task {
-        Task {
-            inner: Mutex::new(Some(t)),
-            pid: mizu_shm::current_pid(),
-        }
-    }
-}
-
-fn outcome(py: Python<'_>, r: Result<arrow_buffer::Buffer, CollectError>) -> PyResult<Outcome> {
-    let empty = || {
-        (
-            PyBytes::new(py, b"").into_any().unbind(),
-            PyList::empty(py).unbind(),
-        )
-    };
-    let (status, (data, bufs), slot, pid) = match r {
-        Ok(b) => (0, decode(py, b)?, 0, 0),
-        Err(CollectError::Timeout) => (6, empty(), 0, 0),
-        Err(CollectError::AlreadyCollected) => (7, empty(), 0, 0),
-        Err(CollectError::Task(e)) => match e {
-            // An error payload is either ours (a pickled exception) or the runtime's text.
-            TaskError::Failed(b) => match decode(py, arrow_buffer::Buffer::from_vec(b.clone())) {
-                Ok(d) => (1, d, 0, 0),
-                Err(_) => (
-                    1,
-                    (
-                        PyBytes::new(py, &b).into_any().unbind(),
-                        PyList::empty(py).unbind(),
-                    ),
-                    usize::MAX,
-                    0,
-                ),
-            },
-            TaskError::WorkerDied { slot, pid } => (2, empty(), slot, pid),
-            TaskError::ExecTimeout { slot, pid } => (3, empty(), slot, pid),
-            TaskError::Cancelled => (4, empty(), 0, 0),
-            _ => (5, empty(), 0, 0),
-        },
-    };
-    Ok((status, data, bufs, slot, pid))
-}
-
-#[pymethods]
-impl Task {
-    /// Waits at most `timeout` seconds (forever when None) with the GIL released, checking
-    /// for signals every 50 ms. Returns `None` when another thread is collecting this task.
-    /// Inside a worker, waiting runs other tasks (nested maps never deadlock).
-    #[pyo3(signature = (timeout=None))]
-    fn result(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Outcome>> {
-        forked(self.pid)?;
-        let start = Instant::now();
-        let timeout = crate::wait_secs(timeout, "timeout")?;
-        // Never block on this lock while holding the GIL: the holder may need the GIL back.
-        let Ok(mut g) = self.inner.try_lock() else {
-            return Ok(None);
-        };
-        let Some(task) = g.as_mut() else {
-            return Ok(None);
-        };
-        loop {
-            let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
-            let slice = left.map_or(SLICE, |l| l.min(SLICE));
-            let r = py.detach(|| {
-                with_context(|ctx| match ctx {
-                    Some(ctx) => ctx.collect(task, Some(slice)),
-                    None => task.result(Some(slice)),
-                })
-            });
-            if matches!(r, Err(CollectError::Timeout)) {
-                if left.is_some_and(|l| l <= slice) {
-                    return Ok(Some(outcome(py, r)?));
-                }
-                py.check_signals()?;
-                continue;
-            }
-            *g = None;
-            return Ok(Some(outcome(py, r)?));
-        }
-    }
-
-    /// Cancels the task if it has not started.
-    fn cancel(&self) -> bool {
-        self.peek(mizu_pool::Task::cancel)
-    }
-
-    /// Whether the outcome is ready to be taken here (false while another thread collects).
-    fn done(&self) -> bool {
-        self.peek(mizu_pool::Task::is_done)
-    }
-}
-
-impl Task {
-    /// `f` of the task when it is uncollected, in this process, and not being collected by
-    /// another thread right now (never waits); else false.
-    fn peek(&self, f: impl FnOnce(&mizu_pool::Task) -> bool) -> bool {
-        self.pid == mizu_shm::current_pid()
-            && self
-                .inner
-                .try_lock()
-                .is_ok_and(|g| g.as_ref().is_some_and(f))
-    }
-}
-
-impl Drop for Task {
-    fn drop(&mut self) {
-        if self.pid != mizu_shm::current_pid()
-            && let Ok(mut g) = self.inner.lock()
-            && let Some(t) = g.take()
-        {
-            std::mem::forget(t);
-        }
-    }
-}
-
-/// Waits until one of `tasks` has an outcome (GIL released, signals checked); returns its
-/// position, or None after `timeout` seconds.
-#[pyfunction]
-#[pyo3(signature = (tasks, timeout=None))]
-pub fn wait_any(
-    py: Python<'_>,
-    tasks: Vec<Py<Task>>,
-    timeout: Option<f64>,
-) -> PyResult<Option<usize>> {
-    let start = Instant::now();
-    let timeout = crate::wait_secs(timeout, "timeout")?;
-    let ready = |ts: &[Py<Task>]| {
-        ts.iter().position(|t| {
-            t.get()
-                .inner
-                .try_lock()
-                .is_ok_and(|g| g.as_ref().is_some_and(|t| t.is_done()))
-        })
-    };
-    loop {
-        if let Some(i) = ready(&tasks) {
-            return Ok(Some(i));
-        }
-        let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
-        if left.is_some_and(|l| l.is_zero()) {
-            return Ok(None);
-        }
-        let slice = left.map_or(SLICE, |l| l.min(SLICE));
-        // Park on the submitter of a task that is not being collected elsewhere right now.
-        let found = py.detach(|| {
-            let probe = tasks.iter().find_map(|t| {
-                let g = t.get().inner.try_lock().ok()?;
-                g.is_some().then_some(g)
-            });
-            match probe {
-                Some(g) => {
-                    let p = g.as_ref().expect("checked");
-                    mizu_pool::wait_until(p, Some(slice), || {
-                        // The probe's lock is held here: test it directly, the rest by lock.
-                        p.is_done()
-                            .then_some(())
-                            .or_else(|| ready(&tasks).map(|_| ()))
-                    })
-                }
-                None => {
-                    std::thread::sleep(Duration::from_micros(200));
-                    None
-                }
-            }
-        });
-        if found.is_none() {
-            py.check_signals()?;
-        }
-    }
 }

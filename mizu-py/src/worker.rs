@@ -1,25 +1,72 @@
 //! The worker's side: runs Python's task callback for every task, with the task's context
 //! reachable from Python (nested submission, `current_pool()`).
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
-use mizu_pool::{Executor, Fill, TaskContext};
+use mizu_pool::{Executor, Fill, PoolError, TaskContext};
 
-use crate::codec::{Outgoing, decode, encode_vec};
+use crate::codec::{Outgoing, decode};
 use crate::err;
-use crate::pool::{Task, batch_result, outgoing};
+use crate::pool::{outgoing, submit_all_draining, submit_draining};
+use crate::small;
+use crate::task::{NESTED, Task};
 
 /// The context of the task this thread is running, if any (set by the runtime).
 pub use mizu_pool::with_current_task as with_context;
 
-/// Runs Python's `callback(pickle, buffers) -> (ok, pickle, buffers)` for every task.
+/// Python's side of a worker (`pymizu.worker`): `run(pickle, buffers) -> (ok, pickle,
+/// buffers)` runs a pickled call, `fail(exc)` and `dumps_result(value)` pickle an outcome.
 struct PyExec {
-    callback: Py<PyAny>,
+    run: Py<PyAny>,
+    fail: Py<PyAny>,
+    dumps_result: Py<PyAny>,
+    loads: Py<PyAny>,
+    /// False when every task must go through `run` (the worker's start-up failed).
+    fast: bool,
+    /// Functions of small calls by their pickle.
+    fns: Mutex<HashMap<Vec<u8>, Py<PyAny>>>,
     max_tasks: u64,
     tasks: AtomicU64,
+}
+
+/// The most functions a worker keeps unpickled.
+const MAX_FNS: usize = 4096;
+
+fn text(m: String) -> Vec<u8> {
+    m.into_bytes()
+}
+
+/// Sends a pickled outcome `(ok, pickle, buffers)`.
+fn send_pickled(
+    py: Python<'_>,
+    ctx: &TaskContext<'_>,
+    r: PyResult<Bound<'_, PyAny>>,
+) -> Result<Vec<u8>, Vec<u8>> {
+    let r = r.and_then(|r| r.extract::<(bool, Py<PyBytes>, Py<PyAny>)>());
+    let (ok, pickle, bufs) = match r {
+        Ok(v) => v,
+        // The callbacks catch what tasks raise; this is a bug in them: report it as text.
+        Err(e) => return Err(text(format!("pymizu worker callback failed: {e}"))),
+    };
+    let out = Outgoing::new(py, pickle.as_bytes(py), bufs.bind(py))
+        .map_err(|e| text(format!("pymizu: cannot send the result: {e}")))?;
+    send(ctx, ok, &out)
+}
+
+/// Writes an outcome straight into the result slot/region; falls back to bytes where that is
+/// not possible (inside a native map element).
+fn send(ctx: &TaskContext<'_>, ok: bool, out: &dyn Fill) -> Result<Vec<u8>, Vec<u8>> {
+    if ctx.reply(ok, out).is_ok() {
+        return Ok(Vec::new());
+    }
+    let mut v = vec![0u8; out.size()];
+    out.fill(&mut v);
+    if ok { Ok(v) } else { Err(v) }
 }
 
 impl PyExec {
@@ -27,26 +74,59 @@ impl PyExec {
         let buf = ctx
             .input()
             .unwrap_or_else(|| arrow_buffer::Buffer::from_slice_ref(input));
-        let text = |m: String| m.into_bytes();
-        let (data, bufs) = decode(py, buf).map_err(|e| text(format!("mizu: {e}")))?;
-        let r = self
-            .callback
-            .call1(py, (data, bufs))
-            .and_then(|r| r.extract::<(bool, Py<PyBytes>, Py<PyAny>)>(py));
-        let (ok, pickle, bufs) = match r {
-            Ok(v) => v,
-            // The callback catches what tasks raise; this is a bug in it: report it as text.
-            Err(e) => return Err(text(format!("pymizu worker callback failed: {e}"))),
-        };
-        let out = Outgoing::new(py, pickle.as_bytes(py), bufs.bind(py))
-            .map_err(|e| text(format!("pymizu: cannot send the result: {e}")))?;
-        // Write straight into the result slot/region; fall back to bytes where that is not
-        // possible (inside a native map element).
-        if ctx.reply(ok, &out as &dyn Fill).is_ok() {
-            return Ok(Vec::new());
+        if self.fast && buf.first() == Some(&small::TAG_CALL) {
+            return self.run_small(py, ctx, &buf);
         }
-        let v = encode_vec(&out);
-        if ok { Ok(v) } else { Err(v) }
+        let (data, bufs) = if buf.first() == Some(&small::TAG_CALL) {
+            // `run` fails such a worker's tasks before reading them.
+            (
+                PyBytes::new(py, b"").into_any().unbind(),
+                PyList::empty(py).unbind(),
+            )
+        } else {
+            decode(py, buf).map_err(|e| text(format!("mizu: {e}")))?
+        };
+        send_pickled(py, ctx, self.run.bind(py).call1((data, bufs)))
+    }
+
+    /// A small call: read natively, the function looked up by its pickle, the result sent
+    /// natively when it is small (else pickled by Python).
+    fn run_small(
+        &self,
+        py: Python<'_>,
+        ctx: &TaskContext<'_>,
+        buf: &[u8],
+    ) -> Result<Vec<u8>, Vec<u8>> {
+        let call = small::decode_call(py, buf).map_err(|e| text(format!("mizu: {e}")))?;
+        let result = self
+            .function(py, call.head)
+            .and_then(|f| f.call(call.args, call.kwargs.as_ref()));
+        let result = match result {
+            Ok(v) => v,
+            Err(e) => return send_pickled(py, ctx, self.fail.bind(py).call1((e.into_value(py),))),
+        };
+        if let Some(v) = small::encode_value(&result) {
+            return send(ctx, true, &v);
+        }
+        let pickled = match self.dumps_result.bind(py).call1((&result,)) {
+            Ok(p) => Ok(p),
+            Err(e) => self.fail.bind(py).call1((e.into_value(py),)),
+        };
+        drop(result);
+        send_pickled(py, ctx, pickled)
+    }
+
+    fn function<'py>(&self, py: Python<'py>, head: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(f) = self.fns.lock().unwrap_or_else(|p| p.into_inner()).get(head) {
+            return Ok(f.bind(py).clone());
+        }
+        let f = self.loads.bind(py).call1((PyBytes::new(py, head),))?;
+        let mut fns = self.fns.lock().unwrap_or_else(|p| p.into_inner());
+        if fns.len() >= MAX_FNS {
+            fns.clear();
+        }
+        fns.insert(head.to_vec(), f.clone().unbind());
+        Ok(f)
     }
 }
 
@@ -63,17 +143,29 @@ impl Executor for PyExec {
 
 /// Serves a pool as worker `slot` until it stops (the GIL is held only while a task runs);
 /// with `max_tasks > 0` the worker leaves after that many tasks and the pool replaces it.
+/// `run(pickle, buffers)` runs a pickled call; small calls are run here, with
+/// `dumps_result(value)` for a result that is not small and `fail(exc)` for an exception
+/// (each returning `(ok, pickle, buffers)`); `fast=False` sends every call through `run`.
 #[pyfunction]
-#[pyo3(signature = (token, slot, callback, max_tasks=0))]
+#[pyo3(signature = (token, slot, run, fail, dumps_result, max_tasks=0, fast=true))]
+#[allow(clippy::too_many_arguments)]
 pub fn run_worker(
     py: Python<'_>,
     token: String,
     slot: usize,
-    callback: Py<PyAny>,
+    run: Py<PyAny>,
+    fail: Py<PyAny>,
+    dumps_result: Py<PyAny>,
     max_tasks: u64,
+    fast: bool,
 ) -> PyResult<()> {
     let exec = PyExec {
-        callback,
+        run,
+        fail,
+        dumps_result,
+        loads: py.import("pickle")?.getattr("loads")?.unbind(),
+        fast,
+        fns: Mutex::new(HashMap::new()),
         max_tasks,
         tasks: AtomicU64::new(0),
     };
@@ -93,6 +185,10 @@ pub fn current_element() -> Option<u64> {
     with_context(|c| c.and_then(|c| c.element()))
 }
 
+fn context_error() -> PyErr {
+    crate::MizuError::new_err("current_pool() is only available inside a pymizu task")
+}
+
 /// Submits a nested task from inside a task (to the pool running it).
 #[pyfunction]
 #[pyo3(signature = (pickle, buffers=None))]
@@ -103,14 +199,33 @@ pub fn nested_submit(
 ) -> PyResult<Task> {
     let none = py.None().into_bound(py);
     let out = Outgoing::new(py, pickle, buffers.unwrap_or(&none))?;
-    with_context(|c| {
-        let ctx = c.ok_or_else(|| {
-            crate::MizuError::new_err("current_pool() is only available inside a pymizu task")
-        })?;
-        ctx.submit_with(&out)
-            .map(Task::new)
-            .map_err(crate::pool::submit_error)
+    if !in_task() {
+        return Err(context_error());
+    }
+    submit_draining(py, &NESTED, true, out.size(), |_| {
+        with_context(|c| c.ok_or(PoolError::Stopped)?.submit_with(&out))
     })
+}
+
+/// Nested small-call submission (see `Pool.submit_small`).
+#[pyfunction]
+#[pyo3(signature = (head, args, kwargs=None))]
+pub fn nested_submit_small(
+    py: Python<'_>,
+    head: &[u8],
+    args: &Bound<'_, PyTuple>,
+    kwargs: Option<&Bound<'_, PyDict>>,
+) -> PyResult<Option<Task>> {
+    if !in_task() {
+        return Err(context_error());
+    }
+    let Some(payload) = small::encode_call(head, args, kwargs) else {
+        return Ok(None);
+    };
+    submit_draining(py, &NESTED, true, payload.len(), |_| {
+        with_context(|c| c.ok_or(PoolError::Stopped)?.submit_with(&payload))
+    })
+    .map(Some)
 }
 
 /// Nested batch submission (see `Pool.submit_batch`).
@@ -118,15 +233,41 @@ pub fn nested_submit(
 pub fn nested_submit_batch(
     py: Python<'_>,
     calls: Vec<(Py<PyBytes>, Py<PyAny>)>,
-) -> PyResult<(Vec<Task>, bool)> {
+) -> PyResult<Vec<Task>> {
     let outs = outgoing(py, &calls)?;
-    with_context(|c| {
-        let ctx = c.ok_or_else(|| {
-            crate::MizuError::new_err("current_pool() is only available inside a pymizu task")
-        })?;
-        let (ts, res) = ctx.submit_batch_with(outs.iter().map(|o| o as &dyn Fill));
-        batch_result(ts, res)
+    if !in_task() {
+        return Err(context_error());
+    }
+    submit_all_draining(py, &NESTED, true, &outs, |rest| {
+        with_context(|c| match c {
+            Some(c) => c.submit_batch_with(rest.iter().map(|o| o as &dyn Fill)),
+            None => (Vec::new(), Err(PoolError::Stopped)),
+        })
     })
+}
+
+/// The small-value payload of `value` (`V`), or None when it is not small (for tests).
+#[pyfunction]
+pub fn small_dumps(py: Python<'_>, value: &Bound<'_, PyAny>) -> Option<Py<PyBytes>> {
+    small::encode_value(value).map(|b| PyBytes::new(py, &b).unbind())
+}
+
+/// Reads a small payload (for tests): a `V` payload's value, or a `C` payload's
+/// `(function pickle, args, kwargs)`. Malformed input raises `ValueError`.
+#[pyfunction]
+pub fn small_loads<'py>(py: Python<'py>, payload: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+    match payload.first() {
+        Some(&small::TAG_CALL) => {
+            let c = small::decode_call(py, payload)?;
+            (PyBytes::new(py, c.head), c.args, c.kwargs)
+                .into_pyobject(py)
+                .map(|t| t.into_any())
+        }
+        _ if payload.first() == Some(&small::TAG_VALUE) => small::decode_value(py, payload),
+        _ => Err(pyo3::exceptions::PyValueError::new_err(
+            "pymizu: not a small payload",
+        )),
+    }
 }
 
 /// Decodes a payload (for tests and channels): `(pickle, buffers)`.

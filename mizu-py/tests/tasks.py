@@ -110,3 +110,8 @@ def segv():
     import ctypes
 
     ctypes.string_at(0)
+
+
+def make_lock():
+    """A result pickle refuses."""
+    return __import__("threading").Lock()

@@ -161,16 +161,22 @@ def test_await_tasks_in_asyncio(pool):
         asyncio.run(failing())
 
 
-def test_the_await_watcher_thread_ends_with_its_pool():
+def test_the_await_watcher_thread_ends_when_nothing_is_awaited():
     import threading
+
+    from pymizu import _pool
 
     with pymizu.Pool(1) as p:
 
         async def main():
             return await p.submit(tasks.add, 1, 2)
 
+        async def slow():
+            return await p.submit(tasks.sleep, 0.3)
+
         assert asyncio.run(main()) == 3
-        watcher = p._watch._thread
+        assert asyncio.run(slow()) == 0.3
+        watcher = _pool._watcher._thread
         assert watcher.is_alive()
     watcher.join(timeout=60)
     assert not watcher.is_alive()
@@ -362,7 +368,7 @@ def test_infinite_and_huge_timeouts_wait_nan_is_refused(pool):
     assert pool.submit(tasks.add, 1, 2).result(timeout=1e300) == 3
     t = pool.submit(tasks.add, 1, 2)
     with pytest.raises(ValueError, match="NaN"):
-        t._t.result(float("nan"))
+        t.result(float("nan"))
     assert t.result(timeout=60) == 3
     with pytest.raises(ValueError, match="NaN"):
-        pymizu._native.wait_any([pool.submit(tasks.add, 1, 2)._t], float("nan"))
+        pymizu._native.wait_any([pool.submit(tasks.add, 1, 2)], float("nan"))

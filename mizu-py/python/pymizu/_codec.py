@@ -25,10 +25,9 @@ _SCALARS = frozenset((int, float, str, bool, type(None), bytes))
 _NO_BUFFERS: tuple = ()
 
 
-def _pickled_fn(fn) -> bytes | None:
-    """The call header of a module-level function or class: the call marker, the length of
-    its pickle and the pickle (by reference, so it can be cached); None for anything else
-    (closures, callables with state)."""
+def fn_ref(fn) -> bytes | None:
+    """The pickle (by reference, cached) of a module-level function or class; None for
+    anything else (closures, callables with state), which must be pickled with each call."""
     if type(fn) not in _FN_TYPES:
         return None
     if type(fn) is types.BuiltinFunctionType and not isinstance(fn.__self__, (types.ModuleType, type(None))):
@@ -44,11 +43,19 @@ def _pickled_fn(fn) -> bytes | None:
             return None
         if len(b) > 512:
             return None
-        b = bytes((_CALL,)) + len(b).to_bytes(2, "little") + b
         if len(_fn_bytes) > 4096:
             _fn_bytes.clear()
         _fn_bytes[fn] = b
     return b
+
+
+def _pickled_fn(fn) -> bytes | None:
+    """The call header of a function `fn_ref` accepts: the call marker, the length of its
+    pickle and the pickle."""
+    b = fn_ref(fn)
+    if b is None:
+        return None
+    return bytes((_CALL,)) + len(b).to_bytes(2, "little") + b
 
 
 def dumps_call(fn, args: tuple, kwargs: dict) -> tuple[bytes, list]:

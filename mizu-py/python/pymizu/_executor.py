@@ -6,9 +6,12 @@ import threading
 import time
 from concurrent.futures import Executor, Future
 
-from . import _codec, _native
+from . import _codec
 from ._errors import CancelledError
-from ._pool import Pool, _run_chunk, decode
+from ._pool import Pool, _run_chunk
+
+
+_SETTLING = threading.Lock()
 
 
 class _MizuFuture(Future):
@@ -19,11 +22,18 @@ class _MizuFuture(Future):
         super().__init__()
         self._task = task
         self._born = time.monotonic()
+        self._settled = False
 
     def _settle(self, outcome) -> None:
-        if outcome is None or outcome[0] >= 6:
+        if outcome is None:
             return
-        ok, value = decode(*outcome)
+        # The task keeps its outcome, so the caller and the collector thread may both
+        # hold it: the first one settles the future.
+        with _SETTLING:
+            if self._settled:
+                return
+            self._settled = True
+        ok, value = outcome
         if isinstance(value, CancelledError):
             self.cancel()
             return
@@ -39,17 +49,17 @@ class _MizuFuture(Future):
 
     def result(self, timeout=None):
         if not self.done():
-            self._settle(self._task.result(timeout))
+            self._settle(self._task._outcome(timeout))
         return super().result(timeout)
 
     def exception(self, timeout=None):
         if not self.done():
-            self._settle(self._task.result(timeout))
+            self._settle(self._task._outcome(timeout))
         return super().exception(timeout)
 
     def done(self) -> bool:
         if not super().done() and self._task.done():
-            self._settle(self._task.result(0.0))
+            self._settle(self._task._outcome(0.0))
         return super().done()
 
     def cancel(self) -> bool:
@@ -93,33 +103,39 @@ class PoolExecutor(Executor):
         self._pending: list[_MizuFuture] = []
         self._wakeup = threading.Event()
         self._shutdown = False
-        self._starved = False
         self._collector = threading.Thread(target=self._collect, name="pymizu-collector", daemon=True)
         self._collector.start()
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
         # Pickling happens here, in the caller: an unpicklable call raises now, never hangs.
-        data, bufs = _codec.dumps_call(fn, args, kwargs)
-        return self._submit_payload(data, bufs)
+        head = _codec.fn_ref(fn)
+        small = head is not None
+        data = bufs = None
+        if not small:
+            data, bufs = _codec.dumps_call(fn, args, kwargs)
+        self._mpool._check()
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            # When every task slot holds an uncollected result (e.g. a large `map`), the
+            # native submit moves finished outcomes into their tasks to make room.
+            task = self._pool.submit_small(head, args, kwargs) if small else None
+            if task is None:
+                if data is None:
+                    data, bufs = _codec.dumps_call(fn, args, kwargs)
+                task = self._pool.submit(data, bufs)
+            fut = _MizuFuture(task)
+            self._pending.append(fut)
+            return fut
 
     def _submit_payload(self, data, bufs) -> _MizuFuture:
         self._mpool._check()
-        while True:
-            with self._lock:
-                if self._shutdown:
-                    raise RuntimeError("cannot schedule new futures after shutdown")
-                try:
-                    fut = _MizuFuture(self._pool.submit(data, bufs))
-                except _native.SlotsFull:
-                    self._starved = True
-                else:
-                    self._starved = False
-                    self._pending.append(fut)
-                    return fut
-            # Every slot holds an uncollected result (e.g. a large `map`): let the collector
-            # complete some futures, which frees their slots, then try again.
-            self._wakeup.set()
-            time.sleep(0.0002)
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            fut = _MizuFuture(self._pool.submit(data, bufs))
+            self._pending.append(fut)
+            return fut
 
     def map(self, fn, *iterables, timeout: float | None = None, chunksize: int | None = None):
         """As `ProcessPoolExecutor.map`: an iterator of `fn(*xs)` in input order, raising
@@ -167,16 +183,16 @@ class PoolExecutor(Executor):
                 pending = list(self._pending)
                 if self._shutdown and not pending:
                     return
-                starved = self._starved or self._shutdown
+                closing = self._shutdown
             progressed = False
             now = time.monotonic()
             for fut in pending:
                 # A caller blocked in `result()` collects its own future faster than this
                 # thread can hand it over: settle only futures someone else waits on (`wait`,
                 # `as_completed`, callbacks), old ones, or any when slots run out.
-                wanted = fut._waiters or fut._done_callbacks or starved or now - fut._born > 0.01
+                wanted = fut._waiters or fut._done_callbacks or closing or now - fut._born > 0.01
                 if wanted and fut._task.done():
-                    fut._settle(fut._task.result(0.0))
+                    fut._settle(fut._task._outcome(0.0))
                     progressed = True
             if progressed:
                 delay = 0.0002

@@ -9,7 +9,6 @@ import sys
 import tempfile
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -26,13 +25,13 @@ from ._errors import (
 )
 
 _MAX_SLOT = 2**64 - 1 if sys.maxsize > 2**32 else 2**32 - 1
-_PENDING = 0
-_OK = 1
-_FAILED = 2
+_fn_ref = _codec.fn_ref
 
 
 def decode(status: int, data, bufs, slot: int, pid: int) -> tuple[bool, Any]:
-    """(is_result, value-or-exception) from a native outcome."""
+    """(is_result, value-or-exception) from a native outcome (called by `Task`): status 0 a
+    pickled result, 1 a pickled exception and traceback, 2 worker died, 3 execution timeout,
+    4 cancelled, 5 pool stopped."""
     if status == 0:
         return True, _codec.loads(data, buffers=bufs)
     if status == 1:
@@ -54,92 +53,17 @@ def decode(status: int, data, bufs, slot: int, pid: int) -> tuple[bool, Any]:
     return False, StoppedError("the pool stopped before the task ran")
 
 
-class Task:
-    """A submitted call. `result(timeout)` returns its value or raises its exception;
-    `await task` works in asyncio (one watcher thread per pool, not one per task)."""
-
-    __slots__ = ("_t", "_pool", "_state", "_value", "__weakref__")
-
-    def __init__(self, native, pool):
-        self._t = native
-        self._pool = pool
-        self._state = _PENDING
-        self._value = None
-
-    def _settle(self, outcome) -> bool:
-        if outcome is None or outcome[0] >= 6:
-            return False
-        ok, value = decode(*outcome)
-        self._value = value
-        self._state = _OK if ok else _FAILED
-        return True
-
-    def _wait(self, timeout: float | None) -> None:
-        if self._state != _PENDING:
-            return
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self._state == _PENDING:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            out = self._t.result(left)
-            if self._settle(out):
-                return
-            if self._state != _PENDING:
-                return
-            if out is None:  # another thread is collecting it: wait for it to finish
-                time.sleep(0.0002)
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"the task did not finish within {timeout} s")
-
-    def result(self, timeout: float | None = None) -> Any:
-        """The task's return value (waits at most `timeout` seconds; `TimeoutError` then).
-        The task's exception is re-raised as itself, with the remote traceback as cause."""
-        if self._state == _PENDING:
-            self._wait(timeout)
-        if self._state == _OK:
-            return self._value
-        raise self._value
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        """The task's exception, or None if it returned a value."""
-        self._wait(timeout)
-        return self._value if self._state == _FAILED else None
-
-    def done(self) -> bool:
-        """Whether the task has finished (its outcome is ready)."""
-        return self._state != _PENDING or self._t.done()
-
-    def cancel(self) -> bool:
-        """Cancels the task if it has not started; True if it will never run."""
-        if self._state == _PENDING and self._t.cancel():
-            self._settle(self._t.result(0.0))
-            return True
-        return False
-
-    def cancelled(self) -> bool:
-        """Whether the task was cancelled."""
-        return self._state == _FAILED and isinstance(self._value, CancelledError)
-
-    def __await__(self):
-        if not self.done():
-            loop = asyncio.get_running_loop()
-            fut = loop.create_future()
-            self._pool._watcher().watch(self, loop, fut)
-            yield from fut.__await__()
-        return self.result(0.0)
-
-    def __repr__(self) -> str:
-        state = {_PENDING: "pending", _OK: "finished", _FAILED: "failed"}[self._state]
-        return f"<pymizu.Task {state}>"
+Task = _native.Task
 
 
 class _Watcher:
-    """One thread per pool that wakes asyncio futures when their tasks finish."""
+    """The thread that wakes asyncio futures when their tasks finish; it ends once nothing
+    has been awaited for a while (the next `await` starts a new one)."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._items: list[tuple[Task, Any, Any]] = []
         self._kick = threading.Event()
-        self._closed = False
         self._thread = threading.Thread(target=self._run, name="pymizu-await", daemon=True)
         self._thread.start()
 
@@ -148,22 +72,22 @@ class _Watcher:
             self._items.append((task, loop, fut))
         self._kick.set()
 
-    def close(self) -> None:
-        """Ends the thread once nothing is awaited any more (the pool stopped)."""
-        self._closed = True
-        self._kick.set()
-
     def _run(self) -> None:
+        global _watcher
         while True:
             with self._lock:
                 items = list(self._items)
             if not items:
-                if self._closed:
-                    return
-                self._kick.wait(0.5)
+                if not self._kick.wait(0.5):
+                    with _watcher_lock, self._lock:
+                        if not self._items:
+                            _watcher = None
+                            return
                 self._kick.clear()
                 continue
-            _native.wait_any([t._t for t, _, _ in items if t._state == _PENDING] or [], 0.05)
+            pending = [t for t, _, _ in items if not t.done()]
+            if pending:
+                _native.wait_any(pending, 0.05)
             ready = [it for it in items if it[0].done()]
             if not ready:
                 continue
@@ -174,6 +98,24 @@ class _Watcher:
                     loop.call_soon_threadsafe(_wake, fut)
                 except RuntimeError:  # the loop is closed
                     pass
+
+
+_watcher: _Watcher | None = None
+_watcher_lock = threading.Lock()
+
+
+def _await_task(task: Task):
+    """`Task.__await__`: waits in the event loop (the watcher thread wakes it)."""
+    global _watcher
+    if not task.done():
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        with _watcher_lock:
+            if _watcher is None:
+                _watcher = _Watcher()
+            _watcher.watch(task, loop, fut)
+        yield from fut.__await__()
+    return task.result(0.0)
 
 
 def _wake(fut) -> None:
@@ -256,57 +198,29 @@ class _Submitter:
 
     _workers = 1
 
-    def _submit_raw(self, data, bufs):
+    def _submit_raw(self, data, bufs) -> Task:
         raise NotImplementedError
 
-    def _submit_batch_raw(self, calls):
+    def _submit_small(self, head, args, kwargs) -> Task | None:
         raise NotImplementedError
 
-    def _outstanding(self) -> list:
-        refs = self.__dict__.get("_refs")
-        if refs is None:
-            refs = self.__dict__["_refs"] = []
-        return refs
-
-    def _drain(self) -> None:
-        """Every task slot holds an uncollected task: take finished outcomes into their
-        `Task` objects (which frees their slots), or wait for one to finish."""
-        refs = self._outstanding()
-        live = [t for r in refs if (t := r()) is not None and t._state == _PENDING]
-        refs[:] = [weakref.ref(t) for t in live]
-        settled = False
-        for t in live:
-            if t._t.done() and t._settle(t._t.result(0.0)):
-                settled = True
-        if not settled:
-            if live:
-                _native.wait_any([t._t for t in live], 0.05)
-            else:  # slots held by dropped tasks: they free as those finish
-                time.sleep(0.0005)
-
-    def _track(self, tasks: list[Task]) -> None:
-        refs = self._outstanding()
-        refs.extend(weakref.ref(t) for t in tasks)
-        if len(refs) > 8192:
-            refs[:] = [r for r in refs if (t := r()) is not None and t._state == _PENDING]
+    def _submit_all(self, calls) -> list[Task]:
+        raise NotImplementedError
 
     def submit(self, fn: Callable, /, *args, **kwargs) -> Task:
         """Runs `fn(*args, **kwargs)` in a worker; returns its `Task`. Arguments are pickled
         here (an unpicklable one raises now); large buffers cross through shared memory.
-        When every task slot holds an uncollected task, finished ones are collected into
-        their `Task` objects to make room (or submission waits for one to finish)."""
+        When every task slot holds an uncollected task, finished outcomes move into their
+        `Task` objects to make room (or submission waits for a task to finish)."""
+        # A call of a module-level function with small arguments (numbers, strings, short
+        # containers of them) is written natively; anything else is pickled here.
+        head = _fn_ref(fn)
+        if head is not None:
+            t = self._submit_small(head, args, kwargs)
+            if t is not None:
+                return t
         data, bufs = _codec.dumps_call(fn, args, kwargs)
-        while True:
-            try:
-                t = Task(self._submit_raw(data, bufs), self)
-            except SlotsFull:
-                self._drain()
-                continue
-            refs = self._outstanding()
-            refs.append(weakref.ref(t))
-            if len(refs) > 8192:
-                self._track([])
-            return t
+        return self._submit_raw(data, bufs)
 
     def submit_batch(self, fn: Callable, argss: Iterable[tuple]) -> list[Task]:
         """Submits `fn(*args)` for every `args` tuple, with one queue publication (and at most
@@ -325,8 +239,7 @@ class _Submitter:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise TimeoutError(f"no task finished within {timeout} s")
-            pending = [t._t for t in tasks if t._state == _PENDING]
-            _native.wait_any(pending, left)
+            _native.wait_any(tasks, left)
 
     def collect_all(self, tasks: list[Task], timeout: float | None = None) -> list:
         """The results of `tasks` in order; the first failure (by position) is raised."""
@@ -403,23 +316,8 @@ class _Submitter:
                 bar.update(min(chunksize, n - k * chunksize))
         finally:
             for t in tasks:
-                if t._state == _PENDING:
-                    t.cancel()
+                t.cancel()
             bar.close()
-
-    def _submit_all(self, calls) -> list[Task]:
-        """Submits every call in batches, making room when every slot is taken."""
-        tasks: list[Task] = []
-        i = 0
-        while i < len(calls):
-            got, full = self._submit_batch_raw(calls[i : i + 1024])
-            new = [Task(t, self) for t in got]
-            tasks.extend(new)
-            self._track(new)
-            i += len(new)
-            if full:
-                self._drain()
-        return tasks
 
 
 def _map_kw(kw: dict) -> dict:
@@ -509,26 +407,14 @@ class Pool(_Submitter):
             os.unlink(self._start_file)
             raise
         self._workers = workers
-        self._watch: _Watcher | None = None
-        self._watch_lock = threading.Lock()
+        # The native methods check for a forked child themselves.
+        self._submit_raw = self._pool.submit
+        self._submit_small = self._pool.submit_small
+        self._submit_all = self._pool.submit_batch
 
     def _check(self) -> None:
         if _forked:
             raise _native.ForkedError("a pymizu Pool cannot be used in a forked child process")
-
-    def _submit_raw(self, data, bufs):
-        self._check()
-        return self._pool.submit(data, bufs)
-
-    def _submit_batch_raw(self, calls):
-        self._check()
-        return self._pool.submit_batch(calls)
-
-    def _watcher(self) -> _Watcher:
-        with self._watch_lock:
-            if self._watch is None:
-                self._watch = _Watcher()
-            return self._watch
 
     @property
     def workers(self) -> int:
@@ -552,8 +438,6 @@ class Pool(_Submitter):
         pool kept in shared memory is removed."""
         self._check()
         self._pool.stop(grace)
-        if self._watch is not None:
-            self._watch.close()
         if self._start_file is not None:
             try:
                 os.unlink(self._start_file)
@@ -581,15 +465,9 @@ class _NestedPool(_Submitter):
 
     def __init__(self):
         self._workers = int(os.environ.get("PYMIZU_WORKERS", "1"))
-
-    def _submit_raw(self, data, bufs):
-        return _native.nested_submit(data, bufs)
-
-    def _submit_batch_raw(self, calls):
-        return _native.nested_submit_batch(calls)
-
-    def _watcher(self):
-        raise MizuError("await is not available inside a worker; use result()")
+        self._submit_raw = _native.nested_submit
+        self._submit_small = _native.nested_submit_small
+        self._submit_all = _native.nested_submit_batch
 
 
 _nested = None

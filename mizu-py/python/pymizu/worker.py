@@ -16,13 +16,26 @@ _loads_call = _codec.loads_call
 _dumps_result = _codec.dumps_result
 
 
-def _fail(e: BaseException) -> tuple[bool, bytes, list]:
-    tb = traceback.format_exc()
+def _fail(e: BaseException, tb: str | None = None) -> tuple[bool, bytes, list]:
+    if tb is None:
+        tb = traceback.format_exc()
     try:
         data, bufs = _codec.dumps((e, tb))
     except Exception:
         data, bufs = _codec.dumps((TaskError(type(e).__qualname__, str(e), tb), tb))
     return False, data, bufs
+
+
+def _fail_native(e: BaseException) -> tuple[bool, bytes, list]:
+    """An exception raised in a call the native layer ran (a small call), with its traceback."""
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    return _fail(e, tb)
+
+
+def _result_native(value) -> tuple[bool, bytes, list]:
+    """A result the native layer cannot send as a small value."""
+    out, bufs = _codec.dumps(value)
+    return True, out, bufs
 
 
 def _run(data, bufs) -> tuple[bool, bytes, list]:
@@ -103,7 +116,15 @@ def main() -> None:
         os.environ["PYMIZU_WORKERS"] = opts["--workers"]
     if "--start" in opts:
         _start(opts["--start"])
-    _native.run_worker(argv[0], int(argv[1]), _run, int(opts.get("--max-tasks", "0")))
+    _native.run_worker(
+        argv[0],
+        int(argv[1]),
+        _run,
+        _fail_native,
+        _result_native,
+        int(opts.get("--max-tasks", "0")),
+        _init_error is None,
+    )
 
 
 if __name__ == "__main__":
