@@ -11,7 +11,7 @@ from ._errors import CancelledError
 from ._pool import Pool, _run_chunk
 
 
-_SETTLING = threading.Lock()
+_PENDING, _FINISHED = "PENDING", "FINISHED"
 
 
 class _MizuFuture(Future):
@@ -22,49 +22,52 @@ class _MizuFuture(Future):
         super().__init__()
         self._task = task
         self._born = time.monotonic()
-        self._settled = False
 
     def _settle(self, outcome) -> None:
+        """Completes the future with the task's outcome (once; the caller and the collector
+        thread may both hold it). What `set_result`/`set_exception` do, in one lock."""
         if outcome is None:
             return
-        # The task keeps its outcome, so the caller and the collector thread may both
-        # hold it: the first one settles the future.
-        with _SETTLING:
-            if self._settled:
-                return
-            self._settled = True
         ok, value = outcome
         if isinstance(value, CancelledError):
             self.cancel()
             return
         with self._condition:
-            if self._state != "PENDING" and self._state != "RUNNING":
+            if self._state != _PENDING:  # settled already, or cancelled
                 return
-        if not self.set_running_or_notify_cancel():
-            return
-        if ok:
-            self.set_result(value)
-        else:
-            self.set_exception(value)  # type: ignore[arg-type]
+            if ok:
+                self._result = value
+            else:
+                self._exception = value
+            self._state = _FINISHED
+            for waiter in self._waiters:
+                if ok:
+                    waiter.add_result(self)
+                else:
+                    waiter.add_exception(self)
+            self._condition.notify_all()
+        self._invoke_callbacks()
 
     def result(self, timeout=None):
-        if not self.done():
+        if self._state == _PENDING:
             self._settle(self._task._outcome(timeout))
+        if self._state == _FINISHED and self._exception is None:
+            return self._result
         return super().result(timeout)
 
     def exception(self, timeout=None):
-        if not self.done():
+        if self._state == _PENDING:
             self._settle(self._task._outcome(timeout))
         return super().exception(timeout)
 
     def done(self) -> bool:
-        if not super().done() and self._task.done():
+        if self._state == _PENDING and self._task.done():
             self._settle(self._task._outcome(0.0))
         return super().done()
 
     def cancel(self) -> bool:
         with self._condition:
-            if self._state == "PENDING" and not self._task.cancel():
+            if self._state == _PENDING and not self._task.cancel():
                 return False
         return super().cancel()
 
@@ -113,12 +116,12 @@ class PoolExecutor(Executor):
         data = bufs = None
         if not small:
             data, bufs = _codec.dumps_call(fn, args, kwargs)
-        self._mpool._check()
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            # When every task slot holds an uncollected result (e.g. a large `map`), the
-            # native submit moves finished outcomes into their tasks to make room.
+            # The native submit refuses a forked child's copy of the pool. When every task
+            # slot holds an uncollected result (e.g. a large `map`), it moves finished
+            # outcomes into their tasks to make room.
             task = self._pool.submit_small(head, args, kwargs) if small else None
             if task is None:
                 if data is None:
