@@ -1,5 +1,6 @@
 //! The fast path for small common values: `None`, `bool`, 64-bit `int`, `float`, `str`,
-//! `bytes` and tuples, lists and dicts of them are written and read natively, without pickle.
+//! `bytes`, small numpy arrays and tuples, lists and dicts of them are written and read
+//! natively, without pickle.
 //! A trivial task (`f(1, 2)` returning `3`) spends most of its time in pickling otherwise.
 //!
 //! Only exact built-in types qualify (a subclass, an `IntEnum`, a big int, a string with lone
@@ -13,12 +14,15 @@
 //!
 //! A value is a tag byte and its data, integers little-endian: `n` None, `t`/`f` booleans,
 //! `i` i64, `d` f64, `s` u32 length + UTF-8, `b` u32 length + bytes, `T`/`L` u32 count +
-//! items, `D` u32 count + key, value pairs. Input is untrusted: every length is checked and
+//! items, `D` u32 count + key, value pairs, `A` a numpy array: order `C`/`F`, u8 length + the
+//! dtype's `str`, u8 dimensions + u64 each, u32 length + the bytes in that order. Input is untrusted: every length is checked and
 //! nesting is bounded.
 
 use pyo3::exceptions::PyValueError;
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
 
 /// Payload tag of a small result value.
 pub const TAG_VALUE: u8 = b'V';
@@ -28,6 +32,61 @@ pub const TAG_CALL: u8 = b'C';
 const MAX_DEPTH: u32 = 16;
 /// Values that encode larger than this go through pickle.
 const MAX_SIZE: usize = 1 << 20;
+/// Arrays larger than this go through pickle (out of band, without a copy).
+const MAX_ARRAY: usize = 64 << 10;
+/// numpy dtype kinds sent inline: booleans, integers, floats, complex, datetimes,
+/// timedeltas, bytes and unicode strings (never objects or structured records).
+const PLAIN_KINDS: &str = "biufcmMSU";
+
+/// `numpy.ndarray`, once numpy is imported (no array can exist before).
+fn ndarray_type(py: Python<'_>) -> Option<&Bound<'_, PyType>> {
+    static NDARRAY: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    if let Some(t) = NDARRAY.get(py) {
+        return Some(t.bind(py));
+    }
+    let modules = py.import("sys").ok()?.getattr("modules").ok()?;
+    let np = modules.get_item("numpy").ok()?;
+    let t = np.getattr("ndarray").ok()?.cast_into::<PyType>().ok()?;
+    Some(NDARRAY.get_or_init(py, || t.unbind()).bind(py))
+}
+
+/// An array from its inline encoding: a read-only view of a private copy of the bytes.
+fn read_array<'py>(py: Python<'py>, r: &mut Reader<'_>) -> PyResult<Bound<'py, PyAny>> {
+    let order = r.take(1)?[0];
+    let dlen = r.take(1)?[0] as usize;
+    let dstr = std::str::from_utf8(r.take(dlen)?).map_err(|_| bad("a dtype is not UTF-8"))?;
+    let ndim = r.take(1)?[0] as usize;
+    let mut shape = Vec::with_capacity(ndim);
+    for _ in 0..ndim {
+        shape.push(u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes")));
+    }
+    let n = r.u32()?;
+    let data = PyBytes::new(py, r.take(n)?);
+    let order = match order {
+        b'C' => "C",
+        b'F' => "F",
+        _ => return Err(bad("unknown array order")),
+    };
+    let np = py
+        .import("numpy")
+        .map_err(|_| bad("an array arrived but numpy cannot be imported"))?;
+    let dtype = np
+        .getattr(intern!(py, "dtype"))?
+        .call1((dstr,))
+        .map_err(|_| bad("unknown dtype"))?;
+    let kind: char = dtype.getattr(intern!(py, "kind"))?.extract()?;
+    if !PLAIN_KINDS.contains(kind) {
+        return Err(bad("an array of a dtype that is not sent inline"));
+    }
+    let flat = np
+        .getattr(intern!(py, "frombuffer"))?
+        .call1((data, dtype))
+        .map_err(|_| bad("array bytes do not fit its dtype"))?;
+    let kw = PyDict::new(py);
+    kw.set_item(intern!(py, "order"), order)?;
+    flat.call_method(intern!(py, "reshape"), (shape,), Some(&kw))
+        .map_err(|_| bad("array bytes do not fit its shape"))
+}
 
 /// Writes small values; gives up (returns false) on anything else.
 struct Writer {
@@ -116,9 +175,62 @@ impl Writer {
                 .iter()
                 .all(|(key, x)| self.value(&key, depth + 1) && self.value(&x, depth + 1));
         } else {
-            return false;
+            return depth < MAX_DEPTH && self.mutable(v) && self.array(v).unwrap_or(false);
         }
         true
+    }
+
+    /// A small numpy array of a plain dtype (numbers, booleans, dates, fixed-width strings),
+    /// C- or Fortran-contiguous, copied inline: pickling one costs tens of microseconds.
+    /// Larger ones go through pickle, whose out-of-band buffers cross without a copy.
+    fn array(&mut self, v: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let py = v.py();
+        let Some(ndarray) = ndarray_type(py) else {
+            return Ok(false);
+        };
+        if !v.get_type().is(ndarray) {
+            return Ok(false);
+        }
+        let nbytes: usize = v.getattr(intern!(py, "nbytes"))?.extract()?;
+        if nbytes > MAX_ARRAY || self.out.len() + nbytes > MAX_SIZE {
+            return Ok(false);
+        }
+        let dtype = v.getattr(intern!(py, "dtype"))?;
+        let kind: char = dtype.getattr(intern!(py, "kind"))?.extract()?;
+        if !PLAIN_KINDS.contains(kind) {
+            return Ok(false);
+        }
+        let flags = v.getattr(intern!(py, "flags"))?;
+        let order = if flags.getattr(intern!(py, "c_contiguous"))?.is_truthy()? {
+            b'C'
+        } else if flags.getattr(intern!(py, "f_contiguous"))?.is_truthy()? {
+            b'F'
+        } else {
+            return Ok(false);
+        };
+        let dstr = dtype.getattr(intern!(py, "str"))?;
+        let dstr = dstr.cast::<PyString>()?.to_str()?;
+        let shape: Vec<u64> = v.getattr(intern!(py, "shape"))?.extract()?;
+        let (Ok(dlen), Ok(ndim)) = (u8::try_from(dstr.len()), u8::try_from(shape.len())) else {
+            return Ok(false);
+        };
+        let data = v.call_method1(
+            intern!(py, "tobytes"),
+            (if order == b'C' { "C" } else { "F" },),
+        )?;
+        let data = data.cast::<PyBytes>()?.as_bytes();
+        self.out.push(b'A');
+        self.out.push(order);
+        self.out.push(dlen);
+        self.out.extend_from_slice(dstr.as_bytes());
+        self.out.push(ndim);
+        for d in shape {
+            self.out.extend_from_slice(&d.to_le_bytes());
+        }
+        Ok(self.len_u32(data.len()) && {
+            self.out.extend_from_slice(data);
+            true
+        })
     }
 
     fn tuple(&mut self, t: &Bound<'_, PyTuple>, depth: u32) -> bool {
@@ -261,6 +373,7 @@ fn read<'py>(py: Python<'py>, r: &mut Reader<'_>, depth: u32) -> PyResult<Bound<
             }
             d.into_any()
         }
+        b'A' => read_array(py, r)?,
         t => return Err(bad(&format!("unknown value tag {t:#04x}"))),
     })
 }

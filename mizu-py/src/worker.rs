@@ -19,8 +19,9 @@ use crate::task::{NESTED, Task};
 /// The context of the task this thread is running, if any (set by the runtime).
 pub use mizu_pool::with_current_task as with_context;
 
-/// Python's side of a worker (`pymizu.worker`): `run(pickle, buffers) -> (ok, pickle,
-/// buffers)` runs a pickled call, `fail(exc)` and `dumps_result(value)` pickle an outcome.
+/// Python's side of a worker (`pymizu.worker`): `run(pickle, buffers)` runs a pickled call
+/// and returns `(None, value, None)`, or `(False, pickle, buffers)` for an exception;
+/// `fail(exc)` and `dumps_result(value)` pickle an outcome as `(ok, pickle, buffers)`.
 struct PyExec {
     run: Py<PyAny>,
     fail: Py<PyAny>,
@@ -86,7 +87,14 @@ impl PyExec {
         } else {
             decode(py, buf).map_err(|e| text(format!("mizu: {e}")))?
         };
-        send_pickled(py, ctx, self.run.bind(py).call1((data, bufs)))
+        match self.run.bind(py).call1((data, bufs)) {
+            // `(None, value, None)`: the call returned `value`.
+            Ok(r) if r.get_item(0).is_ok_and(|x| x.is_none()) => match r.get_item(1) {
+                Ok(v) => self.send_value(py, ctx, v),
+                Err(e) => Err(text(format!("pymizu worker callback failed: {e}"))),
+            },
+            r => send_pickled(py, ctx, r),
+        }
     }
 
     /// A small call: read natively, the function looked up by its pickle, the result sent
@@ -105,6 +113,16 @@ impl PyExec {
             Ok(v) => v,
             Err(e) => return send_pickled(py, ctx, self.fail.bind(py).call1((e.into_value(py),))),
         };
+        self.send_value(py, ctx, result)
+    }
+
+    /// Sends a task's return value: natively when it is small, else pickled by Python.
+    fn send_value(
+        &self,
+        py: Python<'_>,
+        ctx: &TaskContext<'_>,
+        result: Bound<'_, PyAny>,
+    ) -> Result<Vec<u8>, Vec<u8>> {
         if let Some(v) = small::encode_value(&result) {
             return send(ctx, true, &v);
         }

@@ -7,6 +7,7 @@ import math
 import random
 import threading
 
+import numpy as np
 import pytest
 
 import pymizu
@@ -192,3 +193,66 @@ def test_malformed_small_payloads_raise_value_error_never_crash():
             except ValueError:
                 refused += 1
     assert refused > 0 and decoded + refused == 300 * (len(SMALL) + 1)
+
+
+ARRAY_CASES = [
+    np.arange(5, dtype=np.int64),
+    np.arange(12, dtype=np.float32).reshape(3, 4),
+    np.asfortranarray(np.arange(12, dtype=np.uint16).reshape(3, 4)),
+    np.array([True, False]),
+    np.array([1 + 2j], dtype=np.complex128),
+    np.array(["2024-01-01"], dtype="datetime64[ns]"),
+    np.array([3], dtype="timedelta64[s]"),
+    np.array(["ab", "c"], dtype="U2"),
+    np.array([b"x"], dtype="S1"),
+    np.arange(4, dtype=">i4"),  # big-endian stays big-endian
+    np.zeros((0, 3)),
+    np.array(7.5),  # 0-d
+]
+
+
+@pytest.mark.parametrize("a", ARRAY_CASES, ids=lambda a: f"{a.dtype.str}{a.shape}")
+def test_small_arrays_are_sent_inline_and_arrive_read_only_and_exact(pool, a):
+    b = _native.small_dumps(a)
+    assert b is not None
+    for back in (_native.small_loads(b), pool.submit(tasks.ident, a).result(timeout=60)):
+        assert type(back) is np.ndarray
+        assert back.dtype == a.dtype and back.dtype.str == a.dtype.str and back.shape == a.shape
+        assert np.array_equal(back, a)
+        assert back.flags.f_contiguous == a.flags.f_contiguous or a.ndim < 2
+        assert not back.flags.writeable
+
+
+def test_arrays_that_are_not_small_go_through_pickle(pool):
+    big = np.arange(100_000, dtype=np.float64)  # past the inline size: out of band
+    strided = np.arange(20)[::2]
+    objs = np.array([1, "x"], dtype=object)
+    rec = np.zeros(2, dtype=[("a", "i4"), ("b", "f8")])
+    sub = np.ma.masked_array([1, 2], mask=[0, 1])
+    for a in (big, strided, objs, rec, sub):
+        assert _native.small_dumps(a) is None
+        back = pool.submit(tasks.ident, a).result(timeout=60)
+        assert type(back) is type(a) and back.dtype == a.dtype
+        assert np.array_equal(np.asarray(back), np.asarray(a))
+    a = np.arange(3)
+    assert _native.small_dumps([a, a]) is None  # shared: pickle keeps the sharing
+    x, y = pool.submit(tasks.ident, [a, a]).result(timeout=60)
+    assert x is y
+
+
+def test_malformed_inline_arrays_raise_value_error():
+    good = _native.small_dumps(np.arange(4, dtype=np.int32))
+    assert np.array_equal(_native.small_loads(good), np.arange(4, dtype=np.int32))
+    dt = b"<i4"
+    head = b"VAC" + bytes([len(dt)]) + dt + b"\x01" + (4).to_bytes(8, "little")
+    bad = [
+        head + (15).to_bytes(4, "little") + bytes(15),  # bytes do not fit the dtype
+        head + (12).to_bytes(4, "little") + bytes(12),  # nor the shape
+        b"VAX" + good[3:],  # unknown order
+        b"VAC\x03|O8\x01" + (1).to_bytes(8, "little") + (8).to_bytes(4, "little") + bytes(8),  # objects
+        b"VAC\x04zzzz\x01" + (1).to_bytes(8, "little") + (8).to_bytes(4, "little") + bytes(8),  # no dtype
+        good[:-3],  # truncated
+    ]
+    for b in bad:
+        with pytest.raises(ValueError):
+            _native.small_loads(b)

@@ -95,13 +95,6 @@ def loads_call(data, bufs):
     return fn, rest[0], rest[1]
 
 
-def dumps_result(obj) -> tuple[bytes, Any]:
-    """A task's result: scalars skip the buffer machinery."""
-    if type(obj) in _SCALARS:
-        return _dumps(obj, 5), _NO_BUFFERS
-    return dumps(obj)
-
-
 def dumps(obj) -> tuple[bytes, list]:
     """`(pickle, out-of-band buffers)` for `obj`."""
     np = sys.modules.get("numpy")

@@ -37,7 +37,7 @@ def wait_any(tasks: Sequence[Task], timeout: float | None = None) -> int | None:
 def run_worker(
     token: str,
     slot: int,
-    run: Callable[[Any, list[Any]], tuple[bool, bytes, list[Any]]],
+    run: Callable[[Any, list[Any]], tuple[Any, Any, Any]],
     fail: Callable[[BaseException], tuple[bool, bytes, list[Any]]],
     dumps_result: Callable[[Any], tuple[bool, bytes, list[Any]]],
     max_tasks: int = 0,

@@ -13,7 +13,6 @@ from ._errors import InitializerError, TaskError
 
 _init_error: BaseException | None = None
 _loads_call = _codec.loads_call
-_dumps_result = _codec.dumps_result
 
 
 def _fail(e: BaseException, tb: str | None = None) -> tuple[bool, bytes, list]:
@@ -38,7 +37,7 @@ def _result_native(value) -> tuple[bool, bytes, list]:
     return True, out, bufs
 
 
-def _run(data, bufs) -> tuple[bool, bytes, list]:
+def _run(data, bufs) -> tuple:
     if _init_error is not None:
         try:
             raise _init_error
@@ -48,9 +47,9 @@ def _run(data, bufs) -> tuple[bool, bytes, list]:
         fn, args, kwargs = _loads_call(data, bufs)
         del data, bufs
         result = fn(*args, **kwargs)
-        del fn, args, kwargs
-        out, obufs = _dumps_result(result)
-        return True, out, obufs
+        # The native layer sends the value (pickling it through `_result_native` when it is
+        # not a small one).
+        return None, result, None
     except BaseException as e:  # everything a task raises goes back to the caller
         return _fail(e)
 
