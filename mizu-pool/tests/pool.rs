@@ -72,7 +72,12 @@ fn sequential_round_trips_keep_to_the_worker_that_ran_the_last_task() {
     // round trip with two workers ~40x slower than with one.
     let p = pool(workers(2));
     wait_until("both workers ready", || {
-        p.status().workers.iter().filter(|w| w.state == "ready").count() == 2
+        p.status()
+            .workers
+            .iter()
+            .filter(|w| w.state == "ready")
+            .count()
+            == 2
     });
     let before: Vec<u64> = p.status().workers.iter().map(|w| w.tasks).collect();
     let n = 2000;

@@ -160,20 +160,29 @@ impl Writer {
             if !self.len_u32(l.len()) {
                 return false;
             }
-            // Encoding runs no Python code (exact built-in types only), so nothing can change
-            // the containers while they are read.
-            return l.iter().all(|x| self.value(&x, depth + 1));
+            // Items are read by index with the length checked each time: a change made by a
+            // finalizer (writing an array calls numpy) cannot read past the end. The count
+            // written first must still hold.
+            let (n, mut k) = (l.len(), 0);
+            return l.iter().all(|x| {
+                k += 1;
+                self.value(&x, depth + 1)
+            }) && k == n;
         } else if let Ok(d) = v.cast_exact::<PyDict>() {
             if depth >= MAX_DEPTH || !self.mutable(v) {
                 return false;
             }
+            // A snapshot of the items: writing an array calls numpy, and a garbage collection
+            // there could run a finalizer that changes this dict.
+            let items = d.items();
             self.out.push(b'D');
-            if !self.len_u32(d.len()) {
+            if !self.len_u32(items.len()) {
                 return false;
             }
-            return d
-                .iter()
-                .all(|(key, x)| self.value(&key, depth + 1) && self.value(&x, depth + 1));
+            return items.iter().all(|kv| {
+                kv.extract::<(Bound<'_, PyAny>, Bound<'_, PyAny>)>()
+                    .is_ok_and(|(k, x)| self.value(&k, depth + 1) && self.value(&x, depth + 1))
+            });
         } else {
             return depth < MAX_DEPTH && self.mutable(v) && self.array(v).unwrap_or(false);
         }
