@@ -17,6 +17,7 @@ use pyo3::exceptions::PyTimeoutError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyList};
+use pyo3::{PyTraverseError, PyVisit};
 
 use mizu_pool::{CollectError, TaskError};
 
@@ -441,6 +442,26 @@ impl Task {
         py.import("pymizu._pool")?
             .getattr("_await_task")?
             .call1((slf,))
+    }
+
+    // A kept exception's traceback can reach this task (a frame holding the list of tasks):
+    // the garbage collector must see that edge, or the cycle, and the pool memory its tasks
+    // hold, would never be freed.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Some(g) = self.cell.try_lock()
+            && let State::Settled { value, .. } = &*g
+        {
+            visit.call(value)?;
+        }
+        Ok(())
+    }
+
+    fn __clear__(&self) {
+        if let Some(mut g) = self.cell.try_lock()
+            && matches!(*g, State::Settled { .. })
+        {
+            *g = State::Raw(Err(CollectError::AlreadyCollected));
+        }
     }
 
     fn __repr__(&self) -> &'static str {

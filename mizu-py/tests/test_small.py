@@ -256,3 +256,20 @@ def test_malformed_inline_arrays_raise_value_error():
     for b in bad:
         with pytest.raises(ValueError):
             _native.small_loads(b)
+
+
+def test_a_task_in_a_cycle_with_its_kept_exception_is_collected(pool):
+    import gc
+    import weakref
+
+    def hold():
+        t = pool.submit(tasks.boom, "cycle")
+        try:
+            t.result(timeout=60)
+        except ValueError as e:
+            return weakref.ref(t), e  # e.__traceback__ -> this frame -> t -> e
+
+    ref, e = hold()
+    del e
+    gc.collect()
+    assert ref() is None
