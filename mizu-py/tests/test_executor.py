@@ -145,3 +145,28 @@ def test_done_becomes_true_without_anyone_calling_result(ex):
         assert time.monotonic() < deadline, "hang guard"
         time.sleep(0.001)
     assert f.result() == 3
+
+
+def test_futures_settled_by_their_caller_while_other_threads_watch_them(ex):
+    # A future is settled without a condition variable until some other thread looks at it;
+    # callbacks, wait() and result() from other threads must never miss the outcome.
+    import threading
+    from concurrent.futures import wait
+
+    for _ in range(200):
+        f = ex.submit(tasks.add, 1, 2)
+        seen = []
+        done = threading.Event()
+
+        def watch():
+            f.add_done_callback(lambda g: seen.append(g.result()))
+            wait([f], timeout=60)
+            seen.append(f.result(timeout=60))
+            done.set()
+
+        t = threading.Thread(target=watch)
+        t.start()
+        assert f.result(timeout=60) == 3
+        assert done.wait(60)
+        t.join(60)
+        assert seen == [3, 3]

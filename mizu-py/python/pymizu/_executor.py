@@ -12,27 +12,60 @@ from ._pool import Pool, _run_chunk
 
 
 _PENDING, _FINISHED = "PENDING", "FINISHED"
+_MAKING = threading.Lock()  # guards making a future's condition, and settling one without it
 
 
 class _MizuFuture(Future):
     """A real `Future`; `result()` collects the task in the calling thread (GIL released)
     instead of waiting for the collector thread to be scheduled."""
 
-    def __init__(self, task):
-        super().__init__()
+    # What `Future.__init__` sets, except the condition variable: made on first use (most
+    # futures are settled by the thread that waits on them, and never need one).
+    def __init__(self, task, pending: dict):
+        self._state = _PENDING
+        self._result = None
+        self._exception = None
+        self._waiters = []
+        self._done_callbacks = []
         self._task = task
         self._born = time.monotonic()
+        self._pending = pending  # the executor's unsettled futures; this one leaves it settled
+
+    @property
+    def _condition(self):
+        c = self.__dict__.get("_cond")
+        if c is None:
+            with _MAKING:
+                c = self.__dict__.get("_cond")
+                if c is None:
+                    c = self.__dict__["_cond"] = threading.Condition()
+        return c
 
     def _settle(self, outcome) -> None:
         """Completes the future with the task's outcome (once; the caller and the collector
         thread may both hold it). What `set_result`/`set_exception` do, in one lock."""
         if outcome is None:
             return
+        self._pending.pop(self, None)
         ok, value = outcome
         if isinstance(value, CancelledError):
             self.cancel()
             return
-        with self._condition:
+        if "_cond" not in self.__dict__:
+            with _MAKING:
+                if "_cond" not in self.__dict__:
+                    # No other thread has looked at this future (that makes its condition):
+                    # nobody waits on it and it has no callbacks.
+                    if self._state == _PENDING:
+                        if ok:
+                            self._result = value
+                        else:
+                            self._exception = value
+                        self._state = _FINISHED
+                    return
+        c = self._condition
+        c.acquire()  # the lock's own method: no Python-level `with` frames on the hot path
+        try:
             if self._state != _PENDING:  # settled already, or cancelled
                 return
             if ok:
@@ -45,8 +78,12 @@ class _MizuFuture(Future):
                     waiter.add_result(self)
                 else:
                     waiter.add_exception(self)
-            self._condition.notify_all()
-        self._invoke_callbacks()
+            if c._waiters:  # threads blocked in the base class's result()/exception()
+                c.notify_all()
+        finally:
+            c.release()
+        if self._done_callbacks:
+            self._invoke_callbacks()
 
     def result(self, timeout=None):
         if self._state == _PENDING:
@@ -69,6 +106,7 @@ class _MizuFuture(Future):
         with self._condition:
             if self._state == _PENDING and not self._task.cancel():
                 return False
+        self._pending.pop(self, None)
         return super().cancel()
 
 
@@ -103,7 +141,8 @@ class PoolExecutor(Executor):
         )
         self._pool = self._mpool._pool
         self._lock = threading.Lock()
-        self._pending: list[_MizuFuture] = []
+        # Futures not settled yet (settling removes them): what the collector looks at.
+        self._pending: dict[_MizuFuture, None] = {}
         self._wakeup = threading.Event()
         self._shutdown = False
         self._collector = threading.Thread(target=self._collect, name="pymizu-collector", daemon=True)
@@ -127,8 +166,8 @@ class PoolExecutor(Executor):
                 if data is None:
                     data, bufs = _codec.dumps_call(fn, args, kwargs)
                 task = self._pool.submit(data, bufs)
-            fut = _MizuFuture(task)
-            self._pending.append(fut)
+            fut = _MizuFuture(task, self._pending)
+            self._pending[fut] = None
             return fut
 
     def _submit_payload(self, data, bufs) -> _MizuFuture:
@@ -136,8 +175,8 @@ class PoolExecutor(Executor):
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            fut = _MizuFuture(self._pool.submit(data, bufs))
-            self._pending.append(fut)
+            fut = _MizuFuture(self._pool.submit(data, bufs), self._pending)
+            self._pending[fut] = None
             return fut
 
     def map(self, fn, *iterables, timeout: float | None = None, chunksize: int | None = None):
@@ -182,7 +221,6 @@ class PoolExecutor(Executor):
         delay = 0.0002
         while True:
             with self._lock:
-                self._pending = [f for f in self._pending if not Future.done(f)]
                 pending = list(self._pending)
                 if self._shutdown and not pending:
                     return
