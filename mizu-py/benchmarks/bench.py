@@ -103,7 +103,9 @@ def main():
     chunk = max(1, n_map // (4 * w))
     spin_xs = list(range(2000))
     measures = [
-        ("trivial round trip", "us", lambda p: timed(lambda: [p.call(work.add, 1, 1) for _ in range(int(200 * q) or 1)], 5, int(200 * q) or 1) * 1e6),
+        # More repetitions than the others: a short stall (a collection, the VM) moves a
+        # microsecond-scale median.
+        ("trivial round trip", "us", lambda p: timed(lambda: [p.call(work.add, 1, 1) for _ in range(int(500 * q) or 1)], 9, int(500 * q) or 1) * 1e6),
         ("pipelined, 5000 tasks", "k tasks/s", lambda p: 5000 / timed(lambda: p.pipelined(work.add, 5000), 3) / 1e3),
         *[
             (f"{s} float64 array round trip", "us", _array_rt(arr, k, q))
