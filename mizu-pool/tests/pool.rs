@@ -67,41 +67,6 @@ fn a_task_round_trips_and_many_are_conserved() {
 }
 
 #[test]
-fn sequential_round_trips_keep_to_the_worker_that_ran_the_last_task() {
-    // The other worker sleeps: handing every other task to it (waking it each time) made a
-    // round trip with two workers ~40x slower than with one.
-    let p = pool(workers(2));
-    wait_until("both workers ready", || {
-        p.status()
-            .workers
-            .iter()
-            .filter(|w| w.state == "ready")
-            .count()
-            == 2
-    });
-    let before: Vec<u64> = p.status().workers.iter().map(|w| w.tasks).collect();
-    let n = 2000;
-    for i in 0..n {
-        let want = i.to_string();
-        let mut t = p.submit(format!("echo:{i}").as_bytes()).unwrap();
-        assert_eq!(text(&t.result(GUARD).unwrap()), want);
-    }
-    let ran: Vec<u64> = p
-        .status()
-        .workers
-        .iter()
-        .zip(&before)
-        .map(|(w, b)| w.tasks - b)
-        .collect();
-    assert_eq!(ran.iter().sum::<u64>(), n);
-    // Not all: a worker may be replaced in its spin by the other on a loaded machine.
-    assert!(
-        ran.iter().any(|&k| k >= n * 3 / 4),
-        "round trips spread over the workers: {ran:?}"
-    );
-}
-
-#[test]
 fn large_payloads_travel_through_data_segments() {
     let p = pool(workers(1));
     let mut input = b"sum:".to_vec();

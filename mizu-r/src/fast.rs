@@ -65,6 +65,26 @@ unsafe extern "C" fn submit(pool: SEXP, msg: SEXP) -> SEXP {
     }
 }
 
+/// Submits the expression `expr` with the bindings `vars` (a named list): what [`submit`]
+/// does with `list("e", expr, vars)`, the message list made here rather than by R's `list()`
+/// (a builtin call costs more than the allocation).
+unsafe extern "C" fn submit_expr(pool: SEXP, expr: SEXP, vars: SEXP) -> SEXP {
+    // SAFETY: R's main thread (`.Call`); the arguments are protected by R for the call; the
+    // message is protected while its elements are set and while it is submitted.
+    unsafe {
+        let msg = Rf_protect(extendr_ffi::Rf_allocVector(
+            extendr_ffi::SEXPTYPE::VECSXP,
+            3,
+        ));
+        extendr_ffi::SET_VECTOR_ELT(msg, 0, mk_string("e"));
+        extendr_ffi::SET_VECTOR_ELT(msg, 1, expr);
+        extendr_ffi::SET_VECTOR_ELT(msg, 2, vars);
+        let r = submit(pool, msg);
+        Rf_unprotect(1);
+        r
+    }
+}
+
 /// Collects `task` within `timeout` seconds: its outcome (see `pool::outcome`); a bad
 /// argument is an outcome of status 9 with the message.
 unsafe extern "C" fn collect(task: SEXP, timeout: SEXP) -> SEXP {
@@ -109,16 +129,20 @@ unsafe fn native_symbol(f: *const c_void) -> SEXP {
     }
 }
 
-/// The routines R calls through `.native$…`: `list(submit = , collect = )`.
+/// The routines R calls through `.native$…`: `list(submit = , submit_expr = , collect = )`.
 #[extendr]
 fn native_routines() -> List {
     type Two = unsafe extern "C" fn(SEXP, SEXP) -> SEXP;
+    type Three = unsafe extern "C" fn(SEXP, SEXP, SEXP) -> SEXP;
     // SAFETY: R's main thread; each pointer is protected by the list's Robj as soon as it
-    // exists. `.Call` calls each with the two arguments its R wrapper passes.
+    // exists. `.Call` calls each with the arguments its R wrapper passes (two, or three for
+    // `submit_expr`).
     unsafe {
         let s = Robj::from_sexp(native_symbol(submit as Two as *const c_void));
+        let e = Robj::from_sexp(native_symbol(submit_expr as Three as *const c_void));
         let c = Robj::from_sexp(native_symbol(collect as Two as *const c_void));
-        List::from_names_and_values(["submit", "collect"], [s, c]).unwrap_or_default()
+        List::from_names_and_values(["submit", "submit_expr", "collect"], [s, e, c])
+            .unwrap_or_default()
     }
 }
 

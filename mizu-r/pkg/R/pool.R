@@ -175,7 +175,7 @@ print.mizu_pool <- function(x, ...) {
 #' }
 #' @export
 mizu_submit <- function(pool, expr, ...) {
-  r <- .Call(.native$submit, pool, list("e", substitute(expr), list(...)))
+  r <- .Call(.native$submit_expr, pool, substitute(expr), list(...))
   if (is.character(r)) .raise_failure(r)
   r
 }

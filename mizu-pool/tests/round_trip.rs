@@ -1,0 +1,58 @@
+//! Which worker a sequential stream of round trips lands on. Alone in its test binary: the
+//! tests of `pool.rs` run in parallel, and their pools would compete for the two CPUs this
+//! is measured on (a worker preempted mid-stream is not the policy under test).
+
+use std::time::{Duration, Instant};
+
+use mizu_pool::{Launcher, Pool, PoolConfig};
+
+const WORKER: &str = env!("CARGO_BIN_EXE_mizu-pool-testworker");
+const GUARD: Option<Duration> = Some(Duration::from_secs(120));
+
+#[test]
+fn sequential_round_trips_keep_to_the_worker_that_ran_the_last_task() {
+    // The other worker sleeps: handing every other task to it (waking it each time) made a
+    // round trip with two workers ~40x slower than with one, and split the tasks 50/50.
+    let cfg = PoolConfig {
+        workers: 2,
+        ..Default::default()
+    };
+    let p = Pool::new(cfg, Launcher::new(WORKER, Vec::<String>::new())).unwrap();
+    let t0 = Instant::now();
+    while p
+        .status()
+        .workers
+        .iter()
+        .filter(|w| w.state == "ready")
+        .count()
+        < 2
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "hang guard: workers ready"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let before: Vec<u64> = p.status().workers.iter().map(|w| w.tasks).collect();
+    let n = 2000;
+    for i in 0..n {
+        let mut t = p.submit(format!("echo:{i}").as_bytes()).unwrap();
+        assert_eq!(
+            t.result(GUARD).unwrap().as_slice(),
+            i.to_string().as_bytes()
+        );
+    }
+    let ran: Vec<u64> = p
+        .status()
+        .workers
+        .iter()
+        .zip(&before)
+        .map(|(w, b)| w.tasks - b)
+        .collect();
+    assert_eq!(ran.iter().sum::<u64>(), n);
+    // Not all: on a loaded machine a worker can be preempted and the other one take over.
+    assert!(
+        ran.iter().any(|&k| k >= n * 3 / 4),
+        "round trips spread over the workers: {ran:?}"
+    );
+}
