@@ -187,6 +187,31 @@ impl Pool {
         })
     }
 
+    /// Runs `fn(*args, **kwargs)` in a worker; returns its `Task` (`pymizu.Pool.submit`).
+    /// Arguments are pickled here (an unpicklable one raises now) unless they are small values
+    /// of a module-level function's call, which are written natively; large buffers cross
+    /// through shared memory. When every task slot holds an uncollected task, finished
+    /// outcomes move into their `Task` objects to make room (or it waits for one).
+    #[pyo3(signature = (fn_, /, *args, **kwargs))]
+    fn submit_call(
+        &self,
+        py: Python<'_>,
+        fn_: &Bound<'_, PyAny>,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Task> {
+        match crate::small::call_payload(fn_, args, kwargs)? {
+            crate::small::CallPayload::Small(payload) => self.with(|pool| {
+                submit_draining(py, &self.tasks, false, payload.len(), |t| {
+                    pool.submit_with(&payload, t)
+                })
+            }),
+            crate::small::CallPayload::Pickled(data, bufs) => {
+                self.submit(py, data.as_bytes(), Some(&bufs))
+            }
+        }
+    }
+
     /// Submits several pickled calls (`[(pickle, buffers), ...]`) with one publication per
     /// worker queue, making room as `submit` does.
     fn submit_batch(

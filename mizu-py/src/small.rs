@@ -429,3 +429,70 @@ pub fn decode_call<'a, 'py>(py: Python<'py>, b: &'a [u8]) -> PyResult<Call<'a, '
     }
     Ok(Call { head, args, kwargs })
 }
+
+/// `types.FunctionType`, `types.BuiltinFunctionType` and `type`: what `pymizu._codec.fn_ref`
+/// pickles by reference.
+fn fn_types(py: Python<'_>) -> PyResult<&[Py<PyType>; 3]> {
+    static TYPES: PyOnceLock<[Py<PyType>; 3]> = PyOnceLock::new();
+    TYPES.get_or_try_init(py, || {
+        let types = py.import("types")?;
+        let t = |n: &str| -> PyResult<Py<PyType>> {
+            Ok(types.getattr(n)?.cast_into::<PyType>()?.unbind())
+        };
+        Ok([
+            t("FunctionType")?,
+            t("BuiltinFunctionType")?,
+            PyType::new::<PyType>(py).unbind(),
+        ])
+    })
+}
+
+/// A call ready to submit: written natively, or pickled by `pymizu._codec`.
+pub enum CallPayload<'py> {
+    /// A `C` payload.
+    Small(Vec<u8>),
+    /// `(pickle, out-of-band buffers)`.
+    Pickled(Bound<'py, PyBytes>, Bound<'py, PyAny>),
+}
+
+/// `fn(*args, **kwargs)` as a payload: natively when `fn` is a module-level function or class
+/// (its pickle by reference is cached in `pymizu._codec`) and every argument is small, else
+/// pickled by `pymizu._codec.dumps_call` (which raises for what cannot be pickled).
+pub fn call_payload<'py>(
+    f: &Bound<'py, PyAny>,
+    args: &Bound<'py, PyTuple>,
+    kwargs: Option<&Bound<'py, PyDict>>,
+) -> PyResult<CallPayload<'py>> {
+    static FN_REF: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    static FN_BYTES: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
+    static DUMPS_CALL: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let py = f.py();
+    // `fn_ref`'s cache first (it holds only functions and classes it accepted): a hit costs no
+    // Python call.
+    let cached = match fn_types(py)?.iter().any(|t| f.get_type().is(t)) {
+        true => FN_BYTES
+            .import(py, "pymizu._codec", "_fn_bytes")?
+            .get_item(f)
+            .ok()
+            .flatten(),
+        false => None,
+    };
+    let head = match cached {
+        Some(h) => h,
+        None => FN_REF.import(py, "pymizu._codec", "fn_ref")?.call1((f,))?,
+    };
+    if let Ok(h) = head.cast::<PyBytes>()
+        && let Some(p) = encode_call(h.as_bytes(), args, kwargs)
+    {
+        return Ok(CallPayload::Small(p));
+    }
+    let kw = match kwargs {
+        Some(k) => k.clone(),
+        None => PyDict::new(py),
+    };
+    let (data, bufs) = DUMPS_CALL
+        .import(py, "pymizu._codec", "dumps_call")?
+        .call1((f, args, kw))?
+        .extract::<(Bound<'py, PyBytes>, Bound<'py, PyAny>)>()?;
+    Ok(CallPayload::Pickled(data, bufs))
+}

@@ -149,24 +149,14 @@ class PoolExecutor(Executor):
         self._collector.start()
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
-        # Pickling happens here, in the caller: an unpicklable call raises now, never hangs.
-        head = _codec.fn_ref(fn)
-        small = head is not None
-        data = bufs = None
-        if not small:
-            data, bufs = _codec.dumps_call(fn, args, kwargs)
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            # The native submit refuses a forked child's copy of the pool. When every task
-            # slot holds an uncollected result (e.g. a large `map`), it moves finished
-            # outcomes into their tasks to make room.
-            task = self._pool.submit_small(head, args, kwargs) if small else None
-            if task is None:
-                if data is None:
-                    data, bufs = _codec.dumps_call(fn, args, kwargs)
-                task = self._pool.submit(data, bufs)
-            fut = _MizuFuture(task, self._pending)
+            # Pickling happens here, in the caller: an unpicklable call raises now, never
+            # hangs (small calls are written natively). The native submit refuses a forked
+            # child's copy of the pool. When every task slot holds an uncollected result
+            # (e.g. a large `map`), it moves finished outcomes into their tasks to make room.
+            fut = _MizuFuture(self._pool.submit_call(fn, *args, **kwargs), self._pending)
             self._pending[fut] = None
             return fut
 
