@@ -326,6 +326,20 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// The items of a tuple or list at `r` (its count first).
+fn read_items<'py>(
+    py: Python<'py>,
+    r: &mut Reader<'_>,
+    depth: u32,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let n = r.count()?;
+    let mut items = Vec::with_capacity(n);
+    for _ in 0..n {
+        items.push(read(py, r, depth + 1)?);
+    }
+    Ok(items)
+}
+
 /// Reads one value at `r`.
 fn read<'py>(py: Python<'py>, r: &mut Reader<'_>, depth: u32) -> PyResult<Bound<'py, PyAny>> {
     if depth > MAX_DEPTH {
@@ -355,22 +369,8 @@ fn read<'py>(py: Python<'py>, r: &mut Reader<'_>, depth: u32) -> PyResult<Bound<
             let n = r.u32()?;
             PyBytes::new(py, r.take(n)?).into_any()
         }
-        b'T' => {
-            let n = r.count()?;
-            let mut items = Vec::with_capacity(n);
-            for _ in 0..n {
-                items.push(read(py, r, depth + 1)?);
-            }
-            PyTuple::new(py, items)?.into_any()
-        }
-        b'L' => {
-            let n = r.count()?;
-            let mut items = Vec::with_capacity(n);
-            for _ in 0..n {
-                items.push(read(py, r, depth + 1)?);
-            }
-            PyList::new(py, items)?.into_any()
-        }
+        b'T' => PyTuple::new(py, read_items(py, r, depth)?)?.into_any(),
+        b'L' => PyList::new(py, read_items(py, r, depth)?)?.into_any(),
         b'D' => {
             let n = r.count()?;
             let d = PyDict::new(py);
