@@ -2,13 +2,15 @@
 //! the pool and kept, so `result()` can be called again, from any thread.
 //!
 //! Waiting polls for a short while with the GIL held (a trivial task is back within a few
-//! microseconds, and releasing and retaking the GIL costs about as much), then waits in
-//! bounded slices with the GIL released, checking for signals (Ctrl-C) between slices.
+//! microseconds, and releasing and retaking the GIL costs about as much; 20 µs, or 2 µs
+//! while tasks keep outlasting it), then waits in bounded slices with the GIL released,
+//! checking for signals (Ctrl-C) between slices.
 //!
 //! Every task is also listed (weakly) in its submitter's [`Registry`]: when every task slot
 //! holds an uncollected task, submission takes the finished outcomes out of their slots into
 //! their `Task` objects (`Registry::drain`) instead of failing.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -29,6 +31,10 @@ use crate::{MizuError, forked};
 const SLICE: Duration = Duration::from_millis(50);
 /// How long a wait polls with the GIL held before releasing it.
 const HOT_WAIT: Duration = Duration::from_micros(20);
+/// The poll after several waits in a row outlasted [`HOT_WAIT`].
+const HOT_WAIT_COLD: Duration = Duration::from_micros(2);
+/// Waits in a row (in this process) whose task outlasted the poll.
+static HOT_MISSES: AtomicU32 = AtomicU32::new(0);
 /// How long a thread waits before looking again at a task another thread is collecting.
 const BUSY_NAP: Duration = Duration::from_micros(200);
 
@@ -249,6 +255,13 @@ impl Task {
         let mut r = Err(CollectError::Timeout);
         // Inside a worker, waiting must run other tasks (the runtime does): no hot phase.
         if !crate::worker::in_task() {
+            // Tasks that outlast the poll would only keep other Python threads off the GIL:
+            // after a few misses in a row, poll briefly until one is caught again.
+            let budget = if HOT_MISSES.load(Ordering::Relaxed) >= 4 {
+                HOT_WAIT_COLD
+            } else {
+                HOT_WAIT
+            };
             let mut hot_start = None;
             for i in 0u32.. {
                 if t.task().is_done() {
@@ -258,11 +271,17 @@ impl Task {
                 // The clock costs more than a poll: read it every 64 polls.
                 if i % 64 == 63 {
                     let s = *hot_start.get_or_insert_with(Instant::now);
-                    if s.elapsed() >= HOT_WAIT || left().is_some_and(|l| l.is_zero()) {
+                    if s.elapsed() >= budget || left().is_some_and(|l| l.is_zero()) {
                         break;
                     }
                 }
                 std::hint::spin_loop();
+            }
+            if r == Err(CollectError::Timeout) {
+                let _ = HOT_MISSES
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| m.checked_add(1));
+            } else {
+                HOT_MISSES.store(0, Ordering::Relaxed);
             }
         }
         while r == Err(CollectError::Timeout) {
