@@ -372,3 +372,14 @@ def test_infinite_and_huge_timeouts_wait_nan_is_refused(pool):
     assert t.result(timeout=60) == 3
     with pytest.raises(ValueError, match="NaN"):
         pymizu._native.wait_any([pool.submit(tasks.add, 1, 2)], float("nan"))
+
+
+def test_a_subclass_can_override_submit():
+    class Logged(pymizu.Pool):
+        def submit(self, fn, /, *args, **kwargs):
+            self.calls = getattr(self, "calls", 0) + 1
+            return super().submit(fn, *args, **kwargs)
+
+    with Logged(1) as p:
+        assert p.submit(tasks.add, 1, 2).result(timeout=60) == 3
+        assert p.calls == 1

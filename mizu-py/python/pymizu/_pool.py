@@ -411,9 +411,10 @@ class Pool(_Submitter):
         self._submit_raw = self._pool.submit
         self._submit_small = self._pool.submit_small
         self._submit_all = self._pool.submit_batch
-        # `submit` itself, natively (the method below documents it): one call instead of
-        # three Python frames on the hot path.
-        self.submit = self._pool.submit_call
+        # `submit` itself, natively (the method documents it): one call instead of three
+        # Python frames on the hot path — unless a subclass overrides `submit`.
+        if type(self).submit is _Submitter.submit:
+            self.submit = self._pool.submit_call
 
     def _check(self) -> None:
         if _forked:
