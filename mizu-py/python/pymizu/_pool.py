@@ -18,7 +18,6 @@ from ._errors import (
     ExecTimeoutError,
     MizuError,
     RemoteTraceback,
-    SlotsFull,
     StoppedError,
     TaskError,
     WorkerDiedError,
