@@ -2,15 +2,18 @@
 //! who attaches.
 //!
 //! Extents: 0 control, 1 worker records, 2 submitter records, 3 task-slot headers,
-//! 4 task-slot data, 5 ring headers, 6 ring slots. Rings form an S×W matrix: ring (s, w)
-//! carries task ids from submitter `s` to worker `w` (single producer, single consumer).
-//! Submitter 0 is the controller, submitters `1..=max_workers` are the workers themselves
-//! (for nested tasks), the rest are attached processes.
+//! 4 task-slot data, 5 ring headers, 6 ring slots, 7 deque headers, 8 deque items. Rings form
+//! an S×W matrix: ring (s, w) carries task ids from submitter `s` to worker `w` (single
+//! producer, single consumer). Submitter 0 is the controller, submitters `1..=max_workers`
+//! are the workers themselves (for nested tasks), the rest are attached processes. Each
+//! worker also owns a work-stealing deque of task ids: its nested submissions, which it pops
+//! (newest first) and any idle worker steals (oldest first).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use mizu_queue::deque::DequeHeader;
 use mizu_queue::ring::{RingHeader, check_geometry};
-use mizu_queue::{Ring, StateWord};
+use mizu_queue::{Deque, Ring, StateWord};
 use mizu_shm::sync::SharedBytes;
 use mizu_shm::{CacheLine, Extent, Layout, ParkWord, ProcessId, Segment, ShmSafe};
 
@@ -42,8 +45,8 @@ pub struct Params {
     pub spin_us: u32,
     /// Whether workers record task start times (an execution timeout is configured).
     pub timed: u32,
-    /// Reserved.
-    pub reserved: u32,
+    /// Items per worker deque (a power of two).
+    pub deque_capacity: u32,
     /// The controller.
     pub controller: ProcessId,
 }
@@ -204,9 +207,11 @@ pub struct PoolView<'a> {
     data: SharedBytes<'a>,
     rings: &'a [RingHeader],
     ring_slots: Extent,
+    deques: &'a [DequeHeader],
+    deque_items: &'a [mizu_shm::sync::AtomicU64],
 }
 
-fn sizes(p: &Params) -> Option<[u64; 7]> {
+fn sizes(p: &Params) -> Option<[u64; 9]> {
     let w = u64::from(p.max_workers);
     let s = u64::from(p.submitters);
     let r = u64::from(p.slots);
@@ -222,6 +227,8 @@ fn sizes(p: &Params) -> Option<[u64; 7]> {
         s.checked_mul(w)?
             .checked_mul(u64::from(p.ring_capacity))?
             .checked_mul(RING_SLOT)?,
+        w.checked_mul(std::mem::size_of::<DequeHeader>() as u64)?,
+        w.checked_mul(u64::from(p.deque_capacity))?.checked_mul(8)?,
     ])
 }
 
@@ -251,6 +258,12 @@ pub fn create(p: Params) -> Result<Segment> {
         // SAFETY: as above.
         unsafe { seg.init_at(at, RingHeader::new(u64::from(p.ring_capacity), RING_SLOT))? };
     }
+    let dh = seg.extent(7)?.offset;
+    for w in 0..u64::from(p.max_workers) {
+        let at = dh + w * std::mem::size_of::<DequeHeader>() as u64;
+        // SAFETY: as above.
+        unsafe { seg.init_at(at, DequeHeader::new(u64::from(p.deque_capacity)))? };
+    }
     Ok(seg)
 }
 
@@ -271,6 +284,9 @@ impl<'a> PoolView<'a> {
             return Err(bad(format!("impossible parameters {p:?}")));
         }
         check_geometry(u64::from(p.ring_capacity), RING_SLOT).map_err(bad)?;
+        if !p.deque_capacity.is_power_of_two() || p.deque_capacity > 1 << 20 {
+            return Err(bad(format!("impossible parameters {p:?}")));
+        }
         let sz = sizes(&p).ok_or_else(|| bad("sizes overflow".into()))?;
         for (i, want) in sz.iter().enumerate() {
             if seg.extent(i)?.len != *want {
@@ -281,6 +297,17 @@ impl<'a> PoolView<'a> {
             }
         }
         let n_rings = (p.submitters * p.max_workers) as usize;
+        let deques: &[DequeHeader] =
+            seg.get_slice(seg.extent(7)?.offset, p.max_workers as usize)?;
+        let deque_items: &[mizu_shm::sync::AtomicU64] = seg.get_slice(
+            seg.extent(8)?.offset,
+            (p.max_workers * p.deque_capacity) as usize,
+        )?;
+        let cap = p.deque_capacity as usize;
+        for (w, h) in deques.iter().enumerate() {
+            Deque::new(h, &deque_items[w * cap..(w + 1) * cap])
+                .map_err(|e| bad(format!("deque of worker {w}: {e}")))?;
+        }
         Ok(PoolView {
             seg,
             params: p,
@@ -291,6 +318,8 @@ impl<'a> PoolView<'a> {
             data: seg.bytes(seg.extent(4)?, p.slot_bytes as usize)?,
             rings: seg.get_slice(seg.extent(5)?.offset, n_rings)?,
             ring_slots: seg.extent(6)?,
+            deques,
+            deque_items,
         })
     }
 
@@ -347,6 +376,15 @@ impl<'a> PoolView<'a> {
             .bytes(ext, RING_SLOT as usize)
             .expect("validated extent");
         Ring::new(&self.rings[i], bytes).expect("validated ring")
+    }
+}
+
+impl<'a> PoolView<'a> {
+    /// Worker `w`'s deque (validated on attach).
+    pub fn deque(&self, w: usize) -> Deque<'a> {
+        let cap = self.params.deque_capacity as usize;
+        Deque::new(&self.deques[w], &self.deque_items[w * cap..(w + 1) * cap])
+            .expect("validated deque")
     }
 }
 

@@ -19,7 +19,7 @@ pub use channel::{Channel, ChannelSendError};
 pub use error::{PoolError, Result, TaskError};
 pub use map::{MapError, MapOptions, MapOutput};
 pub use mizu_queue::{RecvError, SlotState};
-pub use pool::{Launcher, Pool, PoolConfig, PoolStatus, WorkerStatus};
+pub use pool::{Launcher, Pool, PoolConfig, PoolStatus, SubmitterStatus, WorkerStatus};
 pub use shared::Fill;
 pub use submitter::{CollectError, Task, collect_all, collect_any, wait_until};
 pub use worker::{Executor, TaskContext, run_worker, with_current_task};

@@ -143,11 +143,29 @@ pub struct WorkerStatus {
     pub parks: u64,
 }
 
+/// One submitter's task slots as the status reports them: the controller (index 0), a
+/// worker's nested tasks (index 1 + its slot), an attached process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubmitterStatus {
+    /// Submitter record index.
+    pub index: usize,
+    /// Process id of the submitter (0 if none yet).
+    pub pid: u32,
+    /// Tasks waiting to run.
+    pub queued: usize,
+    /// Tasks running.
+    pub running: usize,
+    /// Finished tasks whose outcome nobody has taken yet.
+    pub finished: usize,
+}
+
 /// A snapshot of the pool.
 #[derive(Debug, Clone)]
 pub struct PoolStatus {
     /// Every worker slot that was ever used.
     pub workers: Vec<WorkerStatus>,
+    /// Every submitter that ever attached, or that holds task slots.
+    pub submitters: Vec<SubmitterStatus>,
     /// Tasks submitted by this controller.
     pub submitted: u64,
     /// Tasks collected by this controller.
@@ -190,7 +208,7 @@ impl Pool {
             ring_capacity: cfg.ring_capacity,
             spin_us: cfg.spin.as_micros() as u32,
             timed: u32::from(cfg.exec_timeout.is_some()),
-            reserved: 0,
+            deque_capacity: cfg.slots.next_power_of_two(),
             controller: me.id(),
         };
         let shared = Shared::new(layout::create(params)?)?;
@@ -361,6 +379,28 @@ impl Pool {
                 })
             })
             .collect();
+        let submitters = (0..v.params.submitters as usize)
+            .filter_map(|i| {
+                let rec = &v.submitter(i).rec;
+                let mut st = SubmitterStatus {
+                    index: i,
+                    pid: rec.pid.load(Ordering::Relaxed),
+                    queued: 0,
+                    running: 0,
+                    finished: 0,
+                };
+                for k in 0..v.params.slots as usize {
+                    match v.task(i, k).state.load().1 {
+                        Some(SlotState::Pending) => st.queued += 1,
+                        Some(SlotState::Running) => st.running += 1,
+                        Some(x) if x.is_final() => st.finished += 1,
+                        _ => {}
+                    }
+                }
+                let used = st.pid != 0 || st.queued + st.running + st.finished > 0;
+                used.then_some(st)
+            })
+            .collect();
         let s = &v.submitter(0).rec;
         let respawns = self
             .children
@@ -369,6 +409,7 @@ impl Pool {
             .respawns;
         PoolStatus {
             workers,
+            submitters,
             submitted: s.submitted.load(Ordering::Relaxed),
             collected: s.collected.load(Ordering::Relaxed),
             respawns,

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arrow_buffer::Buffer;
-use mizu_queue::{Producer, SlotState};
+use mizu_queue::{Deque, Producer, SlotState};
 use mizu_shm::{WaitError, Waiter};
 
 use crate::error::{PoolError, Result, TaskError};
@@ -35,6 +35,10 @@ struct Inner {
     last: Vec<u64>,
     next_worker: usize,
     next_slot: usize,
+    /// A worker's own deque, for its nested submissions (see [`SubmitterCore::own_deque`]).
+    deque: Option<Deque<'static>>,
+    /// Task ids pushed to `deque` and not yet announced to idle workers (batches).
+    deque_unannounced: usize,
 }
 
 /// One submitter of a pool in this process (thread-safe).
@@ -45,6 +49,8 @@ pub struct SubmitterCore {
     index: usize,
     spin: Duration,
     last_freed: std::sync::atomic::AtomicUsize,
+    /// The thread that owns `Inner::deque` (only it may push there).
+    owner: Option<std::thread::ThreadId>,
 }
 
 impl SubmitterCore {
@@ -71,12 +77,34 @@ impl SubmitterCore {
                 producers,
                 next_worker: 0,
                 next_slot: 0,
+                deque: None,
+                deque_unannounced: 0,
             }),
             shared,
             index,
             spin,
             last_freed: std::sync::atomic::AtomicUsize::new(usize::MAX),
+            owner: None,
         })
+    }
+
+    /// The submitter of worker `slot`'s nested tasks, called on the thread that runs its
+    /// tasks: what that thread submits goes to the worker's own deque, where the worker pops
+    /// it (when it helps while it collects, or next) and idle workers steal it. Other threads,
+    /// and a full deque, use the rings.
+    pub(crate) fn for_worker(shared: Arc<Shared>, slot: usize, spin: Duration) -> Arc<Self> {
+        let mut core = Arc::into_inner(SubmitterCore::new(shared, 1 + slot, spin))
+            .expect("a new submitter is not shared yet");
+        let d = core.shared.view().deque(slot);
+        // SAFETY: the deque borrows the segment owned by `shared`, which this struct holds and
+        // drops after `inner` (field order), as for the producers.
+        let d = unsafe { std::mem::transmute::<Deque<'_>, Deque<'static>>(d) };
+        core.inner
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .deque = Some(d);
+        core.owner = Some(std::thread::current().id());
+        Arc::new(core)
     }
 
     /// The shared pool state.
@@ -157,6 +185,8 @@ impl SubmitterCore {
     /// Publishes every deferred queue write and wakes those workers (if they sleep).
     fn flush(&self, g: &mut Inner) {
         let v = self.shared.view();
+        let n = std::mem::take(&mut g.deque_unannounced);
+        self.announce(n);
         for w in 0..g.pending.len() {
             if std::mem::take(&mut g.pending[w]) {
                 g.producers[w].publish_quiet();
@@ -208,8 +238,33 @@ impl SubmitterCore {
         }
     }
 
-    /// Puts the task id on a worker's queue: an idle worker first, else any live one with room;
-    /// one publication and at most one wake syscall (only if that worker sleeps).
+    /// Tells up to `n` idle workers that our worker's deque holds work: spinning ones see it
+    /// by themselves, sleeping ones are woken.
+    fn announce(&self, mut n: usize) {
+        let v = self.shared.view();
+        let me = self.index.wrapping_sub(1);
+        for w in 0..v.params.max_workers as usize {
+            if n == 0 {
+                return;
+            }
+            let rec = &v.worker(w).rec;
+            if w == me || rec.state.load(Ordering::Acquire) != wstate::READY {
+                continue;
+            }
+            match rec.idle.load(Ordering::Acquire) {
+                0 => {}
+                1 if v.worker(w).park.sleepers() == 0 => n -= 1,
+                _ => {
+                    v.worker(w).park.wake_all();
+                    n -= 1;
+                }
+            }
+        }
+    }
+
+    /// Puts the task id on a worker's queue: on the thread running a worker's tasks, that
+    /// worker's own deque; else an idle worker first, else any live one with room; one
+    /// publication and at most one wake syscall (only if that worker sleeps).
     fn push(
         &self,
         g: &mut Inner,
@@ -219,6 +274,17 @@ impl SubmitterCore {
     ) -> Result<usize> {
         let v = self.shared.view();
         let word = id.pack();
+        if let Some(d) = &g.deque
+            && self.owner == Some(std::thread::current().id())
+            && d.push(word).is_ok()
+        {
+            if defer {
+                g.deque_unannounced += 1;
+            } else {
+                self.announce(1);
+            }
+            return Ok(self.index - 1);
+        }
         let nw = v.params.max_workers as usize;
         // Read the clock only once there is something to wait for (a read costs ~30 ns).
         let mut start = None;
@@ -428,27 +494,36 @@ impl SubmitterCore {
 
     /// Cancels a task that has not started; true if it will never run.
     pub fn cancel(&self, id: TaskId) -> bool {
-        let hdr = self.shared.view().task(id.submitter, id.slot);
-        if hdr
-            .state
-            .transition(id.generation, SlotState::Pending, SlotState::Cancelled)
-            .is_ok()
-        {
-            self.shared.discard_payload(id.submitter, id.slot);
-            true
-        } else {
-            false
-        }
+        cancel(&self.shared, id)
     }
 
-    /// Drops interest in a task: its slot is freed as soon as it is final, by us or by the
-    /// worker that finishes it.
     fn abandon(&self, id: TaskId) {
-        self.cancel(id);
-        let hdr = self.shared.view().task(id.submitter, id.slot);
-        if mizu_queue::abandon(&hdr.state, &hdr.abandoned, id.generation).is_some() {
-            free_claimed(&self.shared, id);
-        }
+        abandon(&self.shared, id);
+    }
+}
+
+/// Cancels a task that has not started; true if it will never run.
+fn cancel(shared: &Shared, id: TaskId) -> bool {
+    let hdr = shared.view().task(id.submitter, id.slot);
+    if hdr
+        .state
+        .transition(id.generation, SlotState::Pending, SlotState::Cancelled)
+        .is_ok()
+    {
+        shared.discard_payload(id.submitter, id.slot);
+        true
+    } else {
+        false
+    }
+}
+
+/// Drops interest in a task: a queued one never runs, and its slot is freed as soon as it is
+/// final, by the caller or by the worker that finishes it.
+pub(crate) fn abandon(shared: &Shared, id: TaskId) {
+    cancel(shared, id);
+    let hdr = shared.view().task(id.submitter, id.slot);
+    if mizu_queue::abandon(&hdr.state, &hdr.abandoned, id.generation).is_some() {
+        free_claimed(shared, id);
     }
 }
 
@@ -469,7 +544,7 @@ pub(crate) fn reclaim_if_abandoned(shared: &Shared, id: TaskId) {
 }
 
 /// Releases the payload of a slot this caller moved to `Collected`, then frees the slot.
-fn free_claimed(shared: &Shared, id: TaskId) {
+pub(crate) fn free_claimed(shared: &Shared, id: TaskId) {
     shared.discard_payload(id.submitter, id.slot);
     let _ = shared
         .view()

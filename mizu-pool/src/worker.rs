@@ -7,13 +7,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use arrow_buffer::Buffer;
-use mizu_queue::{Consumer, SlotState};
+use mizu_queue::{Consumer, Deque, SlotState, Steal};
 use mizu_shm::{DeathWatch, Waiter};
 
 use crate::error::{PoolError, Result};
 use crate::layout::{TaskId, now_ns, wstate};
 use crate::shared::Shared;
-use crate::submitter::{CollectError, SubmitterCore, Task, reclaim_if_abandoned};
+use crate::submitter::{
+    CollectError, SubmitterCore, Task, abandon, free_claimed, reclaim_if_abandoned,
+};
 
 /// Runs task payloads. `Err` bytes become the task's error payload.
 pub trait Executor: Send + Sync {
@@ -183,12 +185,15 @@ impl TaskContext<'_> {
 struct Runtime<'e> {
     // Declared before `shared`: the consumers borrow its segment.
     consumers: RefCell<Vec<Consumer<'static>>>,
+    /// Every worker's deque (ours at `slot`), borrowing the segment as `consumers` do.
+    deques: Vec<Deque<'static>>,
     sub: Arc<SubmitterCore>,
     shared: Arc<Shared>,
     exec: &'e dyn Executor,
     slot: usize,
     pid: u32,
     next_ring: Cell<usize>,
+    next_deque: Cell<usize>,
 }
 
 impl Runtime<'_> {
@@ -202,10 +207,16 @@ impl Runtime<'_> {
             != wstate::READY
     }
 
-    /// Takes the next task id from this worker's queues and runs it.
+    /// Takes the next task id from this worker's queues (its own deque first: nested tasks it
+    /// submitted, newest first) and runs it.
     fn run_one(&self) -> bool {
         loop {
-            let word = {
+            // Only we push there, so "empty" is exact for us; and `pop` costs a full fence.
+            let own = &self.deques[self.slot];
+            let popped = if own.is_empty() { None } else { own.pop() };
+            let word = if popped.is_some() {
+                popped
+            } else {
                 let mut cs = self.consumers.borrow_mut();
                 let n = cs.len();
                 let start = self.next_ring.get();
@@ -234,9 +245,52 @@ impl Runtime<'_> {
         }
     }
 
-    /// Runs a `Pending` task found by scanning every submitter's slots (work stealing that
-    /// needs no cooperation from the worker it was queued for, dead or alive).
+    /// Steals a task from another worker's deque (oldest first) and runs it.
+    fn steal_nested(&self) -> bool {
+        let n = self.deques.len();
+        let start = self.next_deque.get();
+        for i in 0..n {
+            let w = (start + i) % n;
+            if w == self.slot {
+                continue;
+            }
+            loop {
+                match self.deques[w].steal() {
+                    Steal::Empty => break,
+                    Steal::Retry => std::hint::spin_loop(),
+                    Steal::Success(word) => {
+                        if self.try_run(word) {
+                            self.next_deque.set(w);
+                            self.shared
+                                .view()
+                                .worker(self.slot)
+                                .rec
+                                .steals
+                                .fetch_add(1, Ordering::Relaxed);
+                            return true;
+                        }
+                        // A stale id (its task ran or was cancelled): look at the next.
+                    }
+                }
+            }
+        }
+        false
+    }
+
+    /// Whether a deque (ours or another worker's) holds task ids.
+    fn nested_queued(&self) -> bool {
+        self.deques.iter().any(|d| !d.is_empty())
+    }
+
+    /// Steals from another worker's deque, else runs a `Pending` task found by scanning every
+    /// submitter's slots (work stealing that needs no cooperation from the worker it was
+    /// queued for, dead or alive).
     fn steal(&self) -> bool {
+        self.steal_nested() || self.scan()
+    }
+
+    /// See [`Runtime::steal`].
+    fn scan(&self) -> bool {
         let v = self.shared.view();
         for s in 0..v.params.submitters as usize {
             let rec = &v.submitter(s).rec;
@@ -297,9 +351,10 @@ impl Runtime<'_> {
             rec.current.store(0, Ordering::Release);
             return false;
         }
+        // Until this is set, the reaper tells our claim from a dead worker's by our record.
         hdr.runner.store(
             ((self.slot as u64) << 32) | u64::from(self.pid),
-            Ordering::Relaxed,
+            Ordering::Release,
         );
         let ctx = TaskContext {
             rt: self,
@@ -361,7 +416,7 @@ impl Runtime<'_> {
     }
 
     fn any_queued(&self) -> bool {
-        self.consumers.borrow_mut().iter_mut().any(|c| c.poll())
+        self.consumers.borrow_mut().iter_mut().any(|c| c.poll()) || self.nested_queued()
     }
 }
 
@@ -388,7 +443,15 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         .nonce
         .store(shared.segment().me().nonce, Ordering::Relaxed);
     let spin = Duration::from_micros(u64::from(v.params.spin_us));
-    let sub = SubmitterCore::new(shared.clone(), 1 + slot, spin);
+    let sub = SubmitterCore::for_worker(shared.clone(), slot, spin);
+    let deques = (0..v.params.max_workers as usize)
+        .map(|w| {
+            // SAFETY: as for the consumers below.
+            unsafe { std::mem::transmute::<Deque<'_>, Deque<'static>>(v.deque(w)) }
+        })
+        .collect::<Vec<_>>();
+    // Our predecessor in this slot may have died inside a deque operation.
+    deques[slot].repair();
     let consumers = (0..v.params.submitters as usize)
         .map(|s| {
             let c = v.ring(s, slot).consumer();
@@ -413,6 +476,8 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         slot,
         pid,
         next_ring: Cell::new(0),
+        deques,
+        next_deque: Cell::new(0),
     };
     ws.rec.state.store(wstate::READY, Ordering::Release);
     let mut spinner = Waiter::new(spin, Duration::from_millis(2));
@@ -424,7 +489,7 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         .max(1);
     let done = || v.stopped() || controller_dead.load(Ordering::Relaxed) || rt.retired();
     while !done() {
-        if rt.run_one() {
+        if rt.run_one() || rt.steal_nested() {
             continue;
         }
         // In a busy stream the next task is a few hundred ns away: look for it before any
@@ -514,13 +579,44 @@ pub fn reap_worker(shared: &Shared, slot: usize, pid: u32, why: u32) {
             v.submitter(s).park.wake_all();
         }
     };
-    if let Some((s, k, g32)) = TaskId::unpack(rec.current.load(Ordering::SeqCst))
+    let word = rec.current.load(Ordering::SeqCst);
+    if let Some((s, k, g32)) = TaskId::unpack(word)
         && s < v.params.submitters as usize
         && k < v.params.slots as usize
     {
-        let (g, st) = v.task(s, k).state.load();
-        if st == Some(SlotState::Running) && g as u32 == g32 {
-            fail(s, k, g);
+        // The record is written before the claim CAS, so the task it names may have been
+        // claimed by another worker after this one died. The runner field tells, once set;
+        // until then, the claimer is whichever worker's record names the task: if a live
+        // one's does (it claims, or it failed to and is about to clear it), look again.
+        let hdr = v.task(s, k);
+        loop {
+            let (g, st) = hdr.state.load();
+            if st != Some(SlotState::Running) || g as u32 != g32 {
+                break;
+            }
+            let r = hdr.runner.load(Ordering::Acquire);
+            if r == runner {
+                fail(s, k, g);
+                break;
+            }
+            if r != 0 {
+                break;
+            }
+            let contested = (0..v.params.max_workers as usize).any(|w| {
+                let o = &v.worker(w).rec;
+                w != slot
+                    && o.current.load(Ordering::SeqCst) == word
+                    && mizu_shm::ProcessId::new(
+                        o.pid.load(Ordering::Relaxed),
+                        o.nonce.load(Ordering::Relaxed),
+                    )
+                    .is_alive()
+            });
+            if !contested {
+                fail(s, k, g);
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(20));
         }
     }
     for s in 0..v.params.submitters as usize {
@@ -530,6 +626,23 @@ pub fn reap_worker(shared: &Shared, slot: usize, pid: u32, why: u32) {
             if st == Some(SlotState::Running) && hdr.runner.load(Ordering::Relaxed) == runner {
                 fail(s, k, g);
             }
+        }
+    }
+    // Its nested tasks lost their collector: those still queued never run, and every slot
+    // is freed as soon as its task is final (by whoever finishes a running one).
+    let s = 1 + slot;
+    for k in 0..v.params.slots as usize {
+        let (g, st) = v.task(s, k).state.load();
+        let id = TaskId {
+            submitter: s,
+            slot: k,
+            generation: g,
+        };
+        match st {
+            None | Some(SlotState::Free) => {}
+            // It died between taking a result and freeing the slot.
+            Some(SlotState::Collected) => free_claimed(shared, id),
+            Some(_) => abandon(shared, id),
         }
     }
     rec.current.store(0, Ordering::Release);

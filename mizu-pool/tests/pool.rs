@@ -203,6 +203,52 @@ fn nested_tasks_never_deadlock_even_with_one_worker() {
 }
 
 #[test]
+fn an_idle_worker_steals_nested_tasks_from_the_deque_of_the_worker_that_submitted_them() {
+    // The submitting task waits without helping: only a steal from its deque can run them.
+    let p = pool(workers(2));
+    let out = text(&p.submit(b"nestedwait:20").unwrap().result(GUARD).unwrap());
+    let st = p.status();
+    let by_pid = |pid: u32| st.workers.iter().find(|w| w.pid == pid).unwrap();
+    let runners: Vec<u32> = out.split(',').map(|s| s.parse().unwrap()).collect();
+    assert_eq!(runners.len(), 20);
+    let thief = by_pid(runners[0]);
+    assert!(runners.iter().all(|&r| r == thief.pid), "{runners:?}");
+    assert!(thief.steals >= 20, "{st:?}");
+    // The submitting worker's nested slots are all free again.
+    let nested = st.submitters.iter().filter(|s| s.index > 0);
+    assert!(
+        nested
+            .clone()
+            .all(|s| s.queued + s.running + s.finished == 0),
+        "{st:?}"
+    );
+}
+
+#[test]
+fn nested_tasks_of_a_killed_worker_are_cancelled_and_their_slots_freed() {
+    let p = pool(workers(1));
+    let e = p
+        .submit(b"nestedabort:30")
+        .unwrap()
+        .result(GUARD)
+        .unwrap_err();
+    assert!(
+        matches!(e, CollectError::Task(TaskError::WorkerDied { .. })),
+        "{e:?}"
+    );
+    // Nobody can collect them any more: none may hold its slot (or run, once its worker's
+    // replacement is there).
+    wait_until("the dead worker's nested slots are free", || {
+        p.status()
+            .submitters
+            .iter()
+            .all(|s| s.queued + s.running + s.finished == 0)
+    });
+    assert_eq!(text(&p.call(b"echo:served").unwrap()), "served");
+    assert_eq!(p.status().respawns, 1);
+}
+
+#[test]
 fn dropping_uncollected_handles_frees_their_slots() {
     let p = pool(PoolConfig {
         workers: 1,

@@ -134,6 +134,19 @@ impl<'a> Deque<'a> {
         Some(item)
     }
 
+    /// A new owner, the previous one dead: makes `bottom ≥ top` again. An owner killed
+    /// between the two writes of a `pop` can leave `bottom` below `top`; the items a dead
+    /// owner was pushing or popping are then no longer in the deque (whoever uses it must
+    /// be able to find that work another way). Safe against concurrent thieves: they only
+    /// move `top`, and never while the deque looks empty, which it does whenever this
+    /// changes anything.
+    pub fn repair(&self) {
+        let t = self.hdr.top.load(Ordering::Acquire);
+        if self.hdr.bottom.load(Ordering::Relaxed) < t {
+            self.hdr.bottom.store(t, Ordering::Release);
+        }
+    }
+
     /// Any process: steals one item at the top (FIFO).
     pub fn steal(&self) -> Steal {
         let t = self.hdr.top.load(Ordering::Acquire);
@@ -172,5 +185,35 @@ impl HeapDeque {
     /// The deque view.
     pub fn deque(&self) -> Deque<'_> {
         Deque::new(&self.hdr, &self.items).expect("heap deque is consistent")
+    }
+}
+
+#[cfg(all(test, not(mizu_loom)))]
+mod tests {
+    use super::*;
+
+    /// An owner killed inside `pop`, after winning the last item and before putting `bottom`
+    /// back, leaves `bottom` one below `top`; a new owner repairs that and the deque works.
+    #[test]
+    fn repair_after_an_owner_died_inside_pop() {
+        let h = HeapDeque::new(4);
+        let d = h.deque();
+        d.push(7).unwrap();
+        assert_eq!(d.steal(), Steal::Success(7));
+        // What the dead owner left: it moved `top` past its `bottom - 1`.
+        let t = d.hdr.top.load(Ordering::Relaxed);
+        d.hdr.bottom.store(t - 1, Ordering::Relaxed);
+        d.repair();
+        assert!(d.is_empty());
+        d.push(8).unwrap();
+        d.push(9).unwrap();
+        assert_eq!(d.len(), 2);
+        assert_eq!(d.pop(), Some(9));
+        assert_eq!(d.steal(), Steal::Success(8));
+        assert_eq!(d.pop(), None);
+        // A healthy deque is left as it is.
+        d.push(10).unwrap();
+        d.repair();
+        assert_eq!(d.pop(), Some(10));
     }
 }

@@ -237,3 +237,108 @@ fn slot_abandon_vs_finish_frees_exactly_once() {
         );
     });
 }
+
+/// mizu-pool's crash-safe claim. A worker writes its claim record, CASes the task to
+/// `Running`, then sets the task's runner field. After the worker died, the reaper fails the
+/// task its record names if that task still runs and its runner field names the dead worker
+/// or nobody yet — and in the latter case no live worker's record names it (one that does
+/// either claimed it or is about to clear its record after losing: the reaper looks again).
+///
+/// For a worker killed after each of its steps, with a second worker claiming the same task
+/// concurrently with it and with the reaper: the task runs exactly once, ends final (never
+/// stuck `Running` or `Pending`), and is failed as died exactly when the dead worker had
+/// claimed it and not finished it — never when the other worker ran it.
+#[test]
+fn claim_record_lets_the_reaper_fail_exactly_what_died() {
+    use loom::sync::atomic::{AtomicU64, Ordering};
+    const ID: u64 = 0x8000_0000_0000_0001;
+    const DEAD: u64 = 1;
+    const OTHER: u64 = 2;
+    struct Shared {
+        state: StateWord,
+        runner: AtomicU64,
+        records: [AtomicU64; 2],
+    }
+    for steps in 0..5 {
+        model(3, move || {
+            let sh = Arc::new(Shared {
+                state: StateWord::new(),
+                runner: AtomicU64::new(0),
+                records: [AtomicU64::new(0), AtomicU64::new(0)],
+            });
+            sh.state
+                .transition(0, SlotState::Free, SlotState::Pending)
+                .unwrap();
+            // A worker's claim, run and finish as mizu-pool's `try_run` does them, stopping
+            // (killed) after `steps` steps. Returns (claimed, finished).
+            fn work(sh: &Shared, me: u64, steps: u32) -> (bool, bool) {
+                let rec = &sh.records[me as usize - 1];
+                let (g, s) = sh.state.load_for_update();
+                if s != Some(SlotState::Pending) || steps == 0 {
+                    return (false, false);
+                }
+                rec.store(ID, Ordering::SeqCst);
+                if steps == 1 {
+                    return (false, false);
+                }
+                if sh
+                    .state
+                    .transition(g, SlotState::Pending, SlotState::Running)
+                    .is_err()
+                {
+                    rec.store(0, Ordering::Release);
+                    return (false, false);
+                }
+                if steps == 2 {
+                    return (true, false);
+                }
+                sh.runner.store(me, Ordering::Release);
+                if steps == 3 {
+                    return (true, false);
+                }
+                sh.state
+                    .transition(g, SlotState::Running, SlotState::Ok)
+                    .unwrap();
+                rec.store(0, Ordering::Release);
+                (true, true)
+            }
+            let sh2 = sh.clone();
+            let other = thread::spawn(move || work(&sh2, OTHER, u32::MAX));
+            let (claimed, finished) = work(&sh, DEAD, steps);
+            // The reaper, after the death.
+            let mut reaped = false;
+            if sh.records[DEAD as usize - 1].load(Ordering::SeqCst) == ID {
+                loop {
+                    let (g, s) = sh.state.load();
+                    if s != Some(SlotState::Running) || g != 0 {
+                        break;
+                    }
+                    let r = sh.runner.load(Ordering::Acquire);
+                    if r == OTHER {
+                        break;
+                    }
+                    if r == 0 && sh.records[OTHER as usize - 1].load(Ordering::SeqCst) == ID {
+                        thread::yield_now();
+                        continue;
+                    }
+                    reaped = sh
+                        .state
+                        .transition(0, SlotState::Running, SlotState::Died)
+                        .is_ok();
+                    break;
+                }
+            }
+            let (other_ran, _) = other.join().unwrap();
+            assert!(!(claimed && other_ran), "ran twice");
+            assert!(claimed || other_ran, "nobody ran it");
+            assert_eq!(reaped, claimed && !finished);
+            let (_, s) = sh.state.load();
+            let want = if reaped {
+                SlotState::Died
+            } else {
+                SlotState::Ok
+            };
+            assert_eq!(s, Some(want));
+        });
+    }
+}

@@ -5,7 +5,10 @@
 //! fails with the message; `abort` kills this process (SIGKILL to itself); `pid` returns the
 //! pid; `big:<n>` returns n bytes; `nested:<n>` submits n nested `echo:<i>` tasks, collects
 //! them and returns their sum; `nestedmap:<n>` maps `echo` over n nested
-//! elements; `sum` returns the sum of the payload's remaining bytes.
+//! elements; `nestedwait:<n>` submits n nested `pid` tasks and waits for them without running
+//! any itself (another worker must steal them), returning their pids; `nestedabort:<n>`
+//! submits n nested `echo` tasks and kills this process; `sum` returns the sum of the
+//! payload's remaining bytes.
 
 use mizu_pool::{Executor, TaskContext, run_worker};
 
@@ -68,6 +71,43 @@ impl Executor for TestExec {
                         .unwrap_or(0);
                 }
                 Ok(sum.to_string().into_bytes())
+            }
+            b"nestedwait" => {
+                let n = num()?;
+                let mut tasks = (0..n)
+                    .map(|_| ctx.submit(b"pid"))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| e.to_string().into_bytes())?;
+                // A hang guard only: the tasks are stolen within milliseconds.
+                let t0 = std::time::Instant::now();
+                while !tasks.iter().all(|t| t.is_done()) {
+                    if t0.elapsed() > std::time::Duration::from_secs(60) {
+                        return Err(b"nobody stole the nested tasks".to_vec());
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                let pids = tasks
+                    .iter_mut()
+                    .map(|t| {
+                        t.result(None)
+                            .map(|b| String::from_utf8_lossy(&b).into_owned())
+                            .map_err(|e| e.to_string().into_bytes())
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(pids.join(",").into_bytes())
+            }
+            b"nestedabort" => {
+                let n = num()?;
+                let tasks = (0..n)
+                    .map(|i| ctx.submit(format!("echo:{i}").as_bytes()))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| e.to_string().into_bytes())?;
+                std::mem::forget(tasks);
+                let _ = rustix::process::kill_process(
+                    rustix::process::getpid(),
+                    rustix::process::Signal::KILL,
+                );
+                Err(b"unreachable".to_vec())
             }
             b"nestedmap" => {
                 let n = num()?;
