@@ -1,6 +1,8 @@
 //! Channels: a duplex pair of SPSC rings between this process and one peer (launched by us or
-//! attached by token). `send` never blocks; `recv` waits with a timeout. Messages are bytes;
-//! those larger than a ring slot travel through `mizu-wire` data segments.
+//! attached by token). `send` never blocks; `recv` waits with a timeout. Messages are bytes:
+//! one that fits a ring slot is copied into it behind a one-byte tag ([`RAW`]); larger ones
+//! travel through `mizu-wire` data segments, as a wire frame in the slot (which never starts
+//! with that tag).
 
 use std::ffi::OsString;
 use std::process::{Child, Command, Stdio};
@@ -13,6 +15,9 @@ use mizu_shm::Waiter;
 use mizu_wire::{DataPool, Mapper, Value, read_value, write_value};
 
 use crate::error::{PoolError, Result};
+
+/// First byte of a message stored raw in its ring slot (a wire frame starts with `M`).
+const RAW: u8 = 0;
 
 /// Why a send did not happen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -148,11 +153,17 @@ impl Channel {
         }
         let mut n = 0;
         for m in msgs {
-            let v = Value::Bytes(Buffer::from_slice_ref(m));
             let mut res = Ok(0);
             let pool = &self.pool;
             let wrote = self.tx.write_with(|slot| {
-                res = write_value(&v, 0, slot, pool);
+                res = if m.len() < slot.len() {
+                    slot[0] = RAW;
+                    slot[1..=m.len()].copy_from_slice(m);
+                    Ok(m.len() + 1)
+                } else {
+                    let v = Value::Bytes(Buffer::from_slice_ref(m));
+                    write_value(&v, 0, slot, pool).map_err(|e| e.to_string())
+                };
                 *res.as_ref().unwrap_or(&0)
             });
             match (wrote, res) {
@@ -160,7 +171,7 @@ impl Channel {
                 (Err(SendError::Full), _) => break,
                 (_, Err(e)) => {
                     self.tx.publish();
-                    return Err(ChannelSendError::Storage(e.to_string()));
+                    return Err(ChannelSendError::Storage(e));
                 }
                 (Err(e), _) => return Err(ChannelSendError::Storage(e.to_string())),
             }
@@ -180,13 +191,16 @@ impl Channel {
         let got = self
             .duplex
             .recv_with(&mut self.rx, &mut self.waiter, timeout, |m| {
-                read_value(m, mapper)
+                match m.split_first() {
+                    Some((&RAW, raw)) => Ok(Buffer::from_slice_ref(raw)),
+                    _ => read_value(m, mapper).map(|r| match r.value {
+                        Value::Bytes(b) => b,
+                        _ => Buffer::from_vec(Vec::<u8>::new()),
+                    }),
+                }
             });
         match got {
-            Ok(Ok(r)) => match r.value {
-                Value::Bytes(b) => Ok(b),
-                _ => Ok(Buffer::from_vec(Vec::<u8>::new())),
-            },
+            Ok(Ok(b)) => Ok(b),
             Ok(Err(_)) => Err(RecvError::Closed),
             Err(e) => {
                 if e == RecvError::PeerGone {

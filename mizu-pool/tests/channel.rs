@@ -26,6 +26,13 @@ fn messages_small_and_large_echo_in_order() {
         &big[..],
         "large messages travel through data segments"
     );
+    // Around the size where a message stops fitting its ring slot raw (slots of 256 bytes,
+    // their header and our tag byte included), with contents that look like wire frames.
+    for n in (0..8).chain(230..300) {
+        let m: Vec<u8> = (0..n).map(|i| if i % 2 == 0 { b'M' } else { b'Z' }).collect();
+        ch.send(&m).unwrap();
+        assert_eq!(ch.recv(GUARD).unwrap().as_slice(), &m[..], "{n} bytes");
+    }
     let batch: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; 3]).collect();
     assert_eq!(ch.send_batch(batch.iter().map(|b| &b[..])).unwrap(), 10);
     for b in &batch {
