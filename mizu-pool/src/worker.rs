@@ -28,6 +28,16 @@ pub trait Executor: Send + Sync {
     /// busy stream. Must be quick when there is nothing to do; it is called again after every
     /// idle slice.
     fn idle(&self) {}
+
+    /// The worker ran a task after having parked (or at its first task): a stream of tasks
+    /// may follow, between which the worker only polls and spins (within its spin budget).
+    /// Until [`Executor::stream_end`], on the worker's thread, the executor may keep what it
+    /// would otherwise take and give back around every task (an interpreter lock, say).
+    fn stream_start(&self) {}
+
+    /// The stream ended: the worker spun without finding a task and is about to park (or to
+    /// leave). Give back what `stream_start` kept.
+    fn stream_end(&self) {}
 }
 
 thread_local! {
@@ -420,6 +430,34 @@ impl Runtime<'_> {
     }
 }
 
+/// A stream of tasks (see [`Executor::stream_start`]), ended when the worker parks or leaves,
+/// even by unwinding.
+struct Stream<'e> {
+    exec: &'e dyn Executor,
+    active: bool,
+}
+
+impl Stream<'_> {
+    fn start(&mut self) {
+        if !self.active {
+            self.exec.stream_start();
+            self.active = true;
+        }
+    }
+
+    fn end(&mut self) {
+        if std::mem::take(&mut self.active) {
+            self.exec.stream_end();
+        }
+    }
+}
+
+impl Drop for Stream<'_> {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
 /// Joins the pool named by `token` as worker `slot` and serves tasks until the pool stops,
 /// this worker is retired, or the controller dies (then it prunes what the controller left).
 pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
@@ -488,8 +526,13 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         .saturating_sub(1)
         .max(1);
     let done = || v.stopped() || controller_dead.load(Ordering::Relaxed) || rt.retired();
+    let mut stream = Stream {
+        exec,
+        active: false,
+    };
     while !done() {
         if rt.run_one() || rt.steal_nested() {
+            stream.start();
             continue;
         }
         // In a busy stream the next task is a few hundred ns away: look for it before any
@@ -515,11 +558,16 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
             .idle
             .store(if spins { 1 } else { 2 }, Ordering::SeqCst);
         let before = waiter.parks();
+        // A stream survives the spin (a task caught there continues it) and ends before the
+        // worker parks: `check` runs between the two.
         let woke = waiter.wait(
             &ws.park,
             || (rt.any_queued() || done()).then_some(()),
             Some(Duration::from_millis(2)),
-            || Ok::<(), ()>(()),
+            || {
+                stream.end();
+                Ok::<(), ()>(())
+            },
         );
         ws.rec.idle.store(0, Ordering::Relaxed);
         if spins {
@@ -537,6 +585,7 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
             while rt.steal() {}
         }
     }
+    stream.end();
     let _ = ws.rec.state.compare_exchange(
         wstate::READY,
         wstate::EXITING,

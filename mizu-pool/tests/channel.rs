@@ -29,7 +29,9 @@ fn messages_small_and_large_echo_in_order() {
     // Around the size where a message stops fitting its ring slot raw (slots of 256 bytes,
     // their header and our tag byte included), with contents that look like wire frames.
     for n in (0..8).chain(230..300) {
-        let m: Vec<u8> = (0..n).map(|i| if i % 2 == 0 { b'M' } else { b'Z' }).collect();
+        let m: Vec<u8> = (0..n)
+            .map(|i| if i % 2 == 0 { b'M' } else { b'Z' })
+            .collect();
         ch.send(&m).unwrap();
         assert_eq!(ch.recv(GUARD).unwrap().as_slice(), &m[..], "{n} bytes");
     }

@@ -30,13 +30,23 @@ struct PyExec {
     /// False when every task must go through `run` (the worker's start-up failed).
     fast: bool,
     /// Functions of small calls by their pickle.
-    fns: Mutex<HashMap<Vec<u8>, Py<PyAny>>>,
+    fns: Mutex<FnCache>,
+    /// The interpreter lock kept through a stream of tasks (see `stream_start`).
+    stream: Mutex<Option<pyo3::ffi::PyGILState_STATE>>,
     max_tasks: u64,
     tasks: AtomicU64,
 }
 
 /// The most functions a worker keeps unpickled.
 const MAX_FNS: usize = 4096;
+
+/// Unpickled functions of small calls, by their pickle; the last one is looked at first (a
+/// stream of calls of one function then needs no hashing).
+#[derive(Default)]
+struct FnCache {
+    last: Option<(Vec<u8>, Py<PyAny>)>,
+    all: HashMap<Vec<u8>, Py<PyAny>>,
+}
 
 fn text(m: String) -> Vec<u8> {
     m.into_bytes()
@@ -135,15 +145,27 @@ impl PyExec {
     }
 
     fn function<'py>(&self, py: Python<'py>, head: &[u8]) -> PyResult<Bound<'py, PyAny>> {
-        if let Some(f) = self.fns.lock().unwrap_or_else(|p| p.into_inner()).get(head) {
-            return Ok(f.bind(py).clone());
+        {
+            let mut c = self.fns.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((h, f)) = &c.last
+                && h == head
+            {
+                return Ok(f.bind(py).clone());
+            }
+            if let Some(f) = c.all.get(head) {
+                let f = f.clone_ref(py);
+                c.last = Some((head.to_vec(), f.clone_ref(py)));
+                return Ok(f.into_bound(py));
+            }
         }
+        // Unpickling runs Python code: not under the lock.
         let f = self.loads.bind(py).call1((PyBytes::new(py, head),))?;
-        let mut fns = self.fns.lock().unwrap_or_else(|p| p.into_inner());
-        if fns.len() >= MAX_FNS {
-            fns.clear();
+        let mut c = self.fns.lock().unwrap_or_else(|p| p.into_inner());
+        if c.all.len() >= MAX_FNS {
+            c.all.clear();
         }
-        fns.insert(head.to_vec(), f.clone().unbind());
+        c.all.insert(head.to_vec(), f.clone().unbind());
+        c.last = Some((head.to_vec(), f.clone().unbind()));
         Ok(f)
     }
 }
@@ -156,6 +178,31 @@ impl Executor for PyExec {
             ctx.recycle();
         }
         r
+    }
+
+    /// Keeps the interpreter lock between the tasks of a stream: taking and releasing it
+    /// around every task costs about a tenth of a small task's round trip. Other Python
+    /// threads of the worker still get it: at the interpreter's switch interval while a task
+    /// runs Python code, and at the latest when the worker parks (within its spin budget,
+    /// 50 µs by default, of the last task).
+    fn stream_start(&self) {
+        let mut g = self.stream.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_none() {
+            // SAFETY: the interpreter is initialised (this worker runs inside it), and this
+            // thread has a thread state (`run_worker` is called from Python); the matching
+            // release is in `stream_end`, on this thread, which the runtime calls before it
+            // parks or returns (also when unwinding).
+            *g = Some(unsafe { pyo3::ffi::PyGILState_Ensure() });
+        }
+    }
+
+    fn stream_end(&self) {
+        if let Some(st) = self.stream.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            // SAFETY: pairs with the `PyGILState_Ensure` of `stream_start`, on the same
+            // thread (the runtime calls both from its loop), with no other Ensure of ours
+            // still open in between (PyO3's own are scoped inside `execute`).
+            unsafe { pyo3::ffi::PyGILState_Release(st) };
+        }
     }
 }
 
@@ -183,7 +230,8 @@ pub fn run_worker(
         dumps_result,
         loads: py.import("pickle")?.getattr("loads")?.unbind(),
         fast,
-        fns: Mutex::new(HashMap::new()),
+        fns: Mutex::new(FnCache::default()),
+        stream: Mutex::new(None),
         max_tasks,
         tasks: AtomicU64::new(0),
     };

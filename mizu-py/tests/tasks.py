@@ -115,3 +115,23 @@ def segv():
 def make_lock():
     """A result pickle refuses."""
     return __import__("threading").Lock()
+
+
+TICKS = [0]
+
+
+def start_ticker():
+    """Starts a thread in this worker that counts while it gets the interpreter lock."""
+    import threading
+
+    def tick():
+        while True:
+            TICKS[0] += 1
+            time.sleep(0.001)
+
+    threading.Thread(target=tick, daemon=True).start()
+    return os.getpid()
+
+
+def ticks():
+    return (TICKS[0], os.getpid())

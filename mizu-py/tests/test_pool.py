@@ -383,3 +383,29 @@ def test_a_subclass_can_override_submit():
     with Logged(1) as p:
         assert p.submit(tasks.add, 1, 2).result(timeout=60) == 3
         assert p.calls == 1
+
+
+def test_a_worker_gives_its_own_threads_the_interpreter_lock_during_and_after_a_stream():
+    # A worker keeps the interpreter lock through a stream of tasks and must give it back
+    # when it parks: a thread a task started keeps running (a lock kept while parked would
+    # stop it for good).
+    with pymizu.Pool(1) as p:
+        wpid = p.submit(tasks.start_ticker).result()
+        before, _ = p.submit(tasks.ticks).result()
+        for _ in range(20_000):
+            assert p.submit(tasks.add, 1, 2).result() == 3
+        during, pid = p.submit(tasks.ticks).result()
+        assert pid == wpid
+        assert during > before
+        # While the worker is parked, the thread runs freely: many ticks in a quiet 0.2 s
+        # (with the lock kept, only about one per task that ends a sleep of the worker).
+        deadline = time.monotonic() + 60  # a hang guard only
+        prev = during
+        while True:
+            time.sleep(0.2)
+            after, pid = p.submit(tasks.ticks).result()
+            assert pid == wpid
+            if after - prev > 5:
+                break
+            prev = after
+            assert time.monotonic() < deadline, (before, during, after)
