@@ -170,3 +170,22 @@ def test_futures_settled_by_their_caller_while_other_threads_watch_them(ex):
         assert done.wait(60)
         t.join(60)
         assert seen == [3, 3]
+
+
+def test_as_completed_yields_each_future_once_while_a_caller_settles_them(ex):
+    # The caller's thread and the collector may both settle a future; a waiter must be told
+    # once (as_completed fails on a future it is told about twice).
+    import threading
+    from concurrent.futures import FIRST_COMPLETED, as_completed, wait
+
+    for _ in range(5):
+        futs = [ex.submit(tasks.add, i, 0) for i in range(300)]
+        caller = threading.Thread(target=lambda: [f.result(timeout=60) for f in futs])
+        caller.start()
+        got = sorted(f.result() for f in as_completed(futs, timeout=60))
+        caller.join(60)
+        assert got == list(range(300))
+        left = set(ex.submit(tasks.add, i, 1) for i in range(50))
+        while left:
+            done, left = wait(left, timeout=60, return_when=FIRST_COMPLETED)
+            assert done

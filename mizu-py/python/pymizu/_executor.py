@@ -12,95 +12,114 @@ from ._pool import Pool, _run_chunk
 
 
 _PENDING, _FINISHED = "PENDING", "FINISHED"
-_MAKING = threading.Lock()  # guards making a future's condition, and settling one without it
 
 
 class _MizuFuture(Future):
-    """A real `Future`; `result()` collects the task in the calling thread (GIL released)
-    instead of waiting for the collector thread to be scheduled."""
+    """A real `Future`; `result()` collects the task in the calling thread (GIL released while
+    it waits) instead of waiting for the collector thread to be scheduled.
 
-    # What `Future.__init__` sets, except the condition variable: made on first use (most
-    # futures are settled by the thread that waits on them, and never need one).
-    def __init__(self, task, pending: dict):
-        self._state = _PENDING
-        self._result = None
-        self._exception = None
-        self._waiters = []
-        self._done_callbacks = []
-        self._task = task
-        self._born = time.monotonic()
-        self._pending = pending  # the executor's unsettled futures; this one leaves it settled
+    Made without `Future.__init__` (see `PoolExecutor.submit`): its immutable fields are class
+    defaults, and its condition and lists are made on first use — most futures are settled by
+    the thread that waits on them and never need them. Settling writes the outcome first and
+    then looks for a condition: a thread that made one before that look is notified under it;
+    one that makes it later finds the future finished when it checks, under it, as the base
+    class does. The notification happens once (`_notified`), whoever of the caller and the
+    collector thread settles too.
+    """
+
+    _state = _PENDING
+    _result = None
+    _exception = None
+    _task = None
+    _pending = None
 
     @property
     def _condition(self):
-        c = self.__dict__.get("_cond")
+        d = self.__dict__
+        c = d.get("_cond")
         if c is None:
-            with _MAKING:
-                c = self.__dict__.get("_cond")
-                if c is None:
-                    c = self.__dict__["_cond"] = threading.Condition()
+            c = d.setdefault("_cond", threading.Condition())
         return c
 
+    @property
+    def _waiters(self):
+        return self.__dict__.setdefault("_waiter_list", [])
+
+    @_waiters.setter
+    def _waiters(self, v):
+        self.__dict__["_waiter_list"] = v
+
+    @property
+    def _done_callbacks(self):
+        return self.__dict__.setdefault("_callback_list", [])
+
+    @_done_callbacks.setter
+    def _done_callbacks(self, v):
+        self.__dict__["_callback_list"] = v
+
     def _settle(self, outcome) -> None:
-        """Completes the future with the task's outcome (once; the caller and the collector
-        thread may both hold it). What `set_result`/`set_exception` do, in one lock."""
-        if outcome is None:
+        """Completes the future with the task's outcome (the caller and the collector thread
+        may both do it, with the same outcome)."""
+        if outcome is None or self._state != _PENDING:
             return
         self._pending.pop(self, None)
         ok, value = outcome
-        if isinstance(value, CancelledError):
+        if ok:
+            self._result = value
+        elif isinstance(value, CancelledError):
             self.cancel()
             return
-        if "_cond" not in self.__dict__:
-            with _MAKING:
-                if "_cond" not in self.__dict__:
-                    # No other thread has looked at this future (that makes its condition):
-                    # nobody waits on it and it has no callbacks.
-                    if self._state == _PENDING:
-                        if ok:
-                            self._result = value
-                        else:
-                            self._exception = value
-                        self._state = _FINISHED
-                    return
+        else:
+            self._exception = value
+        self._state = _FINISHED
+        if "_cond" in self.__dict__:
+            self._notify(ok)
+
+    def _notify(self, ok: bool) -> None:
+        """What `set_result`/`set_exception` do after the state changed, once."""
         c = self._condition
-        c.acquire()  # the lock's own method: no Python-level `with` frames on the hot path
-        try:
-            if self._state != _PENDING:  # settled already, or cancelled
+        with c:
+            if self.__dict__.get("_notified"):
                 return
-            if ok:
-                self._result = value
-            else:
-                self._exception = value
-            self._state = _FINISHED
+            self._notified = True
             for waiter in self._waiters:
                 if ok:
                     waiter.add_result(self)
                 else:
                     waiter.add_exception(self)
-            if c._waiters:  # threads blocked in the base class's result()/exception()
-                c.notify_all()
-        finally:
-            c.release()
+            c.notify_all()
         if self._done_callbacks:
             self._invoke_callbacks()
 
     def result(self, timeout=None):
         if self._state == _PENDING:
-            self._settle(self._task._outcome(timeout))
+            outcome = self._task._outcome(timeout)
+            if outcome is None:  # not within `timeout` (waiting again would double it)
+                raise TimeoutError()
+            if outcome[0] and self._state == _PENDING:
+                # `_settle` of a value, inline: the round trip's hot path.
+                self._pending.pop(self, None)
+                self._result = value = outcome[1]
+                self._state = _FINISHED
+                if "_cond" in self.__dict__:
+                    self._notify(True)
+                return value
+            self._settle(outcome)
         if self._state == _FINISHED and self._exception is None:
             return self._result
-        return super().result(timeout)
+        return super().result(0)
 
     def exception(self, timeout=None):
         if self._state == _PENDING:
             self._settle(self._task._outcome(timeout))
-        return super().exception(timeout)
+            if self._state == _PENDING:
+                raise TimeoutError()
+        return super().exception(0)
 
     def done(self) -> bool:
         if self._state == _PENDING and self._task.done():
             self._settle(self._task._outcome(0.0))
-        return super().done()
+        return self._state != _PENDING
 
     def cancel(self) -> bool:
         with self._condition:
@@ -108,6 +127,9 @@ class _MizuFuture(Future):
                 return False
         self._pending.pop(self, None)
         return super().cancel()
+
+
+_new_future = object.__new__
 
 
 class PoolExecutor(Executor):
@@ -156,8 +178,10 @@ class PoolExecutor(Executor):
             # hangs (small calls are written natively). The native submit refuses a forked
             # child's copy of the pool. When every task slot holds an uncollected result
             # (e.g. a large `map`), it moves finished outcomes into their tasks to make room.
-            fut = _MizuFuture(self._pool.submit_call(fn, *args, **kwargs), self._pending)
-            self._pending[fut] = None
+            fut = _new_future(_MizuFuture)
+            fut._task = self._pool.submit_call(fn, *args, **kwargs)
+            fut._pending = pending = self._pending
+            pending[fut] = None
             return fut
 
     def _submit_payload(self, data, bufs) -> _MizuFuture:
@@ -165,7 +189,9 @@ class PoolExecutor(Executor):
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            fut = _MizuFuture(self._pool.submit(data, bufs), self._pending)
+            fut = _new_future(_MizuFuture)
+            fut._task = self._pool.submit(data, bufs)
+            fut._pending = self._pending
             self._pending[fut] = None
             return fut
 
@@ -209,6 +235,7 @@ class PoolExecutor(Executor):
         finds nothing to do and backs off, so it seldom competes with them for the GIL.
         """
         delay = 0.0002
+        seen: dict[_MizuFuture, float] = {}  # when this thread first saw each pending future
         while True:
             with self._lock:
                 pending = list(self._pending)
@@ -217,11 +244,14 @@ class PoolExecutor(Executor):
                 closing = self._shutdown
             progressed = False
             now = time.monotonic()
+            seen = {f: seen.get(f, now) for f in pending}
             for fut in pending:
                 # A caller blocked in `result()` collects its own future faster than this
                 # thread can hand it over: settle only futures someone else waits on (`wait`,
                 # `as_completed`, callbacks), old ones, or any when slots run out.
-                wanted = fut._waiters or fut._done_callbacks or closing or now - fut._born > 0.01
+                d = fut.__dict__
+                waited = d.get("_waiter_list") or d.get("_callback_list")
+                wanted = waited or closing or now - seen[fut] > 0.01
                 if wanted and fut._task.done():
                     fut._settle(fut._task._outcome(0.0))
                     progressed = True
