@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use arrow_buffer::Buffer;
-use mizu_queue::{Consumer, Deque, SlotState, Steal};
+use mizu_queue::{Consumer, Deque, SlotState, Steal, TransitionError};
 use mizu_shm::{DeathWatch, Waiter};
 
 use crate::error::{PoolError, Result};
@@ -342,22 +342,32 @@ impl Runtime<'_> {
             return false;
         }
         let hdr = v.task(s, k);
-        let (g, st) = hdr.state.load_for_update();
-        if st != Some(SlotState::Pending) || g as u32 != g32 {
-            return false;
-        }
         let rec = &v.worker(self.slot).rec;
         // The claim record goes first: if we die between it and the CAS, the reaper sees a
-        // Pending task (someone else runs it); after the CAS it sees ours and fails it.
-        rec.current.store(word, Ordering::SeqCst);
+        // Pending task (someone else runs it); after the CAS it sees ours and fails it. The
+        // CAS releases the record to whoever reads the state it writes.
+        rec.current.store(word, Ordering::Release);
         if v.params.timed != 0 {
             rec.started_ns.store(now_ns(), Ordering::Relaxed);
         }
-        if hdr
-            .state
-            .transition(g, SlotState::Pending, SlotState::Running)
-            .is_err()
-        {
+        // One CAS, without reading the state first: the collector polls that line, and every
+        // access of ours between two of its reads is another transfer of it. The id carries
+        // the generation's low 32 bits; a higher generation costs one more try.
+        let mut g = u64::from(g32);
+        let claimed = loop {
+            match hdr
+                .state
+                .transition(g, SlotState::Pending, SlotState::Running)
+            {
+                Ok(()) => break true,
+                Err(TransitionError::Lost {
+                    generation,
+                    state: Some(SlotState::Pending),
+                }) if generation != g && generation as u32 == g32 => g = generation,
+                Err(_) => break false,
+            }
+        };
+        if !claimed {
             rec.current.store(0, Ordering::Release);
             return false;
         }
