@@ -283,6 +283,12 @@ impl Pool {
         );
     }
 
+    /// This process's data segments for the pool (where large payloads go): for regions the
+    /// caller fills or hands out itself, such as a map's output written by the workers.
+    pub fn data_pool(&self) -> &mizu_wire::DataPool {
+        &self.shared.data_pool
+    }
+
     /// The token other processes use to attach (workers, extra submitters).
     pub fn token(&self) -> &str {
         self.shared.segment().token()

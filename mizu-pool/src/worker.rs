@@ -168,6 +168,11 @@ impl TaskContext<'_> {
         }
     }
 
+    /// This worker's data segments (see [`crate::Pool::data_pool`]).
+    pub fn data_pool(&self) -> &mizu_wire::DataPool {
+        &self.rt.shared.data_pool
+    }
+
     /// This worker's slot.
     pub fn worker_slot(&self) -> usize {
         self.rt.slot

@@ -16,6 +16,7 @@ mod fast;
 mod ffi;
 mod handle;
 mod interrupt;
+mod outvec;
 mod pool;
 mod rng;
 mod rtry;
@@ -95,4 +96,5 @@ extendr_module! {
     use rng;
     use view;
     use channel;
+    use outvec;
 }

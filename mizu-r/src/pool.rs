@@ -225,6 +225,23 @@ pub(crate) unsafe fn pool_at<'a>(pool: SEXP) -> Result<&'a RPool> {
     }
 }
 
+/// `f` of the data segments of the process submitting through `pool`: the pool's, or inside a
+/// task (a nested pool handle) the worker's.
+pub(crate) fn with_data_pool<T>(
+    pool: &Robj,
+    f: impl FnOnce(&mizu_wire::DataPool) -> T,
+) -> Result<T> {
+    let p = pool_ref(pool)?;
+    if p.nested {
+        with_context(|c| c.map(|c| f(c.data_pool())))
+            .ok_or_else(|| rerr("a nested pool handle is only usable inside its task"))
+    } else {
+        let g = p.inner.borrow();
+        let pool = g.as_ref().ok_or_else(|| rerr("the pool is stopped"))?;
+        Ok(f(pool.data_pool()))
+    }
+}
+
 /// A classed failure for the R wrapper: `c(class, message)`.
 fn failure(class: &str, msg: impl std::fmt::Display) -> Robj {
     Robj::from(vec![class.to_string(), msg.to_string()])

@@ -78,7 +78,7 @@ impl VType {
         }
     }
 
-    fn sexptype(self) -> SEXPTYPE {
+    pub(crate) fn sexptype(self) -> SEXPTYPE {
         match self {
             VType::Int => SEXPTYPE::INTSXP,
             VType::Real => SEXPTYPE::REALSXP,

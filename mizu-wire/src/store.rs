@@ -271,6 +271,48 @@ impl Region {
         }
     }
 
+    /// A descriptor carrying no reference, for the writers of an output region (see
+    /// [`Mapper::borrow`]): this holder keeps the region alive while they write.
+    pub fn describe(&self) -> RegionDesc {
+        RegionDesc {
+            name: self.seg.name().to_string(),
+            offset: self.offset,
+            len: self.len,
+            generation: self.generation,
+        }
+    }
+
+    /// Writes `bytes` at `at` in the payload of an **output region**: one whose creator hands
+    /// [`Region::describe`]d descriptors to writers in other processes, each of which fills a
+    /// range of its own, and which is read only after every writer is done. This is the one
+    /// exception to "a committed region is immutable"; the error is for a range outside the
+    /// payload.
+    ///
+    /// # Safety
+    /// Nobody else reads or writes `at..at + bytes.len()` of this region while this runs, and
+    /// nobody reads it until this writer's completion is published to the reader (a task's
+    /// final state, say).
+    pub unsafe fn write_at(&self, at: usize, bytes: &[u8]) -> Result<()> {
+        let end = at.checked_add(bytes.len()).filter(|&e| e <= self.len());
+        if end.is_none() {
+            return Err(WireError::BadRegion {
+                name: self.seg.name().to_string(),
+                offset: self.offset,
+                len: self.len,
+                why: format!(
+                    "a write of {} bytes at {at} is outside the region",
+                    bytes.len()
+                ),
+            });
+        }
+        // SAFETY: the range is inside the mapping (checked above, the region validated when it
+        // was made); the caller guarantees nobody else touches it meanwhile.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr().as_ptr().add(at), bytes.len())
+        };
+        Ok(())
+    }
+
     /// The payload as an Arrow buffer that keeps this reference (and the mapping) alive. The
     /// region can be found again from any address inside the buffer ([`Region::containing`]),
     /// so a view of it can be re-sent by reference.
@@ -509,6 +551,17 @@ impl Mapper {
     /// segment (name, header, kind), the bounds, and the region header (magic, length,
     /// generation, a reference present).
     pub fn adopt(&self, d: &RegionDesc) -> Result<Region> {
+        let seg = self.checked(d)?;
+        Ok(Region {
+            seg,
+            offset: d.offset,
+            len: d.len,
+            generation: d.generation,
+        })
+    }
+
+    /// The segment of a descriptor whose region checks out (see [`Mapper::adopt`]).
+    fn checked(&self, d: &RegionDesc) -> Result<Arc<DataSegment>> {
         let bad = |why: &str| WireError::BadRegion {
             name: d.name.clone(),
             offset: d.offset,
@@ -537,12 +590,54 @@ impl Mapper {
         if h.refs.load(Ordering::Acquire) == 0 {
             return Err(bad("the region holds no reference for this descriptor"));
         }
-        Ok(Region {
-            seg,
+        Ok(seg)
+    }
+
+    /// A reference of its own to the region a [`Region::describe`]d descriptor names, taken
+    /// only while its holder still has one (else the region may be reused: an error then), for
+    /// writing into an output region ([`Region::write_at`]). Dropping it releases the
+    /// reference; should the holder have let go meanwhile, that frees the region.
+    pub fn borrow(&self, d: &RegionDesc) -> Result<Region> {
+        let seg = self.checked(d)?;
+        let h = seg.header(d.offset)?;
+        let mut refs = h.refs.load(Ordering::Acquire);
+        loop {
+            if refs == 0 {
+                return Err(WireError::BadRegion {
+                    name: d.name.clone(),
+                    offset: d.offset,
+                    len: d.len,
+                    why: "its holder let it go".into(),
+                });
+            }
+            match h
+                .refs
+                .compare_exchange(refs, refs + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => break,
+                Err(r) => refs = r,
+            }
+        }
+        // Ours now: if the space was released and reused in between, the header says so, and
+        // dropping `held` gives our reference back.
+        let held = Region {
+            seg: seg.clone(),
             offset: d.offset,
             len: d.len,
             generation: d.generation,
-        })
+        };
+        if h.len.load(Ordering::Relaxed) != d.len
+            || h.generation.load(Ordering::Relaxed) != d.generation
+            || h.magic.load(Ordering::Acquire) != REGION_MAGIC
+        {
+            return Err(WireError::BadRegion {
+                name: d.name.clone(),
+                offset: d.offset,
+                len: d.len,
+                why: "stale: the region was released and its space reused".into(),
+            });
+        }
+        Ok(held)
     }
 
     fn segment(&self, name: &str) -> Result<Arc<DataSegment>> {

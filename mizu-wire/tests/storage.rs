@@ -202,3 +202,40 @@ fn a_buffer_leads_back_to_its_region_while_it_lives() {
     drop((found, part, buf, region));
     assert!(mizu_wire::Region::containing(addr).is_none());
 }
+
+#[test]
+fn writers_fill_an_output_region_while_its_holder_keeps_it() {
+    let pool = DataPool::new(1 << 16);
+    let mapper = Mapper::new();
+    let mut m = pool.alloc(64).unwrap();
+    m.bytes_mut().fill(0);
+    let r = m.commit();
+    let name = r.segment().name().to_string();
+    let desc = r.describe();
+    // Two writers, each with a range of its own (another mapping of the segment, as in
+    // another process).
+    for (at, byte) in [(0usize, 1u8), (32, 2)] {
+        let w = mapper.borrow(&desc).unwrap();
+        // SAFETY: nobody else touches this range, and it is read only below.
+        unsafe { w.write_at(at, &[byte; 32]).unwrap() };
+    }
+    assert_eq!(&r.bytes()[..32], &[1u8; 32][..]);
+    assert_eq!(&r.bytes()[32..], &[2u8; 32][..]);
+    let w = mapper.borrow(&desc).unwrap();
+    // SAFETY: the write is refused before it touches anything.
+    let e = unsafe { w.write_at(40, &[0u8; 32]) }.unwrap_err();
+    assert!(e.to_string().contains("outside the region"), "{e}");
+    // The holder lets go while a writer still holds its own reference: the writer finishes,
+    // and the last of them frees the region.
+    drop(r);
+    assert_eq!(&w.bytes()[..1], &[1]);
+    drop(w);
+    drop(pool);
+    assert!(!shm_exists(&name), "the last holder unlinks");
+    // Once nobody holds it, a descriptor without a reference cannot be borrowed.
+    let e = mapper.borrow(&desc).unwrap_err();
+    assert!(
+        matches!(e, WireError::BadRegion { .. } | WireError::Shm(_)),
+        "{e}"
+    );
+}

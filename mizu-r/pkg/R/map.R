@@ -35,7 +35,9 @@
 #'   The caller's and the workers' RNG state is left as it was.
 #' @param .ptype `NULL` for a list, or a prototype (`double()`, `integer()`, `logical()`,
 #'   `character()`, `complex()`, `raw()`): every result must then be one value of that type,
-#'   and the result is a vector of that type.
+#'   and the result is a vector of that type. Past 4 KiB of results of a fixed-size type (all
+#'   but `character()`), the workers write them straight into one vector in shared memory,
+#'   which is returned as a view of it (see [mizu_is_view()]); no copy assembles it.
 #' @param .progress Show a text progress bar.
 #' @param .chunk_size Elements per task (`NULL`: adaptive).
 #' @return A list (or a vector of `.ptype`) with the names of `.x`.
@@ -64,8 +66,12 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
   xs <- if (is.list(.x)) .x else as.list(.x)
   workers <- if (info[[2]]) 2L else info[[1]]
   chunks <- .chunks(n, workers, if (!is.null(.chunk_size)) as.integer(.chunk_size))
+  # Typed results past a view's size: the chunk tasks write them straight into one shared
+  # output area, and the result is a view of it (no assembling copy here).
+  out <- if (!is.null(.ptype)) .Call(wrap__out_new, pool, .ptype, n)
+  spec <- if (!is.null(out)) out[[2L]]
   msgs <- lapply(chunks, function(ix) {
-    list("m", .f, dots, unname(xs[ix]), seed, ix[[1]], .ptype)
+    list("m", .f, dots, unname(xs[ix]), seed, ix[[1]], .ptype, spec)
   })
   tasks <- .submit_many(pool, msgs)
   bar <- if (isTRUE(.progress) && n > 0L) utils::txtProgressBar(0, n, style = 3)
@@ -83,11 +89,14 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
       if (is.null(e$index)) e$index <- chunks[[k]][[1]]
       stop(e)
     }
-    parts[[k]] <- .value(o, index = chunks[[k]][[1]])
+    part <- .value(o, index = chunks[[k]][[1]])
+    if (is.null(spec)) parts[[k]] <- part
     done <- done + length(chunks[[k]])
     if (!is.null(bar)) utils::setTxtProgressBar(bar, done)
   }
-  out <- if (is.null(.ptype)) {
+  out <- if (!is.null(spec)) {
+    .Call(wrap__out_view, out[[1L]])
+  } else if (is.null(.ptype)) {
     do.call(c, c(list(list()), parts))
   } else if (length(parts)) {
     unlist(parts, use.names = FALSE)
@@ -113,10 +122,13 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
 # element reaches the worker's handlers (see .handlers_call) with .worker_state$element set
 # to its position. With a seed, R's RNG is switched to mizu's streams for the chunk and element i
 # draws from the stream of (seed, i); the worker's own RNG kind and state are put back after.
-.run_chunk <- function(f, dots, xs, seed, start, ptype) {
+# With an output `spec`, typed results go into the caller's output area instead of back.
+.run_chunk <- function(f, dots, xs, seed, start, ptype, spec = NULL) {
   n <- length(xs)
   typed <- !is.null(ptype)
   out <- if (typed) vector(typeof(ptype), n) else vector("list", n)
+  pt <- typeof(ptype)
+  to_double <- pt == "double"
   st <- .worker_state
   if (!is.null(seed)) {
     saved <- .rng_switch()
@@ -129,11 +141,21 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
     if (!is.null(seed)) .Call(wrap__rng_enter, seed, i - 1)
     r <- if (with_dots) do.call(f, c(list(xs[[j]]), dots)) else f(xs[[j]])
     if (typed) {
-      out[[j]] <- .typed_value(r, ptype, i)
+      # What .typed_value checks, inline: a call per element costs as much as the element.
+      out[[j]] <- if (length(r) == 1L && is.atomic(r) &&
+                      (typeof(r) == pt || (to_double && is.numeric(r)))) {
+        r
+      } else {
+        .typed_value(r, ptype, i)
+      }
     } else if (!is.null(r)) {
       out[[j]] <- r
     }
   }
   st$element <- NULL
+  if (!is.null(spec)) {
+    .Call(wrap__out_write, spec, start, out)
+    return(NULL)
+  }
   out
 }

@@ -74,7 +74,7 @@
 # Tasks other than plain expressions (native code evaluates those itself).
 .dispatch <- function(msg) {
   if (identical(msg[[1L]], "m")) {
-    return(.run_chunk(msg[[2]], msg[[3]], msg[[4]], msg[[5]], msg[[6]], msg[[7]]))
+    return(.run_chunk(msg[[2]], msg[[3]], msg[[4]], msg[[5]], msg[[6]], msg[[7]], msg[[8]]))
   }
   if (identical(msg[[1L]], "e")) return(eval(msg[[2L]], msg[[3L]], globalenv()))
   stop("mizu: unknown task kind")

@@ -18,6 +18,51 @@ test_that("maps return results in order with names; .ptype gives a typed vector"
   })
 })
 
+test_that("large typed maps are written by the workers straight into one shared vector", {
+  with_pool(2, function(pool) {
+    n <- 20000L
+    x <- stats::setNames(seq_len(n), paste0("e", seq_len(n)))
+    d <- mizu_map(pool, x, function(i) i / 4, .ptype = double())
+    # A view of the shared output (checked before anything reads it: R's own code may ask a
+    # view for a writable pointer, which makes a private copy).
+    expect_true(mizu_is_shared(d))
+    expect_identical(names(d)[c(1, n)], c("e1", paste0("e", n)))
+    expect_identical(unname(d), seq_len(n) / 4)
+    i <- mizu_map(pool, seq_len(n), function(i) if (i %% 7L == 0L) NA_integer_ else -i,
+                  .ptype = integer(), .chunk_size = 999)
+    expect_true(mizu_is_shared(i))
+    expect_identical(i, ifelse(seq_len(n) %% 7L == 0L, NA_integer_, -seq_len(n)))
+    l <- mizu_map(pool, seq_len(n), function(i) if (i == 3L) NA else i %% 2L == 0L,
+                  .ptype = logical())
+    expect_identical(l, replace(seq_len(n) %% 2L == 0L, 3L, NA))
+    r <- mizu_map(pool, seq_len(n), function(i) as.raw(i %% 256L), .ptype = raw())
+    expect_identical(r, as.raw(seq_len(n) %% 256L))
+    z <- mizu_map(pool, seq_len(2000), function(i) complex(real = i, imaginary = -i),
+                  .ptype = complex())
+    expect_identical(z, complex(real = 1:2000, imaginary = -(1:2000)))
+    # Numbers of another numeric type are converted, as for small maps.
+    expect_identical(mizu_map(pool, seq_len(n), function(i) i, .ptype = double()),
+                     as.double(seq_len(n)))
+    # The output is sent on by reference: a worker reads the same shared pages.
+    s <- mizu_map(pool, seq_len(n), function(i) i * 1, .ptype = double())
+    expect_identical(mizu_collect(mizu_submit(pool, c(sum(v), mizu::mizu_is_shared(v)), v = s)),
+                     c(sum(as.double(seq_len(n))), 1))
+    # A failing element stops the map as for any other map; the pool goes on.
+    e <- tryCatch(mizu_map(pool, seq_len(n), function(i) if (i == 12345L) stop("no") else i,
+                           .ptype = integer()), error = function(e) e)
+    expect_equal(e$index, 12345)
+    expect_error(mizu_map(pool, seq_len(n), function(i) "a", .ptype = double()),
+                 "one double value")
+    # Nested: a task maps over the pool into its own worker's shared output.
+    v <- mizu_collect(mizu_submit(pool, {
+      out <- mizu::mizu_map(mizu::mizu_current_pool(), seq_len(5000), function(i) i * 3,
+                            .ptype = double())
+      c(mizu::mizu_is_shared(out), sum(out))
+    }))
+    expect_identical(v, c(1, sum(seq_len(5000) * 3)))
+  })
+})
+
 test_that("the first failing element by position is reported, with its class and index", {
   with_pool(2, function(pool) {
     f <- function(i) if (i %in% c(37, 80)) stop(structure(

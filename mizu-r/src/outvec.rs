@@ -1,0 +1,128 @@
+//! Typed map results written straight into shared memory: the caller allocates one output
+//! region, every chunk task writes its elements' values at their positions, and the result is
+//! a view of the region — no assembling copy in the caller.
+//!
+//! The region is an *output region* (`mizu_wire::Region::write_at`): the chunk tasks write
+//! disjoint ranges, each through a reference of its own (`Mapper::borrow`), and the caller
+//! reads only after every chunk task finished. A map that fails drops the region; a chunk
+//! still running then finishes its write into space that stays allocated until it lets go.
+
+use std::sync::Arc;
+
+use extendr_api::Result;
+use extendr_api::prelude::*;
+use extendr_ffi::{DATAPTR, TYPEOF, XLENGTH};
+use mizu_wire::{Region, RegionDesc};
+
+use crate::rerr;
+use crate::view::VType;
+
+/// Bytes of an output spec: the region descriptor, the type code, the element count.
+const SPEC_BYTES: usize = 64 + 1 + 8;
+
+/// The caller's output region.
+struct OutVec {
+    region: Arc<Region>,
+    t: VType,
+}
+
+/// The type of `ptype` when map results of it can be written in place (fixed-size elements).
+fn out_type(ptype: &Robj) -> Option<VType> {
+    // SAFETY: TYPEOF reads any live SEXP; `ptype` is held by its handle.
+    let t = VType::of(unsafe { TYPEOF(ptype.get()) })?;
+    (t != VType::Str).then_some(t)
+}
+
+/// An output area for `n` results of `ptype`'s type: `list(handle, spec)`, the spec to pass to
+/// every chunk task; NULL when the results are not of a fixed-size type or would be smaller
+/// than a view's floor (the caller then assembles them itself).
+#[extendr]
+fn out_new(pool: Robj, ptype: Robj, n: f64) -> Result<Robj> {
+    let Some(t) = out_type(&ptype) else {
+        return Ok(Robj::from(()));
+    };
+    if !(n.is_finite() && n >= 0.0) {
+        return Err(rerr("the element count must be a non-negative number"));
+    }
+    let len = (n as usize)
+        .checked_mul(t.size())
+        .ok_or_else(|| rerr("the output is too large"))?;
+    if len < crate::codec::FLOOR {
+        return Ok(Robj::from(()));
+    }
+    let region = crate::pool::with_data_pool(&pool, |dp| dp.alloc(len))?
+        .map_err(rerr)?
+        .commit();
+    let mut spec = vec![0u8; SPEC_BYTES];
+    region.describe().write_to(&mut spec[..64]);
+    spec[64] = t as u8;
+    spec[65..].copy_from_slice(&(n as u64).to_le_bytes());
+    let handle: Robj = ExternalPtr::new(OutVec {
+        region: Arc::new(region),
+        t,
+    })
+    .into();
+    Ok(List::from_values([handle, Robj::from(spec.as_slice())]).into())
+}
+
+/// In a chunk task: writes `values` (the results of elements `start`, `start + 1`, ...) into
+/// the output area `spec` names.
+#[extendr]
+fn out_write(spec: Robj, start: f64, values: Robj) -> Result<()> {
+    let bad = |why: &str| rerr(format!("malformed map output spec: {why}"));
+    let s = spec.as_raw_slice().ok_or_else(|| bad("not a raw vector"))?;
+    if s.len() != SPEC_BYTES {
+        return Err(bad("wrong length"));
+    }
+    let desc = RegionDesc::read_from(&s[..64]).map_err(bad)?;
+    let t = VType::from_code(s[64])
+        .filter(|t| *t != VType::Str)
+        .ok_or_else(|| bad("unknown type"))?;
+    let n = u64::from_le_bytes(s[65..].try_into().expect("8 bytes"));
+    let v = plain_vector(&values, t)?;
+    // SAFETY: `v` is a live, non-ALTREP vector of type `t` (checked), held by `values`.
+    let k = unsafe { XLENGTH(v) } as u64;
+    if !(start.is_finite() && start >= 1.0) || (start as u64 - 1).saturating_add(k) > n {
+        return Err(rerr(format!(
+            "map output: {k} values at {start} do not fit {n} elements"
+        )));
+    }
+    let region = crate::codec::mapper().borrow(&desc).map_err(rerr)?;
+    if region.len() as u64 != n * t.size() as u64 {
+        return Err(bad("the region does not hold that many elements"));
+    }
+    let bytes = k as usize * t.size();
+    // SAFETY: a plain vector's data is `k` elements of `t`, alive while `values` is.
+    let data = unsafe { std::slice::from_raw_parts(DATAPTR(v).cast::<u8>(), bytes) };
+    // SAFETY: the map gives every chunk task a range of elements of its own, and the caller
+    // reads the region only after every chunk task finished (see the module docs).
+    unsafe { region.write_at((start as usize - 1) * t.size(), data) }.map_err(rerr)
+}
+
+/// Of the caller's output area, once every chunk task finished: the results as a view.
+#[extendr]
+fn out_view(handle: Robj) -> Result<Robj> {
+    // SAFETY: `handle` is held by its Robj while the reference is used.
+    let o = unsafe { crate::handle::ext_ref::<OutVec>(handle.get()) }
+        .ok_or_else(|| rerr("not a map output handle"))?;
+    crate::view::make(Region::buffer(&o.region), o.t, false)
+}
+
+/// `values` when it is a plain (not ALTREP) vector of type `t`.
+fn plain_vector(values: &Robj, t: VType) -> Result<extendr_ffi::SEXP> {
+    // SAFETY: TYPEOF/ALTREP read any live SEXP; `values` holds it.
+    unsafe {
+        let v = values.get();
+        if TYPEOF(v) != t.sexptype() || extendr_ffi::ALTREP(v) != 0 {
+            return Err(rerr("map output: values of the wrong type"));
+        }
+        Ok(v)
+    }
+}
+
+extendr_module! {
+    mod outvec;
+    fn out_new;
+    fn out_write;
+    fn out_view;
+}
