@@ -189,3 +189,35 @@ def test_as_completed_yields_each_future_once_while_a_caller_settles_them(ex):
         while left:
             done, left = wait(left, timeout=60, return_when=FIRST_COMPLETED)
             assert done
+
+
+def test_submits_racing_shutdown_either_complete_or_are_refused():
+    import threading
+    from concurrent.futures import wait
+
+    for _ in range(5):
+        ex = pymizu.PoolExecutor(2)
+        accepted, refused = [], []
+        go = threading.Event()
+
+        def submitter():
+            go.wait()
+            for i in range(200):
+                try:
+                    accepted.append((i, ex.submit(tasks.add, i, 1)))
+                except RuntimeError as e:
+                    assert "after shutdown" in str(e)
+                    refused.append(i)
+                    return
+
+        ts = [threading.Thread(target=submitter) for _ in range(3)]
+        for t in ts:
+            t.start()
+        go.set()
+        ex.shutdown(wait=True)
+        for t in ts:
+            t.join(60)
+        # Every accepted future finishes, also for waiters other than its own caller.
+        done, not_done = wait([f for _, f in accepted], timeout=60)
+        assert not not_done
+        assert all(f.result() == i + 1 for i, f in accepted)

@@ -171,18 +171,24 @@ class PoolExecutor(Executor):
         self._collector.start()
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
-        with self._lock:
-            if self._shutdown:
-                raise RuntimeError("cannot schedule new futures after shutdown")
-            # Pickling happens here, in the caller: an unpicklable call raises now, never
-            # hangs (small calls are written natively). The native submit refuses a forked
-            # child's copy of the pool. When every task slot holds an uncollected result
-            # (e.g. a large `map`), it moves finished outcomes into their tasks to make room.
-            fut = _new_future(_MizuFuture)
-            fut._task = self._pool.submit_call(fn, *args, **kwargs)
-            fut._pending = pending = self._pending
-            pending[fut] = None
-            return fut
+        # No lock on this hot path: a submit racing `shutdown` looks at the flag again once
+        # its future is registered (where shutdown and the collector find it), and withdraws
+        # it if shutdown began meanwhile.
+        if self._shutdown:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        # Pickling happens here, in the caller: an unpicklable call raises now, never hangs
+        # (small calls are written natively). The native submit refuses a forked child's copy
+        # of the pool. When every task slot holds an uncollected result (e.g. a large `map`),
+        # it moves finished outcomes into their tasks to make room.
+        fut = _new_future(_MizuFuture)
+        fut._task = task = self._pool.submit_call(fn, *args, **kwargs)
+        fut._pending = pending = self._pending
+        pending[fut] = None
+        if self._shutdown:
+            pending.pop(fut, None)
+            task.cancel()
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        return fut
 
     def _submit_payload(self, data, bufs) -> _MizuFuture:
         self._mpool._check()
