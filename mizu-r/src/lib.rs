@@ -65,6 +65,20 @@ fn init_native() {
     });
 }
 
+/// Whether `f` is a closure whose body is byte code (compiled by `compiler::cmpfun` or R's
+/// JIT); false for anything else.
+#[extendr]
+fn is_compiled(f: Robj) -> bool {
+    // SAFETY: `f` is live (held for this call); TYPEOF reads any SEXP, and BODY is read only
+    // of a closure.
+    unsafe {
+        let x = f.get();
+        extendr_ffi::TYPEOF(x) == extendr_ffi::SEXPTYPE::CLOSXP
+            && extendr_ffi::TYPEOF(extendr_ffi::get_closure_body(x))
+                == extendr_ffi::SEXPTYPE::BCODESXP
+    }
+}
+
 /// Removes shared-memory names left by processes that are gone; returns them.
 #[extendr]
 fn prune() -> Result<Vec<String>> {
@@ -87,6 +101,7 @@ fn shm_names() -> Vec<String> {
 extendr_module! {
     mod mizu;
     fn init_native;
+    fn is_compiled;
     fn prune;
     fn shm_names;
     use codec;

@@ -66,6 +66,11 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
   xs <- if (is.list(.x)) .x else as.list(.x)
   workers <- if (info[[2]]) 2L else info[[1]]
   chunks <- .chunks(n, workers, if (!is.null(.chunk_size)) as.integer(.chunk_size))
+  # Every chunk carries its own copy of `.f`; a closure R has not compiled yet would be
+  # compiled by R's JIT in every chunk (a millisecond or more each, on the workers' time).
+  if (length(chunks) > workers && typeof(.f) == "closure" && !.Call(wrap__is_compiled, .f)) {
+    .f <- .compile_once(.f)
+  }
   # Typed results past a view's size: the chunk tasks write them straight into one shared
   # output area, and the result is a view of it (no assembling copy here).
   out <- if (!is.null(.ptype)) .Call(wrap__out_new, pool, .ptype, n)
@@ -105,6 +110,18 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
   }
   names(out) <- names(.x)
   out
+}
+
+# The last closure mapped and its compiled copy (so that mapping the same function again does
+# not compile it again; it stays referenced until another one is mapped).
+.compiled <- new.env(parent = emptyenv())
+
+.compile_once <- function(f) {
+  if (!identical(f, .compiled$src)) {
+    .compiled$cmp <- compiler::cmpfun(f)
+    .compiled$src <- f
+  }
+  .compiled$cmp
 }
 
 # Checks that `r` (the result of element i) is one value of ptype's type; returns it as that

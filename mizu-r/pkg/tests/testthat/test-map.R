@@ -63,6 +63,16 @@ test_that("large typed maps are written by the workers straight into one shared 
   })
 })
 
+test_that("a map of more chunks than workers sends its function compiled", {
+  # Otherwise R's JIT compiles the closure again in every chunk, on the workers' time.
+  with_pool(2, function(pool) {
+    f <- function(i) .Call(mizu:::wrap__is_compiled, sys.function())
+    expect_true(all(unlist(mizu_map(pool, 1:40, f, .chunk_size = 1))))
+    expect_false(.Call(mizu:::wrap__is_compiled, f))  # the caller's closure is left as it is
+    expect_identical(mizu_map(pool, 1:40, function(i) i * 2, .chunk_size = 3), as.list(1:40 * 2))
+  })
+})
+
 test_that("the first failing element by position is reported, with its class and index", {
   with_pool(2, function(pool) {
     f <- function(i) if (i %in% c(37, 80)) stop(structure(
