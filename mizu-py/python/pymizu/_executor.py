@@ -14,6 +14,18 @@ from ._pool import Pool, _run_chunk
 _PENDING, _FINISHED = "PENDING", "FINISHED"
 
 
+def _lazy_list(key: str) -> property:
+    """An attribute holding a list made on first use (under `key` in the instance dict)."""
+
+    def get(self):
+        return self.__dict__.setdefault(key, [])
+
+    def put(self, v):
+        self.__dict__[key] = v
+
+    return property(get, put)
+
+
 class _MizuFuture(Future):
     """A real `Future`; `result()` collects the task in the calling thread (GIL released while
     it waits) instead of waiting for the collector thread to be scheduled.
@@ -41,21 +53,8 @@ class _MizuFuture(Future):
             c = d.setdefault("_cond", threading.Condition())
         return c
 
-    @property
-    def _waiters(self):
-        return self.__dict__.setdefault("_waiter_list", [])
-
-    @_waiters.setter
-    def _waiters(self, v):
-        self.__dict__["_waiter_list"] = v
-
-    @property
-    def _done_callbacks(self):
-        return self.__dict__.setdefault("_callback_list", [])
-
-    @_done_callbacks.setter
-    def _done_callbacks(self, v):
-        self.__dict__["_callback_list"] = v
+    _waiters = _lazy_list("_waiter_list")
+    _done_callbacks = _lazy_list("_callback_list")
 
     def _settle(self, outcome) -> None:
         """Completes the future with the task's outcome (the caller and the collector thread
