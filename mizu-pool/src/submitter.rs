@@ -35,7 +35,7 @@ struct Inner {
     last: Vec<u64>,
     next_worker: usize,
     next_slot: usize,
-    /// A worker's own deque, for its nested submissions (see [`SubmitterCore::own_deque`]).
+    /// A worker's own deque, for its nested submissions (see [`SubmitterCore::for_worker`]).
     deque: Option<Deque<'static>>,
     /// Task ids pushed to `deque` and not yet announced to idle workers (batches).
     deque_unannounced: usize,
