@@ -1,6 +1,6 @@
 //! Channels: a duplex pair of SPSC rings between this process and one peer (launched by us or
 //! attached by token). `send` never blocks; `recv` waits with a timeout. Messages are bytes:
-//! one that fits a ring slot is copied into it behind a one-byte tag ([`RAW`]); larger ones
+//! one that fits a ring slot is copied into it behind a one-byte tag (`RAW`); larger ones
 //! travel through `mizu-wire` data segments, as a wire frame in the slot (which never starts
 //! with that tag).
 

@@ -133,7 +133,7 @@ mod waiter {
             self.spin
         }
 
-        /// Polls [`BURST_POLLS`] times without reading the clock (nothing when the spin
+        /// Polls `BURST_POLLS` times without reading the clock (nothing when the spin
         /// budget is zero). A peer in a busy stream answers within a few hundred
         /// nanoseconds, and a clock read costs ~30 ns in a VM: a round trip would pay
         /// several of them on each side before its answer arrives.

@@ -13,7 +13,7 @@
 //! | factor / ordered | dictionary<int32, utf8>, codes − 1 | `mizu.r.class = factor|ordered` |
 //! | Date | date32 | — |
 //! | POSIXct | timestamp[us, tz] | `mizu.r.tz` (also in the type) |
-//! | difftime | duration[us] | `mizu.r.units` |
+//! | difftime | `duration[us]` | `mizu.r.units` |
 //! | raw | uint8 | — |
 //! | integer64 | int64, NA (`i64::MIN`) as null | `mizu.r.class = integer64` |
 //! | `dim` | the flat (column-major) array | `mizu.r.dim = "d1,d2,…"` |
