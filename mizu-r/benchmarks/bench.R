@@ -96,10 +96,11 @@ report("data frame round trip (54k x 10, add a column)", "time", df_mizu,
 # 5. A map of 2 000 tasks of ~10 us each.
 work <- function(i) sum(sqrt(seq_len(1500L) + i))
 nm <- 2000L
-seq_s <- per_op(function() lapply(seq_len(nm), work), 1)
-map_mizu <- per_op(function() mizu_map(pool, seq_len(nm), work), 1)
-map_psock <- per_op(function() parLapply(cl, seq_len(nm), work), 1)
-map_fork <- per_op(function() mclapply(seq_len(nm), work, mc.cores = workers), 1)
+# Median of 9: a map of tens of milliseconds moves by a worker's garbage collection.
+seq_s <- per_op(function() lapply(seq_len(nm), work), 1, reps = 9L)
+map_mizu <- per_op(function() mizu_map(pool, seq_len(nm), work), 1, reps = 9L)
+map_psock <- per_op(function() parLapply(cl, seq_len(nm), work), 1, reps = 9L)
+map_fork <- per_op(function() mclapply(seq_len(nm), work, mc.cores = workers), 1, reps = 9L)
 stopifnot(identical(mizu_map(pool, seq_len(nm), work), lapply(seq_len(nm), work)))
 report(sprintf("map of %d tasks (%.1f us each)", nm, seq_s / nm * 1e6), "time", map_mizu,
        list(`PSOCK cluster (parLapply)` = map_psock, mclapply = map_fork,
