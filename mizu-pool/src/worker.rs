@@ -306,22 +306,6 @@ impl Runtime<'_> {
 
     /// See [`Runtime::steal`].
     fn scan(&self) -> bool {
-        while let Some(word) = self.find_pending() {
-            if self.try_run(word) {
-                self.shared
-                    .view()
-                    .worker(self.slot)
-                    .rec
-                    .steals
-                    .fetch_add(1, Ordering::Relaxed);
-                return true;
-            }
-        }
-        false
-    }
-
-    /// The id of a `Pending` task, found by scanning every submitter's slots.
-    fn find_pending(&self) -> Option<u64> {
         let v = self.shared.view();
         for s in 0..v.params.submitters as usize {
             let rec = &v.submitter(s).rec;
@@ -340,11 +324,17 @@ impl Runtime<'_> {
                         slot: k,
                         generation: g,
                     };
-                    return Some(id.pack());
+                    if self.try_run(id.pack()) {
+                        v.worker(self.slot)
+                            .rec
+                            .steals
+                            .fetch_add(1, Ordering::Relaxed);
+                        return true;
+                    }
                 }
             }
         }
-        None
+        false
     }
 
     /// Claims (crash-safely) and runs the task `word` names; false if it is not claimable.
@@ -584,19 +574,14 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
             .store(if spins { 1 } else { 2 }, Ordering::SeqCst);
         let before = waiter.parks();
         // A stream survives the spin (a task caught there continues it) and ends before the
-        // worker parks: `check` runs between the two. So does a look for work queued for
-        // other workers (a map's chunks, say): a worker that ran out of its own takes it now,
-        // not after a whole idle slice. (Not between the tasks of a busy stream: they come
-        // within the spin.)
-        let mut found = None;
+        // worker parks: `check` runs between the two.
         let woke = waiter.wait(
             &ws.park,
             || (rt.any_queued() || done()).then_some(()),
             Some(Duration::from_millis(2)),
             || {
                 stream.end();
-                found = rt.find_pending();
-                if found.is_some() { Err(()) } else { Ok(()) }
+                Ok::<(), ()>(())
             },
         );
         ws.rec.idle.store(0, Ordering::Relaxed);
@@ -607,12 +592,6 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
             ws.rec
                 .parks
                 .fetch_add(waiter.parks() - before, Ordering::Relaxed);
-        }
-        if let Some(word) = found {
-            if rt.try_run(word) {
-                ws.rec.steals.fetch_add(1, Ordering::Relaxed);
-            }
-            continue;
         }
         // Housekeeping and stealing (which scans task slots) only after a whole idle slice,
         // never between two tasks of a busy stream (that would put them on every round trip).
