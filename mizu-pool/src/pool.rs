@@ -197,6 +197,9 @@ impl Pool {
     /// Creates the pool and waits until its workers have joined.
     pub fn new(cfg: PoolConfig, launcher: Launcher) -> Result<Pool> {
         cfg.validate()?;
+        // What dead pools left (a controller killed together with its workers has nobody
+        // left to clean up): only segments whose owner's lock says it is gone.
+        let _ = mizu_shm::prune();
         let maxw = cfg.max_workers.max(cfg.workers);
         let me = mizu_shm::liveness::current()?;
         let params = Params {
