@@ -313,12 +313,14 @@ impl Pool {
     }
 
     /// [`Pool::submit_batch`] for payloads that write themselves in place; what was submitted
-    /// before an error (e.g. every slot taken) is returned with it.
+    /// before an error (every slot taken, or `SubmitTimeout` after waiting `timeout` for queue
+    /// space for one payload) is returned with it.
     pub fn submit_batch_with<'p>(
         &self,
         payloads: impl IntoIterator<Item = &'p dyn crate::Fill>,
+        timeout: Option<Duration>,
     ) -> (Vec<Task>, Result<()>) {
-        self.core.submit_batch_partial(payloads, None)
+        self.core.submit_batch_partial(payloads, timeout)
     }
 
     /// Submits a task, waiting at most `timeout` for queue space.

@@ -4,7 +4,7 @@
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arrow_buffer::Buffer;
 use mizu_queue::{Consumer, Deque, SlotState, Steal, TransitionError};
@@ -514,11 +514,13 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         })
         .collect();
     let controller_dead = Arc::new(AtomicBool::new(false));
+    let finished = Arc::new(AtomicBool::new(false));
     let _watch = {
-        let (dead, sh) = (controller_dead.clone(), shared.clone());
+        let (dead, fin, sh) = (controller_dead.clone(), finished.clone(), shared.clone());
         DeathWatch::spawn(v.params.controller, move || {
             dead.store(true, Ordering::SeqCst);
             sh.view().worker(slot).park.wake_all_unconditionally();
+            leave_if_stuck(&sh, &fin);
         })?
     };
     let rt = Runtime {
@@ -601,6 +603,7 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         }
     }
     stream.end();
+    finished.store(true, Ordering::SeqCst);
     let _ = ws.rec.state.compare_exchange(
         wstate::READY,
         wstate::EXITING,
@@ -614,6 +617,34 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         let _ = mizu_shm::prune();
     }
     Ok(())
+}
+
+/// How long a worker whose controller died may take to leave on its own.
+const ORPHAN_GRACE: Duration = Duration::from_secs(1);
+
+/// Called on the death-watch thread once the controller died: an idle worker leaves its loop
+/// at once (`finished`), but one inside a task would only notice when the task ends — hours,
+/// maybe. Nobody can collect that task's outcome any more (the pool died with its
+/// controller), so after [`ORPHAN_GRACE`] the process removes what it and the controller
+/// left in shared memory and kills itself (no exit handlers: the task's thread is still
+/// running).
+fn leave_if_stuck(shared: &Shared, finished: &AtomicBool) {
+    let deadline = Instant::now() + ORPHAN_GRACE;
+    while !finished.load(Ordering::SeqCst) {
+        if Instant::now() >= deadline {
+            let _ = shared.segment().unlink();
+            shared.data_pool.unlink_all();
+            let _ = mizu_shm::prune();
+            if let Ok(me) = mizu_shm::liveness::current() {
+                let _ = std::fs::remove_file(me.id().lock_path());
+            }
+            let _ = rustix::process::kill_process(
+                rustix::process::getpid(),
+                rustix::process::Signal::KILL,
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Fails every task the dead worker `slot` (process `pid`) was running — its claim record and

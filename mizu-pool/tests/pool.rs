@@ -449,7 +449,7 @@ fn killing_the_controller_makes_workers_exit_and_leaves_nothing() {
 }
 
 #[test]
-fn a_new_pool_removes_what_a_pool_killed_whole_left() {
+fn workers_busy_in_long_tasks_leave_soon_after_the_controller_dies() {
     let mut ctl = Command::new(WORKER)
         .arg("--controller")
         .stdout(Stdio::piped())
@@ -459,44 +459,47 @@ fn a_new_pool_removes_what_a_pool_killed_whole_left() {
     BufReader::new(ctl.stdout.as_mut().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let pids: Vec<u32> = line
-        .split_whitespace()
-        .skip(1)
-        .map(|p| p.parse().unwrap())
+    let mut it = line.split_whitespace();
+    let token = it.next().unwrap().to_owned();
+    let pids: Vec<u32> = it.map(|p| p.parse().unwrap()).collect();
+    // Both workers start a ten-minute task (submitted by this process, attached by token).
+    let sub = mizu_pool::Submitter::attach(&token).unwrap();
+    let tasks: Vec<_> = (0..2)
+        .map(|_| sub.submit(b"sleep:600000").unwrap())
         .collect();
+    wait_until("both workers run a task", || {
+        tasks.iter().all(|t| t.state() == Some(SlotState::Running))
+    });
     let ctl_pid = ctl.id();
-    let signal = |sig: &str, pid: u32| {
-        let ok = Command::new("kill")
-            .args([sig, &pid.to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {sig} {pid}");
-    };
-    // Stopped, the controller cannot replace its workers; killed afterwards, it leaves nobody
-    // to clean up (no worker survives to notice).
-    signal("-STOP", ctl_pid);
-    for &p in &pids {
-        signal("-KILL", p);
-    }
-    signal("-KILL", ctl_pid);
+    ctl.kill().unwrap();
     ctl.wait().unwrap();
-    let left = || -> Vec<String> {
-        std::fs::read_dir("/dev/shm")
-            .unwrap()
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .filter(|n| {
-                [ctl_pid]
-                    .iter()
-                    .chain(&pids)
-                    .any(|p| n.starts_with(&format!("mizu_{p:x}_")))
-            })
-            .collect()
+    let alive = |pid: u32| {
+        std::path::Path::new(&format!("/proc/{pid}")).exists()
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .unwrap_or_default()
+                .contains(") Z ")
     };
-    assert!(!left().is_empty(), "the killed pool left its segments");
-    let p = pool(workers(1));
-    assert_eq!(left(), Vec::<String>::new(), "the new pool pruned them");
-    drop(p);
+    // The hang guard (120 s) is far below the tasks' ten minutes.
+    wait_until("busy workers leave after the controller died", || {
+        pids.iter().all(|&p| !alive(p))
+    });
+    drop(tasks);
+    drop(sub);
+    let left: Vec<String> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| {
+            [ctl_pid]
+                .iter()
+                .chain(&pids)
+                .any(|p| n.starts_with(&format!("mizu_{p:x}_")))
+        })
+        .collect();
+    assert_eq!(
+        left,
+        Vec::<String>::new(),
+        "the leaving workers removed everything"
+    );
 }
 
 #[test]
@@ -743,7 +746,8 @@ fn a_partial_batch_returns_what_was_submitted_with_the_error() {
         ..Default::default()
     });
     let payloads: Vec<Vec<u8>> = (0..10).map(|i| format!("echo:{i}").into_bytes()).collect();
-    let (mut tasks, res) = p.submit_batch_with(payloads.iter().map(|v| v as &dyn mizu_pool::Fill));
+    let (mut tasks, res) =
+        p.submit_batch_with(payloads.iter().map(|v| v as &dyn mizu_pool::Fill), None);
     assert_eq!(tasks.len(), 4);
     assert!(matches!(res, Err(PoolError::SlotsExhausted(4))), "{res:?}");
     let got: Vec<String> = collect_all(&mut tasks, GUARD)

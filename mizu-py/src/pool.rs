@@ -11,7 +11,7 @@ use pyo3::types::{PyBytes, PyDict, PyTuple};
 use mizu_pool::{Fill, Launcher, PoolConfig, PoolError};
 
 use crate::codec::Outgoing;
-use crate::task::{Registry, Task};
+use crate::task::{Registry, SLICE, Task};
 use crate::{SlotsFull, err, forked};
 
 /// Payloads up to this size are submitted without releasing the GIL first (when a queue has
@@ -50,14 +50,21 @@ pub(crate) fn submit_draining(
 ) -> PyResult<Task> {
     let mut hot = size <= HOT_SUBMIT_MAX;
     loop {
+        // Waiting for queue space (a worker stuck in a long task) goes in slices, so Ctrl-C
+        // still interrupts it.
         let r = if hot {
             f(Some(Duration::ZERO))
         } else {
-            py.detach(|| f(None))
+            py.detach(|| f(Some(SLICE)))
         };
         match r {
             Ok(t) => return Ok(Task::new(t, tasks, nested)),
-            Err(PoolError::SubmitTimeout(_)) if hot => hot = false,
+            Err(PoolError::SubmitTimeout(_)) => {
+                if !hot {
+                    py.check_signals()?;
+                }
+                hot = false;
+            }
             Err(PoolError::SlotsExhausted(_)) => {
                 py.detach(|| tasks.drain());
                 py.check_signals()?;
@@ -74,14 +81,17 @@ pub(crate) fn submit_all_draining(
     tasks: &Registry,
     nested: bool,
     outs: &[Outgoing<'_>],
-    f: impl Fn(&[Outgoing<'_>]) -> (Vec<mizu_pool::Task>, mizu_pool::Result<()>) + Sync,
+    f: impl Fn(&[Outgoing<'_>], Duration) -> (Vec<mizu_pool::Task>, mizu_pool::Result<()>) + Sync,
 ) -> PyResult<Vec<Task>> {
     let mut done = Vec::with_capacity(outs.len());
     while done.len() < outs.len() {
-        let (ts, r) = py.detach(|| f(&outs[done.len()..]));
+        let (ts, r) = py.detach(|| f(&outs[done.len()..], SLICE));
         done.extend(ts.into_iter().map(|t| Task::new(t, tasks, nested)));
         match r {
             Ok(()) => {}
+            // Queue space is waited for in slices, so Ctrl-C still interrupts the batch
+            // (what was submitted keeps running; its handles are dropped).
+            Err(PoolError::SubmitTimeout(_)) => py.check_signals()?,
             Err(PoolError::SlotsExhausted(_)) => {
                 py.detach(|| tasks.drain());
                 py.check_signals()?;
@@ -221,8 +231,8 @@ impl Pool {
     ) -> PyResult<Vec<Task>> {
         let outs = outgoing(py, &calls)?;
         self.with(|pool| {
-            submit_all_draining(py, &self.tasks, false, &outs, |rest| {
-                pool.submit_batch_with(rest.iter().map(|o| o as &dyn Fill))
+            submit_all_draining(py, &self.tasks, false, &outs, |rest, slice| {
+                pool.submit_batch_with(rest.iter().map(|o| o as &dyn Fill), Some(slice))
             })
         })
     }

@@ -28,7 +28,7 @@ use crate::worker::with_context;
 use crate::{MizuError, forked};
 
 /// How long one GIL-free wait lasts before signals are checked.
-const SLICE: Duration = Duration::from_millis(50);
+pub(crate) const SLICE: Duration = Duration::from_millis(50);
 /// How long a wait polls with the GIL held before releasing it.
 const HOT_WAIT: Duration = Duration::from_micros(20);
 /// The poll after several waits in a row outlasted [`HOT_WAIT`].

@@ -304,7 +304,7 @@ pub fn nested_submit_batch(
     if !in_task() {
         return Err(context_error());
     }
-    submit_all_draining(py, &NESTED, true, &outs, |rest| {
+    submit_all_draining(py, &NESTED, true, &outs, |rest, _| {
         with_context(|c| match c {
             Some(c) => c.submit_batch_with(rest.iter().map(|o| o as &dyn Fill)),
             None => (Vec::new(), Err(PoolError::Stopped)),

@@ -3,11 +3,13 @@ options, worker death, Ctrl-C — all with real worker processes."""
 
 import asyncio
 import os
+import queue
 import random
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -330,6 +332,87 @@ def test_ctrl_c_interrupts_a_blocking_result(tmp_path):
     out, _ = proc.communicate(timeout=60)
     assert "interrupted" in out
     assert proc.returncode == 0
+
+
+def test_ctrl_c_interrupts_a_submit_waiting_for_queue_space(tmp_path):
+    # The worker is stuck in a task: 2000 submissions fill its queue at once, and so does the
+    # batch after them; each wait must end at SIGINT, not when the task does (600 s: the
+    # read timeouts below are hang guards).
+    script = tmp_path / "fill.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        sys.path.insert(0, %r)
+        import pymizu, tasks
+        if __name__ == "__main__":
+            with pymizu.Pool(1) as p:
+                t = p.submit(tasks.sleep, 600)
+                for kind in ("submit", "batch"):
+                    print(kind, flush=True)
+                    try:
+                        if kind == "submit":
+                            for i in range(2000):
+                                p.submit(tasks.add, i, 1)
+                        else:
+                            p.submit_batch(tasks.add, [(i, 1) for i in range(2000)])
+                        print("not interrupted", flush=True)
+                    except KeyboardInterrupt:
+                        print("interrupted", kind, flush=True)
+                p.stop(grace=0)
+            print("stopped", flush=True)
+    """ % os.path.dirname(tasks.__file__)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x.strip()) for x in proc.stdout], daemon=True).start()
+    try:
+        for kind in ("submit", "batch"):
+            assert lines.get(timeout=60) == kind
+            time.sleep(0.5)  # the queue is full long before
+            proc.send_signal(signal.SIGINT)
+            assert lines.get(timeout=60) == f"interrupted {kind}"
+        assert lines.get(timeout=60) == "stopped"
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+
+
+def test_a_killed_caller_takes_its_busy_workers_along(tmp_path):
+    # kill -9 of the process that owns the pool while its worker runs a ten-minute task: the
+    # worker leaves soon after (not when the task ends) and nothing of either is left in
+    # /dev/shm.
+    script = tmp_path / "owner.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time
+        sys.path.insert(0, %r)
+        import pymizu, tasks
+        if __name__ == "__main__":
+            p = pymizu.Pool(1)
+            t = p.submit(tasks.sleep, 600)
+            while not p.status()["workers"][0]["busy"]:
+                time.sleep(0.01)
+            print(p.status()["workers"][0]["pid"], flush=True)
+            time.sleep(600)
+    """ % os.path.dirname(tasks.__file__)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(proc.stdout.readline())
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+
+        def alive(pid):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    return ") Z " not in f.read()
+            except FileNotFoundError:
+                return False
+
+        deadline = time.monotonic() + 60  # hang guard, far below the task's ten minutes
+        while alive(worker):
+            assert time.monotonic() < deadline, "the worker outlived its pool's owner"
+            time.sleep(0.05)
+        left = [n for n in os.listdir("/dev/shm") if any(n.startswith(f"mizu_{p:x}_") for p in (proc.pid, worker))]
+        assert left == []
+    finally:
+        proc.kill()
 
 
 def test_an_unguarded_script_gets_a_clear_error_not_a_process_storm(tmp_path):

@@ -127,8 +127,8 @@ impl RPool {
     }
 
     /// Moves finished outcomes out of their task slots; waits (in Ctrl-C-checked slices, up
-    /// to `timeout`) for one when none is finished. Whether a slot was freed.
-    fn drain(&self, timeout: Option<Duration>) -> Result<bool> {
+    /// to `timeout`) for one when none is finished.
+    fn drain(&self, timeout: Option<Duration>) -> Drained {
         let start = Instant::now();
         loop {
             let mut freed = false;
@@ -151,11 +151,11 @@ impl RPool {
                 }
             }
             if freed {
-                return Ok(true);
+                return Drained::Freed;
             }
             let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
             if live.is_empty() || left.is_some_and(|l| l.is_zero()) {
-                return Ok(false);
+                return Drained::TimedOut;
             }
             let slice = left.map_or(SLICE, |l| l.min(SLICE));
             let g = live[0].borrow();
@@ -173,10 +173,25 @@ impl RPool {
             }
             drop(g);
             if interrupt::pending() {
-                return Err(rerr("interrupted"));
+                return Drained::Interrupted;
             }
         }
     }
+}
+
+/// What [`RPool::drain`] achieved.
+enum Drained {
+    /// A task slot is free again.
+    Freed,
+    /// Nothing finished within the timeout (or nothing is in flight).
+    TimedOut,
+    /// Ctrl-C.
+    Interrupted,
+}
+
+/// The failure an R wrapper turns into an interrupt condition (Ctrl-C while waiting).
+fn interrupted() -> Robj {
+    failure("interrupt", "interrupted")
 }
 
 fn opt_secs(x: f64, what: &str) -> Result<Option<Duration>> {
@@ -399,13 +414,22 @@ pub(crate) fn submit_encoded(
             })
         });
     }
+    let start = Instant::now();
+    let timed_out = || {
+        submit_failure(PoolError::SubmitTimeout(
+            p.submit_timeout.unwrap_or_default(),
+        ))
+    };
     loop {
+        // Queue space is waited for in slices, so Ctrl-C still interrupts the wait.
+        let left = p.submit_timeout.map(|t| t.saturating_sub(start.elapsed()));
+        let slice = left.map_or(SLICE, |l| l.min(SLICE));
         let r = {
             let g = p.inner.borrow();
             let Some(inner) = g.as_ref() else {
                 return Ok(Err(failure("mizu_error_stopped", "the pool is stopped")));
             };
-            inner.submit_with(out, p.submit_timeout)
+            inner.submit_with(out, Some(slice))
         };
         match r {
             Ok(t) => {
@@ -413,13 +437,19 @@ pub(crate) fn submit_encoded(
                 p.track(&t);
                 return Ok(Ok(t));
             }
-            Err(PoolError::SlotsExhausted(_)) => {
-                if !p.drain(p.submit_timeout)? {
-                    return Ok(Err(submit_failure(PoolError::SubmitTimeout(
-                        p.submit_timeout.unwrap_or_default(),
-                    ))));
+            Err(PoolError::SubmitTimeout(_)) => {
+                if left.is_some_and(|l| l <= slice) {
+                    return Ok(Err(timed_out()));
+                }
+                if interrupt::pending() {
+                    return Ok(Err(interrupted()));
                 }
             }
+            Err(PoolError::SlotsExhausted(_)) => match p.drain(left) {
+                Drained::Freed => {}
+                Drained::TimedOut => return Ok(Err(timed_out())),
+                Drained::Interrupted => return Ok(Err(interrupted())),
+            },
             Err(e) => return Ok(Err(submit_failure(e))),
         }
     }
@@ -445,23 +475,33 @@ fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
                 &pool,
                 p,
                 ts.into_iter().map(RTask::new).collect(),
-                res.err(),
+                res.err().map(submit_failure),
             ))
         });
     }
     let mut tasks = Vec::with_capacity(outs.len());
     let mut fail = None;
+    let start = Instant::now();
+    let timed_out = || {
+        submit_failure(PoolError::SubmitTimeout(
+            p.submit_timeout.unwrap_or_default(),
+        ))
+    };
     while tasks.len() < outs.len() {
+        // As in `submit_encoded`: queue space is waited for in Ctrl-C-checked slices.
+        let left = p.submit_timeout.map(|t| t.saturating_sub(start.elapsed()));
+        let slice = left.map_or(SLICE, |l| l.min(SLICE));
         let (ts, res) = {
             let g = p.inner.borrow();
             let Some(inner) = g.as_ref() else {
-                fail = Some(PoolError::Stopped);
+                fail = Some(submit_failure(PoolError::Stopped));
                 break;
             };
             inner.submit_batch_with(
                 outs[tasks.len()..]
                     .iter()
                     .map(|o| o as &dyn mizu_pool::Fill),
+                Some(slice),
             )
         };
         for t in ts {
@@ -471,16 +511,29 @@ fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
         }
         match res {
             Ok(()) => {}
-            Err(PoolError::SlotsExhausted(_)) => {
-                if !p.drain(p.submit_timeout)? {
-                    fail = Some(PoolError::SubmitTimeout(
-                        p.submit_timeout.unwrap_or_default(),
-                    ));
+            Err(PoolError::SubmitTimeout(_)) => {
+                if left.is_some_and(|l| l <= slice) {
+                    fail = Some(timed_out());
+                    break;
+                }
+                if interrupt::pending() {
+                    fail = Some(interrupted());
                     break;
                 }
             }
+            Err(PoolError::SlotsExhausted(_)) => match p.drain(left) {
+                Drained::Freed => {}
+                Drained::TimedOut => {
+                    fail = Some(timed_out());
+                    break;
+                }
+                Drained::Interrupted => {
+                    fail = Some(interrupted());
+                    break;
+                }
+            },
             Err(e) => {
-                fail = Some(e);
+                fail = Some(submit_failure(e));
                 break;
             }
         }
@@ -488,14 +541,14 @@ fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
     Ok(batch_list(&pool, p, tasks, fail))
 }
 
-fn batch_list(pool: &Robj, p: &RPool, tasks: Vec<RTask>, fail: Option<PoolError>) -> List {
+fn batch_list(pool: &Robj, p: &RPool, tasks: Vec<RTask>, fail: Option<Robj>) -> List {
     let tasks: Vec<Robj> = tasks
         .into_iter()
         // SAFETY: R's main thread; `pool` is the live handle of `p`; each new handle is
         // protected by its Robj at once.
         .map(|t| unsafe { Robj::from_sexp(crate::handle::task_handle(pool.get(), &p.batch, t)) })
         .collect();
-    let fail = fail.map_or_else(|| Robj::from(()), submit_failure);
+    let fail = fail.unwrap_or_else(|| Robj::from(()));
     List::from_values([List::from_values(tasks).into(), fail])
 }
 

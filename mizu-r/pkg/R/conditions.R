@@ -61,8 +61,12 @@ print.mizu_sentinel <- function(x, ...) {
 
 .stop <- function(class, message, ...) stop(.mizu_condition(class, message, ...))
 
-# A failure reported by native code as c(class, message).
-.raise_failure <- function(f) .stop(f[[1]], f[[2]])
+# A failure reported by native code as c(class, message); class "interrupt": Ctrl-C arrived
+# while it waited.
+.raise_failure <- function(f) {
+  if (identical(f[[1]], "interrupt")) .signal_interrupt()
+  .stop(f[[1]], f[[2]])
+}
 
 # Ctrl-C arrived while native code waited: signal an interrupt as R itself does.
 .signal_interrupt <- function() {

@@ -10,13 +10,14 @@ with_pool <- function(n, code, ...) {
 }
 
 # Runs R code in a fresh Rscript; returns its output lines.
-run_r <- function(code) {
+run_r <- function(code, timeout = 0) {
   f <- tempfile(fileext = ".R")
   writeLines(c(sprintf(".libPaths(c(%s))",
                        paste(encodeString(.libPaths(), quote = '"'), collapse = ", ")),
                code), f)
   on.exit(unlink(f))
-  suppressWarnings(system2(file.path(R.home("bin"), "Rscript"), f, stdout = TRUE, stderr = TRUE))
+  suppressWarnings(system2(file.path(R.home("bin"), "Rscript"), f, stdout = TRUE, stderr = TRUE,
+                           timeout = timeout))
 }
 
 in_ci <- function() nzchar(Sys.getenv("CI"))

@@ -176,6 +176,27 @@ test_that("Ctrl-C interrupts a wait and leaves the task valid", {
   expect_true(any(grepl("then: 7", out)), info = paste(out, collapse = "\n"))
 })
 
+test_that("Ctrl-C interrupts a submit waiting for queue space, one or a batch", {
+  # The worker is stuck in a task; 2000 submissions fill its queue long before the first
+  # SIGINT (after 1 s), the batch after it blocks at once until the second. Without the
+  # interrupt checks each wait would last the 600 s of the task (the timeout is a hang guard).
+  out <- run_r(c(
+    "library(mizu)",
+    "p <- mizu_pool(1)",
+    "me <- Sys.getpid()",
+    "t <- mizu_submit(p, { for (k in 1:2) { Sys.sleep(1); tools::pskill(me, tools::SIGINT) }; Sys.sleep(600) }, me = me)",
+    "r <- tryCatch({ for (i in 1:2000) mizu_submit(p, i, i = i); 'all' }, interrupt = function(e) 'interrupted')",
+    "cat('submit:', r, '\\n')",
+    "r <- tryCatch({ mizu_submit_batch(p, lapply(1:2000, function(i) i)); 'all' }, interrupt = function(e) 'interrupted')",
+    "cat('batch:', r, '\\n')",
+    "mizu_pool_stop(p, grace = 0)",
+    "cat('stopped\\n')"
+  ), timeout = 120)
+  expect_true(any(grepl("submit: interrupted", out)), info = paste(out, collapse = "\n"))
+  expect_true(any(grepl("batch: interrupted", out)), info = paste(out, collapse = "\n"))
+  expect_true(any(grepl("^stopped", out)), info = paste(out, collapse = "\n"))
+})
+
 test_that("more tasks than slots: finished outcomes make room, nothing is lost", {
   with_pool(2, slots = 8L, function(pool) {
     ts <- lapply(1:200, function(i) mizu_submit(pool, i * 2L, i = i))
