@@ -414,7 +414,8 @@ pub(crate) fn submit_encoded(
             })
         });
     }
-    let start = Instant::now();
+    // The clock is read only when there is a timeout to keep.
+    let start = p.submit_timeout.map(|t| (Instant::now(), t));
     let timed_out = || {
         submit_failure(PoolError::SubmitTimeout(
             p.submit_timeout.unwrap_or_default(),
@@ -422,7 +423,7 @@ pub(crate) fn submit_encoded(
     };
     loop {
         // Queue space is waited for in slices, so Ctrl-C still interrupts the wait.
-        let left = p.submit_timeout.map(|t| t.saturating_sub(start.elapsed()));
+        let left = start.map(|(s, t)| t.saturating_sub(s.elapsed()));
         let slice = left.map_or(SLICE, |l| l.min(SLICE));
         let r = {
             let g = p.inner.borrow();
@@ -481,7 +482,8 @@ fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
     }
     let mut tasks = Vec::with_capacity(outs.len());
     let mut fail = None;
-    let start = Instant::now();
+    // The clock is read only when there is a timeout to keep.
+    let start = p.submit_timeout.map(|t| (Instant::now(), t));
     let timed_out = || {
         submit_failure(PoolError::SubmitTimeout(
             p.submit_timeout.unwrap_or_default(),
@@ -489,7 +491,7 @@ fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
     };
     while tasks.len() < outs.len() {
         // As in `submit_encoded`: queue space is waited for in Ctrl-C-checked slices.
-        let left = p.submit_timeout.map(|t| t.saturating_sub(start.elapsed()));
+        let left = start.map(|(s, t)| t.saturating_sub(s.elapsed()));
         let slice = left.map_or(SLICE, |l| l.min(SLICE));
         let (ts, res) = {
             let g = p.inner.borrow();
