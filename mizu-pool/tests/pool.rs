@@ -1,7 +1,6 @@
 //! The runtime across real processes: every behaviour of the pool with the Rust test worker.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use mizu_pool::{
@@ -9,7 +8,9 @@ use mizu_pool::{
 };
 use mizu_queue::SlotState;
 
-const WORKER: &str = env!("CARGO_BIN_EXE_mizu-pool-testworker");
+mod common;
+use common::{WORKER, alive, shm_entries_of, start_controller};
+
 const GUARD: Option<Duration> = Some(Duration::from_secs(120));
 
 fn pool(cfg: PoolConfig) -> Pool {
@@ -406,43 +407,15 @@ fn bad_configurations_and_launchers_are_clear_errors() {
 
 #[test]
 fn killing_the_controller_makes_workers_exit_and_leaves_nothing() {
-    let mut ctl = Command::new(WORKER)
-        .arg("--controller")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(ctl.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let mut it = line.split_whitespace();
-    let _token = it.next().unwrap().to_owned();
-    let pids: Vec<u32> = it.map(|p| p.parse().unwrap()).collect();
-    assert_eq!(pids.len(), 2);
+    let (mut ctl, _token, pids) = start_controller();
     let ctl_pid = ctl.id();
     ctl.kill().unwrap();
     ctl.wait().unwrap();
-    let alive = |pid: u32| {
-        std::path::Path::new(&format!("/proc/{pid}")).exists()
-            && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .unwrap_or_default()
-                .contains(") Z ")
-    };
     wait_until("workers exit after the controller died", || {
         pids.iter().all(|&p| !alive(p))
     });
-    let left: Vec<String> = std::fs::read_dir("/dev/shm")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| {
-            [ctl_pid]
-                .iter()
-                .chain(&pids)
-                .any(|p| n.starts_with(&format!("mizu_{p:x}_")))
-        })
-        .collect();
     assert_eq!(
-        left,
+        shm_entries_of(&[ctl_pid, pids[0], pids[1]]),
         Vec::<String>::new(),
         "the surviving workers pruned everything"
     );
@@ -450,18 +423,7 @@ fn killing_the_controller_makes_workers_exit_and_leaves_nothing() {
 
 #[test]
 fn workers_busy_in_long_tasks_leave_soon_after_the_controller_dies() {
-    let mut ctl = Command::new(WORKER)
-        .arg("--controller")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(ctl.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let mut it = line.split_whitespace();
-    let token = it.next().unwrap().to_owned();
-    let pids: Vec<u32> = it.map(|p| p.parse().unwrap()).collect();
+    let (mut ctl, token, pids) = start_controller();
     // Both workers start a ten-minute task (submitted by this process, attached by token).
     let sub = mizu_pool::Submitter::attach(&token).unwrap();
     let tasks: Vec<_> = (0..2)
@@ -473,30 +435,14 @@ fn workers_busy_in_long_tasks_leave_soon_after_the_controller_dies() {
     let ctl_pid = ctl.id();
     ctl.kill().unwrap();
     ctl.wait().unwrap();
-    let alive = |pid: u32| {
-        std::path::Path::new(&format!("/proc/{pid}")).exists()
-            && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .unwrap_or_default()
-                .contains(") Z ")
-    };
     // The hang guard (120 s) is far below the tasks' ten minutes.
     wait_until("busy workers leave after the controller died", || {
         pids.iter().all(|&p| !alive(p))
     });
     drop(tasks);
     drop(sub);
-    let left: Vec<String> = std::fs::read_dir("/dev/shm")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| {
-            [ctl_pid]
-                .iter()
-                .chain(&pids)
-                .any(|p| n.starts_with(&format!("mizu_{p:x}_")))
-        })
-        .collect();
     assert_eq!(
-        left,
+        shm_entries_of(&[ctl_pid, pids[0], pids[1]]),
         Vec::<String>::new(),
         "the leaving workers removed everything"
     );

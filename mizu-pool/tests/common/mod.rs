@@ -1,0 +1,45 @@
+//! What the tests that kill a pool's controller share: a controller process (the test worker
+//! binary in `--controller` mode, with two workers) and the look at what is left behind.
+// Each test binary uses a part of it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+/// The test worker binary.
+pub const WORKER: &str = env!("CARGO_BIN_EXE_mizu-pool-testworker");
+
+/// A controller of a two-worker pool: the process, the pool's token and the workers' pids.
+pub fn start_controller() -> (Child, String, Vec<u32>) {
+    let mut ctl = Command::new(WORKER)
+        .arg("--controller")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(ctl.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let mut it = line.split_whitespace();
+    let token = it.next().unwrap().to_owned();
+    let pids: Vec<u32> = it.map(|p| p.parse().unwrap()).collect();
+    assert_eq!(pids.len(), 2, "controller said {line:?}");
+    (ctl, token, pids)
+}
+
+/// Whether process `pid` runs (a zombie does not).
+pub fn alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
+/// The `/dev/shm` entries of the processes `pids` (mizu names start with the creator's pid).
+pub fn shm_entries_of(pids: &[u32]) -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| pids.iter().any(|p| n.starts_with(&format!("mizu_{p:x}_"))))
+        .collect()
+}
