@@ -38,7 +38,7 @@ use crate::rtry::try_r;
 use crate::view::{self, VType};
 
 const TAG_PLAIN: u8 = b'R';
-const TAG_SMALL: u8 = b'S';
+pub(crate) const TAG_SMALL: u8 = b'S';
 const TAG_BUFFERS: u8 = b'V';
 /// A runtime error message (see the module docs).
 pub const TAG_TEXT: u8 = b'T';

@@ -400,6 +400,115 @@ impl Reader {
     }
 }
 
+impl Reader {
+    /// The rest of an expression task after its kind (see [`decode_expr_task`]).
+    ///
+    /// # Safety
+    /// As [`Reader::item`].
+    unsafe fn expr_task(&mut self) -> Option<SEXP> {
+        // SAFETY: as `item`; the message list is protected while the rest is made, and the
+        // environment is stored in it before anything else allocates.
+        unsafe {
+            let msg = Rf_protect(Rf_allocVector(SEXPTYPE::VECSXP, 3));
+            let ok = self.expr_task_into(msg);
+            Rf_unprotect(1);
+            ok.then_some(msg)
+        }
+    }
+
+    /// # Safety
+    /// As [`Reader::item`]; `msg` is a protected list of three.
+    unsafe fn expr_task_into(&mut self, msg: SEXP) -> bool {
+        // SAFETY: as `item`; every value is reachable from `msg` (protected) once made.
+        unsafe {
+            let Some(expr) = self.item(1) else {
+                return false;
+            };
+            SET_VECTOR_ELT(msg, 1, expr);
+            let env = ffi::R_NewEnv(extendr_ffi::R_GlobalEnv, 0, 29);
+            SET_VECTOR_ELT(msg, 2, env);
+            match self.byte() {
+                // `list()`: no bindings.
+                Some(7) => self.varint() == Some(0),
+                // Names (a character item), then the list of values.
+                Some(10) => {
+                    if self.byte() != Some(5) {
+                        return false;
+                    }
+                    let Some(n) = self.count(2) else {
+                        return false;
+                    };
+                    let mut syms = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        let Some(c) = self.charsxp(true) else {
+                            return false;
+                        };
+                        // `NA` or "" names no variable: the general path decides.
+                        if c == R_NaString || extendr_ffi::LENGTH(c) == 0 {
+                            return false;
+                        }
+                        let c = Rf_protect(c);
+                        syms.push(ffi::Rf_installChar(c));
+                        Rf_unprotect(1);
+                    }
+                    if self.byte() != Some(7) || self.count(1) != Some(n) {
+                        return false;
+                    }
+                    for sym in syms {
+                        let Some(v) = self.item(2) else {
+                            return false;
+                        };
+                        let v = Rf_protect(v);
+                        ffi::Rf_defineVar(sym, v, env);
+                        Rf_unprotect(1);
+                    }
+                    true
+                }
+                _ => false,
+            }
+        }
+    }
+}
+
+/// The compact encoding of `list("e", <kind 1 or 2>)`'s start: a list of three, then the
+/// one-element character vector "e" (native or UTF-8).
+fn expr_task_prefix(b: &[u8]) -> bool {
+    b.len() >= 7 && b[..4] == [7, 3, 5, 1] && matches!(b[4], 1 | 2) && b[5..7] == [1, b'e']
+}
+
+/// For the compact encoding of an expression task, `list("e", expr, vars)` (what
+/// `mizu_submit` sends): the message with its bindings already in a new environment (parent:
+/// the global environment) in place of `vars` — the list [`decode`] and then
+/// `worker::bind_vars` would make, without the kind string, the names vector and the list of
+/// values, in one R top-level context. `None` for any other payload, or one this path does not
+/// take (unusual names, malformed): [`decode`] then handles it. The result is unprotected.
+pub fn decode_expr_task(bytes: &[u8]) -> Option<SEXP> {
+    if !expr_task_prefix(bytes) {
+        return None;
+    }
+    let (p, len) = (bytes.as_ptr(), bytes.len());
+    let mut ok = false;
+    let okp = std::ptr::from_mut(&mut ok);
+    // SAFETY: R's main thread; the closure owns nothing (the reader is plain data on its own
+    // frame); `bytes` outlives the call.
+    let r = unsafe {
+        crate::rtry::try_r(move || {
+            let mut rd = Reader { p, len, at: 7 };
+            match rd.expr_task() {
+                Some(v) if rd.at == rd.len => {
+                    *okp = true;
+                    v
+                }
+                _ => R_NilValue,
+            }
+        })
+    };
+    match r {
+        Ok(v) if ok => Some(v),
+        _ => None,
+    }
+}
+
 /// Decodes a compact item that fills `bytes` exactly; `None` when malformed (or R ran out
 /// of memory).
 pub fn decode(bytes: &[u8]) -> Option<SEXP> {

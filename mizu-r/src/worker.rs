@@ -107,7 +107,13 @@ impl RExec {
         // to the end of the task (the `Unprotect` guards pop them); nothing here holds an R
         // handle on the hot path (see `handle.rs` for why that matters).
         unsafe {
-            let msg = match decode_small(&buf) {
+            // The common expression task first: its bindings go straight into the task's
+            // environment (see `small::decode_expr_task`).
+            let fast = match buf.as_slice().split_first() {
+                Some((&crate::codec::TAG_SMALL, rest)) => crate::small::decode_expr_task(rest),
+                _ => None,
+            };
+            let msg = match fast.map_or_else(|| decode_small(&buf), |m| Some(Ok(m))) {
                 Some(Ok(m)) => Rf_protect(m),
                 Some(Err(e)) => return Err(text(&e.to_string())),
                 None => match decode(buf) {
@@ -119,7 +125,7 @@ impl RExec {
                 },
             };
             let _msg = Unprotect(1);
-            let expr_task = bind_vars(msg);
+            let expr_task = fast.is_some() || bind_vars(msg);
             let (ok, value) = match self.eval_task(msg, expr_task) {
                 Ok(v) if !self.warned() => (true, v),
                 Ok(v) => {

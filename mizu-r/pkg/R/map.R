@@ -88,7 +88,7 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
   parts <- vector("list", length(chunks))
   done <- 0L
   for (k in seq_along(tasks)) {
-    o <- .Call(.native$collect, tasks[[k]], Inf)
+    o <- .Call(.native_collect, tasks[[k]], Inf)
     if (o[[1]] == 1L) {
       e <- .remote_condition(o[[2]])
       if (is.null(e$index)) e$index <- chunks[[k]][[1]]

@@ -175,7 +175,7 @@ print.mizu_pool <- function(x, ...) {
 #' }
 #' @export
 mizu_submit <- function(pool, expr, ...) {
-  r <- .Call(.native$submit_expr, pool, substitute(expr), list(...))
+  r <- .Call(.native_submit_expr, pool, substitute(expr), list(...))
   if (is.character(r)) .raise_failure(r)
   r
 }
@@ -279,7 +279,7 @@ print.mizu_task <- function(x, ...) {
 #' }
 #' @export
 mizu_collect <- function(task, timeout = Inf) {
-  o <- .Call(.native$collect, task, timeout)
+  o <- .Call(.native_collect, task, timeout)
   if (o[[1]] == 0L) o[[2]] else .value(o)
 }
 
@@ -309,7 +309,7 @@ mizu_collect_any <- function(tasks, timeout = Inf) {
   if (i == -2L) stop("every task was already collected", call. = FALSE)
   if (i == -1L) .signal_interrupt()
   if (i == 0L) return(mizu_timeout)
-  list(index = i, value = .value(.Call(.native$collect, tasks[[i]], 0), index = i))
+  list(index = i, value = .value(.Call(.native_collect, tasks[[i]], 0), index = i))
 }
 
 #' Collect every task, in order
@@ -333,7 +333,7 @@ mizu_collect_all <- function(tasks, timeout = Inf) {
   out <- vector("list", length(tasks))
   for (k in seq_along(tasks)) {
     left <- if (is.null(end)) Inf else max(0, end - proc.time()[[3L]])
-    o <- .Call(.native$collect, tasks[[k]], left)
+    o <- .Call(.native_collect, tasks[[k]], left)
     if (o[[1L]] == 0L) {
       if (!is.null(o[[2L]])) out[[k]] <- o[[2L]]
       next

@@ -1,12 +1,20 @@
 .exit_hook <- new.env(parent = emptyenv())
 
 # The routines every task calls (submit, collect), reached as NativeSymbol objects: plain
-# .Call entry points without extendr's per-value bookkeeping (see src/fast.rs).
+# .Call entry points without extendr's per-value bookkeeping (see src/fast.rs). Each is also a
+# namespace binding of its own, set when the package loads: `.native$collect` costs ~0.3 us
+# per call (`$` dispatch), a binding ~0.03 us.
 .native <- new.env(parent = emptyenv())
+.native_submit <- NULL
+.native_submit_expr <- NULL
+.native_collect <- NULL
 
 .onLoad <- function(libname, pkgname) {
   .Call(wrap__init_native)
-  list2env(.Call(wrap__native_routines), .native)
+  routines <- .Call(wrap__native_routines)
+  list2env(routines, .native)
+  ns <- topenv()
+  for (n in names(routines)) assign(paste0(".native_", n), routines[[n]], envir = ns)
   # When R exits: collect garbage (views and handles nobody holds release their shared memory)
   # and unmap the segments kept mapped for reuse, so that nothing of this process's is left in
   # /dev/shm (its lock file goes with the last mapping).

@@ -12,6 +12,33 @@ test_that("a task sees only its bindings and the worker's global environment", {
   })
 })
 
+test_that("bindings of every small kind, odd names and none reach the expression", {
+  # Small messages take the worker's direct path (bindings decoded straight into the task's
+  # environment); these are the cases it must handle exactly as the general path does.
+  with_pool(1, function(pool) {
+    run <- function(...) mizu_collect(mizu_submit(pool, ...))
+    expect_identical(run(ls(environment())), character(0))
+    expect_identical(run(identical(parent.env(environment()), globalenv())), TRUE)
+    vals <- list(n = NULL, l = c(TRUE, NA), i = 1:3, d = c(1.5, NA), z = 1i, s = c("a", NA),
+                 r = as.raw(1:3), k = list(1L, "x", list(NULL)), nm = c(a = 1, b = 2),
+                 q = quote(f(x, y = 2)), sym = as.name("zz"))
+    # mizu_submit(pool, mget(...), n = quote(NULL), ...): calls and symbols stay values.
+    cl <- as.call(c(list(quote(mizu_submit), pool, quote(mget(ls(environment()), environment()))),
+                    lapply(vals, function(v) call("quote", v))))
+    got <- mizu_collect(eval(cl))
+    expect_identical(got[order(names(got))], vals[order(names(vals))])
+    expect_identical(run(c(1, c), c = 3), c(1, 3))  # a binding named like a function
+    utf8 <- do.call(mizu_submit, c(list(pool, quote(list(`a b`, get("caf\u00e9")))),
+                                   setNames(list(1L, "\u00e9"), c("a b", "caf\u00e9"))))
+    expect_identical(mizu_collect(utf8), list(1L, "\u00e9"))
+    expect_identical(run(a, a = 1, a = 2), 2)       # the last of a repeated name wins
+    e <- tryCatch(run(stop(structure(class = c("my_error", "error", "condition"),
+                                    list(message = paste("boom", x), call = NULL))), x = 7),
+                  my_error = function(e) conditionMessage(e))
+    expect_identical(e, "boom 7")
+  })
+})
+
 test_that("init runs on every worker; status and print describe the pool", {
   with_pool(2, init = quote(answer <- 42), function(pool) {
     ts <- lapply(1:4, function(i) mizu_submit(pool, answer + i, i = i))
