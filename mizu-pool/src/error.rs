@@ -35,6 +35,9 @@ pub enum PoolError {
     /// The pool was stopped.
     #[error("the pool is stopped")]
     Stopped,
+    /// The caller gave up waiting for the workers to join (see [`crate::Pool::new_interruptible`]).
+    #[error("interrupted while the workers were starting")]
+    Interrupted,
 }
 
 /// How a task failed.

@@ -196,6 +196,18 @@ pub struct Pool {
 impl Pool {
     /// Creates the pool and waits until its workers have joined.
     pub fn new(cfg: PoolConfig, launcher: Launcher) -> Result<Pool> {
+        Self::new_interruptible(cfg, launcher, &mut || true)
+    }
+
+    /// [`Pool::new`] that asks `keep_waiting` every 50 ms or so, while the workers start,
+    /// whether to go on (a binding checks for Ctrl-C there: a worker importing a large program
+    /// can take seconds). `false` stops what was started and returns
+    /// [`PoolError::Interrupted`].
+    pub fn new_interruptible(
+        cfg: PoolConfig,
+        launcher: Launcher,
+        keep_waiting: &mut dyn FnMut() -> bool,
+    ) -> Result<Pool> {
         cfg.validate()?;
         // What dead pools left (a controller killed together with its workers has nobody
         // left to clean up): only segments whose owner's lock says it is gone.
@@ -234,7 +246,13 @@ impl Pool {
         for slot in 0..pool.cfg.workers {
             pool.launch(slot)?;
         }
-        pool.wait_ready(0..pool.cfg.workers)?;
+        if let Err(e) = pool.wait_ready(0..pool.cfg.workers, keep_waiting) {
+            if matches!(e, PoolError::Interrupted) {
+                // Workers still starting would only see the stop once they joined.
+                pool.stop(Duration::ZERO);
+            }
+            return Err(e);
+        }
         pool.start_monitor();
         Ok(pool)
     }
@@ -243,11 +261,20 @@ impl Pool {
         launch(&self.shared, &self.children, &self.launcher, slot)
     }
 
-    fn wait_ready(&self, slots: std::ops::Range<usize>) -> Result<()> {
+    fn wait_ready(
+        &self,
+        slots: std::ops::Range<usize>,
+        keep_waiting: &mut dyn FnMut() -> bool,
+    ) -> Result<()> {
         let v = self.shared.view();
         let start = Instant::now();
+        let mut polls = 0u32;
         for slot in slots {
             while v.worker(slot).rec.state.load(Ordering::Acquire) != wstate::READY {
+                polls += 1;
+                if polls.is_multiple_of(50) && !keep_waiting() {
+                    return Err(PoolError::Interrupted);
+                }
                 let mut ch = self.children.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(c) = ch.procs[slot].as_mut()
                     && let Ok(Some(st)) = c.try_wait()
@@ -453,7 +480,7 @@ impl Pool {
                 ))
             })?;
         self.launch(slot)?;
-        self.wait_ready(slot..slot + 1)?;
+        self.wait_ready(slot..slot + 1, &mut || true)?;
         Ok(slot)
     }
 

@@ -406,6 +406,45 @@ fn bad_configurations_and_launchers_are_clear_errors() {
 }
 
 #[test]
+fn waiting_for_workers_to_start_can_be_interrupted() {
+    // A "worker" that never joins (it sleeps): the wait ends when the caller says so, long
+    // before the start timeout, and the process started is gone.
+    let pidfile = std::env::temp_dir().join(format!("mizu-start-{}", std::process::id()));
+    let mut asked = 0;
+    let t0 = Instant::now();
+    let e = Pool::new_interruptible(
+        PoolConfig {
+            workers: 1,
+            start_timeout: Duration::from_secs(600),
+            ..Default::default()
+        },
+        Launcher::new(
+            "/bin/sh",
+            [
+                "-c",
+                "echo $$ > \"$0\"; exec sleep 600",
+                pidfile.to_str().unwrap(),
+            ],
+        ),
+        &mut || {
+            asked += 1;
+            asked < 3 || !pidfile.exists()
+        },
+    )
+    .err()
+    .expect("interrupted");
+    assert!(matches!(e, PoolError::Interrupted), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(120), "hang guard");
+    let pid: u32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let _ = std::fs::remove_file(&pidfile);
+    wait_until("the starting worker is gone", || !alive(pid));
+}
+
+#[test]
 fn killing_the_controller_makes_workers_exit_and_leaves_nothing() {
     let (mut ctl, _token, pids) = start_controller();
     let ctl_pid = ctl.id();

@@ -144,9 +144,19 @@ impl Pool {
         cfg.validate()
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let launcher = Launcher::new(python, args);
-        let pool = py
-            .detach(|| mizu_pool::Pool::new(cfg, launcher))
-            .map_err(err)?;
+        // Workers import the caller's script, which can take seconds: Ctrl-C meanwhile stops
+        // them and raises here.
+        let mut signal = None;
+        let pool = py.detach(|| {
+            mizu_pool::Pool::new_interruptible(cfg, launcher, &mut || {
+                signal = Python::attach(|py| py.check_signals().err());
+                signal.is_none()
+            })
+        });
+        let pool = match (pool, signal) {
+            (Err(PoolError::Interrupted), Some(e)) => return Err(e),
+            (p, _) => p.map_err(err)?,
+        };
         Ok(Pool {
             inner: RwLock::new(Some(pool)),
             pid: mizu_shm::current_pid(),

@@ -375,6 +375,37 @@ def test_ctrl_c_interrupts_a_submit_waiting_for_queue_space(tmp_path):
         proc.kill()
 
 
+def test_ctrl_c_interrupts_a_pool_whose_workers_are_still_starting(tmp_path):
+    # Workers import the caller's script; this one takes ten minutes to import there.
+    script = tmp_path / "slow_import.py"
+    script.write_text(textwrap.dedent("""
+        import os, time
+        if os.environ.get("PYMIZU_BOOTING") == "1":
+            time.sleep(600)
+        import pymizu
+        if __name__ == "__main__":
+            print("starting", flush=True)
+            try:
+                pymizu.Pool(1)
+                print("started", flush=True)
+            except KeyboardInterrupt:
+                print("interrupted", flush=True)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x.strip()) for x in proc.stdout], daemon=True).start()
+    try:
+        assert lines.get(timeout=60) == "starting"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        # Well before the pool's 60 s start timeout (a hang guard, not a measurement).
+        assert lines.get(timeout=30) == "interrupted"
+        assert proc.wait(timeout=60) == 0
+        assert [n for n in os.listdir("/dev/shm") if n.startswith(f"mizu_{proc.pid:x}_")] == []
+    finally:
+        proc.kill()
+
+
 def test_a_killed_caller_takes_its_busy_workers_along(tmp_path):
     # kill -9 of the process that owns the pool while its worker runs a ten-minute task: the
     # worker leaves soon after (not when the task ends) and nothing of either is left in

@@ -277,7 +277,8 @@ fn pool_robj(p: RPool) -> Robj {
     r
 }
 
-/// Starts a pool: `workers` processes `program args… <token> <slot>`.
+/// Starts a pool: `workers` processes `program args… <token> <slot>`; the failure
+/// `c("interrupt", …)` if Ctrl-C came while they started (the R wrapper signals it).
 #[extendr]
 fn pool_new(
     workers: i32,
@@ -299,13 +300,23 @@ fn pool_new(
         ..Default::default()
     };
     cfg.validate().map_err(rerr)?;
-    let pool = mizu_pool::Pool::new(cfg, Launcher::new(program, args)).map_err(rerr)?;
+    let submit_timeout = opt_secs(submit_timeout, "submit_timeout")?;
+    // Workers load the package (and `init` runs there) before they join: Ctrl-C meanwhile
+    // stops them.
+    let pool =
+        match mizu_pool::Pool::new_interruptible(cfg, Launcher::new(program, args), &mut || {
+            !interrupt::pending()
+        }) {
+            Ok(p) => p,
+            Err(PoolError::Interrupted) => return Ok(interrupted()),
+            Err(e) => return Err(rerr(e)),
+        };
     Ok(pool_robj(RPool {
         inner: RefCell::new(Some(pool)),
         nested: false,
         workers,
         pid: mizu_shm::current_pid(),
-        submit_timeout: opt_secs(submit_timeout, "submit_timeout")?,
+        submit_timeout,
         tasks: RefCell::new(Vec::new()),
         batch: Default::default(),
     }))

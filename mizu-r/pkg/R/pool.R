@@ -64,10 +64,12 @@ mizu_pool <- function(n_workers = 1L, exec_timeout = NULL, submit_timeout = NULL
   }
   extra <- c(if (is.null(max_tasks)) "0" else format(max_tasks, scientific = FALSE),
              if (is.null(init)) "" else .hex(serialize(init, NULL, xdr = FALSE)))
-  .Call(wrap__pool_new, as.integer(n_workers), .rscript(),
-        .worker_args(".worker_main", extra), as.integer(slots),
-        .secs(exec_timeout, "exec_timeout"), .secs(submit_timeout, "submit_timeout"),
-        respawn)
+  p <- .Call(wrap__pool_new, as.integer(n_workers), .rscript(),
+             .worker_args(".worker_main", extra), as.integer(slots),
+             .secs(exec_timeout, "exec_timeout"), .secs(submit_timeout, "submit_timeout"),
+             respawn)
+  if (is.character(p)) .raise_failure(p)
+  p
 }
 
 .hex <- function(r) paste(as.character(r), collapse = "")

@@ -224,6 +224,18 @@ test_that("Ctrl-C interrupts a submit waiting for queue space, one or a batch", 
   expect_true(any(grepl("^stopped", out)), info = paste(out, collapse = "\n"))
 })
 
+test_that("Ctrl-C interrupts a pool whose workers are still starting", {
+  # Each worker evaluates `init` before it joins; this one would take ten minutes.
+  out <- run_r(c(
+    "library(mizu)",
+    "system(sprintf('sleep 1; kill -INT %d', Sys.getpid()), wait = FALSE)",
+    "r <- tryCatch({ mizu_pool(1, init = quote(Sys.sleep(600))); 'started' },",
+    "              interrupt = function(e) 'interrupted')",
+    "cat('pool:', r, '\\n')"
+  ), timeout = 120)
+  expect_true(any(grepl("pool: interrupted", out)), info = paste(out, collapse = "\n"))
+})
+
 test_that("more tasks than slots: finished outcomes make room, nothing is lost", {
   with_pool(2, slots = 8L, function(pool) {
     ts <- lapply(1:200, function(i) mizu_submit(pool, i * 2L, i = i))
