@@ -116,6 +116,24 @@ unsafe extern "C" fn collect(task: SEXP, timeout: SEXP) -> SEXP {
     }
 }
 
+/// Whether `tasks` is a list of `mizu_task` handles (`TRUE`/`FALSE`): what
+/// `vapply(tasks, inherits, TRUE, "mizu_task")` tells, at a few nanoseconds per element
+/// instead of ~3 µs (a closure call each). Each handle is still checked when it is used.
+unsafe extern "C" fn tasks_ok(tasks: SEXP) -> SEXP {
+    // SAFETY: R's main thread (`.Call`); `tasks` is protected by R for the call; only reads
+    // (`Rf_inherits` reads the class attribute), then one allocation for the answer.
+    unsafe {
+        use extendr_ffi::{SEXPTYPE, TYPEOF, VECTOR_ELT, XLENGTH};
+        let ok = TYPEOF(tasks) == SEXPTYPE::VECSXP
+            && (0..XLENGTH(tasks)).all(|i| {
+                let t = VECTOR_ELT(tasks, i);
+                TYPEOF(t) == SEXPTYPE::EXTPTRSXP
+                    && crate::ffi::Rf_inherits(t, c"mizu_task".as_ptr()) != 0
+            });
+        crate::ffi::Rf_ScalarLogical(i32::from(ok))
+    }
+}
+
 /// An R `NativeSymbol`: an external pointer to a routine, tagged `native symbol`, which
 /// `.Call` accepts in place of a registered name.
 ///
@@ -129,20 +147,26 @@ unsafe fn native_symbol(f: *const c_void) -> SEXP {
     }
 }
 
-/// The routines R calls through `.native$…`: `list(submit = , submit_expr = , collect = )`.
+/// The routines R calls through `.native_…` bindings: `list(submit = , submit_expr = ,
+/// collect = , tasks_ok = )`.
 #[extendr]
 fn native_routines() -> List {
+    type One = unsafe extern "C" fn(SEXP) -> SEXP;
     type Two = unsafe extern "C" fn(SEXP, SEXP) -> SEXP;
     type Three = unsafe extern "C" fn(SEXP, SEXP, SEXP) -> SEXP;
     // SAFETY: R's main thread; each pointer is protected by the list's Robj as soon as it
-    // exists. `.Call` calls each with the arguments its R wrapper passes (two, or three for
-    // `submit_expr`).
+    // exists. `.Call` calls each with the arguments its R wrapper passes (one for `tasks_ok`,
+    // three for `submit_expr`, else two).
     unsafe {
         let s = Robj::from_sexp(native_symbol(submit as Two as *const c_void));
         let e = Robj::from_sexp(native_symbol(submit_expr as Three as *const c_void));
         let c = Robj::from_sexp(native_symbol(collect as Two as *const c_void));
-        List::from_names_and_values(["submit", "submit_expr", "collect"], [s, e, c])
-            .unwrap_or_default()
+        let k = Robj::from_sexp(native_symbol(tasks_ok as One as *const c_void));
+        List::from_names_and_values(
+            ["submit", "submit_expr", "collect", "tasks_ok"],
+            [s, e, c, k],
+        )
+        .unwrap_or_default()
     }
 }
 

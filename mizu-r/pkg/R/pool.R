@@ -286,7 +286,7 @@ mizu_collect <- function(task, timeout = Inf) {
 }
 
 .check_tasks <- function(tasks) {
-  if (!is.list(tasks) || !all(vapply(tasks, inherits, TRUE, "mizu_task"))) {
+  if (!.Call(.native_tasks_ok, tasks)) {
     stop("`tasks` must be a list of mizu_task", call. = FALSE)
   }
 }
