@@ -22,4 +22,6 @@ pub use mizu_queue::{RecvError, SlotState};
 pub use pool::{Launcher, Pool, PoolConfig, PoolStatus, SubmitterStatus, WorkerStatus};
 pub use shared::Fill;
 pub use submitter::{CollectError, Task, collect_all, collect_any, wait_until};
-pub use worker::{Executor, TaskContext, run_worker, with_current_task};
+pub use worker::{
+    Executor, TaskContext, exit_if_orphaned_while_starting, run_worker, with_current_task,
+};

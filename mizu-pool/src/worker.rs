@@ -473,9 +473,36 @@ impl Drop for Stream<'_> {
     }
 }
 
+/// Set once this process calls [`run_worker`]: from then on the controller's death watch
+/// takes over from [`exit_if_orphaned_while_starting`].
+static JOINING: AtomicBool = AtomicBool::new(false);
+
+/// For a worker process with work to do before it joins (a binding loading the caller's
+/// program, which can take seconds or hang): kills this process if its parent — the
+/// controller that launched it — dies meanwhile, rather than letting it live on until that
+/// work ends. The watch (a thread looking at the parent pid every 100 ms) ends when
+/// [`run_worker`] starts; before it joins, a worker has nothing in shared memory to clean up.
+pub fn exit_if_orphaned_while_starting() {
+    let parent = rustix::process::getppid();
+    let _ = std::thread::Builder::new()
+        .name("mizu-orphan-watch".into())
+        .spawn(move || {
+            while !JOINING.load(Ordering::SeqCst) {
+                if rustix::process::getppid() != parent {
+                    let _ = rustix::process::kill_process(
+                        rustix::process::getpid(),
+                        rustix::process::Signal::KILL,
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+}
+
 /// Joins the pool named by `token` as worker `slot` and serves tasks until the pool stops,
 /// this worker is retired, or the controller dies (then it prunes what the controller left).
 pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
+    JOINING.store(true, Ordering::SeqCst);
     let shared = Shared::open(token)?;
     let v = shared.view();
     if slot >= v.params.max_workers as usize {

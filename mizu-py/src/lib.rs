@@ -109,6 +109,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(worker::current_element, m)?)?;
     m.add_function(wrap_pyfunction!(worker::nested_submit, m)?)?;
     m.add_function(wrap_pyfunction!(worker::nested_submit_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(
+        worker::exit_if_orphaned_while_starting,
+        m
+    )?)?;
     m.add_function(wrap_pyfunction!(worker::nested_submit_small, m)?)?;
     m.add_function(wrap_pyfunction!(worker::decode_payload, m)?)?;
     m.add_function(wrap_pyfunction!(worker::small_dumps, m)?)?;

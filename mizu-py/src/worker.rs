@@ -239,6 +239,13 @@ pub fn run_worker(
         .map_err(err)
 }
 
+/// Called first by a starting worker: if the pool's owner dies before this worker joins
+/// (while it imports the caller's script, say), the worker exits instead of living on.
+#[pyfunction]
+pub fn exit_if_orphaned_while_starting() {
+    mizu_pool::exit_if_orphaned_while_starting();
+}
+
 /// Whether this thread is running a pool task (inside a worker).
 #[pyfunction]
 pub fn in_task() -> bool {

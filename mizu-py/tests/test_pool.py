@@ -406,6 +406,45 @@ def test_ctrl_c_interrupts_a_pool_whose_workers_are_still_starting(tmp_path):
         proc.kill()
 
 
+def test_a_worker_still_starting_leaves_when_its_owner_is_killed(tmp_path):
+    # The worker would spend ten minutes importing the caller's script; kill -9 of the caller
+    # meanwhile must not leave it behind (it has not joined the pool yet, so nothing watches
+    # the pool for it).
+    script = tmp_path / "slow_owner.py"
+    script.write_text(textwrap.dedent("""
+        import os, time
+        if os.environ.get("PYMIZU_BOOTING") == "1":
+            time.sleep(600)
+        import pymizu
+        if __name__ == "__main__":
+            print("starting", flush=True)
+            pymizu.Pool(1)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "starting"
+        deadline = time.monotonic() + 60  # hang guards, far below the ten minutes
+        children = []
+        while not children:
+            assert time.monotonic() < deadline, "no worker was started"
+            time.sleep(0.05)
+            with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+                children = [int(p) for p in f.read().split()]
+        # Let the worker reach its slow import.
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+        for pid in children:
+            while os.path.exists(f"/proc/{pid}"):
+                with open(f"/proc/{pid}/stat") as f:
+                    if ") Z " in f.read():
+                        break
+                assert time.monotonic() < deadline, "the starting worker outlived its owner"
+                time.sleep(0.05)
+    finally:
+        proc.kill()
+
+
 def test_a_killed_caller_takes_its_busy_workers_along(tmp_path):
     # kill -9 of the process that owns the pool while its worker runs a ten-minute task: the
     # worker leaves soon after (not when the task ends) and nothing of either is left in

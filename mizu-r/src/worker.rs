@@ -287,6 +287,13 @@ unsafe fn task_env(vars: SEXP) -> std::result::Result<SEXP, ()> {
     }
 }
 
+/// Called first by a starting worker: if the pool's owner dies before this worker joins
+/// (while it loads the package or runs `init`), the worker exits instead of living on.
+#[extendr]
+fn exit_if_orphaned_while_starting() {
+    mizu_pool::exit_if_orphaned_while_starting();
+}
+
 /// Whether this process is running a task (inside a worker).
 #[extendr]
 fn in_task() -> bool {
@@ -302,6 +309,7 @@ fn worker_slot() -> Option<i32> {
 extendr_module! {
     mod worker;
     fn run_worker;
+    fn exit_if_orphaned_while_starting;
     fn in_task;
     fn worker_slot;
 }

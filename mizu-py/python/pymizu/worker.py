@@ -111,6 +111,7 @@ def main() -> None:
         argv = argv[2:]
     if len(argv) != 2:
         sys.exit("usage: python -m pymizu.worker [--workers N] [--max-tasks N] [--start FILE] <token> <slot>")
+    _native.exit_if_orphaned_while_starting()
     if "--workers" in opts:
         os.environ["PYMIZU_WORKERS"] = opts["--workers"]
     if "--start" in opts:

@@ -3,6 +3,7 @@
 .worker_state <- new.env(parent = emptyenv())
 
 .worker_main <- function() {
+  .Call(wrap__exit_if_orphaned_while_starting)
   a <- commandArgs(trailingOnly = TRUE)
   n <- length(a)
   if (n < 4L) stop("usage: mizu:::.worker_main() <max_tasks> <init> <token> <slot>")

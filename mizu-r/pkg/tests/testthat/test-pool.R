@@ -239,6 +239,26 @@ test_that("Ctrl-C interrupts a pool whose workers are still starting", {
   expect_true(any(grepl("pool: interrupted", out)), info = paste(out, collapse = "\n"))
 })
 
+test_that("a worker still starting leaves when its owner is killed", {
+  # The worker would run a ten-minute `init` before joining; kill -9 of the owner meanwhile
+  # must not leave it behind. A helper shell notes the owner's children, then kills it.
+  kids <- tempfile()
+  run_r(c(
+    "library(mizu)",
+    sprintf("system(sprintf('sleep 2; cat /proc/%%d/task/%%d/children > %s; kill -9 %%d', Sys.getpid(), Sys.getpid(), Sys.getpid()), wait = FALSE)", kids),
+    "mizu_pool(1, init = quote(Sys.sleep(600)))"
+  ), timeout = 120)
+  pids <- scan(kids, quiet = TRUE)
+  unlink(kids)
+  expect_true(length(pids) >= 1)
+  alive <- function(p) file.exists(sprintf("/proc/%d", p)) &&
+    !grepl(") Z ", paste(readLines(sprintf("/proc/%d/stat", p), warn = FALSE), collapse = ""),
+           fixed = TRUE)
+  deadline <- Sys.time() + 60   # a hang guard, far below the ten minutes
+  while (any(vapply(pids, alive, TRUE)) && Sys.time() < deadline) Sys.sleep(0.05)
+  expect_false(any(vapply(pids, alive, TRUE)))
+})
+
 test_that("more tasks than slots: finished outcomes make room, nothing is lost", {
   with_pool(2, slots = 8L, function(pool) {
     ts <- lapply(1:200, function(i) mizu_submit(pool, i * 2L, i = i))
