@@ -334,6 +334,15 @@ def test_ctrl_c_interrupts_a_blocking_result(tmp_path):
     assert proc.returncode == 0
 
 
+def _run_with_lines(script):
+    """Runs a Python script; its output lines arrive in a queue (`get(timeout=…)` is the hang
+    guard a plain `readline()` lacks)."""
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x.strip()) for x in proc.stdout], daemon=True).start()
+    return proc, lines
+
+
 def test_ctrl_c_interrupts_a_submit_waiting_for_queue_space(tmp_path):
     # The worker is stuck in a task: 2000 submissions fill its queue at once, and so does the
     # batch after them; each wait must end at SIGINT, not when the task does (600 s: the
@@ -360,9 +369,7 @@ def test_ctrl_c_interrupts_a_submit_waiting_for_queue_space(tmp_path):
                 p.stop(grace=0)
             print("stopped", flush=True)
     """ % os.path.dirname(tasks.__file__)))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    lines = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x.strip()) for x in proc.stdout], daemon=True).start()
+    proc, lines = _run_with_lines(script)
     try:
         for kind in ("submit", "batch"):
             assert lines.get(timeout=60) == kind
@@ -391,9 +398,7 @@ def test_ctrl_c_interrupts_a_pool_whose_workers_are_still_starting(tmp_path):
             except KeyboardInterrupt:
                 print("interrupted", flush=True)
     """))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    lines = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x.strip()) for x in proc.stdout], daemon=True).start()
+    proc, lines = _run_with_lines(script)
     try:
         assert lines.get(timeout=60) == "starting"
         time.sleep(0.5)
