@@ -8,6 +8,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -488,6 +489,28 @@ def test_a_killed_caller_takes_its_busy_workers_along(tmp_path):
         assert left == []
     finally:
         proc.kill()
+
+
+def test_a_new_pool_removes_start_files_of_killed_owners(tmp_path):
+    # A pool removes its start-up file when it stops; one whose owner was killed is removed by
+    # the next pool (its pid is in the name). A live owner's file is kept.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    d = tempfile.gettempdir()
+    stale = os.path.join(d, f"pymizu-{dead.pid}-test.start")
+    live = os.path.join(d, f"pymizu-{os.getpid()}-test.start")
+    for f in (stale, live):
+        with open(f, "wb"):
+            pass
+    try:
+        with pymizu.Pool(1) as p:
+            assert p.submit(tasks.add, 1, 1).result(timeout=60) == 2
+        assert not os.path.exists(stale)
+        assert os.path.exists(live)
+    finally:
+        for f in (stale, live):
+            if os.path.exists(f):
+                os.unlink(f)
 
 
 def test_an_unguarded_script_gets_a_clear_error_not_a_process_storm(tmp_path):

@@ -327,6 +327,26 @@ def _map_kw(kw: dict) -> dict:
     return kw
 
 
+def _remove_stale_start_files() -> None:
+    """Removes the start-up files of pools whose owner died without stopping them (killed):
+    the pid is in the name, and a pool removes its own file when it stops."""
+    d = tempfile.gettempdir()
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return
+    for n in names:
+        if not (n.startswith("pymizu-") and n.endswith(".start")):
+            continue
+        pid = n.split("-")[1]
+        if not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+            continue
+        try:
+            os.unlink(os.path.join(d, n))
+        except OSError:
+            pass
+
+
 def _worker_args(workers, initializer, initargs, max_tasks_per_child) -> tuple[list[str], str | None]:
     """The worker command line, and the file holding the start-up state (removed at stop)."""
     args = ["-m", "pymizu.worker", "--workers", str(workers)]
@@ -351,7 +371,8 @@ def _worker_args(workers, initializer, initargs, max_tasks_per_child) -> tuple[l
         "cwd": os.getcwd(),
         "init": init,
     }
-    fd, path = tempfile.mkstemp(prefix="pymizu-", suffix=".start")
+    _remove_stale_start_files()
+    fd, path = tempfile.mkstemp(prefix=f"pymizu-{os.getpid()}-", suffix=".start")
     with os.fdopen(fd, "wb") as f:
         pickle.dump(state, f, protocol=5)
     return args + ["--start", path], path
