@@ -486,32 +486,25 @@ pub fn decode_expr_task(bytes: &[u8]) -> Option<SEXP> {
     if !expr_task_prefix(bytes) {
         return None;
     }
-    let (p, len) = (bytes.as_ptr(), bytes.len());
-    let mut ok = false;
-    let okp = std::ptr::from_mut(&mut ok);
-    // SAFETY: R's main thread; the closure owns nothing (the reader is plain data on its own
-    // frame); `bytes` outlives the call.
-    let r = unsafe {
-        crate::rtry::try_r(move || {
-            let mut rd = Reader { p, len, at: 7 };
-            match rd.expr_task() {
-                Some(v) if rd.at == rd.len => {
-                    *okp = true;
-                    v
-                }
-                _ => R_NilValue,
-            }
-        })
-    };
-    match r {
-        Ok(v) if ok => Some(v),
-        _ => None,
-    }
+    // SAFETY: `read_all` calls this on R's main thread inside `R_ToplevelExec`, as the
+    // reader's methods require.
+    read_all(bytes, 7, |rd| unsafe { rd.expr_task() })
 }
 
 /// Decodes a compact item that fills `bytes` exactly; `None` when malformed (or R ran out
 /// of memory).
 pub fn decode(bytes: &[u8]) -> Option<SEXP> {
+    // SAFETY: `read_all` calls this on R's main thread inside `R_ToplevelExec`, as the
+    // reader's methods require.
+    read_all(bytes, 0, |rd| unsafe { rd.item(0) })
+}
+
+/// `read` on `bytes` from offset `at`, inside `R_ToplevelExec`; its value if it read every
+/// byte, else (malformed, or R ran out of memory) `None`. The value is unprotected.
+///
+/// `read` runs inside the top-level context: it may allocate (an allocation error long-jumps
+/// back here) and must own nothing that needs dropping.
+fn read_all(bytes: &[u8], at: usize, read: fn(&mut Reader) -> Option<SEXP>) -> Option<SEXP> {
     let (p, len) = (bytes.as_ptr(), bytes.len());
     let mut ok = false;
     let okp = std::ptr::from_mut(&mut ok);
@@ -519,8 +512,8 @@ pub fn decode(bytes: &[u8]) -> Option<SEXP> {
     // frame); `bytes` outlives the call.
     let r = unsafe {
         crate::rtry::try_r(move || {
-            let mut rd = Reader { p, len, at: 0 };
-            match rd.item(0) {
+            let mut rd = Reader { p, len, at };
+            match read(&mut rd) {
                 Some(v) if rd.at == rd.len => {
                     *okp = true;
                     v
