@@ -35,7 +35,7 @@ use mizu_wire::{Mapper, Region, RegionDesc};
 
 use crate::ffi;
 use crate::rtry::try_r;
-use crate::view::{self, VType};
+use crate::view::{self, Shared, VType};
 
 const TAG_PLAIN: u8 = b'R';
 pub(crate) const TAG_SMALL: u8 = b'S';
@@ -65,7 +65,8 @@ pub struct Outgoing {
 struct Oob {
     /// Keeps the vector (and the memory `how` points into) alive.
     vec: Robj,
-    t: VType,
+    /// Its type code in the table: a [`VType`] or [`ARROW`].
+    code: u8,
     /// Its length in bytes (of the layout, for a character vector).
     len: usize,
     how: How,
@@ -74,6 +75,8 @@ struct Oob {
 enum How {
     /// Copy these bytes.
     Bytes(*const u8),
+    /// Write this Arrow value (see `arrowcol.rs`; it borrows the vector's memory).
+    Arrow(crate::arrowcol::Column),
     /// Lay the character vector out (see `strview.rs`).
     Strings,
     /// An unmodified view of a region: send a reference to the region (and the offset of the
@@ -96,6 +99,8 @@ impl Oob {
 const REF_BYTES: usize = 72;
 /// Type code flag of a buffer sent by reference.
 const BY_REF: u8 = 0x80;
+/// Type code of a vector carried as a `mizu-wire` Arrow array value (see `arrowcol.rs`).
+const ARROW: u8 = 6;
 
 /// Maps the regions that payloads refer to (segments stay mapped while views of them live).
 static MAPPER: std::sync::LazyLock<Mapper> = std::sync::LazyLock::new(Mapper::new);
@@ -105,13 +110,18 @@ pub(crate) fn mapper() -> &'static Mapper {
     &MAPPER
 }
 
-/// How to send `v` by reference, and its length: when it is one of our views, unmodified, of
-/// a region whose segment still has its name; else `None`.
-fn by_ref(v: SEXP) -> Option<(How, usize)> {
-    let buf = crate::view::shared_buffer(v).or_else(|| crate::strview::shared_buffer(v))?;
+/// How to send `v` by reference, its length and type code: when it is one of our views,
+/// unmodified, of a region whose segment still has its name; else `None`.
+fn by_ref(v: SEXP) -> Option<(How, usize, u8)> {
+    let (buf, code) = match view::shared(v) {
+        // SAFETY: TYPEOF reads any live SEXP.
+        Some(Shared::Elements(b)) => (b, VType::of(unsafe { TYPEOF(v) })? as u8),
+        Some(Shared::Arrow(b)) => (b, ARROW),
+        None => (crate::strview::shared_buffer(v)?, VType::Str as u8),
+    };
     let (region, off) = Region::containing(buf.as_ptr())?;
     (off + buf.len() <= region.len() && region.still_named())
-        .then(|| (How::Ref(region, off), buf.len()))
+        .then(|| (How::Ref(region, off), buf.len(), code))
 }
 
 /// Takes large vectors out of lists in place, remembering how to put them back.
@@ -353,10 +363,10 @@ impl Outgoing {
             let (t, ptr, n) = unsafe {
                 let s = v.get();
                 let t = VType::of(TYPEOF(s)).expect("checked by oob_type");
-                if let Some((how, len)) = by_ref(s) {
+                if let Some((how, len, code)) = by_ref(s) {
                     bufs.push(Oob {
                         vec: v,
-                        t,
+                        code,
                         len,
                         how,
                     });
@@ -366,9 +376,21 @@ impl Outgoing {
                     let len = crate::strview::encoded_len(s);
                     bufs.push(Oob {
                         vec: v,
-                        t,
+                        code: t as u8,
                         len,
                         how: How::Strings,
+                    });
+                    continue;
+                }
+                // SAFETY: `v` stays protected (in `bufs`) and unmodified while the payload
+                // that holds the encoding exists.
+                if let Some(enc) = crate::arrowcol::encode(s) {
+                    let enc = enc?;
+                    bufs.push(Oob {
+                        vec: v,
+                        code: ARROW,
+                        len: enc.len(),
+                        how: How::Arrow(enc),
                     });
                     continue;
                 }
@@ -380,7 +402,7 @@ impl Outgoing {
             };
             bufs.push(Oob {
                 vec: v,
-                t,
+                code: t as u8,
                 len: n,
                 how: How::Bytes(ptr),
             });
@@ -443,7 +465,7 @@ impl Fill for Outgoing {
             } else {
                 0
             };
-            out[e + 16] = b.t as u8 | by_ref;
+            out[e + 16] = b.code | by_ref;
         }
         let p = 16 + ENTRY * self.bufs.len();
         out[p..p + skel.len()].copy_from_slice(skel);
@@ -456,6 +478,7 @@ impl Fill for Outgoing {
                 How::Strings => unsafe {
                     crate::strview::fill(b.vec.get(), &mut out[at..at + b.len])
                 },
+                How::Arrow(col) => col.write(&mut out[at..at + b.len]),
                 How::Bytes(p) => {
                     // SAFETY: `p` points to `b.len` bytes of a vector that `self` keeps alive.
                     let src = unsafe { std::slice::from_raw_parts(*p, b.len) };
@@ -581,8 +604,17 @@ pub fn decode(buf: Buffer) -> Result<Decoded> {
                 let at = u64::from_le_bytes(b[e..e + 8].try_into().expect("8 bytes"));
                 let len = u64::from_le_bytes(b[e + 8..e + 16].try_into().expect("8 bytes"));
                 let code = b[e + 16];
-                let t = VType::from_code(code & !BY_REF)
-                    .ok_or_else(|| bad(format!("buffer {i} has unknown type {code}")))?;
+                let t = match code & !BY_REF {
+                    ARROW => None,
+                    c => Some(
+                        VType::from_code(c)
+                            .ok_or_else(|| bad(format!("buffer {i} has unknown type {code}")))?,
+                    ),
+                };
+                let make = |bytes: Buffer, copy: bool| match t {
+                    Some(t) => view::make(bytes, t, copy),
+                    None => crate::arrowcol::view(bytes, copy),
+                };
                 if code & BY_REF != 0 {
                     let desc = at
                         .checked_add(REF_BYTES as u64)
@@ -599,9 +631,8 @@ pub fn decode(buf: Buffer) -> Result<Decoded> {
                         .filter(|&x| x <= region.len() as u64)
                         .ok_or_else(|| bad(format!("reference {i} beyond its region")))?;
                     let whole = Region::buffer(&region);
-                    views.push(view::make(
+                    views.push(make(
                         whole.slice_with_length(off as usize, (end - off) as usize),
-                        t,
                         false,
                     )?);
                     continue;
@@ -610,9 +641,8 @@ pub fn decode(buf: Buffer) -> Result<Decoded> {
                     .checked_add(len)
                     .filter(|&x| at >= send as u64 && x <= b.len() as u64)
                     .ok_or_else(|| bad(format!("buffer {i} out of bounds")))?;
-                views.push(view::make(
+                views.push(make(
                     buf.slice_with_length(at as usize, (end - at) as usize),
-                    t,
                     true,
                 )?);
             }
@@ -656,6 +686,39 @@ fn codec_encode(value: Robj) -> Result<Raw> {
     Ok(Raw::from_bytes(&Outgoing::encode(&value)?.to_vec()))
 }
 
+/// The out-of-band vectors of a value's payload that travel as Arrow arrays, each as an
+/// inline frame of the cross-language format (tests: Python reads them with
+/// `pymizu.wire.loads`).
+#[extendr]
+fn codec_arrow_frames(value: Robj) -> Result<List> {
+    let out = Outgoing::encode(&value)?;
+    let mut frames = Vec::new();
+    for b in &out.bufs {
+        if let How::Arrow(col) = &b.how {
+            // As written into a payload, read back (so arrow checks it) and framed.
+            let mut bytes = arrow_buffer::MutableBuffer::from_len_zeroed(col.len());
+            col.write(bytes.as_slice_mut());
+            let value = mizu_wire::decode(&bytes.into()).map_err(bad)?;
+            let enc = mizu_wire::encode(&value).map_err(bad)?;
+            let mut f = vec![0u8; enc.len() + 16];
+            mizu_wire::frame::write_inline(&enc, 0, &mut f);
+            frames.push(Raw::from_bytes(&f));
+        }
+    }
+    Ok(List::from_values(frames))
+}
+
+/// The vector an inline frame of the cross-language format holding an Arrow array becomes
+/// when it arrives out of band (tests: arrays written by Python).
+#[extendr]
+fn codec_arrow_read(frame: Raw) -> Result<Robj> {
+    let f = mizu_wire::frame::read(frame.as_slice()).map_err(bad)?;
+    let mizu_wire::frame::Body::Inline(value) = f.body else {
+        return Err(bad("not an inline frame"));
+    };
+    crate::arrowcol::view(Buffer::from_slice_ref(value), true)
+}
+
 /// Unmaps the data segments kept mapped only for reuse (regions views still hold stay
 /// mapped). Called when R exits, so that nothing of this process's outlives it.
 #[extendr]
@@ -682,6 +745,8 @@ extendr_module! {
     mod codec;
     fn codec_roundtrip;
     fn codec_encode;
+    fn codec_arrow_frames;
+    fn codec_arrow_read;
     fn codec_size;
     fn release_mappings;
     fn codec_decode;

@@ -10,12 +10,14 @@
 // for R, which cannot carry doc comments. The R API is documented in `pkg/man`.
 #![allow(missing_docs)]
 
+mod arrowcol;
 mod channel;
 mod codec;
 mod fast;
 mod ffi;
 mod handle;
 mod interrupt;
+mod lazyview;
 mod outvec;
 mod pool;
 mod rng;

@@ -94,6 +94,9 @@ impl VType {
 struct State {
     buf: Buffer,
     len: usize,
+    /// The encoded Arrow value the view came in (see `arrowcol.rs`), for re-sending it by
+    /// reference; `None` for R's layout.
+    src: Option<Buffer>,
 }
 
 thread_local! {
@@ -366,6 +369,15 @@ fn collect_garbage() {
 /// [`account`]): a view when
 /// the bytes are aligned for the type, else a private copy.
 pub fn make(buf: Buffer, t: VType, copy: bool) -> Result<Robj> {
+    make_from(buf, t, copy, None)
+}
+
+/// [`make`] for the values of an Arrow array that came in as the encoded value `src`.
+pub fn make_sourced(buf: Buffer, t: VType, copy: bool, src: Buffer) -> Result<Robj> {
+    make_from(buf, t, copy, Some(src))
+}
+
+fn make_from(buf: Buffer, t: VType, copy: bool, src: Option<Buffer>) -> Result<Robj> {
     if t == VType::Str {
         return crate::strview::make(buf, copy);
     }
@@ -390,7 +402,7 @@ pub fn make(buf: Buffer, t: VType, copy: bool) -> Result<Robj> {
     }
     let class = classes()[t as usize];
     account(buf.len(), copy);
-    let state = Box::into_raw(Box::new(State { buf, len }));
+    let state = Box::into_raw(Box::new(State { buf, len, src }));
     // SAFETY: R's main thread; the external pointer owns `state` (freed by `finalize`), and is
     // protected while the ALTREP object that keeps it as data1 is made.
     unsafe {
@@ -411,10 +423,30 @@ pub fn is_view_sexp(x: SEXP) -> bool {
         .any(|c| unsafe { R_altrep_inherits(x, *c) != Rboolean::FALSE })
 }
 
-/// The shared bytes of `x` when it is one of our (non-string) views and was not modified.
-pub fn shared_buffer(x: SEXP) -> Option<Buffer> {
+/// What an unmodified view of ours shares with its sender.
+pub enum Shared {
+    /// Its elements, in R's layout.
+    Elements(Buffer),
+    /// The encoded Arrow value it came in.
+    Arrow(Buffer),
+}
+
+/// What `x` shares when it is one of our (non-string) views, plain or lazy, and was not
+/// modified.
+pub fn shared(x: SEXP) -> Option<Shared> {
+    if let Some(src) = crate::lazyview::unmodified_source(x) {
+        return Some(Shared::Arrow(src));
+    }
     // SAFETY: `state` and data2 are read only for our views (checked).
-    unsafe { (is_view_sexp(x) && R_altrep_data2(x) == R_NilValue).then(|| state(x).buf.clone()) }
+    unsafe {
+        (is_view_sexp(x) && R_altrep_data2(x) == R_NilValue).then(|| {
+            let st = state(x);
+            match &st.src {
+                Some(src) => Shared::Arrow(src.clone()),
+                None => Shared::Elements(st.buf.clone()),
+            }
+        })
+    }
 }
 
 /// Whether `x` is a view whose elements are still the shared pages (not copied).
@@ -425,6 +457,9 @@ fn view_is_shared(x: Robj) -> bool {
         if let Some(complete) = crate::strview::string_view(x.get()) {
             return !complete;
         }
+        if let Some(shared) = crate::lazyview::lazy_shared(x.get()) {
+            return shared;
+        }
         is_view_sexp(x.get()) && R_altrep_data2(x.get()) == R_NilValue
     }
 }
@@ -434,7 +469,7 @@ fn view_is_shared(x: Robj) -> bool {
 fn view_is_view(x: Robj) -> bool {
     // SAFETY: as above.
     let s = unsafe { x.get() };
-    is_view_sexp(s) || crate::strview::string_view(s).is_some()
+    is_view_sexp(s) || crate::strview::string_view(s).is_some() || crate::lazyview::is_lazy_view(s)
 }
 
 /// Views in this process not finalized yet: `c(count, bytes)`.

@@ -13,4 +13,4 @@ pub mod value;
 pub use error::{Result, WireError};
 pub use frame::{Received, read_value, write_region, write_value};
 pub use store::{DataPool, Mapper, Region, RegionDesc};
-pub use value::{CallTarget, Encoded, Value, decode, decode_slice, encode};
+pub use value::{CallTarget, Encoded, PrimitiveLayout, Value, decode, decode_slice, encode};

@@ -386,3 +386,81 @@ proptest! {
         let _ = decode_slice(&bytes);
     }
 }
+
+#[test]
+fn dictionary_keys_out_of_range_are_refused_unless_under_a_null() {
+    use arrow_array::{DictionaryArray, StringArray};
+    let dict = |keys: Int32Array| {
+        let a: ArrayRef = Arc::new(
+            // SAFETY: an invalid array on purpose; it is only encoded, never read.
+            unsafe {
+                DictionaryArray::<Int32Type>::new_unchecked(
+                    keys,
+                    Arc::new(StringArray::from(vec!["a", "b"])),
+                )
+            },
+        );
+        encode(&value::array("f", a)).unwrap().to_vec()
+    };
+    let big: Vec<i32> = (0..1000).map(|i| i % 2).collect();
+    for bad in [2, -1, i32::MAX] {
+        let mut k = big.clone();
+        k[777] = bad;
+        let err = decode_slice(&dict(Int32Array::from(k))).unwrap_err();
+        assert!(err.to_string().contains("dictionary key"), "{err}");
+    }
+    // Under a null a key may be anything.
+    let mut k: Vec<Option<i32>> = big.iter().map(|&v| Some(v)).collect();
+    k[5] = None;
+    let keys = Int32Array::from(k);
+    let (values, nulls) = (keys.values().clone(), keys.nulls().cloned());
+    let mut raw: Vec<i32> = values.to_vec();
+    raw[5] = 99;
+    let v = decode_slice(&dict(Int32Array::new(raw.into(), nulls))).unwrap();
+    let Value::Array { array, .. } = v else {
+        panic!("not an array")
+    };
+    let d = array.as_dictionary::<Int32Type>();
+    assert!(d.is_null(5));
+    assert_eq!(d.keys().value(777), 1);
+}
+
+#[test]
+fn primitive_layout_places_the_bitmap_values_and_null_count() {
+    let a: ArrayRef = Arc::new(Float64Array::from(
+        (0..2000)
+            .map(|i| (i % 7 != 3).then_some(i as f64))
+            .collect::<Vec<_>>(),
+    ));
+    let nulls = a.null_count();
+    let e = encode(&value::array("x", a.clone())).unwrap();
+    let l = e.primitive_layout().expect("a primitive array with nulls");
+    let bytes = e.to_vec();
+    let count = i64::from_le_bytes(
+        bytes[l.null_count_at..l.null_count_at + 8]
+            .try_into()
+            .unwrap(),
+    );
+    assert_eq!(count as usize, nulls);
+    assert_eq!(
+        &bytes[l.validity.start..l.validity.start + 250],
+        a.nulls().unwrap().validity()
+    );
+    let f = a.as_primitive::<arrow_array::types::Float64Type>();
+    let vals: &[u8] = f.values().inner().as_slice();
+    assert_eq!(&bytes[l.values.clone()], vals);
+    // The parts skipped are left alone; everything else is written.
+    let mut out = vec![0xAAu8; e.len()];
+    e.write_to_except(&mut out, &[vals.as_ptr()]);
+    assert!(out[l.values.clone()].iter().all(|&b| b == 0xAA));
+    assert_eq!(out[..l.values.start], bytes[..l.values.start]);
+    // No bitmap (no nulls), or not a primitive array: no layout.
+    let plain: ArrayRef = Arc::new(Float64Array::from(vec![1.0; 600]));
+    assert!(
+        encode(&value::array("x", plain))
+            .unwrap()
+            .primitive_layout()
+            .is_none()
+    );
+    assert!(encode(&Value::Int(1)).unwrap().primitive_layout().is_none());
+}
