@@ -25,8 +25,8 @@ use extendr_api::prelude::*;
 use extendr_api::{Error, Result};
 use extendr_ffi::{
     CAR, CDR, DATAPTR_RO, PRINTNAME, R_CHAR, R_ExternalPtrTag, R_MakeExternalPtr, R_NilValue,
-    R_xlen_t, Rf_install, Rf_setAttrib, SET_ATTRIB, SET_OBJECT, SET_VECTOR_ELT, SEXP, SEXPTYPE,
-    TAG, TYPEOF, VECTOR_ELT, XLENGTH,
+    R_xlen_t, Rf_allocVector, Rf_install, Rf_protect, Rf_setAttrib, Rf_unprotect, SET_ATTRIB,
+    SET_OBJECT, SET_VECTOR_ELT, SEXP, SEXPTYPE, TAG, TYPEOF, VECTOR_ELT, XLENGTH,
 };
 use std::sync::Arc;
 
@@ -65,7 +65,7 @@ pub struct Outgoing {
 struct Oob {
     /// Keeps the vector (and the memory `how` points into) alive.
     vec: Robj,
-    /// Its type code in the table: a [`VType`] or [`ARROW`].
+    /// Its type code in the table: a [`VType`], [`ARROW`], [`FRAME`] or [`FRAME_COL`].
     code: u8,
     /// Its length in bytes (of the layout, for a character vector).
     len: usize,
@@ -75,32 +75,37 @@ struct Oob {
 enum How {
     /// Copy these bytes.
     Bytes(*const u8),
-    /// Write this Arrow value (see `arrowcol.rs`; it borrows the vector's memory).
-    Arrow(crate::arrowcol::Column),
+    /// Write this Arrow value (see `arrow_out.rs`; it borrows the vectors' memory).
+    Arrow(crate::arrow_out::ArrowOut),
     /// Lay the character vector out (see `strview.rs`).
     Strings,
     /// An unmodified view of a region: send a reference to the region (and the offset of the
-    /// view in it) instead of the bytes.
-    Ref(Arc<Region>, usize),
+    /// view in it, and for a column of a data frame value the column) instead of the bytes.
+    Ref(Arc<Region>, usize, Option<u32>),
 }
 
 impl Oob {
     /// Bytes it takes in the payload.
     fn space(&self) -> usize {
         match self.how {
-            How::Ref(..) => REF_BYTES,
+            How::Ref(_, _, None) => REF_BYTES,
+            How::Ref(_, _, Some(_)) => REF_BYTES + 8,
             _ => self.len,
         }
     }
 }
 
 /// A region reference in a payload: the 64-byte descriptor, then the `u64` offset of the
-/// view in the region.
+/// view in the region (and for [`FRAME_COL`] the `u64` column).
 const REF_BYTES: usize = 72;
 /// Type code flag of a buffer sent by reference.
 const BY_REF: u8 = 0x80;
-/// Type code of a vector carried as a `mizu-wire` Arrow array value (see `arrowcol.rs`).
+/// Type code of a vector carried as a `mizu-wire` Arrow array value (see `arrow_out.rs`).
 const ARROW: u8 = 6;
+/// Type code of a data frame carried as a `mizu-wire` Arrow record batch value.
+const FRAME: u8 = 7;
+/// Type code of one column of a data frame value, sent on by reference.
+const FRAME_COL: u8 = 8;
 
 /// Maps the regions that payloads refer to (segments stay mapped while views of them live).
 static MAPPER: std::sync::LazyLock<Mapper> = std::sync::LazyLock::new(Mapper::new);
@@ -113,20 +118,27 @@ pub(crate) fn mapper() -> &'static Mapper {
 /// How to send `v` by reference, its length and type code: when it is one of our views,
 /// unmodified, of a region whose segment still has its name; else `None`.
 fn by_ref(v: SEXP) -> Option<(How, usize, u8)> {
-    let (buf, code) = match view::shared(v) {
+    let (buf, code, col) = match view::shared(v) {
         // SAFETY: TYPEOF reads any live SEXP.
-        Some(Shared::Elements(b)) => (b, VType::of(unsafe { TYPEOF(v) })? as u8),
-        Some(Shared::Arrow(b)) => (b, ARROW),
-        None => (crate::strview::shared_buffer(v)?, VType::Str as u8),
+        Some(Shared::Elements(b)) => (b, VType::of(unsafe { TYPEOF(v) })? as u8, None),
+        Some(Shared::Arrow(s)) => (
+            s.bytes,
+            if s.col.is_some() { FRAME_COL } else { ARROW },
+            s.col,
+        ),
+        None => (crate::strview::shared_buffer(v)?, VType::Str as u8, None),
     };
     let (region, off) = Region::containing(buf.as_ptr())?;
     (off + buf.len() <= region.len() && region.still_named())
-        .then(|| (How::Ref(region, off), buf.len(), code))
+        .then(|| (How::Ref(region, off, col), buf.len(), code))
 }
 
 /// Takes large vectors out of lists in place, remembering how to put them back.
 struct Walk {
     bufs: Vec<Robj>,
+    /// For each of `bufs` that is a data frame, its record batch.
+    frames: Vec<Option<crate::arrow_out::ArrowOut>>,
+    error: Option<Error>,
     swaps: Vec<(SEXP, R_xlen_t, SEXP)>,
     placeholders: Vec<Robj>,
     failed: bool,
@@ -146,17 +158,35 @@ fn oob_type(x: SEXP) -> Option<VType> {
 }
 
 impl Walk {
-    /// A placeholder for `x` (which goes out of band as buffer `k`).
-    fn placeholder(&mut self, x: SEXP) -> Option<SEXP> {
+    /// A placeholder for `x` (which goes out of band as buffer `k`); for a data frame
+    /// (`frame`, its record batch) the placeholder also carries each column's attributes, in
+    /// a list of external pointers (its `prot` field, which R serializes).
+    fn placeholder(&mut self, x: SEXP, frame: Option<crate::arrow_out::ArrowOut>) -> Option<SEXP> {
         let k = self.bufs.len();
         let name = std::ffi::CString::new(format!("{PLACEHOLDER}{k}")).expect("no NUL");
+        let is_frame = frame.is_some();
         // SAFETY: `x` is live (reachable from the value being encoded, and protected below);
         // the closure owns nothing, so an allocation error jumping out of it skips no
-        // destructor.
+        // destructor; what it allocates is protected until it is reachable.
         let ph = unsafe {
             let np = name.as_ptr();
             try_r(move || {
-                let p = R_MakeExternalPtr(std::ptr::null_mut(), Rf_install(np), R_NilValue);
+                let carriers = if is_frame {
+                    let n = XLENGTH(x);
+                    let l = Rf_protect(Rf_allocVector(SEXPTYPE::VECSXP, n));
+                    for j in 0..n {
+                        let c = R_MakeExternalPtr(std::ptr::null_mut(), R_NilValue, R_NilValue);
+                        let col = VECTOR_ELT(x, j);
+                        SET_ATTRIB(c, ffi::ATTRIB(col));
+                        SET_OBJECT(c, ffi::OBJECT(col));
+                        SET_VECTOR_ELT(l, j, c);
+                    }
+                    l
+                } else {
+                    Rf_protect(R_NilValue)
+                };
+                let p = R_MakeExternalPtr(std::ptr::null_mut(), Rf_install(np), carriers);
+                Rf_unprotect(1);
                 SET_ATTRIB(p, ffi::ATTRIB(x));
                 SET_OBJECT(p, ffi::OBJECT(x));
                 p
@@ -169,6 +199,7 @@ impl Walk {
                     self.bufs.push(Robj::from_sexp(x));
                     self.placeholders.push(Robj::from_sexp(p));
                 }
+                self.frames.push(frame);
                 Some(p)
             }
             Err(_) => {
@@ -190,20 +221,39 @@ impl Walk {
                     return;
                 }
                 let e = VECTOR_ELT(x, i);
-                if oob_type(e).is_some() {
-                    // The same vector twice (list(a = x, b = x)) travels once.
-                    let seen = self.bufs.iter().position(|b| b.get() == e);
-                    let p = match seen {
-                        Some(k) => Some(self.placeholders[k].get()),
-                        None => self.placeholder(e),
-                    };
-                    if let Some(p) = p {
-                        SET_VECTOR_ELT(x, i, p);
-                        self.swaps.push((x, i, e));
-                    }
-                } else {
-                    self.visit(e, depth + 1);
+                // The same vector twice (list(a = x, b = x)) travels once.
+                let seen = self.bufs.iter().position(|b| b.get() == e);
+                let p = match seen {
+                    Some(k) => Some(self.placeholders[k].get()),
+                    None if oob_type(e).is_some() => self.placeholder(e, None),
+                    None => match self.frame(e) {
+                        Some(f) => self.placeholder(e, Some(f)),
+                        None => {
+                            self.visit(e, depth + 1);
+                            None
+                        }
+                    },
+                };
+                if let Some(p) = p {
+                    SET_VECTOR_ELT(x, i, p);
+                    self.swaps.push((x, i, e));
                 }
+            }
+        }
+    }
+
+    /// The record batch of `x` when it is a data frame that travels as one (see
+    /// `arrow_out::encode_frame`).
+    fn frame(&mut self, x: SEXP) -> Option<crate::arrow_out::ArrowOut> {
+        // SAFETY: `x` is reachable from the value being encoded, which the caller keeps alive
+        // and unmodified (but for the placeholders swapped in, never into a data frame that
+        // travels whole) until the payload is written.
+        match unsafe { crate::arrow_out::encode_frame(x, FLOOR) }? {
+            Ok(f) => Some(f),
+            Err(e) => {
+                self.failed = true;
+                self.error = Some(e);
+                None
             }
         }
     }
@@ -337,6 +387,8 @@ impl Outgoing {
     pub fn encode_sexp(root: SEXP) -> Result<Outgoing> {
         let mut w = Walk {
             bufs: Vec::new(),
+            frames: Vec::new(),
+            error: None,
             swaps: Vec::new(),
             placeholders: Vec::new(),
             failed: false,
@@ -345,19 +397,33 @@ impl Outgoing {
             return Ok(Outgoing::layout(TAG_SMALL, bytes, Vec::new()));
         }
         let top = if oob_type(root).is_some() {
-            w.placeholder(root)
+            w.placeholder(root, None)
+        } else if let Some(f) = w.frame(root) {
+            w.placeholder(root, Some(f))
         } else {
             w.visit(root, 0);
             Some(root)
         };
         let skel = match top {
             Some(t) if !w.failed => serialize(t),
-            _ => Err(crate::rerr("out of memory while encoding")),
+            _ => Err(w
+                .error
+                .take()
+                .unwrap_or_else(|| crate::rerr("out of memory while encoding"))),
         };
         w.restore();
         let skel = skel?;
         let mut bufs = Vec::with_capacity(w.bufs.len());
-        for v in w.bufs {
+        for (v, frame) in w.bufs.into_iter().zip(w.frames) {
+            if let Some(f) = frame {
+                bufs.push(Oob {
+                    vec: v,
+                    code: FRAME,
+                    len: f.len(),
+                    how: How::Arrow(f),
+                });
+                continue;
+            }
             // SAFETY: `v` is an atomic vector (checked by `oob_type`) protected by its Robj;
             // DATAPTR_RO is valid for XLENGTH elements while it lives unmodified.
             let (t, ptr, n) = unsafe {
@@ -384,7 +450,7 @@ impl Outgoing {
                 }
                 // SAFETY: `v` stays protected (in `bufs`) and unmodified while the payload
                 // that holds the encoding exists.
-                if let Some(enc) = crate::arrowcol::encode(s) {
+                if let Some(enc) = crate::arrow_out::encode(s) {
                     let enc = enc?;
                     bufs.push(Oob {
                         vec: v,
@@ -484,10 +550,14 @@ impl Fill for Outgoing {
                     let src = unsafe { std::slice::from_raw_parts(*p, b.len) };
                     out[at..at + b.len].copy_from_slice(src);
                 }
-                How::Ref(region, off) => {
+                How::Ref(region, off, col) => {
                     // The descriptor carries a new reference, which the receiver adopts.
                     region.share().write_to(&mut out[at..at + 64]);
                     out[at + 64..at + REF_BYTES].copy_from_slice(&(*off as u64).to_le_bytes());
+                    if let Some(c) = col {
+                        out[at + REF_BYTES..at + REF_BYTES + 8]
+                            .copy_from_slice(&u64::from(*c).to_le_bytes());
+                    }
                 }
             }
             end = at + b.space();
@@ -524,7 +594,8 @@ fn placeholder_index(x: SEXP) -> Option<usize> {
 }
 
 /// The view for placeholder `ph`, with the placeholder's attributes (set one by one, so R
-/// checks each: a `dim` that does not fit is refused).
+/// checks each: a `dim` that does not fit is refused). For a data frame, each column gets the
+/// attributes its carrier holds.
 fn fill_in(ph: SEXP, views: &[Robj]) -> Result<SEXP> {
     let k = placeholder_index(ph).ok_or_else(|| bad("bad placeholder"))?;
     let v = views
@@ -533,13 +604,34 @@ fn fill_in(ph: SEXP, views: &[Robj]) -> Result<SEXP> {
     // SAFETY: `v` and `ph` are live (protected by the caller); the closures own nothing.
     unsafe {
         let vs = v.get();
-        let mut a = ffi::ATTRIB(ph);
-        while a != R_NilValue {
-            let (tag, val) = (TAG(a), CAR(a));
-            try_r(move || Rf_setAttrib(vs, tag, val))
-                .map_err(|_| bad("an attribute does not fit its vector"))?;
-            a = CDR(a);
+        let set_attributes = |to: SEXP, from: SEXP| -> Result<()> {
+            let mut a = ffi::ATTRIB(from);
+            while a != R_NilValue {
+                let (tag, val) = (TAG(a), CAR(a));
+                try_r(move || Rf_setAttrib(to, tag, val))
+                    .map_err(|_| bad("an attribute does not fit its vector"))?;
+                a = CDR(a);
+            }
+            Ok(())
+        };
+        let carriers = extendr_ffi::R_ExternalPtrProtected(ph);
+        let frame = TYPEOF(vs) == SEXPTYPE::VECSXP;
+        if frame != (TYPEOF(carriers) == SEXPTYPE::VECSXP) {
+            return Err(bad(format!("placeholder {k} does not match its buffer")));
         }
+        if frame {
+            if XLENGTH(carriers) != XLENGTH(vs) {
+                return Err(bad(format!("placeholder {k}: columns do not match")));
+            }
+            for j in 0..XLENGTH(vs) {
+                let c = VECTOR_ELT(carriers, j);
+                if TYPEOF(c) != SEXPTYPE::EXTPTRSXP {
+                    return Err(bad(format!("placeholder {k}: column {j} has no carrier")));
+                }
+                set_attributes(VECTOR_ELT(vs, j), c)?;
+            }
+        }
+        set_attributes(vs, ph)?;
         Ok(vs)
     }
 }
@@ -599,52 +691,87 @@ pub fn decode(buf: Buffer) -> Result<Decoded> {
                 .filter(|&e| e <= b.len() as u64)
                 .ok_or_else(|| bad("serialization out of bounds"))? as usize;
             let mut views = Vec::with_capacity(n);
+            // Data frame values already read for a column sent on by reference (every column
+            // of one frame refers to the same value).
+            let mut tables: Vec<(usize, arrow_array::RecordBatch, Buffer)> = Vec::new();
             for i in 0..n {
                 let e = 16 + ENTRY * i;
                 let at = u64::from_le_bytes(b[e..e + 8].try_into().expect("8 bytes"));
                 let len = u64::from_le_bytes(b[e + 8..e + 16].try_into().expect("8 bytes"));
                 let code = b[e + 16];
-                let t = match code & !BY_REF {
+                let by_ref = code & BY_REF != 0;
+                let kind = code & !BY_REF;
+                let t = match kind {
                     ARROW => None,
+                    FRAME if !by_ref => None,
+                    FRAME_COL if by_ref => None,
                     c => Some(
                         VType::from_code(c)
                             .ok_or_else(|| bad(format!("buffer {i} has unknown type {code}")))?,
                     ),
                 };
-                let make = |bytes: Buffer, copy: bool| match t {
-                    Some(t) => view::make(bytes, t, copy),
-                    None => crate::arrowcol::view(bytes, copy),
-                };
-                if code & BY_REF != 0 {
+                if by_ref {
+                    let ref_len = REF_BYTES + if kind == FRAME_COL { 8 } else { 0 };
                     let desc = at
-                        .checked_add(REF_BYTES as u64)
+                        .checked_add(ref_len as u64)
                         .filter(|&x| at >= send as u64 && x <= b.len() as u64)
                         .ok_or_else(|| bad(format!("reference {i} out of bounds")))?
                         as usize;
                     let at = at as usize;
                     let d = RegionDesc::read_from(&b[at..at + 64])
                         .map_err(|w| bad(format!("reference {i}: {w}")))?;
-                    let off = u64::from_le_bytes(b[at + 64..desc].try_into().expect("8 bytes"));
+                    let off =
+                        u64::from_le_bytes(b[at + 64..at + REF_BYTES].try_into().expect("8 bytes"));
                     let region = Arc::new(MAPPER.adopt(&d).map_err(bad)?);
                     let end = off
                         .checked_add(len)
                         .filter(|&x| x <= region.len() as u64)
                         .ok_or_else(|| bad(format!("reference {i} beyond its region")))?;
                     let whole = Region::buffer(&region);
-                    views.push(make(
-                        whole.slice_with_length(off as usize, (end - off) as usize),
-                        false,
-                    )?);
+                    let bytes = whole.slice_with_length(off as usize, (end - off) as usize);
+                    views.push(match t {
+                        Some(t) => view::make(bytes, t, false)?,
+                        None if kind == ARROW => crate::arrow_in::view(bytes, false)?,
+                        None => {
+                            let col = u64::from_le_bytes(
+                                b[at + REF_BYTES..desc].try_into().expect("8 bytes"),
+                            );
+                            let key = bytes.as_ptr() as usize;
+                            let k = match tables.iter().position(|(a, ..)| *a == key) {
+                                Some(k) => k,
+                                None => {
+                                    let (batch, src) = crate::arrow_in::table(bytes)?;
+                                    tables.push((key, batch, src));
+                                    tables.len() - 1
+                                }
+                            };
+                            let (_, batch, src) = &tables[k];
+                            let j = usize::try_from(col)
+                                .ok()
+                                .filter(|&j| j < batch.num_columns())
+                                .ok_or_else(|| bad(format!("reference {i}: no column {col}")))?;
+                            let s = crate::arrow_in::Source {
+                                bytes: src.clone(),
+                                col: Some(j as u32),
+                            };
+                            crate::arrow_in::column(batch.column(j), s, false)?
+                        }
+                    });
                     continue;
                 }
                 let end = at
                     .checked_add(len)
                     .filter(|&x| at >= send as u64 && x <= b.len() as u64)
                     .ok_or_else(|| bad(format!("buffer {i} out of bounds")))?;
-                views.push(make(
-                    buf.slice_with_length(at as usize, (end - at) as usize),
-                    true,
-                )?);
+                let bytes = buf.slice_with_length(at as usize, (end - at) as usize);
+                views.push(match t {
+                    Some(t) => view::make(bytes, t, true)?,
+                    None if kind == ARROW => crate::arrow_in::view(bytes, true)?,
+                    None => {
+                        let cols = crate::arrow_in::frame(bytes, true)?;
+                        Robj::from(List::from_values(cols))
+                    }
+                });
             }
             let value = unserialize(&b[table_end..send])?;
             // SAFETY: `value` is protected by its Robj.
@@ -716,7 +843,7 @@ fn codec_arrow_read(frame: Raw) -> Result<Robj> {
     let mizu_wire::frame::Body::Inline(value) = f.body else {
         return Err(bad("not an inline frame"));
     };
-    crate::arrowcol::view(Buffer::from_slice_ref(value), true)
+    crate::arrow_in::view(Buffer::from_slice_ref(value), true)
 }
 
 /// Unmaps the data segments kept mapped only for reuse (regions views still hold stay

@@ -10,7 +10,7 @@ use std::ffi::c_void;
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Date32Type, Float64Type, Int32Type, Int64Type, TimestampMicrosecondType};
 use arrow_array::{Array, ArrayRef};
-use arrow_buffer::{BooleanBuffer, Buffer, NullBuffer, ScalarBuffer};
+use arrow_buffer::{BooleanBuffer, NullBuffer, ScalarBuffer};
 use extendr_api::Result;
 use extendr_api::prelude::*;
 use extendr_ffi::{
@@ -24,6 +24,8 @@ use extendr_ffi::{
     Rf_allocVector, Rf_protect, Rf_unprotect, SEXP, SEXPTYPE,
 };
 use mizu_wire::rmeta::{NA_INTEGER, NA_REAL_BITS};
+
+use crate::arrow_in::Source;
 
 /// How an element is made from the array.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,8 +69,10 @@ struct State {
     values: Values,
     nulls: Option<NullBuffer>,
     len: usize,
-    /// The encoded value in the payload (see `arrowcol::view`).
-    src: Buffer,
+    /// Where it came from (see `arrow_in.rs`).
+    src: Source,
+    /// Bytes counted for it (`view::account`).
+    bytes: usize,
 }
 
 impl State {
@@ -233,7 +237,7 @@ unsafe extern "C" fn finalize(p: SEXP) {
     unsafe {
         let s = R_ExternalPtrAddr(p).cast::<State>();
         if !s.is_null() {
-            crate::view::released((*s).src.len());
+            crate::view::released((*s).bytes);
             drop(Box::from_raw(s));
             extendr_ffi::R_ClearExternalPtr(p);
         }
@@ -283,8 +287,8 @@ fn classes() -> [R_altrep_class_t; 3] {
 }
 
 /// A lazy view of `array` converted by `conv` (whose array type the caller checked);
-/// `src` is the encoded value it came in, `copy` as in `view::account`.
-pub fn make(array: ArrayRef, conv: Conv, copy: bool, src: Buffer) -> Result<Robj> {
+/// `src` is where it came from, `copy` as in `view::account`.
+pub fn make(array: ArrayRef, conv: Conv, copy: bool, src: Source) -> Result<Robj> {
     let len = array.len();
     let (values, nulls) = match conv {
         Conv::Int32 => {
@@ -321,13 +325,21 @@ pub fn make(array: ArrayRef, conv: Conv, copy: bool, src: Buffer) -> Result<Robj
         SEXPTYPE::LGLSXP => 1,
         _ => 2,
     }];
-    crate::view::account(src.len(), copy);
+    // What R would hold for it converted (the source may be a whole data frame).
+    let bytes = len
+        * if conv.sexptype() == SEXPTYPE::REALSXP {
+            8
+        } else {
+            4
+        };
+    crate::view::account(bytes, copy);
     let st = Box::into_raw(Box::new(State {
         conv,
         values,
         nulls,
         len,
         src,
+        bytes,
     }));
     // SAFETY: R's main thread; the external pointer owns `st` (freed by `finalize`) and is
     // protected while the ALTREP object that keeps it as data1 is made.
@@ -349,8 +361,8 @@ pub fn is_lazy_view(x: SEXP) -> bool {
         .any(|c| unsafe { R_altrep_inherits(x, *c) != Rboolean::FALSE })
 }
 
-/// The encoded value `x` came in, when it is a lazy view not converted yet (so unmodified).
-pub fn unmodified_source(x: SEXP) -> Option<Buffer> {
+/// Where `x` came from, when it is a lazy view not converted yet (so unmodified).
+pub fn unmodified_source(x: SEXP) -> Option<Source> {
     // SAFETY: `state` and data2 are read only for our lazy views (checked).
     unsafe { (is_lazy_view(x) && R_altrep_data2(x) == R_NilValue).then(|| state(x).src.clone()) }
 }

@@ -10,7 +10,8 @@
 // for R, which cannot carry doc comments. The R API is documented in `pkg/man`.
 #![allow(missing_docs)]
 
-mod arrowcol;
+mod arrow_in;
+mod arrow_out;
 mod channel;
 mod codec;
 mod fast;
@@ -18,6 +19,7 @@ mod ffi;
 mod handle;
 mod interrupt;
 mod lazyview;
+mod ntcopy;
 mod outvec;
 mod pool;
 mod rng;

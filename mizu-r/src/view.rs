@@ -11,6 +11,8 @@ use std::cell::{Cell, OnceCell};
 use std::ffi::c_void;
 
 use arrow_buffer::Buffer;
+
+use crate::arrow_in::Source;
 use extendr_api::Result;
 use extendr_api::prelude::*;
 use extendr_ffi::{
@@ -94,9 +96,9 @@ impl VType {
 struct State {
     buf: Buffer,
     len: usize,
-    /// The encoded Arrow value the view came in (see `arrowcol.rs`), for re-sending it by
+    /// The encoded Arrow value the view came in (see `arrow_in.rs`), for re-sending it by
     /// reference; `None` for R's layout.
-    src: Option<Buffer>,
+    src: Option<Source>,
 }
 
 thread_local! {
@@ -372,12 +374,12 @@ pub fn make(buf: Buffer, t: VType, copy: bool) -> Result<Robj> {
     make_from(buf, t, copy, None)
 }
 
-/// [`make`] for the values of an Arrow array that came in as the encoded value `src`.
-pub fn make_sourced(buf: Buffer, t: VType, copy: bool, src: Buffer) -> Result<Robj> {
+/// [`make`] for the values of an Arrow array that came in as (part of) `src`.
+pub fn make_sourced(buf: Buffer, t: VType, copy: bool, src: Source) -> Result<Robj> {
     make_from(buf, t, copy, Some(src))
 }
 
-fn make_from(buf: Buffer, t: VType, copy: bool, src: Option<Buffer>) -> Result<Robj> {
+fn make_from(buf: Buffer, t: VType, copy: bool, src: Option<Source>) -> Result<Robj> {
     if t == VType::Str {
         return crate::strview::make(buf, copy);
     }
@@ -427,8 +429,8 @@ pub fn is_view_sexp(x: SEXP) -> bool {
 pub enum Shared {
     /// Its elements, in R's layout.
     Elements(Buffer),
-    /// The encoded Arrow value it came in.
-    Arrow(Buffer),
+    /// The encoded Arrow value it came in (and its column).
+    Arrow(Source),
 }
 
 /// What `x` shares when it is one of our (non-string) views, plain or lazy, and was not
@@ -447,6 +449,11 @@ pub fn shared(x: SEXP) -> Option<Shared> {
             }
         })
     }
+}
+
+/// Whether `x` is a view of any kind (plain, lazy, string).
+pub fn is_any_view(x: SEXP) -> bool {
+    is_view_sexp(x) || crate::lazyview::is_lazy_view(x) || crate::strview::string_view(x).is_some()
 }
 
 /// Whether `x` is a view whose elements are still the shared pages (not copied).
@@ -469,7 +476,7 @@ fn view_is_shared(x: Robj) -> bool {
 fn view_is_view(x: Robj) -> bool {
     // SAFETY: as above.
     let s = unsafe { x.get() };
-    is_view_sexp(s) || crate::strview::string_view(s).is_some() || crate::lazyview::is_lazy_view(s)
+    is_any_view(s)
 }
 
 /// Views in this process not finalized yet: `c(count, bytes)`.

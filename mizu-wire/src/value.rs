@@ -262,14 +262,16 @@ impl Encoded {
         }
     }
 
-    /// For an encoded [`Value::Array`] of a primitive array with a validity bitmap: where the
-    /// bitmap, the values and the array's null count sit (see [`PrimitiveLayout`]); `None`
-    /// for anything else.
-    pub fn primitive_layout(&self) -> Option<PrimitiveLayout> {
+    /// For an encoded [`Value::Array`] or [`Value::Table`]: where each top-level column's
+    /// validity bitmap, values and null count sit (see [`PrimitiveLayout`]); `None` in the
+    /// list for a column that is not one validity buffer and one values buffer (strings,
+    /// binary), and `None` for a value that is not Arrow or has nested columns.
+    pub fn column_layouts(&self) -> Option<Vec<Option<PrimitiveLayout>>> {
+        use arrow_ipc::Type;
         let Some(Part::Owned(head)) = self.parts.first() else {
             return None;
         };
-        if head.first() != Some(&tag::ARRAY) {
+        if !matches!(head.first(), Some(&tag::ARRAY | &tag::TABLE)) {
             return None;
         }
         let mut pos = 1;
@@ -291,27 +293,68 @@ impl Encoded {
             let msg = arrow_ipc::root_as_message(head.get(at + 8..end)?).ok()?;
             Some((msg, end))
         };
-        let (schema, end) = message(pos.next_multiple_of(64))?;
-        let (batch, body) = message(end.checked_add(usize::try_from(schema.bodyLength()).ok()?)?)?;
+        let (schema, mut end) = message(pos.next_multiple_of(64))?;
+        let fields = schema.header_as_schema()?.fields()?;
+        // Dictionaries come first, each a message of its own.
+        let (batch, body) = loop {
+            let (m, e) = message(end.checked_add(usize::try_from(schema.bodyLength()).ok()?)?)?;
+            if m.header_as_dictionary_batch().is_some() {
+                end = e.checked_add(usize::try_from(m.bodyLength()).ok()?)?;
+                continue;
+            }
+            break (m, e);
+        };
         let rb = batch.header_as_record_batch()?;
         let nodes = rb.nodes()?;
         let buffers = rb.buffers()?;
-        if nodes.len() != 1 || buffers.len() != 2 || nodes.get(0).null_count() == 0 {
+        if nodes.len() != fields.len() {
             return None;
         }
-        let node = nodes.bytes().as_ptr() as usize - head.as_ptr() as usize;
+        let node0 = nodes.bytes().as_ptr() as usize - head.as_ptr() as usize;
         let range = |i: usize| {
             let b = buffers.get(i);
             let start = body.checked_add(usize::try_from(b.offset()).ok()?)?;
             Some(start..start.checked_add(usize::try_from(b.length()).ok()?)?)
         };
-        let layout = PrimitiveLayout {
-            null_count_at: node + 8,
-            validity: range(0)?,
-            values: range(1)?,
-        };
-        (layout.values.end <= self.len && layout.validity.end <= layout.values.start)
-            .then_some(layout)
+        let mut out = Vec::with_capacity(fields.len());
+        let mut buf = 0;
+        for (i, f) in fields.iter().enumerate() {
+            if f.children().is_some_and(|c| !c.is_empty()) {
+                return None;
+            }
+            let n = if f.dictionary().is_some() {
+                2
+            } else {
+                match f.type_type() {
+                    Type::Utf8 | Type::Binary | Type::LargeUtf8 | Type::LargeBinary => 3,
+                    Type::Int
+                    | Type::FloatingPoint
+                    | Type::Bool
+                    | Type::Date
+                    | Type::Time
+                    | Type::Timestamp
+                    | Type::Duration
+                    | Type::Decimal
+                    | Type::FixedSizeBinary => 2,
+                    _ => return None,
+                }
+            };
+            if buf + n > buffers.len() {
+                return None;
+            }
+            out.push(if n == 2 {
+                let l = PrimitiveLayout {
+                    null_count_at: node0 + 16 * i + 8,
+                    validity: range(buf)?,
+                    values: range(buf + 1)?,
+                };
+                (l.values.end <= self.len && l.validity.end <= l.values.start).then_some(l)
+            } else {
+                None
+            });
+            buf += n;
+        }
+        (buf == buffers.len()).then_some(out)
     }
 
     /// The encoding as one vector.
@@ -815,23 +858,15 @@ fn validate_array(d: &arrow_data::ArrayData) -> std::result::Result<(), arrow_sc
             let lim = u32::try_from(values).unwrap_or(u32::MAX);
             // `validate` checked that the buffer holds offset + len keys.
             let keys = &d.buffers()[0].typed_data::<i32>()[d.offset()..d.offset() + d.len()];
-            for (k, c) in keys.chunks(64).enumerate() {
-                let out = c
-                    .iter()
-                    .enumerate()
-                    .fold(0u64, |w, (j, &x)| w | (u64::from(x as u32 >= lim) << j));
-                // Keys under nulls may be anything.
-                let mut bits = out;
-                while bits != 0 {
-                    let j = bits.trailing_zeros() as usize;
-                    let i = k * 64 + j;
-                    if d.is_valid(i) {
+            // A plain reduction the compiler vectorizes; the positions only when it finds one.
+            if keys.iter().fold(false, |a, &x| a | (x as u32 >= lim)) {
+                for (i, &x) in keys.iter().enumerate() {
+                    // Keys under nulls may be anything.
+                    if x as u32 >= lim && d.is_valid(i) {
                         return Err(arrow_schema::ArrowError::InvalidArgumentError(format!(
-                            "dictionary key {} at {i} out of 0..{values}",
-                            c[j]
+                            "dictionary key {x} at {i} out of 0..{values}"
                         )));
                     }
-                    bits &= bits - 1;
                 }
             }
         }

@@ -434,7 +434,9 @@ fn primitive_layout_places_the_bitmap_values_and_null_count() {
     ));
     let nulls = a.null_count();
     let e = encode(&value::array("x", a.clone())).unwrap();
-    let l = e.primitive_layout().expect("a primitive array with nulls");
+    let l = e.column_layouts().expect("an array")[0]
+        .clone()
+        .expect("validity and values");
     let bytes = e.to_vec();
     let count = i64::from_le_bytes(
         bytes[l.null_count_at..l.null_count_at + 8]
@@ -454,13 +456,29 @@ fn primitive_layout_places_the_bitmap_values_and_null_count() {
     e.write_to_except(&mut out, &[vals.as_ptr()]);
     assert!(out[l.values.clone()].iter().all(|&b| b == 0xAA));
     assert_eq!(out[..l.values.start], bytes[..l.values.start]);
-    // No bitmap (no nulls), or not a primitive array: no layout.
-    let plain: ArrayRef = Arc::new(Float64Array::from(vec![1.0; 600]));
-    assert!(
-        encode(&value::array("x", plain))
-            .unwrap()
-            .primitive_layout()
-            .is_none()
+    // A table: one layout per column (none for strings), dictionaries skipped over.
+    let strs: ArrayRef = Arc::new(arrow_array::StringArray::from(vec![
+        Some("a"),
+        None,
+        Some("bc"),
+    ]));
+    let ints: ArrayRef = Arc::new(Int32Array::from(vec![Some(1), None, Some(3)]));
+    let dict: ArrayRef = Arc::new(
+        vec![Some("x"), None, Some("y")]
+            .into_iter()
+            .collect::<arrow_array::DictionaryArray<Int32Type>>(),
     );
-    assert!(encode(&Value::Int(1)).unwrap().primitive_layout().is_none());
+    let t =
+        arrow_array::RecordBatch::try_from_iter([("s", strs), ("d", dict), ("i", ints)]).unwrap();
+    let e = encode(&Value::Table(t)).unwrap();
+    let ls = e.column_layouts().expect("a table");
+    let bytes = e.to_vec();
+    assert!(ls[0].is_none());
+    for (l, k) in [(ls[1].clone().unwrap(), 1i32), (ls[2].clone().unwrap(), 3)] {
+        let at = l.null_count_at;
+        assert_eq!(i64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()), 1);
+        let v = &bytes[l.values.clone()];
+        assert_eq!(i32::from_le_bytes(v[8..12].try_into().unwrap()), k);
+    }
+    assert!(encode(&Value::Int(1)).unwrap().column_layouts().is_none());
 }
