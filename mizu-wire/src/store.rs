@@ -318,10 +318,17 @@ impl Region {
     /// so a view of it can be re-sent by reference.
     pub fn buffer(this: &Arc<Region>) -> arrow_buffer::Buffer {
         let (ptr, len) = (this.ptr(), this.len());
-        registry()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(ptr.as_ptr() as usize, (len, Arc::downgrade(this)));
+        {
+            let mut g = registry().lock().unwrap_or_else(|p| p.into_inner());
+            let (_, holders) = g.entry(ptr.as_ptr() as usize).or_insert((len, Vec::new()));
+            holders.retain(|w| w.strong_count() > 0);
+            if !holders
+                .iter()
+                .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(this)))
+            {
+                holders.push(Arc::downgrade(this));
+            }
+        }
         let owner: Arc<dyn arrow_buffer::alloc::Allocation> = this.clone();
         // SAFETY: ptr..ptr+len is valid, immutable memory for as long as the owner (a counted
         // reference holding the mapping) lives, which the Buffer guarantees by holding it.
@@ -329,8 +336,10 @@ impl Region {
     }
 }
 
-/// Regions of this process that back buffers ([`Region::buffer`]), by start address.
-type Registry = Mutex<std::collections::BTreeMap<usize, (usize, Weak<Region>)>>;
+/// Regions of this process that back buffers ([`Region::buffer`]), by start address: its
+/// length, and every reference held to it here (a payload may carry several references to
+/// one region — columns of one data frame — each adopted as a `Region` of its own).
+type Registry = Mutex<std::collections::BTreeMap<usize, (usize, Vec<Weak<Region>>)>>;
 
 fn registry() -> &'static Registry {
     static R: std::sync::OnceLock<Registry> = std::sync::OnceLock::new();
@@ -343,11 +352,11 @@ impl Region {
     pub fn containing(addr: *const u8) -> Option<(Arc<Region>, usize)> {
         let a = addr as usize;
         let g = registry().lock().unwrap_or_else(|p| p.into_inner());
-        let (&start, (len, w)) = g.range(..=a).next_back()?;
+        let (&start, (len, holders)) = g.range(..=a).next_back()?;
         if a >= start + len {
             return None;
         }
-        Some((w.upgrade()?, a - start))
+        Some((holders.iter().find_map(Weak::upgrade)?, a - start))
     }
 
     /// Whether the segment still has its name (nobody removed it: a descriptor sent now can
@@ -364,8 +373,11 @@ impl Drop for Region {
         {
             let mut g = registry().lock().unwrap_or_else(|p| p.into_inner());
             let key = self.ptr().as_ptr() as usize;
-            if g.get(&key).is_some_and(|(_, w)| w.strong_count() == 0) {
-                g.remove(&key);
+            if let Some((_, holders)) = g.get_mut(&key) {
+                holders.retain(|w| w.strong_count() > 0);
+                if holders.is_empty() {
+                    g.remove(&key);
+                }
             }
         }
         let Ok(h) = self.seg.header(self.offset) else {

@@ -44,6 +44,30 @@ fn a_shared_region_outlives_the_senders_handle_and_the_last_holder_unlinks() {
 }
 
 #[test]
+fn a_region_adopted_twice_is_found_while_either_reference_lives() {
+    use std::sync::Arc;
+    let pool = DataPool::new(1 << 16);
+    let mapper = Mapper::new();
+    let sent = pool.store(&[7u8; 4096]).unwrap();
+    // Two references in one payload (two columns of one data frame), adopted one by one.
+    let first = Arc::new(mapper.adopt(&sent.share()).unwrap());
+    let second = Arc::new(mapper.adopt(&sent.share()).unwrap());
+    let (b1, b2) = (
+        mizu_wire::Region::buffer(&first),
+        mizu_wire::Region::buffer(&second),
+    );
+    assert_eq!(b1.as_ptr(), b2.as_ptr());
+    let addr = b1.as_ptr();
+    // The later one goes first: the earlier one is still found.
+    drop((b2, second));
+    let (found, off) = mizu_wire::Region::containing(addr).expect("still held");
+    assert!(Arc::ptr_eq(&found, &first));
+    assert_eq!(off, 0);
+    drop((found, b1, first));
+    assert!(mizu_wire::Region::containing(addr).is_none());
+}
+
+#[test]
 fn resending_passes_the_same_bytes_by_reference() {
     let pool = DataPool::new(1 << 16);
     let mapper = Mapper::new();
