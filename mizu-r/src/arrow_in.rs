@@ -141,6 +141,7 @@ pub fn column(array: &ArrayRef, src: Source, copy: bool) -> Result<Robj> {
             plain(a.values().inner(), VType::Raw)
         }
         DataType::Boolean => lazy(Conv::Bool),
+        DataType::Utf8 => crate::strview::make_arrow(array.as_string::<i32>().clone(), src, copy),
         DataType::Date32 => lazy(Conv::Date),
         DataType::Timestamp(TimeUnit::Microsecond, _) => lazy(Conv::Micros),
         DataType::Dictionary(k, _) if **k == DataType::Int32 => lazy(Conv::Codes),

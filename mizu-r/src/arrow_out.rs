@@ -29,8 +29,8 @@ use arrow_schema::Field;
 use arrow_schema::Schema;
 use extendr_api::Result;
 use extendr_ffi::{
-    DATAPTR_RO, R_CHAR, R_LevelsSymbol, R_NaString, Rf_getAttrib, SEXP, SEXPTYPE, STRING_ELT,
-    TYPEOF, XLENGTH,
+    DATAPTR_RO, LENGTH, R_CHAR, R_LevelsSymbol, R_NaString, Rf_getAttrib, SEXP, SEXPTYPE,
+    STRING_ELT, TYPEOF, XLENGTH,
 };
 use mizu_wire::rmeta::{CLASS, NA_INTEGER, NA_INTEGER64, TZ};
 use mizu_wire::{Encoded, PrimitiveLayout, Value};
@@ -183,6 +183,68 @@ unsafe fn factor(x: SEXP, codes: &[i32]) -> Option<Col> {
                 kind: Na::Codes,
             }),
         })
+    }
+}
+
+/// A character vector as an Arrow utf8 array, when every string is NA, ASCII or marked
+/// UTF-8 (and is UTF-8): others (native non-ASCII, Latin-1, bytes) keep R's layout
+/// (`strview.rs`), which keeps their encodings. A string view that came as an array and was
+/// not modified gives its array back.
+///
+/// # Safety
+/// `x` is a live character vector, protected and unmodified while the result exists.
+unsafe fn strings(x: SEXP) -> Option<ArrayRef> {
+    if let Some(a) = crate::strview::unmodified_array(x) {
+        return Some(Arc::new(a));
+    }
+    // SAFETY: reading a live vector; its CHARSXPs are read without allocating (a plain
+    // vector, or one of our views whose strings are all made).
+    unsafe {
+        if extendr_ffi::ALTREP(x) != 0 && crate::strview::string_view(x) != Some(true) {
+            return None;
+        }
+        let n = XLENGTH(x) as usize;
+        let text = |i: usize| -> Option<Option<&[u8]>> {
+            let c = STRING_ELT(x, i as isize);
+            if c == R_NaString {
+                return Some(None);
+            }
+            let b = std::slice::from_raw_parts(R_CHAR(c).cast::<u8>(), LENGTH(c) as usize);
+            if b.is_ascii() || (crate::ffi::Rf_getCharCE(c) == 1 && std::str::from_utf8(b).is_ok())
+            {
+                Some(Some(b))
+            } else {
+                None
+            }
+        };
+        let mut total = 0usize;
+        for i in 0..n {
+            total += text(i)?.map_or(0, <[u8]>::len);
+        }
+        if total > i32::MAX as usize {
+            return None;
+        }
+        let mut values = MutableBuffer::with_capacity(total);
+        let mut offsets = Vec::with_capacity(n + 1);
+        offsets.push(0i32);
+        let mut valid = arrow_buffer::BooleanBufferBuilder::new(n);
+        for i in 0..n {
+            let t = text(i).flatten();
+            valid.append(t.is_some());
+            if let Some(b) = t {
+                values.extend_from_slice(b);
+            }
+            offsets.push(values.len() as i32);
+        }
+        let nulls = NullBuffer::new(valid.finish());
+        let nulls = (nulls.null_count() > 0).then_some(nulls);
+        // SAFETY: the offsets start at 0 and never decrease, end at the values' length, and
+        // every string between two of them is UTF-8 (checked above).
+        Some(Arc::new(StringArray::new_unchecked(
+            arrow_buffer::OffsetBuffer::new_unchecked(offsets.into()),
+            values.into(),
+            nulls,
+        )))
     }
 }
 
@@ -516,7 +578,8 @@ unsafe fn column(x: SEXP) -> Option<Col> {
                     Vec::new(),
                 )
             }
-            VType::Cplx | VType::Str => return None,
+            VType::Str => plain(strings(x)?, Vec::new()),
+            VType::Cplx => return None,
         })
     }
 }
@@ -583,7 +646,7 @@ fn finish(mut cols: Vec<(String, Col)>, frame: bool) -> Result<ArrowOut> {
 }
 
 /// The Arrow encoding of an out-of-band vector, or `None` for one that keeps R's layout
-/// (complex and character vectors).
+/// (complex vectors, and character vectors `strings` does not take).
 ///
 /// # Safety
 /// `x` is a live atomic vector, protected and unmodified for as long as the result exists.

@@ -118,15 +118,14 @@ pub(crate) fn mapper() -> &'static Mapper {
 /// How to send `v` by reference, its length and type code: when it is one of our views,
 /// unmodified, of a region whose segment still has its name; else `None`.
 fn by_ref(v: SEXP) -> Option<(How, usize, u8)> {
-    let (buf, code, col) = match view::shared(v) {
+    let (buf, code, col) = match view::shared(v).or_else(|| crate::strview::shared(v))? {
         // SAFETY: TYPEOF reads any live SEXP.
-        Some(Shared::Elements(b)) => (b, VType::of(unsafe { TYPEOF(v) })? as u8, None),
-        Some(Shared::Arrow(s)) => (
+        Shared::Elements(b) => (b, VType::of(unsafe { TYPEOF(v) })? as u8, None),
+        Shared::Arrow(s) => (
             s.bytes,
             if s.col.is_some() { FRAME_COL } else { ARROW },
             s.col,
         ),
-        None => (crate::strview::shared_buffer(v)?, VType::Str as u8, None),
     };
     let (region, off) = Region::containing(buf.as_ptr())?;
     (off + buf.len() <= region.len() && region.still_named())
@@ -438,16 +437,6 @@ impl Outgoing {
                     });
                     continue;
                 }
-                if t == VType::Str {
-                    let len = crate::strview::encoded_len(s);
-                    bufs.push(Oob {
-                        vec: v,
-                        code: t as u8,
-                        len,
-                        how: How::Strings,
-                    });
-                    continue;
-                }
                 // SAFETY: `v` stays protected (in `bufs`) and unmodified while the payload
                 // that holds the encoding exists.
                 if let Some(enc) = crate::arrow_out::encode(s) {
@@ -457,6 +446,16 @@ impl Outgoing {
                         code: ARROW,
                         len: enc.len(),
                         how: How::Arrow(enc),
+                    });
+                    continue;
+                }
+                if t == VType::Str {
+                    let len = crate::strview::encoded_len(s);
+                    bufs.push(Oob {
+                        vec: v,
+                        code: t as u8,
+                        len,
+                        how: How::Strings,
                     });
                     continue;
                 }

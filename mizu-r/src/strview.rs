@@ -24,7 +24,11 @@ use extendr_ffi::{
     Rf_protect, Rf_unprotect, SET_STRING_ELT, SEXP, SEXPTYPE, STRING_ELT, XLENGTH, cetype_t,
 };
 
+use arrow_array::{Array, StringArray};
+
+use crate::arrow_in::Source;
 use crate::ffi;
+use crate::view::Shared;
 
 /// Whether `x` can be laid out without running code: a plain character vector, or one of our
 /// views (an unmodified one is copied as it came; a completed one reads its private copy).
@@ -39,7 +43,7 @@ pub fn can_lay_out(x: SEXP) -> bool {
 /// # Safety
 /// `x` is a live character vector for which [`can_lay_out`] holds.
 pub unsafe fn encoded_len(x: SEXP) -> usize {
-    if string_view(x) == Some(false) {
+    if string_view(x) == Some(false) && unmodified_array(x).is_none() {
         // SAFETY: one of our views (checked).
         return unsafe { state(x) }.buf.len();
     }
@@ -66,7 +70,7 @@ pub unsafe fn encoded_len(x: SEXP) -> usize {
 /// # Safety
 /// As [`encoded_len`]; `x` unchanged since.
 pub unsafe fn fill(x: SEXP, out: &mut [u8]) {
-    if string_view(x) == Some(false) {
+    if string_view(x) == Some(false) && unmodified_array(x).is_none() {
         // SAFETY: one of our views (checked); its layout was checked when it arrived.
         out.copy_from_slice(unsafe { state(x) }.buf.as_slice());
         return;
@@ -105,13 +109,21 @@ pub unsafe fn fill(x: SEXP, out: &mut [u8]) {
 
 /// What a string view's external pointer owns.
 struct State {
+    /// The layout's bytes; for an Arrow array, the bytes of its values.
     buf: Buffer,
     n: usize,
-    kinds_at: usize,
-    bytes_at: usize,
+    backing: Backing,
     /// Elements already made (in `data2`), one bit each; all of them once `complete`.
     made: RefCell<Vec<u64>>,
     complete: Cell<bool>,
+}
+
+/// Where the strings are.
+enum Backing {
+    /// This module's layout.
+    Layout { kinds_at: usize, bytes_at: usize },
+    /// An Arrow utf8 array (see `arrow_in.rs`), and where it came from.
+    Arrow(StringArray, Source),
 }
 
 impl State {
@@ -185,9 +197,27 @@ unsafe fn state<'a>(x: SEXP) -> &'a State {
 /// # Safety
 /// As [`state`]; `i < n`.
 unsafe fn make_elt(st: &State, i: usize) -> SEXP {
+    let (kinds_at, bytes_at) = match &st.backing {
+        Backing::Layout { kinds_at, bytes_at } => (*kinds_at, *bytes_at),
+        Backing::Arrow(a, _) => {
+            if a.is_null(i) {
+                // SAFETY: R's NA string, a constant of the running R.
+                return unsafe { R_NaString };
+            }
+            let v = a.value(i);
+            // SAFETY: checked by `make_arrow`: no NUL, UTF-8 (arrow), length fits an int.
+            return unsafe {
+                Rf_mkCharLenCE(
+                    v.as_ptr().cast::<c_char>(),
+                    v.len() as c_int,
+                    cetype_t::CE_UTF8,
+                )
+            };
+        }
+    };
     // SAFETY: the layout was checked by `check` (offsets in bounds, no NULs, lengths fit).
     unsafe {
-        let kind = st.buf.as_slice()[st.kinds_at + i];
+        let kind = st.buf.as_slice()[kinds_at + i];
         if kind == 0 {
             return R_NaString;
         }
@@ -198,7 +228,7 @@ unsafe fn make_elt(st: &State, i: usize) -> SEXP {
             4 => cetype_t::CE_BYTES,
             _ => cetype_t::CE_NATIVE,
         };
-        let p = st.buf.as_ptr().add(st.bytes_at + a).cast::<c_char>();
+        let p = st.buf.as_ptr().add(bytes_at + a).cast::<c_char>();
         Rf_mkCharLenCE(p, (b - a) as c_int, ce)
     }
 }
@@ -340,12 +370,28 @@ fn class() -> R_altrep_class_t {
 /// A character vector over `buf` (checked first; `copy` as in `view::account`).
 pub fn make(buf: Buffer, copy: bool) -> Result<Robj> {
     let (n, kinds_at, bytes_at) = check(&buf)?;
+    new_view(buf, n, Backing::Layout { kinds_at, bytes_at }, copy)
+}
+
+/// A character vector over an Arrow utf8 array (which came in `src`); refused when a string
+/// holds a NUL byte (R's strings cannot).
+pub fn make_arrow(a: StringArray, src: Source, copy: bool) -> Result<Robj> {
+    let offsets = a.value_offsets();
+    let (first, last) = (offsets[0] as usize, offsets[a.len()] as usize);
+    let bytes = a.values().slice_with_length(first, last - first);
+    if bytes.as_slice().contains(&0) {
+        return Err(bad("a string holds a NUL byte"));
+    }
+    let n = a.len();
+    new_view(bytes, n, Backing::Arrow(a, src), copy)
+}
+
+fn new_view(buf: Buffer, n: usize, backing: Backing, copy: bool) -> Result<Robj> {
     crate::view::account(buf.len(), copy);
     let st = Box::into_raw(Box::new(State {
         buf,
         n,
-        kinds_at,
-        bytes_at,
+        backing,
         made: RefCell::new(vec![0; n.div_ceil(64)]),
         complete: Cell::new(false),
     }));
@@ -361,10 +407,29 @@ pub fn make(buf: Buffer, copy: bool) -> Result<Robj> {
     }
 }
 
-/// The layout bytes of `x` when it is one of our string views and was not modified.
-pub fn shared_buffer(x: SEXP) -> Option<Buffer> {
-    // SAFETY: `state` only for our string views (checked).
-    (string_view(x) == Some(false)).then(|| unsafe { state(x) }.buf.clone())
+/// What `x` shares when it is one of our string views and was not modified.
+pub fn shared(x: SEXP) -> Option<Shared> {
+    if string_view(x) != Some(false) {
+        return None;
+    }
+    // SAFETY: one of our string views (checked).
+    let st = unsafe { state(x) };
+    Some(match &st.backing {
+        Backing::Layout { .. } => Shared::Elements(st.buf.clone()),
+        Backing::Arrow(_, src) => Shared::Arrow(src.clone()),
+    })
+}
+
+/// The Arrow array of `x` when it is one of our string views over one and was not modified.
+pub fn unmodified_array(x: SEXP) -> Option<StringArray> {
+    if string_view(x) != Some(false) {
+        return None;
+    }
+    // SAFETY: one of our string views (checked).
+    match &unsafe { state(x) }.backing {
+        Backing::Arrow(a, _) => Some(a.clone()),
+        Backing::Layout { .. } => None,
+    }
 }
 
 /// Whether `x` is a string view, and whether all of its elements were made (copied).

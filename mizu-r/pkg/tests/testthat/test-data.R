@@ -225,11 +225,18 @@ test_that("long character vectors arrive as views that make their strings when r
     expect_true(mizu_is_view(d2$s))
     expect_false(mizu_is_view(mizu_collect(mizu_submit(pool, c("a", "b")))))
   })
-  # a malformed string layout is refused before any string is made
+  # a NUL inside a string is refused before any string is made: in R's layout (Latin-1
+  # strings keep it), and in an Arrow array (UTF-8 strings)
+  b <- .Call(mizu:::wrap__codec_encode, rep(iconv("caf\u00e9", "UTF-8", "latin1"), 600))
+  bad <- b
+  bad[length(b) - 1] <- as.raw(0)
+  expect_error(.Call(mizu:::wrap__codec_decode, bad), "malformed")
   b <- .Call(mizu:::wrap__codec_encode, rep("abc", 600))
   bad <- b
-  bad[length(b) - 1] <- as.raw(0)        # a NUL inside a string
-  expect_error(.Call(mizu:::wrap__codec_decode, bad), "malformed")
+  at <- grepRaw(charToRaw("abcabc"), b)
+  expect_true(length(at) == 1)
+  bad[at + 1] <- as.raw(0)
+  expect_error(.Call(mizu:::wrap__codec_decode, bad), "NUL")
 })
 
 test_that("an unmodified view sent on crosses by reference, not by copy", {
@@ -303,10 +310,12 @@ test_that("large vectors travel as Arrow arrays that Python reads as they are", 
     raw = as.raw(seq_len(5000) %% 256),
     frac = structure(c(0.5, seq_len(n)), class = "Date"),
     subus = .POSIXct(c(1e-7, seq_len(n)), tz = "UTC"),
-    cplx = complex(real = seq_len(n), imaginary = 1)
+    cplx = complex(real = seq_len(n), imaginary = 1),
+    chr = c(NA, rep_len(c("\u00e9t\u00e9", "b"), n)),
+    latin1 = rep(iconv("caf\u00e9", "UTF-8", "latin1"), n)
   )
   frames <- .Call(mizu:::wrap__codec_arrow_frames, x)
-  expect_length(frames, length(x) - 1L)            # complex keeps R's layout
+  expect_length(frames, length(x) - 2L)   # complex and Latin-1 strings keep R's layout
   d <- tempfile()
   dir.create(d)
   on.exit(unlink(d, recursive = TRUE))
@@ -330,7 +339,7 @@ test_that("large vectors travel as Arrow arrays that Python reads as they are", 
     "    print(f'{fld.type}|{meta}|{arr.null_count}|{json.dumps(vals)}')"
   ), d)
   us <- function(t) sprintf("%.0f", as.numeric(t) * 1e6)
-  expect_identical(out[-11], c(
+  expect_identical(out[1:10], c(
     "int32||1|[null, 1, 2]",
     "double||1|[1.5, null, NaN]",
     "bool||1000|[true, false, null]",
@@ -344,6 +353,7 @@ test_that("large vectors travel as Arrow arrays that Python reads as they are", 
     "double||0|[0.5, 1.0, 2.0]"                     # not whole days: the doubles as they are
   ))
   expect_match(out[11], "^double\\|\\|0\\|")      # a sub-microsecond time: likewise
+  expect_identical(out[12], "string||1|[null, \"\\u00e9t\\u00e9\", \"b\"]")
   # and R still gets every one back exactly
   with_pool(1, function(pool) expect_identical(roundtrip(pool, x), x))
 })
@@ -439,7 +449,8 @@ test_that("a data frame travels as one Arrow record batch that Python reads as a
                    l = rep_len(c(TRUE, NA, FALSE), n),
                    f = factor(rep_len(c("lo", "hi", NA), n), levels = c("lo", "hi")),
                    d = as.Date("2020-02-02") + seq_len(n),
-                   t = as.POSIXct("2020-01-01", tz = "UTC") + seq_len(n))
+                   t = as.POSIXct("2020-01-01", tz = "UTC") + seq_len(n),
+                   s = rep_len(c("x", NA, "\u00e9"), n))
   frames <- .Call(mizu:::wrap__codec_arrow_frames, df)
   expect_length(frames, 1L)                         # one record batch, not six arrays
   f <- tempfile(fileext = ".frame")
@@ -464,6 +475,7 @@ test_that("a data frame travels as one Arrow record batch that Python reads as a
     "f dictionary<values=string, indices=int32, ordered=0> 666",
     "d date32[day] 0",
     "t timestamp[us, tz=UTC] 0",
+    "s string 667",
     "['lo', 'hi', None] [0.5, None] [None, 1]"
   ))
 })
