@@ -378,6 +378,8 @@ test_that("Arrow arrays written by Python arrive as the R vectors they mean", {
     "    pa.array([1, 2, 255], pa.uint8()),",
     "    pa.array(range(10), pa.int32()).slice(3, 4),",
     "    pa.array([1, 2], pa.int8()),",
+    "    pa.array(['x', None, '\u00e9t\u00e9']),",
+    "    pa.array(['a\\x00b']),",
     "]",
     "for k, a in enumerate(arrays):",
     "    open(os.path.join(sys.argv[1], f'{k:02d}.frame'), 'wb').write(w.dumps(a))",
@@ -401,6 +403,10 @@ test_that("Arrow arrays written by Python arrive as the R vectors they mean", {
   expect_identical(read(7), as.raw(c(1, 2, 255)))
   expect_identical(read(8), 3:6)                     # a slice: its own elements only
   expect_error(read(9), "Int8 has no R mapping", class = "error")
+  s <- read(10)
+  expect_identical(s, c("x", NA, "\u00e9t\u00e9"))
+  expect_identical(Encoding(s[3]), "UTF-8")
+  expect_error(read(11), "NUL")
 })
 
 test_that("logical, factor, Date and POSIXct vectors arrive as lazy views of shared pages", {
