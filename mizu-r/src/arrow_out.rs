@@ -98,12 +98,18 @@ fn int_nulls<T: Copy + PartialEq>(v: &[T], na: T) -> Option<NullBuffer> {
     any.then(|| nulls(v, |x| x != na)).flatten()
 }
 
+/// [`int_nulls`] of R integers.
+fn r_int_nulls(v: &[i32]) -> Option<NullBuffer> {
+    crate::kernels::any_na_int(v)
+        .then(|| nulls(v, |x| x != NA_INTEGER))
+        .flatten()
+}
+
 /// The validity of doubles (`NA_real_` is null, other NaNs are values); as [`int_nulls`].
 fn real_nulls(v: &[f64]) -> Option<NullBuffer> {
-    let any = v
-        .chunks(256)
-        .any(|c| c.iter().fold(false, |a, &x| a | x.is_nan()));
-    any.then(|| nulls(v, |x| !is_na_real(x))).flatten()
+    crate::kernels::any_nan(v)
+        .then(|| nulls(v, |x| !is_na_real(x)))
+        .flatten()
 }
 
 fn inherits(x: SEXP, class: &std::ffi::CStr) -> bool {
@@ -204,40 +210,34 @@ unsafe fn strings(x: SEXP) -> Option<ArrayRef> {
             return None;
         }
         let n = XLENGTH(x) as usize;
-        let text = |i: usize| -> Option<Option<&[u8]>> {
-            let c = STRING_ELT(x, i as isize);
+        let elts = std::slice::from_raw_parts(extendr_ffi::STRING_PTR_RO(x), n);
+        // One pass, two calls into R per string (and the encoding only for non-ASCII).
+        let mut values = MutableBuffer::with_capacity(n * 8);
+        let mut offsets: Vec<i32> = Vec::with_capacity(n + 1);
+        offsets.push(0);
+        let mut missing = Vec::new();
+        for (i, &c) in elts.iter().enumerate() {
             if c == R_NaString {
-                return Some(None);
-            }
-            let b = std::slice::from_raw_parts(R_CHAR(c).cast::<u8>(), LENGTH(c) as usize);
-            if b.is_ascii() || (crate::ffi::Rf_getCharCE(c) == 1 && std::str::from_utf8(b).is_ok())
-            {
-                Some(Some(b))
+                missing.push(i);
             } else {
-                None
-            }
-        };
-        let mut total = 0usize;
-        for i in 0..n {
-            total += text(i)?.map_or(0, <[u8]>::len);
-        }
-        if total > i32::MAX as usize {
-            return None;
-        }
-        let mut values = MutableBuffer::with_capacity(total);
-        let mut offsets = Vec::with_capacity(n + 1);
-        offsets.push(0i32);
-        let mut valid = arrow_buffer::BooleanBufferBuilder::new(n);
-        for i in 0..n {
-            let t = text(i).flatten();
-            valid.append(t.is_some());
-            if let Some(b) = t {
+                let b = std::slice::from_raw_parts(R_CHAR(c).cast::<u8>(), LENGTH(c) as usize);
+                let utf8 = b.is_ascii()
+                    || (crate::ffi::Rf_getCharCE(c) == 1 && std::str::from_utf8(b).is_ok());
+                if !utf8 {
+                    return None;
+                }
                 values.extend_from_slice(b);
             }
-            offsets.push(values.len() as i32);
+            offsets.push(i32::try_from(values.len()).ok()?);
         }
-        let nulls = NullBuffer::new(valid.finish());
-        let nulls = (nulls.null_count() > 0).then_some(nulls);
+        let nulls = (!missing.is_empty()).then(|| {
+            let mut valid = arrow_buffer::BooleanBufferBuilder::new(n);
+            valid.append_n(n, true);
+            for &i in &missing {
+                valid.set_bit(i, false);
+            }
+            NullBuffer::new(valid.finish())
+        });
         // SAFETY: the offsets start at 0 and never decrease, end at the values' length, and
         // every string between two of them is UTF-8 (checked above).
         Some(Arc::new(StringArray::new_unchecked(
@@ -250,14 +250,8 @@ unsafe fn strings(x: SEXP) -> Option<ArrayRef> {
 
 /// Days as date32, when every one is a whole number of days in range (or NA).
 fn dates(d: &[f64]) -> Option<ArrayRef> {
-    // `as` saturates (and NaN is 0): a day that converts back to the same bits is exact.
-    let days: Vec<i32> = d.iter().map(|&v| v as i32).collect();
-    let inexact = d.chunks(256).zip(days.chunks(256)).any(|(v, k)| {
-        v.iter().zip(k).fold(false, |a, (&v, &k)| {
-            a | ((f64::from(k).to_bits() != v.to_bits()) & !is_na_real(v))
-        })
-    });
-    (!inexact)
+    let mut days = vec![0i32; d.len()];
+    crate::kernels::days(d, &mut days)
         .then(|| Arc::new(Date32Array::new(ScalarBuffer::from(days), real_nulls(d))) as ArrayRef)
 }
 
@@ -265,20 +259,8 @@ fn dates(d: &[f64]) -> Option<ArrayRef> {
 /// converts back to the same double (or NA). (`Sys.time()` values usually are not: R adds
 /// the microseconds as `1e-6 * us`, a different rounding.)
 fn times(s: &[f64], tz: &str) -> Option<ArrayRef> {
-    // Rounding half away from zero through truncation (`f64::round` is a libm call here).
-    let us: Vec<i64> = s
-        .iter()
-        .map(|&v| {
-            let m = v * 1e6;
-            (m + if m < 0.0 { -0.5 } else { 0.5 }) as i64
-        })
-        .collect();
-    let inexact = s.chunks(256).zip(us.chunks(256)).any(|(v, k)| {
-        v.iter().zip(k).fold(false, |a, (&v, &k)| {
-            a | (((k as f64 / 1e6).to_bits() != v.to_bits()) & !is_na_real(v))
-        })
-    });
-    (!inexact).then(|| {
+    let mut us = vec![0i64; s.len()];
+    crate::kernels::micros(s, &mut us).then(|| {
         let a = TimestampMicrosecondArray::new(ScalarBuffer::from(us), real_nulls(s));
         Arc::new(if tz.is_empty() {
             a
@@ -351,7 +333,7 @@ impl FuseSrc {
                         .iter()
                         .map(|&c| if c == NA_INTEGER { 0 } else { c - 1 })
                         .collect();
-                    let keys = Int32Array::new(keys.into(), int_nulls(codes, NA_INTEGER));
+                    let keys = Int32Array::new(keys.into(), r_int_nulls(codes));
                     let levels = made.as_dictionary::<Int32Type>().values().clone();
                     // SAFETY: the keys are in range (checked by `factor`).
                     Arc::new(DictionaryArray::<Int32Type>::new_unchecked(keys, levels))
@@ -360,7 +342,7 @@ impl FuseSrc {
                     let v = std::slice::from_raw_parts(self.values.cast::<i32>(), self.n);
                     Arc::new(Int32Array::new(
                         ScalarBuffer::new(borrow(v), 0, self.n),
-                        int_nulls(v, NA_INTEGER),
+                        r_int_nulls(v),
                     ))
                 }
                 Na::Int64 => {
@@ -536,11 +518,12 @@ unsafe fn column(x: SEXP) -> Option<Col> {
             }
             VType::Lgl => {
                 let v: &[i32] = elements(x, n);
-                let values = pack(v, |x| x != 0 && x != NA_INTEGER);
-                plain(
-                    Arc::new(BooleanArray::new(values, int_nulls(v, NA_INTEGER))),
-                    Vec::new(),
-                )
+                let words = n.div_ceil(64);
+                let (mut values, mut valid) = (vec![0u64; words], vec![0u64; words]);
+                let missing = crate::kernels::logical_bits(v, &mut values, &mut valid);
+                let bits = |w: Vec<u64>| BooleanBuffer::new(Buffer::from_vec(w), 0, n);
+                let nulls = (missing > 0).then(|| NullBuffer::new(bits(valid)));
+                plain(Arc::new(BooleanArray::new(bits(values), nulls)), Vec::new())
             }
             VType::Real => {
                 let v: &[f64] = elements(x, n);

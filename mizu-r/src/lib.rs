@@ -18,6 +18,7 @@ mod fast;
 mod ffi;
 mod handle;
 mod interrupt;
+mod kernels;
 mod lazyview;
 mod ntcopy;
 mod outvec;
