@@ -251,8 +251,11 @@ unsafe fn strings(x: SEXP) -> Option<ArrayRef> {
 /// Days as date32, when every one is a whole number of days in range (or NA).
 fn dates(d: &[f64]) -> Option<ArrayRef> {
     let mut days = vec![0i32; d.len()];
-    crate::kernels::days(d, &mut days)
-        .then(|| Arc::new(Date32Array::new(ScalarBuffer::from(days), real_nulls(d))) as ArrayRef)
+    // A vector that does not convert usually fails on its first elements: try those alone.
+    let k = d.len().min(256);
+    let exact = crate::kernels::days(&d[..k], &mut days[..k])
+        && crate::kernels::days(&d[k..], &mut days[k..]);
+    exact.then(|| Arc::new(Date32Array::new(ScalarBuffer::from(days), real_nulls(d))) as ArrayRef)
 }
 
 /// Seconds as timestamp[us, tz], when every one is a whole number of microseconds that
@@ -260,7 +263,11 @@ fn dates(d: &[f64]) -> Option<ArrayRef> {
 /// the microseconds as `1e-6 * us`, a different rounding.)
 fn times(s: &[f64], tz: &str) -> Option<ArrayRef> {
     let mut us = vec![0i64; s.len()];
-    crate::kernels::micros(s, &mut us).then(|| {
+    // As in `dates`: `Sys.time()`-like values fail on their first elements.
+    let k = s.len().min(256);
+    let exact = crate::kernels::micros(&s[..k], &mut us[..k])
+        && crate::kernels::micros(&s[k..], &mut us[k..]);
+    exact.then(|| {
         let a = TimestampMicrosecondArray::new(ScalarBuffer::from(us), real_nulls(s));
         Arc::new(if tz.is_empty() {
             a
