@@ -531,3 +531,39 @@ test_that("data frames with columns Arrow does not map travel column by column",
   })
   expect_length(.Call(mizu:::wrap__codec_arrow_frames, frames$cplx), 1L)   # x alone
 })
+
+test_that("lazy views behave as the vectors they stand for in everyday operations", {
+  n <- 6000L
+  x <- list(l = rep_len(c(TRUE, NA, FALSE, FALSE), n),
+            f = factor(rep_len(c("b", "a", NA, "c"), n), levels = c("c", "b", "a")),
+            o = factor(rep_len(c("lo", "hi"), n), levels = c("lo", "hi"), ordered = TRUE),
+            d = as.Date("2024-01-01") + c(NA, seq_len(n - 1L)),
+            t = as.POSIXct("2024-01-01", tz = "Europe/Paris") + seq_len(n) * 60)
+  with_pool(1, function(pool) {
+    got <- roundtrip(pool, x)
+    for (nm in names(x)) {
+      v <- got[[nm]]
+      w <- x[[nm]]
+      expect_true(mizu_is_view(v), label = nm)
+      expect_identical(v[1:5], w[1:5], label = nm)
+      expect_identical(head(v, 3), head(w, 3), label = nm)
+      expect_identical(rev(v)[1:3], rev(w)[1:3], label = nm)
+      expect_identical(is.na(v), is.na(w), label = nm)
+      expect_identical(sort(v), sort(w), label = nm)
+      expect_identical(unique(v), unique(w), label = nm)
+      expect_identical(v[c(TRUE, FALSE)], w[c(TRUE, FALSE)], label = nm)
+      expect_identical(format(v[2:4]), format(w[2:4]), label = nm)
+      expect_identical(v == v[2], w == w[2], label = nm)
+    }
+    expect_identical(sum(got$l, na.rm = TRUE), sum(x$l, na.rm = TRUE))
+    expect_identical(which(got$l), which(x$l))
+    expect_identical(ifelse(got$l, 1, 0), ifelse(x$l, 1, 0))
+    expect_identical(as.integer(got$f), as.integer(x$f))
+    expect_identical(levels(droplevels(got$f[1:2])), levels(droplevels(x$f[1:2])))
+    expect_identical(got$o[1] < got$o[2], x$o[1] < x$o[2])
+    expect_identical(as.numeric(got$d), as.numeric(x$d))
+    expect_identical(diff(got$t[1:3]), diff(x$t[1:3]))
+    expect_identical(format(got$t[1], "%H:%M %Z"), format(x$t[1], "%H:%M %Z"))
+    expect_identical(split(seq_len(n), got$f), split(seq_len(n), x$f))
+  })
+})
