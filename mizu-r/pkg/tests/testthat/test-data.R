@@ -380,6 +380,7 @@ test_that("Arrow arrays written by Python arrive as the R vectors they mean", {
     "    pa.array([1, 2], pa.int8()),",
     "    pa.array(['x', None, '\u00e9t\u00e9']),",
     "    pa.array(['a\\x00b']),",
+    "    pa.array(['p', None, 'q', 'rs'], pa.large_string()).slice(1, 3),",
     "]",
     "for k, a in enumerate(arrays):",
     "    open(os.path.join(sys.argv[1], f'{k:02d}.frame'), 'wb').write(w.dumps(a))",
@@ -407,6 +408,7 @@ test_that("Arrow arrays written by Python arrive as the R vectors they mean", {
   expect_identical(s, c("x", NA, "\u00e9t\u00e9"))
   expect_identical(Encoding(s[3]), "UTF-8")
   expect_error(read(11), "NUL")
+  expect_identical(read(12), c(NA, "q", "rs"))        # large_utf8, sliced
 })
 
 test_that("logical, factor, Date and POSIXct vectors arrive as lazy views of shared pages", {
