@@ -291,7 +291,9 @@ unsafe extern "C" fn out_bytes(s: *mut ffi::R_outpstream_st, buf: *mut c_void, n
     }
 }
 
-/// R's serialization (version 3, native byte order) of `x`.
+/// R's serialization (version 2 — which writes ALTREP objects as plain vectors, so the
+/// reader never runs an ALTREP class's unserialize method on what it received — native byte
+/// order) of `x`.
 fn serialize(x: SEXP) -> Result<Vec<u8>> {
     let mut out: Vec<u8> = Vec::with_capacity(256);
     let data = std::ptr::from_mut(&mut out).cast::<c_void>();
@@ -305,7 +307,7 @@ fn serialize(x: SEXP) -> Result<Vec<u8>> {
                 sp,
                 data,
                 ffi::R_PSTREAM_BINARY_FORMAT,
-                3,
+                2,
                 Some(out_char),
                 Some(out_bytes),
                 None,
@@ -354,6 +356,8 @@ unsafe extern "C" fn in_bytes(s: *mut ffi::R_inpstream_st, buf: *mut c_void, n: 
 }
 
 fn unserialize(bytes: &[u8]) -> Result<Robj> {
+    // R's reader trusts its input (see `rser.rs`).
+    crate::rser::check(bytes).map_err(|e| bad(format!("the serialization cannot be read: {e}")))?;
     let mut inp = Input { bytes, at: 0 };
     let data = std::ptr::from_mut(&mut inp).cast::<c_void>();
     // SAFETY: the stream lives on this frame for the call; the callbacks read `inp`.

@@ -24,6 +24,7 @@ mod ntcopy;
 mod outvec;
 mod pool;
 mod rng;
+mod rser;
 mod rtry;
 mod small;
 mod strview;

@@ -738,9 +738,7 @@ fn decode_arrow(stream: Buffer, at: usize) -> Result<RecordBatch> {
     // arrow-data 60.1 still asserts (panics) on some malformed bodies, e.g. an offsets buffer
     // whose length is not a whole number of offsets. Contain that here, on local state only,
     // so hostile bytes are an error and never a panic that could cross an FFI boundary.
-    let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
-        read_ipc_stream(&stream)
-    }));
+    let decoded = quietly(move || read_ipc_stream(&stream));
     let (batch, extra) = match decoded {
         Ok(r) => r?,
         Err(p) => {
@@ -762,6 +760,31 @@ fn decode_arrow(stream: Buffer, at: usize) -> Result<RecordBatch> {
         ));
     }
     batch.ok_or_else(|| malformed(at, "an arrow value holds no record batch"))
+}
+
+thread_local! {
+    /// Set while this thread runs arrow on untrusted bytes (see [`quietly`]).
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` catching a panic, without the panic hook's message: arrow asserts (panics) on
+/// some malformed input, which is an error for us, not news for the user's terminal. The
+/// hook, installed once, stays silent only on a thread inside `quietly`; any other panic is
+/// reported by the hook that was there before.
+fn quietly<T>(f: impl FnOnce() -> T) -> std::thread::Result<T> {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let before = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(std::cell::Cell::get) {
+                before(info);
+            }
+        }));
+    });
+    let was = QUIET.with(|q| q.replace(true));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    QUIET.with(|q| q.set(was));
+    r
 }
 
 /// Reads a one-batch IPC stream whose framing `validate_ipc_stream` checked. arrow-ipc's

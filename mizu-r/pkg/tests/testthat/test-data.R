@@ -128,6 +128,34 @@ test_that("malformed payloads give errors, never crashes", {
   expect_length(outcomes, 300)                   # the process survived every one
   expect_false("other error" %in% outcomes)      # errors say the payload is malformed
   expect_true("error" %in% outcomes)
+  # R's reader trusts lengths: a negative one (a flipped high byte) once crashed it
+  p <- .Call(mizu:::wrap__codec_encode, rep("abc", 600))
+  at <- grepRaw(charToRaw("mizu_oob_0"), p)
+  b <- p
+  b[at - 1] <- as.raw(0xa7)                       # the name's length, now negative
+  expect_error(.Call(mizu:::wrap__codec_decode, b), "malformed payload: the serialization")
+  # flipping bytes of the Arrow data (data frames, strings, factors) never crashes, and what
+  # decodes can be read
+  n <- 3000L
+  df <- data.frame(i = c(NA, seq_len(n - 1L)), x = runif(n), l = rep_len(c(TRUE, NA), n),
+                   f = factor(rep_len(c("a", "b", NA), n)), d = as.Date("2020-01-01") + seq_len(n),
+                   s = rep_len(c("x", "\u00e9", NA), n))
+  set.seed(5)
+  for (v in list(df, df$s, df$f)) {
+    p <- .Call(mizu:::wrap__codec_encode, v)
+    oob <- sum(as.integer(p[17:24]) * 256^(0:7))   # where the first buffer starts
+    survived <- vapply(1:600, function(i) {
+      b <- p
+      k <- oob + sample(length(p) - oob, sample(1:3, 1))
+      b[k] <- as.raw(sample(0:255, length(k), TRUE))
+      tryCatch({
+        x <- .Call(mizu:::wrap__codec_decode, b)
+        invisible(lapply(if (is.list(x)) x else list(x), function(c) c[1:3]))
+        TRUE
+      }, error = function(e) grepl("malformed", conditionMessage(e)))
+    }, NA)
+    expect_true(all(survived))
+  }
   # text payloads (runtime errors) decode as text
   expect_equal(.Call(mizu:::wrap__codec_decode, charToRaw("Thello")), "hello")
   v <- list(a = runif(1e4), b = "x", f = factor(rep(c("u", "v"), 5000)))
