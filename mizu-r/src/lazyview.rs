@@ -14,10 +14,9 @@ use arrow_buffer::{BooleanBuffer, NullBuffer, ScalarBuffer};
 use extendr_api::Result;
 use extendr_api::prelude::*;
 use extendr_ffi::{
-    DATAPTR, R_ExternalPtrAddr, R_MakeExternalPtr, R_NilValue, R_RegisterCFinalizerEx,
-    R_altrep_class_t, R_altrep_data1, R_altrep_data2, R_altrep_inherits, R_make_altinteger_class,
-    R_make_altlogical_class, R_make_altreal_class, R_new_altrep, R_set_altinteger_Elt_method,
-    R_set_altinteger_Get_region_method, R_set_altlogical_Elt_method,
+    DATAPTR, R_ExternalPtrAddr, R_NilValue, R_altrep_class_t, R_altrep_data1, R_altrep_data2,
+    R_altrep_inherits, R_make_altinteger_class, R_make_altlogical_class, R_make_altreal_class,
+    R_set_altinteger_Elt_method, R_set_altinteger_Get_region_method, R_set_altlogical_Elt_method,
     R_set_altlogical_Get_region_method, R_set_altreal_Elt_method, R_set_altreal_Get_region_method,
     R_set_altrep_Duplicate_method, R_set_altrep_Length_method, R_set_altrep_data2,
     R_set_altvec_Dataptr_method, R_set_altvec_Dataptr_or_null_method, R_xlen_t, Rboolean,
@@ -232,15 +231,9 @@ unsafe extern "C" fn region_real(x: SEXP, i: R_xlen_t, n: R_xlen_t, buf: *mut f6
     unsafe { region(x, i, n, buf, elt_real) }
 }
 
-unsafe extern "C" fn finalize(p: SEXP) {
-    // SAFETY: `p` is the external pointer made in `make`, finalized once by R.
-    unsafe {
-        let s = R_ExternalPtrAddr(p).cast::<State>();
-        if !s.is_null() {
-            crate::view::released((*s).bytes);
-            drop(Box::from_raw(s));
-            extendr_ffi::R_ClearExternalPtr(p);
-        }
+impl crate::view::Owned for State {
+    fn bytes(&self) -> usize {
+        self.bytes
     }
 }
 
@@ -333,24 +326,17 @@ pub fn make(array: ArrayRef, conv: Conv, copy: bool, src: Source) -> Result<Robj
             4
         };
     crate::view::account(bytes, copy);
-    let st = Box::into_raw(Box::new(State {
-        conv,
-        values,
-        nulls,
-        len,
-        src,
-        bytes,
-    }));
-    // SAFETY: R's main thread; the external pointer owns `st` (freed by `finalize`) and is
-    // protected while the ALTREP object that keeps it as data1 is made.
-    unsafe {
-        let p = Rf_protect(R_MakeExternalPtr(st.cast(), R_NilValue, R_NilValue));
-        R_RegisterCFinalizerEx(p, Some(finalize), Rboolean::TRUE);
-        let v = R_new_altrep(class, p, R_NilValue);
-        let r = Robj::from_sexp(v);
-        Rf_unprotect(1);
-        Ok(r)
-    }
+    Ok(crate::view::new_view(
+        class,
+        State {
+            conv,
+            values,
+            nulls,
+            len,
+            src,
+            bytes,
+        },
+    ))
 }
 
 /// Whether `x` is a lazy view.

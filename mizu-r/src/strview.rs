@@ -15,9 +15,8 @@ use arrow_buffer::Buffer;
 use extendr_api::Result;
 use extendr_api::prelude::*;
 use extendr_ffi::{
-    DATAPTR, LENGTH, R_CHAR, R_ExternalPtrAddr, R_MakeExternalPtr, R_NaString, R_NilValue,
-    R_RegisterCFinalizerEx, R_altrep_class_t, R_altrep_data1, R_altrep_data2,
-    R_make_altstring_class, R_new_altrep, R_set_altrep_Duplicate_method,
+    DATAPTR, LENGTH, R_CHAR, R_ExternalPtrAddr, R_NaString, R_NilValue, R_altrep_class_t,
+    R_altrep_data1, R_altrep_data2, R_make_altstring_class, R_set_altrep_Duplicate_method,
     R_set_altrep_Length_method, R_set_altrep_data2, R_set_altstring_Elt_method,
     R_set_altstring_Set_elt_method, R_set_altvec_Dataptr_method,
     R_set_altvec_Dataptr_or_null_method, R_xlen_t, Rboolean, Rf_allocVector, Rf_mkCharLenCE,
@@ -333,15 +332,9 @@ unsafe extern "C" fn duplicate(x: SEXP, _deep: Rboolean) -> SEXP {
     }
 }
 
-unsafe extern "C" fn finalize(p: SEXP) {
-    // SAFETY: `p` is the external pointer made in `make`, finalized once by R.
-    unsafe {
-        let s = R_ExternalPtrAddr(p).cast::<State>();
-        if !s.is_null() {
-            crate::view::released((*s).buf.len());
-            drop(Box::from_raw(s));
-            extendr_ffi::R_ClearExternalPtr(p);
-        }
+impl crate::view::Owned for State {
+    fn bytes(&self) -> usize {
+        self.buf.len()
     }
 }
 
@@ -388,23 +381,16 @@ pub fn make_arrow(a: StringArray, src: Source, copy: bool) -> Result<Robj> {
 
 fn new_view(buf: Buffer, n: usize, backing: Backing, copy: bool) -> Result<Robj> {
     crate::view::account(buf.len(), copy);
-    let st = Box::into_raw(Box::new(State {
-        buf,
-        n,
-        backing,
-        made: RefCell::new(vec![0; n.div_ceil(64)]),
-        complete: Cell::new(false),
-    }));
-    // SAFETY: R's main thread; the external pointer owns `st` (freed by `finalize`) and is
-    // protected while the ALTREP object that keeps it as data1 is made.
-    unsafe {
-        let p = Rf_protect(R_MakeExternalPtr(st.cast(), R_NilValue, R_NilValue));
-        R_RegisterCFinalizerEx(p, Some(finalize), Rboolean::TRUE);
-        let v = R_new_altrep(class(), p, R_NilValue);
-        let r = Robj::from_sexp(v);
-        Rf_unprotect(1);
-        Ok(r)
-    }
+    Ok(crate::view::new_view(
+        class(),
+        State {
+            buf,
+            n,
+            backing,
+            made: RefCell::new(vec![0; n.div_ceil(64)]),
+            complete: Cell::new(false),
+        },
+    ))
 }
 
 /// What `x` shares when it is one of our string views and was not modified.

@@ -211,15 +211,44 @@ pub fn released(bytes: usize) {
     });
 }
 
-unsafe extern "C" fn finalize(p: SEXP) {
-    // SAFETY: `p` is the external pointer made in `make`, finalized once by R.
+/// What the external pointer of a view (of any kind) owns: the bytes it counts towards
+/// [`account`], released when R finalizes it.
+pub(crate) trait Owned {
+    /// The bytes counted for it.
+    fn bytes(&self) -> usize;
+}
+
+impl Owned for State {
+    fn bytes(&self) -> usize {
+        self.buf.len()
+    }
+}
+
+unsafe extern "C" fn finalize<S: Owned>(p: SEXP) {
+    // SAFETY: `p` is an external pointer made by `new_view::<S>`, finalized once by R.
     unsafe {
-        let s = R_ExternalPtrAddr(p).cast::<State>();
+        let s = R_ExternalPtrAddr(p).cast::<S>();
         if !s.is_null() {
-            released((*s).buf.len());
+            released((*s).bytes());
             drop(Box::from_raw(s));
             extendr_ffi::R_ClearExternalPtr(p);
         }
+    }
+}
+
+/// A new ALTREP object of `class` whose `data1` is an external pointer owning `state` (its
+/// finalizer frees it and releases its bytes, once R collects the view).
+pub(crate) fn new_view<S: Owned>(class: R_altrep_class_t, state: S) -> Robj {
+    let st = Box::into_raw(Box::new(state));
+    // SAFETY: R's main thread; the external pointer owns `st` (freed by `finalize::<S>`) and
+    // is protected while the ALTREP object that keeps it as data1 is made.
+    unsafe {
+        let p = Rf_protect(R_MakeExternalPtr(st.cast(), R_NilValue, R_NilValue));
+        R_RegisterCFinalizerEx(p, Some(finalize::<S>), Rboolean::TRUE);
+        let v = R_new_altrep(class, p, R_NilValue);
+        let r = Robj::from_sexp(v);
+        Rf_unprotect(1);
+        r
     }
 }
 
@@ -404,17 +433,7 @@ fn make_from(buf: Buffer, t: VType, copy: bool, src: Option<Source>) -> Result<R
     }
     let class = classes()[t as usize];
     account(buf.len(), copy);
-    let state = Box::into_raw(Box::new(State { buf, len, src }));
-    // SAFETY: R's main thread; the external pointer owns `state` (freed by `finalize`), and is
-    // protected while the ALTREP object that keeps it as data1 is made.
-    unsafe {
-        let p = Rf_protect(R_MakeExternalPtr(state.cast(), R_NilValue, R_NilValue));
-        R_RegisterCFinalizerEx(p, Some(finalize), Rboolean::TRUE);
-        let v = R_new_altrep(class, p, R_NilValue);
-        let r = Robj::from_sexp(v);
-        Rf_unprotect(1);
-        Ok(r)
-    }
+    Ok(new_view(class, State { buf, len, src }))
 }
 
 /// Whether `x` is a mizu view (shared pages or its private copy).
