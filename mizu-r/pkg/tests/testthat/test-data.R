@@ -597,3 +597,35 @@ test_that("lazy views behave as the vectors they stand for in everyday operation
     expect_identical(split(seq_len(n), got$f), split(seq_len(n), x$f))
   })
 })
+
+test_that("the serialization check lets every kind of R object through", {
+  rt <- function(x) .Call(mizu:::wrap__codec_roundtrip, x)
+  setClass("MizuPt", representation(x = "numeric", y = "character"), where = globalenv())
+  on.exit(removeClass("MizuPt", where = globalenv()))
+  e <- new.env()
+  assign("a", 1, e)
+  lockBinding("a", e)
+  lockEnvironment(e)
+  vals <- list(
+    s4 = new("MizuPt", x = 1:3 + 0.5, y = "a"),
+    compiled = compiler::cmpfun(function(a, ...) { b <- list(...); a + length(b) }),
+    formula = stats::as.formula("y ~ x + log(z)", env = globalenv()),
+    call = quote(foo(bar, baz = 1L)[[2]]$x),
+    sequences = list(a = 1:10, b = seq_len(5000)), pointer = list(p = new("externalptr")),
+    nested = list(list(list(1, "a", NULL, NA))), factor_na = factor(c("a", NA), exclude = NULL),
+    list_column = data.frame(a = 1:3, b = I(list(1, 2:3, "x"))),
+    expression = expression(a + 1, b * 2), namespace_fun = stats::median
+  )
+  for (nm in names(vals)) {
+    got <- rt(vals[[nm]])
+    if (is.function(vals[[nm]])) expect_identical(got(1, 2, 3), vals[[nm]](1, 2, 3), label = nm)
+    else expect_equal(got, vals[[nm]], label = nm)
+  }
+  m <- lm(mpg ~ wt, mtcars)
+  expect_equal(predict(rt(m), mtcars[1:3, ]), predict(m, mtcars[1:3, ]))
+  got <- rt(list(env = e, ns = asNamespace("stats"), g = globalenv()))
+  expect_identical(get("a", got$env), 1)
+  expect_true(bindingIsLocked("a", got$env))
+  expect_identical(got$ns, asNamespace("stats"))
+  expect_identical(got$g, globalenv())
+})
