@@ -96,56 +96,19 @@ pub fn copy_doubles(src: &[f64], dst: &mut [u8], bits: &mut [u8]) -> usize {
 
 /// [`portable`] for integers (`NA_integer_` is not valid).
 pub fn copy_integers(src: &[i32], dst: &mut [u8], bits: &mut [u8]) -> usize {
-    assert!(dst.len() >= std::mem::size_of_val(src) && bits.len() >= src.len().div_ceil(8));
-    #[cfg(target_arch = "x86_64")]
-    if (dst.as_ptr() as usize).is_multiple_of(16) {
-        use std::arch::x86_64::{
-            __m128i, _mm_castsi128_ps, _mm_cmpeq_epi32, _mm_loadu_si128, _mm_movemask_ps,
-            _mm_set1_epi32, _mm_sfence, _mm_stream_si128,
-        };
-        let full = src.len() / 64;
-        let mut nulls = 0;
-        let d = dst.as_mut_ptr();
-        // SAFETY: SSE2 is part of x86_64.
-        let na = unsafe { _mm_set1_epi32(NA_INTEGER) };
-        for k in 0..full {
-            let mut is_na = 0u64;
-            // SAFETY: as in `copy_doubles`: 64 elements from `k * 64` exist in `src`, have room
-            // in `dst`, and every fourth of them starts 16-byte aligned there.
-            unsafe {
-                for j in (0..64).step_by(4) {
-                    let at = k * 64 + j;
-                    let v = _mm_loadu_si128(src.as_ptr().add(at).cast::<__m128i>());
-                    _mm_stream_si128(d.add(at * 4).cast::<__m128i>(), v);
-                    let eq = _mm_castsi128_ps(_mm_cmpeq_epi32(v, na));
-                    is_na |= (_mm_movemask_ps(eq) as u64) << j;
-                }
-            }
-            nulls += is_na.count_ones() as usize;
-            put_word(bits, k, !is_na);
-        }
-        // SAFETY: SSE2; as in `copy_doubles`.
-        unsafe { _mm_sfence() };
-        let tail = &src[full * 64..];
-        return nulls
-            + portable(tail, &mut dst[full * 256..], &mut bits[full * 8..], |x| {
-                x != NA_INTEGER
-            });
-    }
-    portable(src, dst, bits, |x| x != NA_INTEGER)
+    copy_ints::<false>(src, dst, bits)
 }
 
 /// Factor codes (1-based, `NA_integer_`) as Arrow dictionary keys (0-based, 0 under a null),
 /// with the validity bits; the number of NAs.
 pub fn copy_codes(src: &[i32], dst: &mut [u8], bits: &mut [u8]) -> usize {
+    copy_ints::<true>(src, dst, bits)
+}
+
+/// The integers of `src` into `dst` — as they are, or with `KEYS` as dictionary keys (minus
+/// one, 0 for NA) — with the validity bits; the number of NAs.
+fn copy_ints<const KEYS: bool>(src: &[i32], dst: &mut [u8], bits: &mut [u8]) -> usize {
     assert!(dst.len() >= std::mem::size_of_val(src) && bits.len() >= src.len().div_ceil(8));
-    let key = |c: i32| {
-        if c == NA_INTEGER {
-            0
-        } else {
-            c.wrapping_sub(1)
-        }
-    };
     let mut full = 0;
     let mut nulls = 0;
     #[cfg(target_arch = "x86_64")]
@@ -160,14 +123,19 @@ pub fn copy_codes(src: &[i32], dst: &mut [u8], bits: &mut [u8]) -> usize {
         let (na, one) = unsafe { (_mm_set1_epi32(NA_INTEGER), _mm_set1_epi32(1)) };
         for k in 0..full {
             let mut is_na = 0u64;
-            // SAFETY: as in `copy_integers`.
+            // SAFETY: as in `copy_doubles`: 64 elements from `k * 64` exist in `src`, have room
+            // in `dst`, and every fourth of them starts 16-byte aligned there.
             unsafe {
                 for j in (0..64).step_by(4) {
                     let at = k * 64 + j;
                     let v = _mm_loadu_si128(src.as_ptr().add(at).cast::<__m128i>());
                     let eq = _mm_cmpeq_epi32(v, na);
-                    let keys = _mm_andnot_si128(eq, _mm_sub_epi32(v, one));
-                    _mm_stream_si128(d.add(at * 4).cast::<__m128i>(), keys);
+                    let out = if KEYS {
+                        _mm_andnot_si128(eq, _mm_sub_epi32(v, one))
+                    } else {
+                        v
+                    };
+                    _mm_stream_si128(d.add(at * 4).cast::<__m128i>(), out);
                     is_na |= (_mm_movemask_ps(_mm_castsi128_ps(eq)) as u64) << j;
                 }
             }
@@ -177,10 +145,15 @@ pub fn copy_codes(src: &[i32], dst: &mut [u8], bits: &mut [u8]) -> usize {
         // SAFETY: SSE2; as in `copy_doubles`.
         unsafe { _mm_sfence() };
     }
+    let out = |c: i32| match (KEYS, c == NA_INTEGER) {
+        (false, _) => c,
+        (true, true) => 0,
+        (true, false) => c.wrapping_sub(1),
+    };
     for (k, c) in src[full * 64..].chunks(64).enumerate() {
         let at = (full * 64 + k * 64) * 4;
         for (j, &x) in c.iter().enumerate() {
-            dst[at + 4 * j..at + 4 * j + 4].copy_from_slice(&key(x).to_le_bytes());
+            dst[at + 4 * j..at + 4 * j + 4].copy_from_slice(&out(x).to_le_bytes());
         }
         let w = word(c, |x| x != NA_INTEGER);
         nulls += c.len() - w.count_ones() as usize;
