@@ -76,6 +76,11 @@ impl ShmBuffer {
 }
 
 impl ShmBuffer {
+    /// A view of `buf`.
+    pub fn new(buf: Buffer) -> ShmBuffer {
+        ShmBuffer { buf }
+    }
+
     /// The bytes, sharing the same memory.
     pub fn buffer(&self) -> Buffer {
         self.buf.clone()

@@ -18,11 +18,25 @@
 //! dtype's `str`, u8 dimensions + u64 each, u32 length + the bytes in that order. Input is untrusted: every length is checked and
 //! nesting is bounded.
 
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::sync::Mutex;
+
+use numpy::npyffi::{
+    NPY_ARRAY_F_CONTIGUOUS, NPY_ARRAY_WRITEABLE, NpyTypes, _PyArray_GET_ITEM_DATA, get_type_object,
+    npy_intp,
+};
+use arrow_buffer::Buffer;
+use mizu_pool::Fill;
+use numpy::{PY_ARRAY_API, PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
+
+use crate::codec::ShmBuffer;
 
 /// Payload tag of a small result value.
 pub const TAG_VALUE: u8 = b'V';
@@ -32,8 +46,15 @@ pub const TAG_CALL: u8 = b'C';
 const MAX_DEPTH: u32 = 16;
 /// Values that encode larger than this go through pickle.
 const MAX_SIZE: usize = 1 << 20;
-/// Arrays larger than this go through pickle (out of band, without a copy).
+/// Arrays up to this size are copied inline; larger ones travel out of band (below).
+const INLINE_ARRAY: usize = 4096;
+/// Arrays that cannot travel out of band (numpy exports no buffer of datetimes) are copied
+/// inline up to this size, else the value goes through pickle.
 const MAX_ARRAY: usize = 64 << 10;
+/// Payload tag of small values with out-of-band arrays (`W`, the body, the array bytes).
+pub const TAG_WIDE: u8 = b'W';
+/// Alignment of out-of-band array bytes (from the start of their area).
+const ALIGN: usize = 64;
 /// numpy dtype kinds sent inline: booleans, integers, floats, complex, datetimes,
 /// timedeltas, bytes and unicode strings (never objects or structured records).
 const PLAIN_KINDS: &str = "biufcmMSU";
@@ -50,49 +71,178 @@ fn ndarray_type(py: Python<'_>) -> Option<&Bound<'_, PyType>> {
     Some(NDARRAY.get_or_init(py, || t.unbind()).bind(py))
 }
 
-/// An array from its inline encoding: a read-only view of a private copy of the bytes.
-fn read_array<'py>(py: Python<'py>, r: &mut Reader<'_>) -> PyResult<Bound<'py, PyAny>> {
-    let order = r.take(1)?[0];
-    let dlen = r.take(1)?[0] as usize;
-    let dstr = std::str::from_utf8(r.take(dlen)?).map_err(|_| bad("a dtype is not UTF-8"))?;
-    let ndim = r.take(1)?[0] as usize;
-    let mut shape = Vec::with_capacity(ndim);
-    for _ in 0..ndim {
-        shape.push(u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes")));
+/// Received dtypes by their `str` (a handful in practice; cleared when it grows).
+static DTYPES: PyOnceLock<Mutex<HashMap<Vec<u8>, Py<PyArrayDescr>>>> = PyOnceLock::new();
+
+/// The dtype named `dstr` (cached), if it is one sent inline.
+fn inline_dtype<'py>(py: Python<'py>, dstr: &[u8]) -> PyResult<Bound<'py, PyArrayDescr>> {
+    let cache = DTYPES.get_or_init(py, Default::default);
+    // Never held across a Python call: holding the GIL while waiting for it cannot deadlock.
+    if let Some(d) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(dstr) {
+        return Ok(d.bind(py).clone());
     }
-    let n = r.u32()?;
-    let data = PyBytes::new(py, r.take(n)?);
-    let order = match order {
-        b'C' => "C",
-        b'F' => "F",
-        _ => return Err(bad("unknown array order")),
-    };
-    let np = py
-        .import("numpy")
-        .map_err(|_| bad("an array arrived but numpy cannot be imported"))?;
-    let dtype = np
-        .getattr(intern!(py, "dtype"))?
-        .call1((dstr,))
-        .map_err(|_| bad("unknown dtype"))?;
-    let kind: char = dtype.getattr(intern!(py, "kind"))?.extract()?;
-    if !PLAIN_KINDS.contains(kind) {
+    let name = std::str::from_utf8(dstr).map_err(|_| bad("a dtype is not UTF-8"))?;
+    let d = PyArrayDescr::new(py, name).map_err(|_| bad("unknown dtype"))?;
+    if !PLAIN_KINDS.contains(d.kind() as char)
+        || d.has_object()
+        || d.has_fields()
+        || d.has_subarray()
+        || d.itemsize() == 0
+    {
         return Err(bad("an array of a dtype that is not sent inline"));
     }
-    let flat = np
-        .getattr(intern!(py, "frombuffer"))?
-        .call1((data, dtype))
-        .map_err(|_| bad("array bytes do not fit its dtype"))?;
-    let kw = PyDict::new(py);
-    kw.set_item(intern!(py, "order"), order)?;
-    flat.call_method(intern!(py, "reshape"), (shape,), Some(&kw))
-        .map_err(|_| bad("array bytes do not fit its shape"))
+    let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+    if c.len() >= 256 {
+        c.clear();
+    }
+    c.insert(dstr.to_vec(), d.clone().unbind());
+    Ok(d)
 }
 
+/// An array from its encoding: inline (`A`), a read-only private copy, as received arrays
+/// are read-only views otherwise; out of band (`X`), a read-only view of the payload's
+/// shared memory, which it keeps alive. Made with numpy's C API: through Python calls it
+/// cost several microseconds, more than the rest of a trivial task.
+fn read_array<'py>(py: Python<'py>, r: &mut Reader<'_>, oob: bool) -> PyResult<Bound<'py, PyAny>> {
+    let order = r.take(1)?[0];
+    let dlen = r.take(1)?[0] as usize;
+    let dstr = r.take(dlen)?;
+    let ndim = r.take(1)?[0] as usize;
+    if ndim > 32 {
+        return Err(bad("an array has too many dimensions"));
+    }
+    let mut dims: Vec<npy_intp> = Vec::with_capacity(ndim);
+    for _ in 0..ndim {
+        let d = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
+        dims.push(npy_intp::try_from(d).map_err(|_| bad("an array dimension is too large"))?);
+    }
+    let fortran = match order {
+        b'C' => false,
+        b'F' => true,
+        _ => return Err(bad("unknown array order")),
+    };
+    // Inline: the bytes follow; out of band: where they are in the array area.
+    let (data, view) = if oob {
+        let at = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
+        let n = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
+        let (buf, area) = r.oob.ok_or_else(|| bad("an out-of-band array outside a W payload"))?;
+        let start = usize::try_from(at)
+            .ok()
+            .and_then(|at| at.checked_add(area))
+            .filter(|s| s.is_multiple_of(ALIGN))
+            .ok_or_else(|| bad("an out-of-band array out of bounds"))?;
+        let n = usize::try_from(n)
+            .ok()
+            .filter(|&n| start.checked_add(n).is_some_and(|e| e <= buf.len()))
+            .ok_or_else(|| bad("an out-of-band array out of bounds"))?;
+        let view = buf.slice_with_length(start, n);
+        (&buf.as_slice()[start..start + n], Some(view))
+    } else {
+        let n = r.u32()?;
+        (r.take(n)?, None)
+    };
+    let n = data.len();
+    // An import statement's cost (a microsecond) only until numpy's array type is known.
+    if ndarray_type(py).is_none() {
+        py.import("numpy")
+            .map_err(|_| bad("an array arrived but numpy cannot be imported"))?;
+    }
+    let dtype = inline_dtype(py, dstr)?;
+    // The shape must account for exactly the bytes present (checked before numpy allocates).
+    let elems = dims
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d as usize));
+    if elems.and_then(|e| e.checked_mul(dtype.itemsize())) != Some(n) {
+        return Err(bad("array bytes do not fit its shape"));
+    }
+    let flags = if fortran { NPY_ARRAY_F_CONTIGUOUS } else { 0 };
+    let Some(view) = view else {
+        // SAFETY: numpy is imported (above), so its C API table is available; `dims` holds
+        // `ndim` non-negative dimensions; NewFromDescr steals the dtype reference
+        // `into_dtype_ptr` hands over; null strides/data/obj make numpy allocate a fresh
+        // contiguous array in `order`.
+        let arr = unsafe {
+            let ptr = PY_ARRAY_API.PyArray_NewFromDescr(
+                py,
+                get_type_object(py, NpyTypes::PyArray_Type),
+                dtype.into_dtype_ptr(),
+                ndim as c_int,
+                dims.as_mut_ptr(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                flags,
+                std::ptr::null_mut(),
+            );
+            Bound::from_owned_ptr_or_err(py, ptr)?
+        };
+        // SAFETY: `arr` is the array just made (a PyArrayObject): its data is `n` bytes
+        // (itemsize × elements, checked above) laid out in `order`, and nothing else refers
+        // to it yet.
+        unsafe {
+            let a = _PyArray_GET_ITEM_DATA(arr.as_ptr().cast());
+            if n > 0 {
+                std::ptr::copy_nonoverlapping(data.as_ptr(), (*a).data.cast::<u8>(), n);
+            }
+            (*a).flags &= !NPY_ARRAY_WRITEABLE;
+        }
+        return Ok(arr.into_any());
+    };
+    let base = Py::new(py, ShmBuffer::new(view))?;
+    // SAFETY: as above, but numpy views `n` bytes at `data` (itemsize × elements, checked)
+    // without WRITEABLE in its flags, so the array is read-only (and numpy refuses to make it
+    // writable: its base exports no writable buffer); SetBaseObject steals the reference to
+    // `base`, which owns that memory, so it lives as long as the array (on failure numpy
+    // releases it, and the array, which does not own its data, frees nothing else).
+    let arr = unsafe {
+        let ptr = PY_ARRAY_API.PyArray_NewFromDescr(
+            py,
+            get_type_object(py, NpyTypes::PyArray_Type),
+            dtype.into_dtype_ptr(),
+            ndim as c_int,
+            dims.as_mut_ptr(),
+            std::ptr::null_mut(),
+            data.as_ptr().cast_mut().cast(),
+            flags,
+            std::ptr::null_mut(),
+        );
+        let arr = Bound::from_owned_ptr_or_err(py, ptr)?;
+        if PY_ARRAY_API.PyArray_SetBaseObject(py, ptr.cast(), base.into_ptr()) != 0 {
+            return Err(PyErr::fetch(py));
+        }
+        arr
+    };
+    Ok(arr.into_any())
+}
+
+/// The `str` of a dtype sent inline (`'<f8'`, `'|b1'`, `'<M8[ns]'`): built from its fields
+/// for numbers, asked of numpy for the parametric kinds (dates, strings).
+fn dtype_str(d: &Bound<'_, PyArrayDescr>) -> PyResult<String> {
+    let kind = d.kind();
+    if b"biufc".contains(&kind) {
+        let size = d.itemsize();
+        let order = match (size, d.byteorder()) {
+            (1, _) | (_, b'|') => '|',
+            (_, b'>') => '>',
+            (_, b'<') => '<',
+            // Native order ('='): numpy's `str` names it.
+            _ if cfg!(target_endian = "little") => '<',
+            _ => '>',
+        };
+        return Ok(format!("{order}{}{size}", kind as char));
+    }
+    let s = d.getattr(intern!(d.py(), "str"))?;
+    Ok(s.cast::<PyString>()?.to_str()?.to_owned())
+}
 /// Writes small values; gives up (returns false) on anything else.
+#[derive(Default)]
 struct Writer {
     out: Vec<u8>,
     /// Mutable containers written so far (by address): one seen twice gives up.
     seen: Vec<usize>,
+    /// Out-of-band arrays, in order, and where each starts in the array area.
+    bufs: Vec<(PyUntypedBuffer, usize)>,
+    /// The array area's length so far.
+    area: usize,
 }
 
 impl Writer {
@@ -200,46 +350,78 @@ impl Writer {
         if !v.get_type().is(ndarray) {
             return Ok(false);
         }
-        let nbytes: usize = v.getattr(intern!(py, "nbytes"))?.extract()?;
-        if nbytes > MAX_ARRAY || self.out.len() + nbytes > MAX_SIZE {
+        // SAFETY: exactly `numpy.ndarray` (checked above) is a PyArrayObject.
+        let a = unsafe { v.cast_unchecked::<PyUntypedArray>() };
+        let dtype = a.dtype();
+        let kind = dtype.kind();
+        if !PLAIN_KINDS.contains(kind as char)
+            || dtype.has_object()
+            || dtype.has_fields()
+            || dtype.has_subarray()
+            || dtype.itemsize() == 0
+        {
             return Ok(false);
         }
-        let dtype = v.getattr(intern!(py, "dtype"))?;
-        let kind: char = dtype.getattr(intern!(py, "kind"))?.extract()?;
-        if !PLAIN_KINDS.contains(kind) {
+        let Some(nbytes) = a
+            .shape()
+            .iter()
+            .try_fold(dtype.itemsize(), |acc, &d| acc.checked_mul(d))
+        else {
             return Ok(false);
-        }
-        let flags = v.getattr(intern!(py, "flags"))?;
-        let order = if flags.getattr(intern!(py, "c_contiguous"))?.is_truthy()? {
+        };
+        let order = if a.is_c_contiguous() {
             b'C'
-        } else if flags.getattr(intern!(py, "f_contiguous"))?.is_truthy()? {
+        } else if a.is_fortran_contiguous() {
             b'F'
         } else {
             return Ok(false);
         };
-        let dstr = dtype.getattr(intern!(py, "str"))?;
-        let dstr = dstr.cast::<PyString>()?.to_str()?;
-        let shape: Vec<u64> = v.getattr(intern!(py, "shape"))?.extract()?;
-        let (Ok(dlen), Ok(ndim)) = (u8::try_from(dstr.len()), u8::try_from(shape.len())) else {
+        // The exported buffer keeps the array's memory in place until the payload is written.
+        let oob = (nbytes > INLINE_ARRAY)
+            .then(|| PyUntypedBuffer::get(v).ok())
+            .flatten()
+            .filter(|b| {
+                b.len_bytes() == nbytes
+                    && b.buf_ptr().cast_const().cast::<u8>() == data_ptr(a)
+                    && if order == b'C' {
+                        b.is_c_contiguous()
+                    } else {
+                        b.is_fortran_contiguous()
+                    }
+            });
+        if oob.is_none() && (nbytes > MAX_ARRAY || self.out.len() + nbytes > MAX_SIZE) {
+            return Ok(false);
+        }
+        let dstr = dtype_str(&dtype)?;
+        let (Ok(dlen), Ok(ndim)) = (u8::try_from(dstr.len()), u8::try_from(a.ndim())) else {
             return Ok(false);
         };
-        let data = v.call_method1(
-            intern!(py, "tobytes"),
-            (if order == b'C' { "C" } else { "F" },),
-        )?;
-        let data = data.cast::<PyBytes>()?.as_bytes();
-        self.out.push(b'A');
+        self.out.push(if oob.is_some() { b'X' } else { b'A' });
         self.out.push(order);
         self.out.push(dlen);
         self.out.extend_from_slice(dstr.as_bytes());
         self.out.push(ndim);
-        for d in shape {
-            self.out.extend_from_slice(&d.to_le_bytes());
+        for &d in a.shape() {
+            self.out.extend_from_slice(&(d as u64).to_le_bytes());
         }
-        Ok(self.len_u32(data.len()) && {
-            self.out.extend_from_slice(data);
-            true
-        })
+        if let Some(b) = oob {
+            self.out.extend_from_slice(&(self.area as u64).to_le_bytes());
+            self.out.extend_from_slice(&(nbytes as u64).to_le_bytes());
+            self.bufs.push((b, self.area));
+            self.area = (self.area + nbytes).next_multiple_of(ALIGN);
+            return Ok(true);
+        }
+        if !self.len_u32(nbytes) {
+            return Ok(false);
+        }
+        if nbytes > 0 {
+            // SAFETY: the array is contiguous in `order` (its flags say so), so its `nbytes`
+            // bytes start at its data pointer; they stay valid while we hold it and the GIL
+            // (no Python code runs during the copy).
+            let src = unsafe { std::slice::from_raw_parts(data_ptr(a), nbytes) };
+            self.out.extend_from_slice(src);
+        }
+        Ok(true)
     }
 
     fn tuple(&mut self, t: &Bound<'_, PyTuple>, depth: u32) -> bool {
@@ -251,14 +433,97 @@ impl Writer {
     }
 }
 
+/// The start of a contiguous array's bytes.
+fn data_ptr(a: &Bound<'_, PyUntypedArray>) -> *const u8 {
+    // SAFETY: `a` is a live PyArrayObject (its type was checked); reading its data field.
+    unsafe { (*_PyArray_GET_ITEM_DATA(a.as_array_ptr())).data.cast::<u8>() }
+}
+
+/// A small-value payload ready to write: the values (`V` or `C`), and the out-of-band arrays
+/// that follow them (then it is a `W` payload: `W`, 3 zero bytes, `u32` body length `m`, the
+/// body, zeros up to the array area at the next multiple of 64, each array at its offset).
+pub struct Payload {
+    body: Vec<u8>,
+    bufs: Vec<(PyUntypedBuffer, usize)>,
+    /// Where the array area starts (bufs present).
+    area_at: usize,
+    size: usize,
+}
+
+impl Payload {
+    fn new(w: Writer) -> Option<Payload> {
+        if w.bufs.is_empty() {
+            let size = w.out.len();
+            return Some(Payload {
+                body: w.out,
+                bufs: Vec::new(),
+                area_at: 0,
+                size,
+            });
+        }
+        u32::try_from(w.out.len()).ok()?;
+        let area_at = (8 + w.out.len()).next_multiple_of(ALIGN);
+        let end = w.bufs.last().map_or(0, |(b, at)| at + b.len_bytes());
+        Some(Payload {
+            size: area_at + end,
+            body: w.out,
+            bufs: w.bufs,
+            area_at,
+        })
+    }
+
+    /// Its size in bytes.
+    pub fn len(&self) -> usize {
+        self.size
+    }
+
+    /// The payload as bytes.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.size];
+        self.fill(&mut v);
+        v
+    }
+}
+
+impl Fill for Payload {
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn fill(&self, out: &mut [u8]) {
+        let m = self.body.len();
+        if self.bufs.is_empty() {
+            out.copy_from_slice(&self.body);
+            return;
+        }
+        out[..8].fill(0);
+        out[0] = TAG_WIDE;
+        out[4..8].copy_from_slice(&(m as u32).to_le_bytes());
+        out[8..8 + m].copy_from_slice(&self.body);
+        let mut end = 8 + m;
+        for (b, at) in &self.bufs {
+            let at = self.area_at + at;
+            out[end..at].fill(0);
+            let n = b.len_bytes();
+            // SAFETY: the exporter keeps buf_ptr..+len_bytes valid while the buffer is held
+            // (`self` holds it), and it is contiguous (checked when the array was written).
+            let src = unsafe { std::slice::from_raw_parts(b.buf_ptr().cast::<u8>(), n) };
+            out[at..at + n].copy_from_slice(src);
+            end = at + n;
+        }
+    }
+}
+
 /// The `V` payload of `v`, or None when `v` is not a small value.
-pub fn encode_value(v: &Bound<'_, PyAny>) -> Option<Vec<u8>> {
-    let mut w = Writer {
-        out: Vec::with_capacity(16),
-        seen: Vec::new(),
-    };
+pub fn encode_value(v: &Bound<'_, PyAny>) -> Option<Payload> {
+    let mut w = Writer::default();
+    w.out.reserve(16);
     w.out.push(TAG_VALUE);
-    w.value(v, 0).then_some(w.out)
+    if w.value(v, 0) {
+        Payload::new(w)
+    } else {
+        None
+    }
 }
 
 /// The `C` payload of a call of the function pickled as `head` (by reference), or None when
@@ -267,12 +532,10 @@ pub fn encode_call(
     head: &[u8],
     args: &Bound<'_, PyTuple>,
     kwargs: Option<&Bound<'_, PyDict>>,
-) -> Option<Vec<u8>> {
+) -> Option<Payload> {
     let m = u16::try_from(head.len()).ok()?;
-    let mut w = Writer {
-        out: Vec::with_capacity(head.len() + 32),
-        seen: Vec::new(),
-    };
+    let mut w = Writer::default();
+    w.out.reserve(head.len() + 32);
     w.out.push(TAG_CALL);
     w.out.extend_from_slice(&m.to_le_bytes());
     w.out.extend_from_slice(head);
@@ -280,12 +543,14 @@ pub fn encode_call(
         return None;
     }
     match kwargs {
-        Some(k) if !k.is_empty() => w.value(k.as_any(), 0).then_some(w.out),
-        _ => {
-            w.out.push(b'n');
-            Some(w.out)
+        Some(k) if !k.is_empty() => {
+            if !w.value(k.as_any(), 0) {
+                return None;
+            }
         }
+        _ => w.out.push(b'n'),
     }
+    Payload::new(w)
 }
 
 fn bad(why: &str) -> PyErr {
@@ -296,6 +561,8 @@ fn bad(why: &str) -> PyErr {
 struct Reader<'a> {
     b: &'a [u8],
     at: usize,
+    /// A `W` payload's bytes and where its array area starts.
+    oob: Option<(&'a Buffer, usize)>,
 }
 
 impl<'a> Reader<'a> {
@@ -382,16 +649,50 @@ fn read<'py>(py: Python<'py>, r: &mut Reader<'_>, depth: u32) -> PyResult<Bound<
             }
             d.into_any()
         }
-        b'A' => read_array(py, r)?,
+        b'A' => read_array(py, r, false)?,
+        b'X' => read_array(py, r, true)?,
         t => return Err(bad(&format!("unknown value tag {t:#04x}"))),
     })
 }
 
-/// The value of a `V` payload (`b` includes the tag).
-pub fn decode_value<'py>(py: Python<'py>, b: &[u8]) -> PyResult<Bound<'py, PyAny>> {
-    let mut r = Reader { b, at: 1 };
+/// The body of a small payload (a `W` payload's `V` or `C` part) and its reader.
+fn reader(buf: &Buffer) -> PyResult<Reader<'_>> {
+    let b = buf.as_slice();
+    if b.first() != Some(&TAG_WIDE) {
+        return Ok(Reader { b, at: 1, oob: None });
+    }
+    let m = b
+        .get(4..8)
+        .map(|m| u32::from_le_bytes(m.try_into().expect("4 bytes")) as usize)
+        .ok_or_else(|| bad("truncated"))?;
+    let area = (8 + m).next_multiple_of(ALIGN);
+    if area > b.len() || m == 0 {
+        return Err(bad("the body does not fit"));
+    }
+    Ok(Reader {
+        b: &b[8..8 + m],
+        at: 1,
+        oob: Some((buf, area)),
+    })
+}
+
+/// The tag of a small payload's values: `V`, `C`, or None for any other payload.
+pub fn kind(b: &[u8]) -> Option<u8> {
+    match b.first()? {
+        &TAG_WIDE => b.get(8).copied(),
+        &t => Some(t),
+    }
+    .filter(|&t| t == TAG_VALUE || t == TAG_CALL)
+}
+
+/// The value of a `V` payload (or a `W` payload holding one).
+pub fn decode_value<'py>(py: Python<'py>, buf: &Buffer) -> PyResult<Bound<'py, PyAny>> {
+    let mut r = reader(buf)?;
+    if r.b.first() != Some(&TAG_VALUE) {
+        return Err(bad("not a value"));
+    }
     let v = read(py, &mut r, 0)?;
-    if r.at != b.len() {
+    if r.at != r.b.len() {
         return Err(bad("trailing bytes"));
     }
     Ok(v)
@@ -407,9 +708,12 @@ pub struct Call<'a, 'py> {
     pub kwargs: Option<Bound<'py, PyDict>>,
 }
 
-/// Reads a `C` payload (`b` includes the tag).
-pub fn decode_call<'a, 'py>(py: Python<'py>, b: &'a [u8]) -> PyResult<Call<'a, 'py>> {
-    let mut r = Reader { b, at: 1 };
+/// Reads a `C` payload (or a `W` payload holding one).
+pub fn decode_call<'a, 'py>(py: Python<'py>, buf: &'a Buffer) -> PyResult<Call<'a, 'py>> {
+    let mut r = reader(buf)?;
+    if r.b.first() != Some(&TAG_CALL) {
+        return Err(bad("not a call"));
+    }
     let m = u16::from_le_bytes(r.take(2)?.try_into().expect("2 bytes")) as usize;
     let head = r.take(m)?;
     let args = read(py, &mut r, 0)?
@@ -424,7 +728,7 @@ pub fn decode_call<'a, 'py>(py: Python<'py>, b: &'a [u8]) -> PyResult<Call<'a, '
                 .map_err(|_| bad("the keyword arguments are not a dict"))?,
         )
     };
-    if r.at != b.len() {
+    if r.at != r.b.len() {
         return Err(bad("trailing bytes"));
     }
     Ok(Call { head, args, kwargs })
@@ -450,7 +754,7 @@ fn fn_types(py: Python<'_>) -> PyResult<&[Py<PyType>; 3]> {
 /// A call ready to submit: written natively, or pickled by `pymizu._codec`.
 pub enum CallPayload<'py> {
     /// A `C` payload.
-    Small(Vec<u8>),
+    Small(Payload),
     /// `(pickle, out-of-band buffers)`.
     Pickled(Bound<'py, PyBytes>, Bound<'py, PyAny>),
 }

@@ -346,7 +346,7 @@ fn to_python(py: Python<'_>, r: Result<Buffer, CollectError>) -> PyResult<(bool,
         )
     };
     let (status, (data, bufs), slot, pid) = match r {
-        Ok(b) if b.first() == Some(&crate::small::TAG_VALUE) => {
+        Ok(b) if crate::small::kind(&b) == Some(crate::small::TAG_VALUE) => {
             return Ok((true, crate::small::decode_value(py, &b)?.unbind()));
         }
         Ok(b) => (0, decode(py, b)?, 0, 0),

@@ -85,10 +85,11 @@ impl PyExec {
         let buf = ctx
             .input()
             .unwrap_or_else(|| arrow_buffer::Buffer::from_slice_ref(input));
-        if self.fast && buf.first() == Some(&small::TAG_CALL) {
+        let is_small = small::kind(&buf) == Some(small::TAG_CALL);
+        if self.fast && is_small {
             return self.run_small(py, ctx, &buf);
         }
-        let (data, bufs) = if buf.first() == Some(&small::TAG_CALL) {
+        let (data, bufs) = if is_small {
             // `run` fails such a worker's tasks before reading them.
             (
                 PyBytes::new(py, b"").into_any().unbind(),
@@ -113,7 +114,7 @@ impl PyExec {
         &self,
         py: Python<'_>,
         ctx: &TaskContext<'_>,
-        buf: &[u8],
+        buf: &arrow_buffer::Buffer,
     ) -> Result<Vec<u8>, Vec<u8>> {
         let call = small::decode_call(py, buf).map_err(|e| text(format!("mizu: {e}")))?;
         let result = self
@@ -322,21 +323,22 @@ pub fn nested_submit_batch(
 /// The small-value payload of `value` (`V`), or None when it is not small (for tests).
 #[pyfunction]
 pub fn small_dumps(py: Python<'_>, value: &Bound<'_, PyAny>) -> Option<Py<PyBytes>> {
-    small::encode_value(value).map(|b| PyBytes::new(py, &b).unbind())
+    small::encode_value(value).map(|b| PyBytes::new(py, &b.to_vec()).unbind())
 }
 
 /// Reads a small payload (for tests): a `V` payload's value, or a `C` payload's
 /// `(function pickle, args, kwargs)`. Malformed input raises `ValueError`.
 #[pyfunction]
 pub fn small_loads<'py>(py: Python<'py>, payload: &[u8]) -> PyResult<Bound<'py, PyAny>> {
-    match payload.first() {
-        Some(&small::TAG_CALL) => {
-            let c = small::decode_call(py, payload)?;
+    let buf = arrow_buffer::Buffer::from_slice_ref(payload);
+    match small::kind(payload) {
+        Some(small::TAG_CALL) => {
+            let c = small::decode_call(py, &buf)?;
             (PyBytes::new(py, c.head), c.args, c.kwargs)
                 .into_pyobject(py)
                 .map(|t| t.into_any())
         }
-        _ if payload.first() == Some(&small::TAG_VALUE) => small::decode_value(py, payload),
+        Some(_) => small::decode_value(py, &buf),
         _ => Err(pyo3::exceptions::PyValueError::new_err(
             "pymizu: not a small payload",
         )),

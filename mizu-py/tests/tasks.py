@@ -135,3 +135,7 @@ def start_ticker():
 
 def ticks():
     return (TICKS[0], os.getpid())
+
+
+def kw_pair(a, *, b):
+    return a, b

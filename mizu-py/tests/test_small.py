@@ -223,13 +223,14 @@ def test_small_arrays_are_sent_inline_and_arrive_read_only_and_exact(pool, a):
         assert not back.flags.writeable
 
 
-def test_arrays_that_are_not_small_go_through_pickle(pool):
-    big = np.arange(100_000, dtype=np.float64)  # past the inline size: out of band
+def test_arrays_that_are_not_plain_go_through_pickle(pool):
     strided = np.arange(20)[::2]
     objs = np.array([1, "x"], dtype=object)
     rec = np.zeros(2, dtype=[("a", "i4"), ("b", "f8")])
     sub = np.ma.masked_array([1, 2], mask=[0, 1])
-    for a in (big, strided, objs, rec, sub):
+    # numpy exports no buffer of datetimes: past the inline limit they are pickled.
+    dates = np.arange(10_000).astype("datetime64[s]")
+    for a in (strided, objs, rec, sub, dates):
         assert _native.small_dumps(a) is None
         back = pool.submit(tasks.ident, a).result(timeout=60)
         assert type(back) is type(a) and back.dtype == a.dtype
@@ -238,6 +239,93 @@ def test_arrays_that_are_not_small_go_through_pickle(pool):
     assert _native.small_dumps([a, a]) is None  # shared: pickle keeps the sharing
     x, y = pool.submit(tasks.ident, [a, a]).result(timeout=60)
     assert x is y
+
+
+BIG_CASES = [
+    np.arange(100_000, dtype=np.float64),
+    np.asfortranarray(np.arange(6000, dtype=np.int32).reshape(60, 100)),
+    np.arange(3000, dtype=">f8").reshape(30, 100),
+    np.ones(5000, dtype=np.bool_),
+    np.arange(1000, dtype=np.complex128),
+    np.array(["abcd"] * 400, dtype="U4"),
+    np.zeros((10, 10, 10, 10), dtype=np.uint8),
+]
+
+
+@pytest.mark.parametrize("a", BIG_CASES, ids=lambda a: f"{a.dtype.str}{a.shape}")
+def test_large_arrays_travel_out_of_band_as_read_only_views(pool, a):
+    b = _native.small_dumps(a)
+    assert b is not None and b[:1] == b"W"  # values, then the array bytes, no pickle
+    for back in (_native.small_loads(b), pool.submit(tasks.ident, a).result(timeout=60)):
+        assert type(back) is np.ndarray
+        assert back.dtype.str == a.dtype.str and back.shape == a.shape
+        assert np.array_equal(back, a)
+        assert back.flags.f_contiguous == a.flags.f_contiguous
+        assert type(back.base).__name__ == "ShmBuffer"  # a view of the payload's memory
+        assert not back.flags.writeable
+        with pytest.raises(ValueError):
+            back.flags.writeable = True
+        copy = back.copy()
+        copy.flat[0] = copy.flat[1]  # a copy is the caller's to change
+
+
+def test_out_of_band_arrays_mix_with_small_values_and_keep_their_memory(pool):
+    a = np.arange(10_000, dtype=np.float64)
+    b = np.arange(7_000, dtype=np.int16).reshape(70, 100)
+    value = {"a": a, "pair": (b, 3), "xs": [1.5, "s", np.arange(3)]}
+    got = pool.submit(tasks.ident, value).result(timeout=60)
+    assert np.array_equal(got["a"], a) and np.array_equal(got["pair"][0], b)
+    assert got["pair"][1] == 3 and got["xs"][:2] == [1.5, "s"]
+    # Keyword arguments and several arrays in one call.
+    assert pool.submit(tasks.add, a, b=a).result(timeout=60).sum() == 2 * a.sum()
+    # A view outlives everything else that referred to its payload.
+    keep = got["pair"][0]
+    del got
+    import gc
+
+    gc.collect()
+    assert np.array_equal(keep, b)
+
+
+def test_malformed_out_of_band_arrays_raise_value_error():
+    a = np.arange(1024, dtype=np.int64)
+    good = _native.small_dumps(a)
+    assert np.array_equal(_native.small_loads(good), a)
+    m = int.from_bytes(good[4:8], "little")
+    body = good[8 : 8 + m]
+    at = body.index(b"X")
+
+    def wide(body, tail=good[64:]):
+        head = b"W\0\0\0" + len(body).to_bytes(4, "little") + body
+        return head + bytes(-len(head) % 64) + tail
+
+    off = len(body) - 16
+    bad = [
+        good[:100],  # the array bytes cut short
+        b"W\0\0\0" + (10_000).to_bytes(4, "little") + body,  # body longer than the payload
+        body + good[64:],  # an out-of-band array outside a W payload
+        wide(body[:off] + (8).to_bytes(8, "little") + body[off + 8 :]),  # misaligned
+        wide(body[:off] + (64).to_bytes(8, "little") + body[off + 8 :]),  # past the end
+        wide(body[: off + 8] + (8191).to_bytes(8, "little")),  # bytes do not fit the shape
+        wide(body[: off + 8] + (2**63).to_bytes(8, "little")),  # absurd length
+        wide(body[:at] + b"A" + body[at + 1 :]),  # inline tag over out-of-band fields
+        b"W\0\0\0\0\0\0\0" + bytes(56),  # empty body
+    ]
+    for b in bad:
+        with pytest.raises(ValueError):
+            _native.small_loads(b)
+    rng = random.Random(11)
+    decoded = refused = 0
+    for _ in range(500):
+        b = bytearray(good)
+        for _ in range(rng.randint(1, 3)):
+            b[rng.randrange(1, 8 + m)] = rng.randrange(256)  # header and body
+        try:
+            _native.small_loads(bytes(b))
+            decoded += 1
+        except ValueError:
+            refused += 1
+    assert refused > 0 and decoded + refused == 500
 
 
 def test_malformed_inline_arrays_raise_value_error():
@@ -273,3 +361,13 @@ def test_a_task_in_a_cycle_with_its_kept_exception_is_collected(pool):
     del e
     gc.collect()
     assert ref() is None
+
+
+def test_keyword_arguments_that_are_not_small_reach_the_function(pool):
+    # A set is not a small value: the call is pickled as [args, kwargs] (once mistaken for
+    # positional arguments when both were a tuple).
+    got = pool.submit(tasks.kw_pair, (1, 2), b=frozenset({3})).result(timeout=60)
+    assert got == ((1, 2), frozenset({3}))
+    a = np.arange(3)
+    x, y = pool.submit(tasks.kw_pair, a, b=a).result(timeout=60)  # shared: pickled
+    assert x is y and np.array_equal(x, a)

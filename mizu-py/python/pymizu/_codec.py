@@ -71,7 +71,8 @@ def dumps_call(fn, args: tuple, kwargs: dict) -> tuple[bytes, list]:
                 break
         else:
             return head + _dumps(args, 5), _NO_BUFFERS
-    data, bufs = dumps((args, kwargs) if kwargs else args)
+    # Positional arguments alone are a tuple; with keywords, a list [args, kwargs].
+    data, bufs = dumps([args, kwargs] if kwargs else args)
     return head + data, bufs
 
 
@@ -112,14 +113,24 @@ def dumps(obj) -> tuple[bytes, list]:
 
 
 def _has_array(obj, ndarray) -> bool:
-    """Whether `obj` is an array or a call `(fn, args, kwargs)` with an array argument."""
+    """Whether `obj` is an array, or a tuple or list holding one directly or in a nested
+    argument tuple or keyword dict (a call's `args`, `[args, kwargs]` or `(fn, args, kwargs)`)."""
     t = type(obj)
     if t is ndarray:
         return True
-    if t is tuple and len(obj) == 3 and type(obj[1]) is tuple:
-        for a in obj[1]:
-            if type(a) is ndarray:
+    if t is tuple or t is list:
+        for a in obj:
+            ta = type(a)
+            if ta is ndarray:
                 return True
+            if ta is tuple:
+                for b in a:
+                    if type(b) is ndarray:
+                        return True
+            elif ta is dict:
+                for b in a.values():
+                    if type(b) is ndarray:
+                        return True
     return False
 
 
