@@ -14,21 +14,27 @@
 //!
 //! A value is a tag byte and its data, integers little-endian: `n` None, `t`/`f` booleans,
 //! `i` i64, `d` f64, `s` u32 length + UTF-8, `b` u32 length + bytes, `T`/`L` u32 count +
-//! items, `D` u32 count + key, value pairs, `A` a numpy array: order `C`/`F`, u8 length + the
-//! dtype's `str`, u8 dimensions + u64 each, u32 length + the bytes in that order. Input is untrusted: every length is checked and
-//! nesting is bounded.
+//! items, `D` u32 count + key, value pairs, `A` a numpy array of up to 4 KiB: order `C`/`F`,
+//! u8 length + the dtype's `str`, u8 dimensions + u64 each, u32 length + the bytes in that
+//! order; `X` a larger array out of band: the same header, then the u64 offset of its bytes in
+//! the array area and their u64 length. A payload with `X` arrays is `W`, 3 zero bytes, the
+//! u32 length `m` of the `V`/`C` body, the body, then (at the next multiple of 64 from the
+//! start) the array area; receivers view those bytes in place. Input is untrusted: every
+//! length and offset is checked and nesting is bounded.
 
 use std::collections::HashMap;
 use std::ffi::c_int;
 use std::sync::Mutex;
 
-use numpy::npyffi::{
-    NPY_ARRAY_F_CONTIGUOUS, NPY_ARRAY_WRITEABLE, NpyTypes, _PyArray_GET_ITEM_DATA, get_type_object,
-    npy_intp,
-};
 use arrow_buffer::Buffer;
 use mizu_pool::Fill;
-use numpy::{PY_ARRAY_API, PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::npyffi::{
+    _PyArray_GET_ITEM_DATA, NPY_ARRAY_F_CONTIGUOUS, NPY_ARRAY_WRITEABLE, NpyTypes, get_type_object,
+    npy_intp,
+};
+use numpy::{
+    PY_ARRAY_API, PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods,
+};
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
@@ -125,7 +131,9 @@ fn read_array<'py>(py: Python<'py>, r: &mut Reader<'_>, oob: bool) -> PyResult<B
     let (data, view) = if oob {
         let at = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
         let n = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
-        let (buf, area) = r.oob.ok_or_else(|| bad("an out-of-band array outside a W payload"))?;
+        let (buf, area) = r
+            .oob
+            .ok_or_else(|| bad("an out-of-band array outside a W payload"))?;
         let start = usize::try_from(at)
             .ok()
             .and_then(|at| at.checked_add(area))
@@ -405,7 +413,8 @@ impl Writer {
             self.out.extend_from_slice(&(d as u64).to_le_bytes());
         }
         if let Some(b) = oob {
-            self.out.extend_from_slice(&(self.area as u64).to_le_bytes());
+            self.out
+                .extend_from_slice(&(self.area as u64).to_le_bytes());
             self.out.extend_from_slice(&(nbytes as u64).to_le_bytes());
             self.bufs.push((b, self.area));
             self.area = (self.area + nbytes).next_multiple_of(ALIGN);
@@ -436,7 +445,11 @@ impl Writer {
 /// The start of a contiguous array's bytes.
 fn data_ptr(a: &Bound<'_, PyUntypedArray>) -> *const u8 {
     // SAFETY: `a` is a live PyArrayObject (its type was checked); reading its data field.
-    unsafe { (*_PyArray_GET_ITEM_DATA(a.as_array_ptr())).data.cast::<u8>() }
+    unsafe {
+        (*_PyArray_GET_ITEM_DATA(a.as_array_ptr()))
+            .data
+            .cast::<u8>()
+    }
 }
 
 /// A small-value payload ready to write: the values (`V` or `C`), and the out-of-band arrays
@@ -519,11 +532,7 @@ pub fn encode_value(v: &Bound<'_, PyAny>) -> Option<Payload> {
     let mut w = Writer::default();
     w.out.reserve(16);
     w.out.push(TAG_VALUE);
-    if w.value(v, 0) {
-        Payload::new(w)
-    } else {
-        None
-    }
+    if w.value(v, 0) { Payload::new(w) } else { None }
 }
 
 /// The `C` payload of a call of the function pickled as `head` (by reference), or None when
@@ -659,7 +668,11 @@ fn read<'py>(py: Python<'py>, r: &mut Reader<'_>, depth: u32) -> PyResult<Bound<
 fn reader(buf: &Buffer) -> PyResult<Reader<'_>> {
     let b = buf.as_slice();
     if b.first() != Some(&TAG_WIDE) {
-        return Ok(Reader { b, at: 1, oob: None });
+        return Ok(Reader {
+            b,
+            at: 1,
+            oob: None,
+        });
     }
     let m = b
         .get(4..8)
@@ -678,9 +691,9 @@ fn reader(buf: &Buffer) -> PyResult<Reader<'_>> {
 
 /// The tag of a small payload's values: `V`, `C`, or None for any other payload.
 pub fn kind(b: &[u8]) -> Option<u8> {
-    match b.first()? {
-        &TAG_WIDE => b.get(8).copied(),
-        &t => Some(t),
+    match *b.first()? {
+        TAG_WIDE => b.get(8).copied(),
+        t => Some(t),
     }
     .filter(|&t| t == TAG_VALUE || t == TAG_CALL)
 }
