@@ -20,7 +20,7 @@ pub use error::{PoolError, Result, TaskError};
 pub use map::{MapError, MapOptions, MapOutput};
 pub use mizu_queue::{RecvError, SlotState};
 pub use pool::{Launcher, Pool, PoolConfig, PoolStatus, SubmitterStatus, WorkerStatus};
-pub use shared::Fill;
+pub use shared::{Fill, set_discard_hook};
 pub use submitter::{CollectError, Task, collect_all, collect_any, wait_until};
 pub use worker::{
     Executor, TaskContext, exit_if_orphaned_while_starting, run_worker, with_current_task,

@@ -1,8 +1,8 @@
 //! The mapped pool segment and the payload I/O of task slots, shared by the controller,
 //! submitters and workers of one process.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
 
 use arrow_buffer::Buffer;
 use mizu_shm::Segment;
@@ -11,6 +11,20 @@ use mizu_wire::{DataPool, Mapper, Region};
 
 use crate::error::{PoolError, Result};
 use crate::layout::{POOL_KIND, PoolView, TaskHdr, data_kind};
+
+/// What this process's binding does with a payload nobody will read, before it is dropped.
+static DISCARD_HOOK: OnceLock<fn(&[u8])> = OnceLock::new();
+
+/// Sets what is done with a payload nobody will read (a cancelled input, an abandoned or
+/// failed task's output, a payload whose submission was undone) before it is dropped: a
+/// binding that writes references to other regions inside its payloads (each holding a
+/// count of that region, see `mizu_wire::Region::share`) releases them here, or those
+/// regions — and their segments — stay alive until the process exits. The payload may be
+/// inline; the hook may run on any thread and must not panic. The first call wins; returns
+/// whether this one did.
+pub fn set_discard_hook(f: fn(&[u8])) -> bool {
+    DISCARD_HOOK.set(f).is_ok()
+}
 
 /// A pool segment and its validated view. The view borrows the segment, which this struct
 /// owns behind an `Arc` (a stable address) and drops last.
@@ -96,8 +110,8 @@ impl Shared {
     /// Takes the payload out of task slot (s, k): inline bytes are copied, a region is adopted
     /// (its reference moves to the returned buffer, which views it in place).
     ///
-    /// The caller must own the slot's data area by protocol; a region payload can be taken
-    /// once.
+    /// The caller must own the slot's data area by protocol; a payload can be taken once (the
+    /// slot then holds none, so a later discard releases nothing twice).
     pub fn take_payload(&self, s: usize, k: usize) -> Result<Buffer> {
         let hdr: &TaskHdr = self.view.task(s, k);
         let (data, _) = self.view.data();
@@ -106,7 +120,10 @@ impl Shared {
         // SAFETY: the caller owns the slot's data area (see above).
         let bytes = unsafe { data.with(self.granule(s, k), |d| d[..len].to_vec()) };
         match hdr.kind.load(Ordering::Relaxed) {
-            data_kind::INLINE => Ok(Buffer::from_vec(bytes)),
+            data_kind::INLINE => {
+                hdr.kind.store(0, Ordering::Relaxed);
+                Ok(Buffer::from_vec(bytes))
+            }
             data_kind::REGION => {
                 let Body::Region(desc) = frame::read(&bytes)?.body else {
                     return Err(PoolError::Layout(
@@ -121,10 +138,16 @@ impl Shared {
         }
     }
 
-    /// Releases a payload nobody will read (a cancelled input, an abandoned output).
+    /// Releases a payload nobody will read (a cancelled input, an abandoned output), after
+    /// the binding's discard hook (see [`set_discard_hook`]) has seen it.
     pub fn discard_payload(&self, s: usize, k: usize) {
-        if self.view.task(s, k).kind.load(Ordering::Relaxed) == data_kind::REGION {
-            let _ = self.take_payload(s, k);
+        let hook = DISCARD_HOOK.get();
+        let kind = self.view.task(s, k).kind.load(Ordering::Relaxed);
+        if (kind == data_kind::REGION || (kind == data_kind::INLINE && hook.is_some()))
+            && let Ok(b) = self.take_payload(s, k)
+            && let Some(h) = hook
+        {
+            h(b.as_slice());
         }
     }
 }

@@ -673,6 +673,40 @@ pub fn decode_small(buf: &Buffer) -> Option<Result<SEXP>> {
     })
 }
 
+/// Releases the region references written inside a payload nobody will read (the runtime's
+/// discard hook, `mizu_pool::set_discard_hook`): each holds a count of its region, taken by
+/// the sender (`Region::share`), that only a decoder adopting it would give back. Touches no
+/// R API (it may run on the runtime's threads); malformed input releases nothing.
+pub fn release_refs(b: &[u8]) {
+    if b.first() != Some(&TAG_BUFFERS) || b.len() < 16 {
+        return;
+    }
+    let n = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")) as usize;
+    let Some(table_end) = n
+        .checked_mul(ENTRY)
+        .and_then(|t| t.checked_add(16))
+        .filter(|&e| e <= b.len())
+    else {
+        return;
+    };
+    for e in (16..table_end).step_by(ENTRY) {
+        if b[e + 16] & BY_REF == 0 {
+            continue;
+        }
+        let at = u64::from_le_bytes(b[e..e + 8].try_into().expect("8 bytes"));
+        let Some(at) = usize::try_from(at)
+            .ok()
+            .filter(|&at| at >= table_end && at.checked_add(64).is_some_and(|x| x <= b.len()))
+        else {
+            continue;
+        };
+        if let Ok(d) = RegionDesc::read_from(&b[at..at + 64]) {
+            // Adopting takes the reference over; dropping the region gives it back.
+            drop(MAPPER.adopt(&d));
+        }
+    }
+}
+
 /// Decodes a received payload. Input is untrusted: every offset is checked.
 pub fn decode(buf: Buffer) -> Result<Decoded> {
     let b = buf.as_slice();

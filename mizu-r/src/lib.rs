@@ -51,13 +51,17 @@ pub(crate) fn forked(pid: u32) -> Result<()> {
     }
 }
 
-/// Called when the package loads: errors this crate returns reach R as R errors (extendr
-/// turns a returned `Err` into a panic it catches); keep those panics from printing a Rust
-/// panic report. Genuine panics still print.
+/// Called when the package loads: registers the runtime's discard hook, and keeps the panics
+/// that carry errors this crate returns (extendr turns a returned `Err` into a panic it
+/// catches, and R sees an R error) from printing a Rust panic report. Genuine panics still
+/// print.
 #[extendr]
 fn init_native() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
+        // Payloads nobody reads (abandoned results, cancelled inputs, undone submissions)
+        // give back the regions they refer to.
+        mizu_pool::set_discard_hook(codec::release_refs);
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             let ours = info
