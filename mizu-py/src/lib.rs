@@ -91,6 +91,8 @@ fn prune() -> PyResult<Vec<String>> {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    // Payloads the runtime discards unread give back the regions their arrays refer to.
+    mizu_pool::set_discard_hook(small::release_refs);
     m.add("MizuError", py.get_type::<MizuError>())?;
     m.add("SlotsFull", py.get_type::<SlotsFull>())?;
     m.add("StoppedError", py.get_type::<StoppedError>())?;

@@ -17,17 +17,22 @@
 //! items, `D` u32 count + key, value pairs, `A` a numpy array of up to 4 KiB: order `C`/`F`,
 //! u8 length + the dtype's `str`, u8 dimensions + u64 each, u32 length + the bytes in that
 //! order; `X` a larger array out of band: the same header, then the u64 offset of its bytes in
-//! the array area and their u64 length. A payload with `X` arrays is `W`, 3 zero bytes, the
+//! the array area and their u64 length; `R` an array that views a region this process holds
+//! (one it received), by reference: the same header, the region's 64-byte descriptor (a new
+//! reference, taken each time the payload is written; the receiver adopts it, and
+//! [`release_refs`] gives back those of payloads nobody reads), the u64 offset of the bytes in
+//! the region and their u64 length. A payload with `X` arrays is `W`, 3 zero bytes, the
 //! u32 length `m` of the `V`/`C` body, the body, then (at the next multiple of 64 from the
 //! start) the array area; receivers view those bytes in place. Input is untrusted: every
 //! length and offset is checked and nesting is bounded.
 
 use std::collections::HashMap;
 use std::ffi::c_int;
-use std::sync::Mutex;
+use std::sync::{Arc, LazyLock, Mutex};
 
 use arrow_buffer::Buffer;
 use mizu_pool::Fill;
+use mizu_wire::{Mapper, Region, RegionDesc};
 use numpy::npyffi::{
     _PyArray_GET_ITEM_DATA, NPY_ARRAY_F_CONTIGUOUS, NPY_ARRAY_WRITEABLE, NpyTypes, get_type_object,
     npy_intp,
@@ -109,7 +114,7 @@ fn inline_dtype<'py>(py: Python<'py>, dstr: &[u8]) -> PyResult<Bound<'py, PyArra
 /// are read-only views otherwise; out of band (`X`), a read-only view of the payload's
 /// shared memory, which it keeps alive. Made with numpy's C API: through Python calls it
 /// cost several microseconds, more than the rest of a trivial task.
-fn read_array<'py>(py: Python<'py>, r: &mut Reader<'_>, oob: bool) -> PyResult<Bound<'py, PyAny>> {
+fn read_array<'py>(py: Python<'py>, r: &mut Reader<'_>, tag: u8) -> PyResult<Bound<'py, PyAny>> {
     let order = r.take(1)?[0];
     let dlen = r.take(1)?[0] as usize;
     let dstr = r.take(dlen)?;
@@ -127,8 +132,25 @@ fn read_array<'py>(py: Python<'py>, r: &mut Reader<'_>, oob: bool) -> PyResult<B
         b'F' => true,
         _ => return Err(bad("unknown array order")),
     };
-    // Inline: the bytes follow; out of band: where they are in the array area.
-    let (data, view) = if oob {
+    // Inline: the bytes follow; out of band: where they are in the array area; by
+    // reference: a region (whose reference this takes over) and where they are in it.
+    let region_view;
+    let (data, view) = if tag == b'R' {
+        let d = RegionDesc::read_from(r.take(64)?).map_err(bad)?;
+        let at = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
+        let n = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
+        let region = Arc::new(
+            MAPPER
+                .adopt(&d)
+                .map_err(|e| bad(&format!("an array by reference: {e}")))?,
+        );
+        let (at, n) = match (usize::try_from(at), usize::try_from(n)) {
+            (Ok(at), Ok(n)) if at.checked_add(n).is_some_and(|e| e <= region.len()) => (at, n),
+            _ => return Err(bad("an array by reference beyond its region")),
+        };
+        region_view = Region::buffer(&region).slice_with_length(at, n);
+        (region_view.as_slice(), Some(region_view.clone()))
+    } else if tag == b'X' {
         let at = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
         let n = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
         let (buf, area) = r
@@ -251,6 +273,10 @@ struct Writer {
     bufs: Vec<(PyUntypedBuffer, usize)>,
     /// The array area's length so far.
     area: usize,
+    /// Arrays sent by reference: their regions and where each descriptor goes in `out`.
+    refs: Vec<(Arc<Region>, usize)>,
+    /// Whether arrays may go by reference (not for bytes that are never delivered).
+    refs_ok: bool,
 }
 
 impl Writer {
@@ -384,8 +410,13 @@ impl Writer {
         } else {
             return Ok(false);
         };
+        // A view of a region we hold (a received array, or a slice of one) goes by reference.
+        let by_ref = (nbytes > INLINE_ARRAY && self.refs_ok)
+            .then(|| Region::containing(data_ptr(a)))
+            .flatten()
+            .filter(|(r, off)| off + nbytes <= r.len() && r.still_named());
         // The exported buffer keeps the array's memory in place until the payload is written.
-        let oob = (nbytes > INLINE_ARRAY)
+        let oob = (nbytes > INLINE_ARRAY && by_ref.is_none())
             .then(|| PyUntypedBuffer::get(v).ok())
             .flatten()
             .filter(|b| {
@@ -397,20 +428,35 @@ impl Writer {
                         b.is_fortran_contiguous()
                     }
             });
-        if oob.is_none() && (nbytes > MAX_ARRAY || self.out.len() + nbytes > MAX_SIZE) {
+        if oob.is_none()
+            && by_ref.is_none()
+            && (nbytes > MAX_ARRAY || self.out.len() + nbytes > MAX_SIZE)
+        {
             return Ok(false);
         }
         let dstr = dtype_str(&dtype)?;
         let (Ok(dlen), Ok(ndim)) = (u8::try_from(dstr.len()), u8::try_from(a.ndim())) else {
             return Ok(false);
         };
-        self.out.push(if oob.is_some() { b'X' } else { b'A' });
+        self.out.push(match (&by_ref, &oob) {
+            (Some(_), _) => b'R',
+            (_, Some(_)) => b'X',
+            _ => b'A',
+        });
         self.out.push(order);
         self.out.push(dlen);
         self.out.extend_from_slice(dstr.as_bytes());
         self.out.push(ndim);
         for &d in a.shape() {
             self.out.extend_from_slice(&(d as u64).to_le_bytes());
+        }
+        if let Some((region, off)) = by_ref {
+            // The descriptor (a new reference) is written when the payload is.
+            self.refs.push((region, self.out.len()));
+            self.out.extend_from_slice(&[0u8; 64]);
+            self.out.extend_from_slice(&(off as u64).to_le_bytes());
+            self.out.extend_from_slice(&(nbytes as u64).to_le_bytes());
+            return Ok(true);
         }
         if let Some(b) = oob {
             self.out
@@ -458,6 +504,7 @@ fn data_ptr(a: &Bound<'_, PyUntypedArray>) -> *const u8 {
 pub struct Payload {
     body: Vec<u8>,
     bufs: Vec<(PyUntypedBuffer, usize)>,
+    refs: Vec<(Arc<Region>, usize)>,
     /// Where the array area starts (bufs present).
     area_at: usize,
     size: usize,
@@ -470,6 +517,7 @@ impl Payload {
             return Some(Payload {
                 body: w.out,
                 bufs: Vec::new(),
+                refs: w.refs,
                 area_at: 0,
                 size,
             });
@@ -481,6 +529,7 @@ impl Payload {
             size: area_at + end,
             body: w.out,
             bufs: w.bufs,
+            refs: w.refs,
             area_at,
         })
     }
@@ -503,16 +552,21 @@ impl Fill for Payload {
         self.size
     }
 
+    /// Each fill takes a new reference of every region referred to: adopted by the receiver,
+    /// or given back by [`release_refs`] when the runtime discards the payload.
     fn fill(&self, out: &mut [u8]) {
         let m = self.body.len();
+        let base = if self.bufs.is_empty() { 0 } else { 8 };
+        out[base..base + m].copy_from_slice(&self.body);
+        for (region, at) in &self.refs {
+            region.share().write_to(&mut out[base + at..base + at + 64]);
+        }
         if self.bufs.is_empty() {
-            out.copy_from_slice(&self.body);
             return;
         }
         out[..8].fill(0);
         out[0] = TAG_WIDE;
         out[4..8].copy_from_slice(&(m as u32).to_le_bytes());
-        out[8..8 + m].copy_from_slice(&self.body);
         let mut end = 8 + m;
         for (b, at) in &self.bufs {
             let at = self.area_at + at;
@@ -527,9 +581,14 @@ impl Fill for Payload {
     }
 }
 
-/// The `V` payload of `v`, or None when `v` is not a small value.
-pub fn encode_value(v: &Bound<'_, PyAny>) -> Option<Payload> {
-    let mut w = Writer::default();
+/// The `V` payload of `v`, or None when `v` is not a small value. With `refs`, arrays that
+/// view a region this process holds are sent by reference (the payload must then be
+/// delivered or discarded by the runtime).
+pub fn encode_value(v: &Bound<'_, PyAny>, refs: bool) -> Option<Payload> {
+    let mut w = Writer {
+        refs_ok: refs,
+        ..Writer::default()
+    };
     w.out.reserve(16);
     w.out.push(TAG_VALUE);
     if w.value(v, 0) { Payload::new(w) } else { None }
@@ -543,7 +602,10 @@ pub fn encode_call(
     kwargs: Option<&Bound<'_, PyDict>>,
 ) -> Option<Payload> {
     let m = u16::try_from(head.len()).ok()?;
-    let mut w = Writer::default();
+    let mut w = Writer {
+        refs_ok: true,
+        ..Writer::default()
+    };
     w.out.reserve(head.len() + 32);
     w.out.push(TAG_CALL);
     w.out.extend_from_slice(&m.to_le_bytes());
@@ -658,10 +720,109 @@ fn read<'py>(py: Python<'py>, r: &mut Reader<'_>, depth: u32) -> PyResult<Bound<
             }
             d.into_any()
         }
-        b'A' => read_array(py, r, false)?,
-        b'X' => read_array(py, r, true)?,
+        t @ (b'A' | b'X' | b'R') => read_array(py, r, t)?,
         t => return Err(bad(&format!("unknown value tag {t:#04x}"))),
     })
+}
+
+/// Maps the regions that arrays by reference live in (segments stay mapped while views of
+/// them live).
+static MAPPER: LazyLock<Mapper> = LazyLock::new(Mapper::new);
+
+/// Walks one value of a small payload without making Python objects, calling `f` with the
+/// descriptor of every array by reference; None when the bytes are malformed.
+fn walk(b: &[u8], at: &mut usize, depth: u32, f: &mut impl FnMut(&[u8])) -> Option<()> {
+    fn take<'a>(b: &'a [u8], at: &mut usize, n: usize) -> Option<&'a [u8]> {
+        let s = b.get(*at..at.checked_add(n)?)?;
+        *at += n;
+        Some(s)
+    }
+    fn u32_at(b: &[u8], at: &mut usize) -> Option<usize> {
+        Some(u32::from_le_bytes(take(b, at, 4)?.try_into().ok()?) as usize)
+    }
+    if depth > MAX_DEPTH {
+        return None;
+    }
+    match take(b, at, 1)?[0] {
+        b'n' | b't' | b'f' => {}
+        b'i' | b'd' => {
+            take(b, at, 8)?;
+        }
+        b's' | b'b' => {
+            let n = u32_at(b, at)?;
+            take(b, at, n)?;
+        }
+        b'T' | b'L' => {
+            for _ in 0..u32_at(b, at)? {
+                walk(b, at, depth + 1, f)?;
+            }
+        }
+        b'D' => {
+            for _ in 0..u32_at(b, at)? {
+                walk(b, at, depth + 1, f)?;
+                walk(b, at, depth + 1, f)?;
+            }
+        }
+        t @ (b'A' | b'X' | b'R') => {
+            take(b, at, 1)?;
+            let dlen = take(b, at, 1)?[0] as usize;
+            take(b, at, dlen)?;
+            let ndim = take(b, at, 1)?[0] as usize;
+            take(b, at, 8 * ndim)?;
+            match t {
+                b'A' => {
+                    let n = u32_at(b, at)?;
+                    take(b, at, n)?;
+                }
+                b'X' => {
+                    take(b, at, 16)?;
+                }
+                _ => {
+                    f(take(b, at, 64)?);
+                    take(b, at, 16)?;
+                }
+            }
+        }
+        _ => return None,
+    }
+    Some(())
+}
+
+/// Gives back the region references inside a payload nobody will read (the runtime's
+/// discard hook, `mizu_pool::set_discard_hook`; also a task's outcome dropped unread): each
+/// was taken by the sender when it wrote the payload. Runs on any thread, touches no Python
+/// object; stops at the first malformed byte.
+pub fn release_refs(p: &[u8]) {
+    let body = match p.first() {
+        Some(&TAG_WIDE) => {
+            let Some(m) = p.get(4..8) else { return };
+            let m = u32::from_le_bytes(m.try_into().expect("4 bytes")) as usize;
+            match p.get(8..8usize.saturating_add(m)) {
+                Some(b) => b,
+                None => return,
+            }
+        }
+        _ => p,
+    };
+    let mut release = |d: &[u8]| {
+        if let Ok(d) = RegionDesc::read_from(d) {
+            // Adopting takes the reference over; dropping the region gives it back.
+            drop(MAPPER.adopt(&d));
+        }
+    };
+    let mut at = 1;
+    match body.first() {
+        Some(&TAG_VALUE) => {
+            let _ = walk(body, &mut at, 0, &mut release);
+        }
+        Some(&TAG_CALL) => {
+            let Some(m) = body.get(1..3) else { return };
+            at = 3 + u16::from_le_bytes(m.try_into().expect("2 bytes")) as usize;
+            let _ = walk(body, &mut at, 0, &mut release)
+                .and_then(|()| walk(body, &mut at, 0, &mut release));
+        }
+        _ => {}
+    }
 }
 
 /// The body of a small payload (a `W` payload's `V` or `C` part) and its reader.

@@ -57,6 +57,20 @@ enum State {
 /// A task's state, shared with its submitter's registry.
 struct Cell {
     state: Mutex<State>,
+    /// The process that made it (a forked child's copy gives back nothing).
+    pid: u32,
+}
+
+impl Drop for Cell {
+    fn drop(&mut self) {
+        // An outcome taken out of its slot but never read: the regions its arrays refer to
+        // are given back (as the runtime does for outcomes it discards).
+        if self.pid == mizu_shm::current_pid()
+            && let State::Raw(Ok(b)) = &*self.lock()
+        {
+            crate::small::release_refs(b);
+        }
+    }
 }
 
 impl Cell {
@@ -199,6 +213,7 @@ impl Task {
     pub(crate) fn new(t: mizu_pool::Task, registry: &Registry, nested: bool) -> Task {
         let cell = Arc::new(Cell {
             state: Mutex::new(State::Pending(t)),
+            pid: mizu_shm::current_pid(),
         });
         registry.track(&cell);
         Task {

@@ -134,7 +134,7 @@ impl PyExec {
         ctx: &TaskContext<'_>,
         result: Bound<'_, PyAny>,
     ) -> Result<Vec<u8>, Vec<u8>> {
-        if let Some(v) = small::encode_value(&result) {
+        if let Some(v) = small::encode_value(&result, true) {
             return send(ctx, true, &v);
         }
         let pickled = match self.dumps_result.bind(py).call1((&result,)) {
@@ -323,7 +323,7 @@ pub fn nested_submit_batch(
 /// The small-value payload of `value` (`V`), or None when it is not small (for tests).
 #[pyfunction]
 pub fn small_dumps(py: Python<'_>, value: &Bound<'_, PyAny>) -> Option<Py<PyBytes>> {
-    small::encode_value(value).map(|b| PyBytes::new(py, &b.to_vec()).unbind())
+    small::encode_value(value, false).map(|b| PyBytes::new(py, &b.to_vec()).unbind())
 }
 
 /// Reads a small payload (for tests): a `V` payload's value, or a `C` payload's

@@ -2,6 +2,7 @@
 read-only views of shared memory; nothing is left in /dev/shm."""
 
 import os
+import time
 
 import numpy as np
 import pandas as pd
@@ -145,3 +146,109 @@ def test_no_shared_memory_is_left_after_stop():
         kept = p.submit(tasks.ident, np.ones(1_000_000)).result(timeout=60)
     del kept
     assert mine() - before == set()
+
+
+def test_a_received_array_sent_on_crosses_by_reference():
+    with pymizu.Pool(1) as p:
+        a = np.arange(1_000_000, dtype=np.float64)
+        r = p.submit(tasks.ident, a).result(timeout=60)  # copied once, into our region
+        assert shm_backed(r)
+        r2 = p.submit(tasks.ident, r).result(timeout=60)  # there and back by reference
+        assert np.shares_memory(r, r2) and np.array_equal(r2, a)
+        s = p.submit(tasks.ident, r2[10:500_010]).result(timeout=60)  # a contiguous slice
+        assert np.shares_memory(s, r) and np.array_equal(s, a[10:500_010])
+        f = p.submit(tasks.ident, np.asfortranarray(a.reshape(1000, 1000))).result(timeout=60)
+        f2 = p.submit(tasks.ident, f).result(timeout=60)
+        assert f2.flags.f_contiguous and np.shares_memory(f, f2)
+        assert np.array_equal(f2, a.reshape(1000, 1000))
+        # In containers and as keyword arguments, and after the first holder is gone.
+        got = p.submit(tasks.kw_pair, [r, 1], b={"x": r2}).result(timeout=60)
+        del r, r2
+        import gc
+
+        gc.collect()
+        assert np.array_equal(got[0][0], a) and np.shares_memory(got[0][0], got[1]["x"])
+        assert not got[1]["x"].flags.writeable
+
+
+def test_arrays_by_reference_are_given_back_when_nobody_reads_them():
+    # Each task below refers to an 8 MB region of ours; one that is never read must give the
+    # reference back, or the region (and its segment) stays until the pool stops.
+    def shm_mb():
+        me = f"mizu_{os.getpid():x}_"
+        names = [n for n in os.listdir("/dev/shm") if n.startswith(me)]
+        return sum(os.path.getsize(os.path.join("/dev/shm", n)) for n in names) / 2**20
+
+    with pymizu.Pool(1) as p:
+        a = np.arange(1_000_000, dtype=np.float64)
+        v = p.submit(tasks.ident, a).result(timeout=60)  # a view of our region
+
+        def round_():
+            for _ in range(20):
+                # Each sends `a` into a new region of ours; the result refers to it.
+                t = p.submit(tasks.ident, a)
+                del t  # abandoned (uncollected)
+                vi = p.submit(tasks.ident, a).result(timeout=60)  # a view of a new region
+                busy = p.submit(tasks.sleep, 0.005)
+                q = p.submit(tasks.ident, vi)
+                assert q.cancel()  # a queued input by reference, discarded
+                busy.result(timeout=60)
+                del vi, q
+                w = p.submit(tasks.ident, a)
+                while not w.done():
+                    time.sleep(0.001)
+                del w  # a finished outcome never read
+            p.submit(tasks.ident, 1).result(timeout=60)
+            gc.collect()
+
+        import gc
+
+        round_()
+        after_one = shm_mb()
+        round_()
+        round_()
+        # Without giving references back: +60 regions x 8 MB; segments are reused instead.
+        assert shm_mb() - after_one < 64
+        assert np.array_equal(p.submit(tasks.ident, v).result(timeout=60), a)
+
+
+def test_malformed_references_are_clear_errors():
+    from pymizu import _native
+
+    good = _native.small_dumps(np.arange(1024, dtype=np.int64))  # an `X` array
+    m = int.from_bytes(good[4:8], "little")
+    body = bytearray(good[8 : 8 + m])
+    at = body.index(b"X")
+    head = bytes(body[at + 1 : len(body) - 16])  # order, dtype, shape
+    for desc in (bytes(64), b"mizu_0_0" + bytes(56), bytes(range(64))):
+        bad = bytes(body[:at]) + b"R" + head + desc + (0).to_bytes(8, "little") + (8192).to_bytes(8, "little")
+        with pytest.raises(ValueError, match="malformed"):
+            _native.small_loads(bad)
+
+
+def test_outcomes_moved_out_of_full_slots_give_references_back_when_dropped_unread():
+    def shm_mb():
+        me = f"mizu_{os.getpid():x}_"
+        names = [n for n in os.listdir("/dev/shm") if n.startswith(me)]
+        return sum(os.path.getsize(os.path.join("/dev/shm", n)) for n in names) / 2**20
+
+    import gc
+
+    a = np.arange(1_000_000, dtype=np.float64)
+    with pymizu.Pool(1, slots=4) as p:
+
+        def round_():
+            for _ in range(5):
+                ts = [p.submit(tasks.ident, a) for _ in range(4)]  # results refer to our regions
+                while not all(t.done() for t in ts):
+                    time.sleep(0.001)
+                extra = p.submit(tasks.ident, 1)  # every slot taken: outcomes move into tasks
+                assert extra.result(timeout=60) == 1
+                del ts  # ... and are dropped unread
+            gc.collect()
+
+        round_()
+        after_one = shm_mb()
+        round_()
+        round_()
+        assert shm_mb() - after_one < 64
