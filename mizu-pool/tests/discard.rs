@@ -5,11 +5,11 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use mizu_pool::{CollectError, Launcher, Pool, PoolConfig, TaskError};
+use mizu_pool::{CollectError, TaskError};
 use mizu_queue::SlotState;
 
 mod common;
-use common::WORKER;
+use common::test_pool;
 
 const GUARD: Option<Duration> = Some(Duration::from_secs(120));
 
@@ -31,14 +31,7 @@ fn seen(p: &[u8]) -> usize {
 fn discarded_payloads_are_shown_to_the_hook_once_and_read_ones_never() {
     assert!(mizu_pool::set_discard_hook(hook));
     assert!(!mizu_pool::set_discard_hook(hook), "the first hook stays");
-    let p = Pool::new(
-        PoolConfig {
-            workers: 1,
-            ..Default::default()
-        },
-        Launcher::new(WORKER, Vec::<String>::new()),
-    )
-    .unwrap();
+    let p = test_pool(1);
     let small = b"echo:cancelled".to_vec(); // inline in its slot
     let big = [b"echo:".as_slice(), &[b'x'; 1000]].concat(); // in a data region
     let kept = b"echo:kept".to_vec();

@@ -4,10 +4,8 @@
 
 use std::process::Command;
 
-use mizu_pool::{Launcher, Pool, PoolConfig};
-
 mod common;
-use common::{WORKER, shm_entries_of, start_controller};
+use common::{shm_entries_of, start_controller, test_pool};
 
 #[test]
 fn a_new_pool_removes_what_a_pool_killed_whole_left() {
@@ -34,14 +32,7 @@ fn a_new_pool_removes_what_a_pool_killed_whole_left() {
         !shm_entries_of(&ours).is_empty(),
         "the killed pool left its segments"
     );
-    let p = Pool::new(
-        PoolConfig {
-            workers: 1,
-            ..Default::default()
-        },
-        Launcher::new(WORKER, Vec::<String>::new()),
-    )
-    .unwrap();
+    let p = test_pool(1);
     assert_eq!(
         shm_entries_of(&ours),
         Vec::<String>::new(),

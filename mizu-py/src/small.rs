@@ -187,24 +187,8 @@ fn read_array<'py>(py: Python<'py>, r: &mut Reader<'_>, tag: u8) -> PyResult<Bou
     }
     let flags = if fortran { NPY_ARRAY_F_CONTIGUOUS } else { 0 };
     let Some(view) = view else {
-        // SAFETY: numpy is imported (above), so its C API table is available; `dims` holds
-        // `ndim` non-negative dimensions; NewFromDescr steals the dtype reference
-        // `into_dtype_ptr` hands over; null strides/data/obj make numpy allocate a fresh
-        // contiguous array in `order`.
-        let arr = unsafe {
-            let ptr = PY_ARRAY_API.PyArray_NewFromDescr(
-                py,
-                get_type_object(py, NpyTypes::PyArray_Type),
-                dtype.into_dtype_ptr(),
-                ndim as c_int,
-                dims.as_mut_ptr(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                flags,
-                std::ptr::null_mut(),
-            );
-            Bound::from_owned_ptr_or_err(py, ptr)?
-        };
+        // SAFETY: a null data pointer: numpy allocates the array's memory.
+        let arr = unsafe { new_array(py, dtype, &mut dims, std::ptr::null_mut(), flags)? };
         // SAFETY: `arr` is the array just made (a PyArrayObject): its data is `n` bytes
         // (itemsize × elements, checked above) laid out in `order`, and nothing else refers
         // to it yet.
@@ -215,33 +199,55 @@ fn read_array<'py>(py: Python<'py>, r: &mut Reader<'_>, tag: u8) -> PyResult<Bou
             }
             (*a).flags &= !NPY_ARRAY_WRITEABLE;
         }
-        return Ok(arr.into_any());
+        return Ok(arr);
     };
     let base = Py::new(py, ShmBuffer::new(view))?;
-    // SAFETY: as above, but numpy views `n` bytes at `data` (itemsize × elements, checked)
-    // without WRITEABLE in its flags, so the array is read-only (and numpy refuses to make it
-    // writable: its base exports no writable buffer); SetBaseObject steals the reference to
-    // `base`, which owns that memory, so it lives as long as the array (on failure numpy
-    // releases it, and the array, which does not own its data, frees nothing else).
-    let arr = unsafe {
+    // SAFETY: `data` is `n` bytes (itemsize × elements, checked) that `base` owns, and
+    // `base` becomes the array's base below, so they outlive it.
+    let arr = unsafe { new_array(py, dtype, &mut dims, data.as_ptr().cast_mut().cast(), flags)? };
+    // SAFETY: `arr` is a PyArrayObject without a base; SetBaseObject steals the reference to
+    // `base` (on failure numpy releases it, and the array, which does not own its data, frees
+    // nothing else). Without WRITEABLE in its flags the array is read-only, and numpy refuses
+    // to make it writable: its base exports no writable buffer.
+    if unsafe { PY_ARRAY_API.PyArray_SetBaseObject(py, arr.as_ptr().cast(), base.into_ptr()) } != 0
+    {
+        return Err(PyErr::fetch(py));
+    }
+    Ok(arr)
+}
+
+/// A numpy array of `dtype` and shape `dims` in C order (Fortran with
+/// `NPY_ARRAY_F_CONTIGUOUS` in `flags`), over `data` — or over fresh memory numpy allocates
+/// when it is null.
+///
+/// # Safety
+/// numpy's C API table is available (numpy is imported); a non-null `data` points to
+/// itemsize × elements bytes that live as long as the array (the caller makes their owner
+/// the array's base).
+unsafe fn new_array<'py>(
+    py: Python<'py>,
+    dtype: Bound<'py, PyArrayDescr>,
+    dims: &mut [npy_intp],
+    data: *mut std::ffi::c_void,
+    flags: c_int,
+) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: the caller's contract; `dims` holds its length's worth of non-negative
+    // dimensions; NewFromDescr steals the dtype reference `into_dtype_ptr` hands over; null
+    // strides make numpy lay the array out in the order `flags` names.
+    unsafe {
         let ptr = PY_ARRAY_API.PyArray_NewFromDescr(
             py,
             get_type_object(py, NpyTypes::PyArray_Type),
             dtype.into_dtype_ptr(),
-            ndim as c_int,
+            dims.len() as c_int,
             dims.as_mut_ptr(),
             std::ptr::null_mut(),
-            data.as_ptr().cast_mut().cast(),
+            data,
             flags,
             std::ptr::null_mut(),
         );
-        let arr = Bound::from_owned_ptr_or_err(py, ptr)?;
-        if PY_ARRAY_API.PyArray_SetBaseObject(py, ptr.cast(), base.into_ptr()) != 0 {
-            return Err(PyErr::fetch(py));
-        }
-        arr
-    };
-    Ok(arr.into_any())
+        Bound::from_owned_ptr_or_err(py, ptr)
+    }
 }
 
 /// The `str` of a dtype sent inline (`'<f8'`, `'|b1'`, `'<M8[ns]'`): built from its fields

@@ -9,6 +9,18 @@ use std::process::{Child, Command, Stdio};
 /// The test worker binary.
 pub const WORKER: &str = env!("CARGO_BIN_EXE_mizu-pool-testworker");
 
+/// A pool of `workers` test workers, otherwise configured by default.
+pub fn test_pool(workers: usize) -> mizu_pool::Pool {
+    mizu_pool::Pool::new(
+        mizu_pool::PoolConfig {
+            workers,
+            ..Default::default()
+        },
+        mizu_pool::Launcher::new(WORKER, Vec::<String>::new()),
+    )
+    .unwrap()
+}
+
 /// A controller of a two-worker pool: the process, the pool's token and the workers' pids.
 pub fn start_controller() -> (Child, String, Vec<u32>) {
     let mut ctl = Command::new(WORKER)
