@@ -5,6 +5,7 @@
 
 mod channel;
 mod codec;
+mod ndarray;
 mod pool;
 mod small;
 mod task;

@@ -1,0 +1,361 @@
+//! numpy arrays in small payloads (see `small.rs` for the format): written and read with
+//! numpy's C API (the `numpy` crate) — through Python calls an array cost several
+//! microseconds, more than the rest of a trivial task. Up to 4 KiB an array is copied inline;
+//! a larger one travels out of band (its bytes after the values, viewed in place on arrival);
+//! one that views a region this process holds (a received array, or a slice of one) goes by
+//! reference.
+
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::sync::{Arc, LazyLock, Mutex};
+
+use mizu_wire::{Mapper, Region, RegionDesc};
+use numpy::npyffi::{
+    _PyArray_GET_ITEM_DATA, NPY_ARRAY_F_CONTIGUOUS, NPY_ARRAY_WRITEABLE, NpyTypes, get_type_object,
+    npy_intp,
+};
+use numpy::{
+    PY_ARRAY_API, PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods,
+};
+use pyo3::buffer::PyUntypedBuffer;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyString, PyType};
+
+use crate::codec::ShmBuffer;
+use crate::small::{ALIGN, MAX_SIZE, Reader, Writer, bad};
+
+/// Arrays up to this size are copied inline; larger ones travel out of band (below).
+const INLINE_ARRAY: usize = 4096;
+/// Arrays that cannot travel out of band (numpy exports no buffer of datetimes) are copied
+/// inline up to this size, else the value goes through pickle.
+const MAX_ARRAY: usize = 64 << 10;
+/// numpy dtype kinds sent inline: booleans, integers, floats, complex, datetimes,
+/// timedeltas, bytes and unicode strings (never objects or structured records).
+const PLAIN_KINDS: &str = "biufcmMSU";
+
+/// `numpy.ndarray`, once numpy is imported (no array can exist before).
+pub(crate) fn ndarray_type(py: Python<'_>) -> Option<&Bound<'_, PyType>> {
+    static NDARRAY: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    if let Some(t) = NDARRAY.get(py) {
+        return Some(t.bind(py));
+    }
+    let modules = py.import("sys").ok()?.getattr("modules").ok()?;
+    let np = modules.get_item("numpy").ok()?;
+    let t = np.getattr("ndarray").ok()?.cast_into::<PyType>().ok()?;
+    Some(NDARRAY.get_or_init(py, || t.unbind()).bind(py))
+}
+
+/// Received dtypes by their `str` (a handful in practice; cleared when it grows).
+static DTYPES: PyOnceLock<Mutex<HashMap<Vec<u8>, Py<PyArrayDescr>>>> = PyOnceLock::new();
+
+/// The dtype named `dstr` (cached), if it is one sent inline.
+fn inline_dtype<'py>(py: Python<'py>, dstr: &[u8]) -> PyResult<Bound<'py, PyArrayDescr>> {
+    let cache = DTYPES.get_or_init(py, Default::default);
+    // Never held across a Python call: holding the GIL while waiting for it cannot deadlock.
+    if let Some(d) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(dstr) {
+        return Ok(d.bind(py).clone());
+    }
+    let name = std::str::from_utf8(dstr).map_err(|_| bad("a dtype is not UTF-8"))?;
+    let d = PyArrayDescr::new(py, name).map_err(|_| bad("unknown dtype"))?;
+    if !PLAIN_KINDS.contains(d.kind() as char)
+        || d.has_object()
+        || d.has_fields()
+        || d.has_subarray()
+        || d.itemsize() == 0
+    {
+        return Err(bad("an array of a dtype that is not sent inline"));
+    }
+    let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+    if c.len() >= 256 {
+        c.clear();
+    }
+    c.insert(dstr.to_vec(), d.clone().unbind());
+    Ok(d)
+}
+
+/// An array from its encoding: inline (`A`), a read-only private copy, as received arrays
+/// are read-only views otherwise; out of band (`X`), a read-only view of the payload's
+/// shared memory, which it keeps alive. Made with numpy's C API: through Python calls it
+/// cost several microseconds, more than the rest of a trivial task.
+pub(crate) fn read_array<'py>(
+    py: Python<'py>,
+    r: &mut Reader<'_>,
+    tag: u8,
+) -> PyResult<Bound<'py, PyAny>> {
+    let order = r.take(1)?[0];
+    let dlen = r.take(1)?[0] as usize;
+    let dstr = r.take(dlen)?;
+    let ndim = r.take(1)?[0] as usize;
+    if ndim > 32 {
+        return Err(bad("an array has too many dimensions"));
+    }
+    let mut dims: Vec<npy_intp> = Vec::with_capacity(ndim);
+    for _ in 0..ndim {
+        let d = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
+        dims.push(npy_intp::try_from(d).map_err(|_| bad("an array dimension is too large"))?);
+    }
+    let fortran = match order {
+        b'C' => false,
+        b'F' => true,
+        _ => return Err(bad("unknown array order")),
+    };
+    // Inline: the bytes follow; out of band: where they are in the array area; by
+    // reference: a region (whose reference this takes over) and where they are in it.
+    let region_view;
+    let (data, view) = if tag == b'R' {
+        let d = RegionDesc::read_from(r.take(64)?).map_err(bad)?;
+        let at = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
+        let n = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
+        let region = Arc::new(
+            MAPPER
+                .adopt(&d)
+                .map_err(|e| bad(&format!("an array by reference: {e}")))?,
+        );
+        let (at, n) = match (usize::try_from(at), usize::try_from(n)) {
+            (Ok(at), Ok(n)) if at.checked_add(n).is_some_and(|e| e <= region.len()) => (at, n),
+            _ => return Err(bad("an array by reference beyond its region")),
+        };
+        region_view = Region::buffer(&region).slice_with_length(at, n);
+        (region_view.as_slice(), Some(region_view.clone()))
+    } else if tag == b'X' {
+        let at = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
+        let n = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
+        let (buf, area) = r
+            .oob
+            .ok_or_else(|| bad("an out-of-band array outside a W payload"))?;
+        let start = usize::try_from(at)
+            .ok()
+            .and_then(|at| at.checked_add(area))
+            .filter(|s| s.is_multiple_of(ALIGN))
+            .ok_or_else(|| bad("an out-of-band array out of bounds"))?;
+        let n = usize::try_from(n)
+            .ok()
+            .filter(|&n| start.checked_add(n).is_some_and(|e| e <= buf.len()))
+            .ok_or_else(|| bad("an out-of-band array out of bounds"))?;
+        let view = buf.slice_with_length(start, n);
+        (&buf.as_slice()[start..start + n], Some(view))
+    } else {
+        let n = r.u32()?;
+        (r.take(n)?, None)
+    };
+    let n = data.len();
+    // An import statement's cost (a microsecond) only until numpy's array type is known.
+    if ndarray_type(py).is_none() {
+        py.import("numpy")
+            .map_err(|_| bad("an array arrived but numpy cannot be imported"))?;
+    }
+    let dtype = inline_dtype(py, dstr)?;
+    // The shape must account for exactly the bytes present (checked before numpy allocates).
+    let elems = dims
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d as usize));
+    if elems.and_then(|e| e.checked_mul(dtype.itemsize())) != Some(n) {
+        return Err(bad("array bytes do not fit its shape"));
+    }
+    let flags = if fortran { NPY_ARRAY_F_CONTIGUOUS } else { 0 };
+    let Some(view) = view else {
+        // SAFETY: a null data pointer: numpy allocates the array's memory.
+        let arr = unsafe { new_array(py, dtype, &mut dims, std::ptr::null_mut(), flags)? };
+        // SAFETY: `arr` is the array just made (a PyArrayObject): its data is `n` bytes
+        // (itemsize × elements, checked above) laid out in `order`, and nothing else refers
+        // to it yet.
+        unsafe {
+            let a = _PyArray_GET_ITEM_DATA(arr.as_ptr().cast());
+            if n > 0 {
+                std::ptr::copy_nonoverlapping(data.as_ptr(), (*a).data.cast::<u8>(), n);
+            }
+            (*a).flags &= !NPY_ARRAY_WRITEABLE;
+        }
+        return Ok(arr);
+    };
+    let base = Py::new(py, ShmBuffer::new(view))?;
+    // SAFETY: `data` is `n` bytes (itemsize × elements, checked) that `base` owns, and
+    // `base` becomes the array's base below, so they outlive it.
+    let arr = unsafe { new_array(py, dtype, &mut dims, data.as_ptr().cast_mut().cast(), flags)? };
+    // SAFETY: `arr` is a PyArrayObject without a base; SetBaseObject steals the reference to
+    // `base` (on failure numpy releases it, and the array, which does not own its data, frees
+    // nothing else). Without WRITEABLE in its flags the array is read-only, and numpy refuses
+    // to make it writable: its base exports no writable buffer.
+    if unsafe { PY_ARRAY_API.PyArray_SetBaseObject(py, arr.as_ptr().cast(), base.into_ptr()) } != 0
+    {
+        return Err(PyErr::fetch(py));
+    }
+    Ok(arr)
+}
+
+/// A numpy array of `dtype` and shape `dims` in C order (Fortran with
+/// `NPY_ARRAY_F_CONTIGUOUS` in `flags`), over `data` — or over fresh memory numpy allocates
+/// when it is null.
+///
+/// # Safety
+/// numpy's C API table is available (numpy is imported); a non-null `data` points to
+/// itemsize × elements bytes that live as long as the array (the caller makes their owner
+/// the array's base).
+unsafe fn new_array<'py>(
+    py: Python<'py>,
+    dtype: Bound<'py, PyArrayDescr>,
+    dims: &mut [npy_intp],
+    data: *mut std::ffi::c_void,
+    flags: c_int,
+) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: the caller's contract; `dims` holds its length's worth of non-negative
+    // dimensions; NewFromDescr steals the dtype reference `into_dtype_ptr` hands over; null
+    // strides make numpy lay the array out in the order `flags` names.
+    unsafe {
+        let ptr = PY_ARRAY_API.PyArray_NewFromDescr(
+            py,
+            get_type_object(py, NpyTypes::PyArray_Type),
+            dtype.into_dtype_ptr(),
+            dims.len() as c_int,
+            dims.as_mut_ptr(),
+            std::ptr::null_mut(),
+            data,
+            flags,
+            std::ptr::null_mut(),
+        );
+        Bound::from_owned_ptr_or_err(py, ptr)
+    }
+}
+
+/// The `str` of a dtype sent inline (`'<f8'`, `'|b1'`, `'<M8[ns]'`): built from its fields
+/// for numbers, asked of numpy for the parametric kinds (dates, strings).
+fn dtype_str(d: &Bound<'_, PyArrayDescr>) -> PyResult<String> {
+    let kind = d.kind();
+    if b"biufc".contains(&kind) {
+        let size = d.itemsize();
+        let order = match (size, d.byteorder()) {
+            (1, _) | (_, b'|') => '|',
+            (_, b'>') => '>',
+            (_, b'<') => '<',
+            // Native order ('='): numpy's `str` names it.
+            _ if cfg!(target_endian = "little") => '<',
+            _ => '>',
+        };
+        return Ok(format!("{order}{}{size}", kind as char));
+    }
+    let s = d.getattr(intern!(d.py(), "str"))?;
+    Ok(s.cast::<PyString>()?.to_str()?.to_owned())
+}
+impl Writer {
+    /// A small numpy array of a plain dtype (numbers, booleans, dates, fixed-width strings),
+    /// C- or Fortran-contiguous, copied inline: pickling one costs tens of microseconds.
+    /// Larger ones go through pickle, whose out-of-band buffers cross without a copy.
+    pub(crate) fn array(&mut self, v: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let py = v.py();
+        let Some(ndarray) = ndarray_type(py) else {
+            return Ok(false);
+        };
+        if !v.get_type().is(ndarray) {
+            return Ok(false);
+        }
+        // SAFETY: exactly `numpy.ndarray` (checked above) is a PyArrayObject.
+        let a = unsafe { v.cast_unchecked::<PyUntypedArray>() };
+        let dtype = a.dtype();
+        let kind = dtype.kind();
+        if !PLAIN_KINDS.contains(kind as char)
+            || dtype.has_object()
+            || dtype.has_fields()
+            || dtype.has_subarray()
+            || dtype.itemsize() == 0
+        {
+            return Ok(false);
+        }
+        let Some(nbytes) = a
+            .shape()
+            .iter()
+            .try_fold(dtype.itemsize(), |acc, &d| acc.checked_mul(d))
+        else {
+            return Ok(false);
+        };
+        let order = if a.is_c_contiguous() {
+            b'C'
+        } else if a.is_fortran_contiguous() {
+            b'F'
+        } else {
+            return Ok(false);
+        };
+        // A view of a region we hold (a received array, or a slice of one) goes by reference.
+        let by_ref = (nbytes > INLINE_ARRAY && self.refs_ok)
+            .then(|| Region::containing(data_ptr(a)))
+            .flatten()
+            .filter(|(r, off)| off + nbytes <= r.len() && r.still_named());
+        // The exported buffer keeps the array's memory in place until the payload is written.
+        let oob = (nbytes > INLINE_ARRAY && by_ref.is_none())
+            .then(|| PyUntypedBuffer::get(v).ok())
+            .flatten()
+            .filter(|b| {
+                b.len_bytes() == nbytes
+                    && b.buf_ptr().cast_const().cast::<u8>() == data_ptr(a)
+                    && if order == b'C' {
+                        b.is_c_contiguous()
+                    } else {
+                        b.is_fortran_contiguous()
+                    }
+            });
+        if oob.is_none()
+            && by_ref.is_none()
+            && (nbytes > MAX_ARRAY || self.out.len() + nbytes > MAX_SIZE)
+        {
+            return Ok(false);
+        }
+        let dstr = dtype_str(&dtype)?;
+        let (Ok(dlen), Ok(ndim)) = (u8::try_from(dstr.len()), u8::try_from(a.ndim())) else {
+            return Ok(false);
+        };
+        self.out.push(match (&by_ref, &oob) {
+            (Some(_), _) => b'R',
+            (_, Some(_)) => b'X',
+            _ => b'A',
+        });
+        self.out.push(order);
+        self.out.push(dlen);
+        self.out.extend_from_slice(dstr.as_bytes());
+        self.out.push(ndim);
+        for &d in a.shape() {
+            self.out.extend_from_slice(&(d as u64).to_le_bytes());
+        }
+        if let Some((region, off)) = by_ref {
+            // The descriptor (a new reference) is written when the payload is.
+            self.refs.push((region, self.out.len()));
+            self.out.extend_from_slice(&[0u8; 64]);
+            self.out.extend_from_slice(&(off as u64).to_le_bytes());
+            self.out.extend_from_slice(&(nbytes as u64).to_le_bytes());
+            return Ok(true);
+        }
+        if let Some(b) = oob {
+            self.out
+                .extend_from_slice(&(self.area as u64).to_le_bytes());
+            self.out.extend_from_slice(&(nbytes as u64).to_le_bytes());
+            self.bufs.push((b, self.area));
+            self.area = (self.area + nbytes).next_multiple_of(ALIGN);
+            return Ok(true);
+        }
+        if !self.len_u32(nbytes) {
+            return Ok(false);
+        }
+        if nbytes > 0 {
+            // SAFETY: the array is contiguous in `order` (its flags say so), so its `nbytes`
+            // bytes start at its data pointer; they stay valid while we hold it and the GIL
+            // (no Python code runs during the copy).
+            let src = unsafe { std::slice::from_raw_parts(data_ptr(a), nbytes) };
+            self.out.extend_from_slice(src);
+        }
+        Ok(true)
+    }
+}
+
+/// The start of a contiguous array's bytes.
+fn data_ptr(a: &Bound<'_, PyUntypedArray>) -> *const u8 {
+    // SAFETY: `a` is a live PyArrayObject (its type was checked); reading its data field.
+    unsafe {
+        (*_PyArray_GET_ITEM_DATA(a.as_array_ptr()))
+            .data
+            .cast::<u8>()
+    }
+}
+
+/// Maps the regions that arrays by reference live in (segments stay mapped while views of
+/// them live).
+pub(crate) static MAPPER: LazyLock<Mapper> = LazyLock::new(Mapper::new);
