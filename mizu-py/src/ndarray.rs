@@ -239,9 +239,10 @@ fn dtype_str(d: &Bound<'_, PyArrayDescr>) -> PyResult<String> {
     Ok(s.cast::<PyString>()?.to_str()?.to_owned())
 }
 impl Writer {
-    /// A small numpy array of a plain dtype (numbers, booleans, dates, fixed-width strings),
-    /// C- or Fortran-contiguous, copied inline: pickling one costs tens of microseconds.
-    /// Larger ones go through pickle, whose out-of-band buffers cross without a copy.
+    /// A numpy array of a plain dtype (numbers, booleans, dates, fixed-width strings), C- or
+    /// Fortran-contiguous: inline up to 4 KiB, else by reference when it views a region we
+    /// hold, else out of band (its buffer is exported until the payload is written). False
+    /// (pickle) for anything else, and for datetimes over 64 KiB (they export no buffer).
     pub(crate) fn array(&mut self, v: &Bound<'_, PyAny>) -> PyResult<bool> {
         let py = v.py();
         let Some(ndarray) = ndarray_type(py) else {
