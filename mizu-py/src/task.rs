@@ -65,8 +65,10 @@ impl Drop for Cell {
     fn drop(&mut self) {
         // An outcome taken out of its slot but never read: the regions its arrays refer to
         // are given back (as the runtime does for outcomes it discards).
-        if self.pid == mizu_shm::current_pid()
-            && let State::Raw(Ok(b)) = &*self.lock()
+        let pid = self.pid;
+        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        if pid == mizu_shm::current_pid()
+            && let State::Raw(Ok(b)) = state
         {
             crate::small::release_refs(b);
         }
