@@ -219,6 +219,43 @@ def test_arrays_by_reference_are_given_back_when_nobody_reads_them():
         assert np.array_equal(p.submit(tasks.ident, v).result(timeout=60), a)
 
 
+def shm_mb_of(pids) -> float:
+    """Megabytes of /dev/shm segments made by these processes."""
+    prefixes = tuple(f"mizu_{pid:x}_" for pid in pids)
+    names = [n for n in os.listdir("/dev/shm") if n.startswith(prefixes)]
+    total = 0
+    for n in names:
+        try:
+            total += os.path.getsize(os.path.join("/dev/shm", n))
+        except FileNotFoundError:  # removed while we looked
+            pass
+    return total / 2**20
+
+
+def test_shared_memory_of_a_one_off_large_transfer_goes_back_after_a_pause():
+    # /dev/shm is RAM: segments a large transfer needed are given back once unused for a
+    # couple of seconds (in the caller and in the worker), not kept until the pool stops.
+    import gc
+
+    with pymizu.Pool(1) as p:
+        pids = [os.getpid()] + [w["pid"] for w in p.status()["workers"]]
+        before = shm_mb_of(pids)
+        a = np.arange(12_500_000, dtype=np.float64)  # 100 MB: a region of the caller's
+        b = p.submit(np.multiply, a, 2.0).result(timeout=120)  # 100 MB: a region of the worker's
+        assert b[-1] == 2.0 * a[-1]
+        during = shm_mb_of(pids)
+        assert during >= before + 190, (before, during)
+        del a, b
+        gc.collect()
+        deadline = time.monotonic() + 120  # a hang guard only
+        while shm_mb_of(pids) > before + 1:
+            assert time.monotonic() < deadline, (before, shm_mb_of(pids))
+            time.sleep(0.1)
+        # The pool goes on working, and makes new segments as it needs them.
+        c = np.ones(2_000_000)
+        assert np.array_equal(p.submit(tasks.ident, c).result(timeout=120), c)
+
+
 def test_malformed_references_are_clear_errors():
     from pymizu import _native
 

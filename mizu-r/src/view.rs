@@ -370,6 +370,18 @@ pub fn collect_garbage_when_idle() {
     }
 }
 
+/// A worker idle for a while: views that a young collection could not reclaim (promoted
+/// because a collection ran while their task was still using them) are reclaimed by a full
+/// one — when views are held beyond what the last full collection left — so a sender's shared
+/// memory goes back after a pause rather than at the next large task.
+pub fn collect_all_garbage_when_idle() {
+    if LIVE.with(Cell::get).1 > BASELINE.with(Cell::get) {
+        SINCE_GC.with(|c| c.set(0));
+        SINCE_ANY.with(|c| c.set(0));
+        full_collection();
+    }
+}
+
 /// Idle workers collect once they hold this many bytes of views made since the last time.
 const IDLE_GC_MIN: usize = 1 << 20;
 
@@ -390,10 +402,23 @@ fn collect_garbage() {
     // Views the program let go of since the last full collection lower what it holds.
     BASELINE.with(|b| b.set(b.get().min(held())));
     if held().saturating_sub(BASELINE.with(Cell::get)) > budget() {
-        gc(c"base::gc(FALSE, FALSE, TRUE)");
-        // What survived a full collection is held by the program.
-        BASELINE.with(|b| b.set(held()));
+        full_collection();
     }
+}
+
+fn full_collection() {
+    // SAFETY: R's main thread, between allocations (the caller's values are protected); the
+    // closure owns nothing; an error (there should be none) is caught.
+    let _ = unsafe {
+        crate::rtry::try_r(|| {
+            crate::ffi::R_ParseEvalString(
+                c"base::gc(FALSE, FALSE, TRUE)".as_ptr(),
+                extendr_ffi::R_BaseEnv,
+            )
+        })
+    };
+    // What survived a full collection is held by the program.
+    BASELINE.with(|b| b.set(LIVE.with(Cell::get).1));
 }
 
 /// A vector of type `t` over `buf` (whose length is a whole number of elements; `copy` as in

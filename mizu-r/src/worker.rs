@@ -205,12 +205,17 @@ impl Executor for RExec {
         self.idle_slices.set(k);
         if k == IDLE_SLICES_BEFORE_GC {
             crate::view::collect_garbage_when_idle();
+        } else if k == IDLE_SLICES_BEFORE_FULL_GC {
+            crate::view::collect_all_garbage_when_idle();
         }
     }
 }
 
 /// Idle wait slices (see `mizu_pool::run_worker`) before an idle worker collects garbage.
 const IDLE_SLICES_BEFORE_GC: u32 = 5;
+/// Idle wait slices (half a second) before an idle worker holding views a young collection
+/// left collects all garbage (tens of milliseconds, but off every task's path).
+const IDLE_SLICES_BEFORE_FULL_GC: u32 = 250;
 
 /// Serves a pool as worker `slot` until it stops (see [`RExec`] for what runs each task); with
 /// `max_tasks > 0` the worker leaves after that many tasks and the pool replaces it.

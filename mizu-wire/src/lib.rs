@@ -6,6 +6,7 @@
 
 pub mod error;
 pub mod frame;
+mod janitor;
 pub mod rmeta;
 pub mod store;
 pub mod value;

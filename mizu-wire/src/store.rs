@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use mizu_shm::{CacheLine, Extent, Layout, Segment, SegmentName, ShmSafe};
 
@@ -31,6 +32,11 @@ pub const ALIGN: u64 = 64;
 const REGION_MAGIC: u32 = u32::from_le_bytes(*b"RGN1");
 /// Default arena size of a pooled data segment.
 pub const DEFAULT_SEGMENT_BYTES: u64 = 64 << 20;
+/// How long a data segment with no live region (or a mapping kept only for reuse) stays
+/// before it is given back: a stream of sends keeps reusing its segments, a pause of a few
+/// seconds returns their memory (`/dev/shm` is RAM) — a one-off 2 GB payload does not hold
+/// 2 GB until the process exits.
+pub const IDLE_RELEASE: Duration = Duration::from_secs(2);
 
 #[repr(C)]
 #[derive(Debug, Default)]
@@ -413,14 +419,59 @@ impl RegionMut {
 }
 
 struct PoolInner {
-    segments: Vec<Arc<DataSegment>>,
+    segments: Vec<Pooled>,
     current: usize,
     bump: u64,
+    idle_release: Duration,
 }
 
-/// This process's data segments, reused across sends.
+/// A segment of the pool and when a region was last allocated in it.
+struct Pooled {
+    seg: Arc<DataSegment>,
+    used: Instant,
+}
+
+/// The pool's state, shared with the janitor (which trims it).
+struct PoolState(Mutex<PoolInner>);
+
+impl PoolState {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PoolInner> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl crate::janitor::Trim for PoolState {
+    fn trim(&self, now: Instant) {
+        let mut g = self.lock();
+        let (keep, current) = (g.idle_release, g.current);
+        let mut at = None;
+        let mut i = 0;
+        // Dropped outside the loop's borrow: the last reference unlinks the segment (no
+        // region lives in any process, so nobody can be reading it).
+        let mut gone = Vec::new();
+        g.segments.retain(|p| {
+            let idle = p.seg.live_regions() == 0 && now.saturating_duration_since(p.used) >= keep;
+            if !idle && i == current {
+                at = Some(i - gone.len());
+            }
+            if idle {
+                gone.push(Arc::clone(&p.seg));
+            }
+            i += 1;
+            !idle
+        });
+        // Without its current segment the pool has none: the next allocation picks or makes
+        // one and starts at its beginning (never a kept segment's start: it has live regions).
+        g.current = at.unwrap_or(usize::MAX);
+        drop(g);
+        drop(gone);
+    }
+}
+
+/// This process's data segments, reused across sends; those idle for [`IDLE_RELEASE`] are
+/// given back (unlinked and unmapped) by a background thread.
 pub struct DataPool {
-    inner: Mutex<PoolInner>,
+    inner: Arc<PoolState>,
     segment_bytes: u64,
 }
 
@@ -428,23 +479,29 @@ impl DataPool {
     /// A pool whose segments have `segment_bytes` of arena (payloads larger than that get a
     /// segment of their own size). Nothing is created until the first allocation.
     pub fn new(segment_bytes: u64) -> Self {
+        let inner = Arc::new(PoolState(Mutex::new(PoolInner {
+            segments: Vec::new(),
+            current: 0,
+            bump: 0,
+            idle_release: IDLE_RELEASE,
+        })));
+        let weak: Weak<dyn crate::janitor::Trim> = Arc::downgrade(&inner) as _;
+        crate::janitor::register(weak);
         DataPool {
-            inner: Mutex::new(PoolInner {
-                segments: Vec::new(),
-                current: 0,
-                bump: 0,
-            }),
+            inner,
             segment_bytes: segment_bytes.max(ALIGN * 2),
         }
     }
 
     /// Data segments currently held.
     pub fn segments(&self) -> usize {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .segments
-            .len()
+        self.inner.lock().segments.len()
+    }
+
+    /// Sets how long a segment without live regions is kept for reuse (default
+    /// [`IDLE_RELEASE`]).
+    pub fn set_idle_release(&self, d: Duration) {
+        self.inner.lock().idle_release = d;
     }
 
     /// Allocates a region of `len` bytes (64-byte aligned) for filling.
@@ -456,30 +513,34 @@ impl DataPool {
                     .ok_or_else(|| too_big(len))?,
             )
             .ok_or_else(|| too_big(len))?;
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.inner.lock();
         let fits =
             |s: &DataSegment, bump: u64| bump.checked_add(need).is_some_and(|e| e <= s.arena.len);
-        let usable = g.segments.get(g.current).is_some_and(|s| {
+        let usable = g.segments.get(g.current).is_some_and(|p| {
             // An idle current segment restarts from the beginning.
-            fits(s, if s.live_regions() == 0 { 0 } else { g.bump })
+            fits(&p.seg, if p.seg.live_regions() == 0 { 0 } else { g.bump })
         });
+        let now = Instant::now();
         if !usable {
             let reuse = g
                 .segments
                 .iter()
-                .position(|s| s.live_regions() == 0 && s.arena.len >= need);
+                .position(|p| p.seg.live_regions() == 0 && p.seg.arena.len >= need);
             let idx = match reuse {
                 Some(i) => i,
                 None => {
-                    let s = DataSegment::create(self.segment_bytes.max(need))?;
-                    g.segments.push(Arc::new(s));
+                    let seg = Arc::new(DataSegment::create(self.segment_bytes.max(need))?);
+                    g.segments.push(Pooled { seg, used: now });
+                    crate::janitor::ensure_running();
                     g.segments.len() - 1
                 }
             };
             g.current = idx;
             g.bump = 0;
         }
-        let seg = Arc::clone(&g.segments[g.current]);
+        let cur = g.current;
+        g.segments[cur].used = now;
+        let seg = Arc::clone(&g.segments[cur].seg);
         let ctl = seg.control();
         if ctl.live.load(Ordering::Acquire) == 0 && g.bump != 0 {
             g.bump = 0;
@@ -511,7 +572,7 @@ impl DataPool {
     /// its regions are released (at once when none is live). Later allocations use new
     /// segments. For a process about to exit with its data still being read elsewhere.
     pub fn detach(&self) {
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.inner.lock();
         g.segments.clear();
         g.current = 0;
         g.bump = 0;
@@ -521,9 +582,9 @@ impl DataPool {
     /// keep their mappings; descriptors not yet adopted can no longer be opened). For a
     /// process that exits and whose in-flight sends are moot.
     pub fn unlink_all(&self) {
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        for s in g.segments.drain(..) {
-            let _ = s.seg.unlink();
+        let mut g = self.inner.lock();
+        for p in g.segments.drain(..) {
+            let _ = p.seg.seg.unlink();
         }
         g.current = 0;
         g.bump = 0;
@@ -546,17 +607,61 @@ fn too_big(len: u64) -> WireError {
 const KEEP_MAPPED: usize = 8;
 
 /// This process's cache of data segments opened from descriptors: a region of a segment the
-/// receiver already holds costs no `shm_open`, and the last few segments used stay mapped.
-#[derive(Default)]
+/// receiver already holds costs no `shm_open`, and the last few segments used stay mapped
+/// (until they have been unused for [`IDLE_RELEASE`]: a mapping keeps the segment's memory
+/// alive after its owner removed it).
 pub struct Mapper {
     open: Mutex<HashMap<String, Weak<DataSegment>>>,
-    recent: Mutex<std::collections::VecDeque<Arc<DataSegment>>>,
+    recent: Arc<Recent>,
+}
+
+/// The segments a [`Mapper`] keeps mapped for reuse, most recently used first, with when.
+#[derive(Default)]
+struct Recent(Mutex<std::collections::VecDeque<(Arc<DataSegment>, Instant)>>);
+
+impl Recent {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::VecDeque<(Arc<DataSegment>, Instant)>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl crate::janitor::Trim for Recent {
+    fn trim(&self, now: Instant) {
+        let gone: Vec<_> = {
+            let mut r = self.lock();
+            let keep = r
+                .iter()
+                .take_while(|(_, t)| now.saturating_duration_since(*t) < IDLE_RELEASE)
+                .count();
+            r.drain(keep..).collect()
+        };
+        drop(gone);
+    }
+}
+
+impl Default for Mapper {
+    fn default() -> Self {
+        Mapper::new()
+    }
 }
 
 impl Mapper {
     /// An empty cache.
     pub fn new() -> Self {
-        Mapper::default()
+        let recent = Arc::new(Recent::default());
+        let weak: Weak<dyn crate::janitor::Trim> = Arc::downgrade(&recent) as _;
+        crate::janitor::register(weak);
+        Mapper {
+            open: Mutex::new(HashMap::new()),
+            recent,
+        }
+    }
+
+    /// Segments kept mapped only for reuse.
+    pub fn kept(&self) -> usize {
+        self.recent.lock().len()
     }
 
     /// Takes over the reference a received descriptor carries, after validating it: the
@@ -662,25 +767,27 @@ impl Mapper {
         let s = Arc::new(DataSegment::open(name)?);
         m.insert(name.to_owned(), Arc::downgrade(&s));
         self.keep(&s);
+        crate::janitor::ensure_running();
         Ok(s)
     }
 
     /// Marks `s` most recently used; the least recently used beyond [`KEEP_MAPPED`] is let go.
     fn keep(&self, s: &Arc<DataSegment>) {
-        let mut r = self.recent.lock().unwrap_or_else(|p| p.into_inner());
-        if r.front().is_some_and(|f| Arc::ptr_eq(f, s)) {
+        let now = Instant::now();
+        let mut r = self.recent.lock();
+        if let Some(f) = r.front_mut()
+            && Arc::ptr_eq(&f.0, s)
+        {
+            f.1 = now;
             return;
         }
-        r.retain(|x| !Arc::ptr_eq(x, s));
-        r.push_front(Arc::clone(s));
+        r.retain(|x| !Arc::ptr_eq(&x.0, s));
+        r.push_front((Arc::clone(s), now));
         r.truncate(KEEP_MAPPED);
     }
 
     /// Unmaps the segments kept only for reuse (regions still held stay mapped).
     pub fn release_unused(&self) {
-        self.recent
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
+        self.recent.lock().clear();
     }
 }

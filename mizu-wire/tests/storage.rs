@@ -1,8 +1,22 @@
 //! Data segments and regions within one process: reference counts, reuse without new
 //! segments, re-sending by reference, unlinking when the last holder lets go, bad descriptors.
 
+use std::time::{Duration, Instant};
+
 use mizu_wire::store::ALIGN;
 use mizu_wire::{DataPool, Mapper, RegionDesc, WireError};
+
+/// Polls `done` until it holds; the limit only guards against a hang.
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !done() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "hang guard: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
 
 fn shm_exists(name: &str) -> bool {
     std::path::Path::new("/dev/shm")
@@ -89,6 +103,9 @@ fn resending_passes_the_same_bytes_by_reference() {
 #[test]
 fn a_drained_segment_is_reused_instead_of_creating_new_ones() {
     let pool = DataPool::new(1 << 16);
+    // Reuse, not giving back, is what this test is about: however slowly it runs, no segment
+    // is idle long enough to go.
+    pool.set_idle_release(Duration::from_secs(3600));
     for _ in 0..10_000 {
         let r = pool.store(&[1u8; 1000]).unwrap();
         drop(r);
@@ -261,5 +278,49 @@ fn writers_fill_an_output_region_while_its_holder_keeps_it() {
     assert!(
         matches!(e, WireError::BadRegion { .. } | WireError::Shm(_)),
         "{e}"
+    );
+}
+
+#[test]
+fn idle_segments_are_given_back_and_busy_ones_are_kept() {
+    let pool = DataPool::new(1 << 16);
+    pool.set_idle_release(Duration::from_millis(100));
+    // A region still held, and a one-off payload larger than a segment (its own segment).
+    let held = pool.store(&[2u8; 1000]).unwrap();
+    let held_name = held.segment().name().to_string();
+    let big = pool.store(&vec![1u8; 1 << 20]).unwrap();
+    let big_name = big.segment().name().to_string();
+    assert_ne!(big_name, held_name);
+    drop(big);
+    assert!(shm_exists(&big_name));
+    eventually("the idle segment is unlinked", || !shm_exists(&big_name));
+    assert_eq!(pool.segments(), 1, "the segment with a live region stays");
+    assert!(shm_exists(&held_name));
+    assert_eq!(held.bytes(), &[2u8; 1000][..]);
+    // Allocating after a trim works, in the kept segment or a new one.
+    let again = pool.store(&[3u8; 500]).unwrap();
+    assert_eq!(again.bytes(), &[3u8; 500][..]);
+    drop((held, again));
+    eventually("every segment goes once idle", || pool.segments() == 0);
+    assert!(!shm_exists(&held_name));
+    let after = pool.store(&[4u8; 100]).unwrap();
+    assert_eq!(after.bytes(), &[4u8; 100][..]);
+}
+
+#[test]
+fn a_receivers_kept_mappings_go_after_a_pause_but_views_stay_readable() {
+    let pool = DataPool::new(1 << 16);
+    let mapper = Mapper::new();
+    let sent = pool.store(&[5u8; 4096]).unwrap();
+    let view = mapper.adopt(&sent.share()).unwrap();
+    assert_eq!(mapper.kept(), 1);
+    eventually("the unused mapping is let go", || mapper.kept() == 0);
+    // The adopted region keeps its own mapping.
+    assert_eq!(view.bytes(), &[5u8; 4096][..]);
+    let again = mapper.adopt(&sent.share()).unwrap();
+    assert_eq!(
+        again.bytes().as_ptr(),
+        view.bytes().as_ptr(),
+        "found, not reopened"
     );
 }

@@ -328,6 +328,31 @@ test_that("abandoned and cancelled tasks give back the regions their payloads re
   })
 })
 
+test_that("the shared memory of a one-off large transfer goes back after a pause", {
+  # /dev/shm is RAM: the segments a large transfer needed are given back once unused for a
+  # couple of seconds (in the caller and in the worker), not kept until the pool stops.
+  shm_mb <- function(pids) {
+    pat <- sprintf("^mizu_(%s)_", paste(sprintf("%x", as.integer(pids)), collapse = "|"))
+    f <- list.files("/dev/shm", pattern = pat, full.names = TRUE)
+    sum(file.size(f), na.rm = TRUE) / 2^20
+  }
+  with_pool(1, function(pool) {
+    pids <- c(Sys.getpid(), mizu_pool_status(pool)$pid)
+    before <- shm_mb(pids)
+    x <- as.double(seq_len(12.5e6))                    # 100 MB: a region of ours
+    y <- mizu_collect(mizu_submit(pool, x * 2, x = x))  # 100 MB: a region of the worker's
+    expect_identical(y[length(y)], 2 * x[length(x)])
+    expect_gte(shm_mb(pids) - before, 190)
+    rm(x, y)
+    invisible(gc())
+    deadline <- Sys.time() + 120                       # a hang guard only
+    while (shm_mb(pids) > before + 1 && Sys.time() < deadline) Sys.sleep(0.1)
+    expect_lte(shm_mb(pids) - before, 1)
+    z <- runif(2e6)                                    # the pool goes on working
+    expect_identical(mizu_collect(mizu_submit(pool, z, z = z)), z)
+  })
+})
+
 test_that("the same vector twice in a value travels once and arrives as one view", {
   x <- runif(1e5)
   size <- function(v) .Call(mizu:::wrap__codec_size, v)

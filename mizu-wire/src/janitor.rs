@@ -1,0 +1,61 @@
+//! Gives back shared memory nobody uses: a thread of its own, started by the first data
+//! segment this process creates or keeps mapped, asks every registered holder (the
+//! [`crate::DataPool`]s and [`crate::Mapper`]s of this process) twice a second to let go of
+//! what has been idle long enough.
+//!
+//! Holders are registered as weak references, so a dropped pool or mapper costs nothing
+//! here; the thread never touches a language runtime, only this crate's own locked state.
+
+use std::sync::{Arc, Mutex, Once, Weak};
+use std::time::{Duration, Instant};
+
+/// What holds segments or mappings that can be given back.
+pub(crate) trait Trim: Send + Sync {
+    /// Lets go of what has been unused since before `now - idle`.
+    fn trim(&self, now: Instant);
+}
+
+/// How often the janitor looks.
+const TICK: Duration = Duration::from_millis(500);
+
+fn holders() -> &'static Mutex<Vec<Weak<dyn Trim>>> {
+    static H: Mutex<Vec<Weak<dyn Trim>>> = Mutex::new(Vec::new());
+    &H
+}
+
+/// Adds a holder for the janitor to ask (from now on, as long as it lives).
+pub(crate) fn register(h: Weak<dyn Trim>) {
+    let mut g = holders().lock().unwrap_or_else(|p| p.into_inner());
+    g.retain(|w| w.strong_count() > 0);
+    g.push(h);
+}
+
+/// Starts the janitor's thread if it does not run yet (a process that never holds a segment
+/// never gets one).
+pub(crate) fn ensure_running() {
+    static START: Once = Once::new();
+    START.call_once(|| {
+        // A thread that cannot be started leaves idle memory in place until exit, as before
+        // there was a janitor: nothing to report to anyone.
+        let _ = std::thread::Builder::new()
+            .name("mizu-janitor".into())
+            .spawn(|| {
+                loop {
+                    std::thread::sleep(TICK);
+                    sweep(Instant::now());
+                }
+            });
+    });
+}
+
+/// Asks every live holder to trim (outside the registry's lock: a trim unmaps and unlinks).
+fn sweep(now: Instant) {
+    let live: Vec<Arc<dyn Trim>> = {
+        let mut g = holders().lock().unwrap_or_else(|p| p.into_inner());
+        g.retain(|w| w.strong_count() > 0);
+        g.iter().filter_map(Weak::upgrade).collect()
+    };
+    for h in live {
+        h.trim(now);
+    }
+}
