@@ -423,6 +423,10 @@ struct PoolInner {
     current: usize,
     bump: u64,
     idle_release: Duration,
+    /// When a region was last allocated in any segment.
+    last_alloc: Instant,
+    /// The arena size of an ordinary segment (larger ones hold one large payload).
+    segment_bytes: u64,
 }
 
 /// A segment of the pool and when a region was last allocated in it.
@@ -443,14 +447,21 @@ impl PoolState {
 impl crate::janitor::Trim for PoolState {
     fn trim(&self, now: Instant) {
         let mut g = self.lock();
-        let (keep, current) = (g.idle_release, g.current);
+        let (keep, current, ordinary) = (g.idle_release, g.current, g.segment_bytes);
+        // While sends go on, the ordinary segments they cycle through stay (giving one back
+        // only to make it again a moment later would cost a segment creation per lap); a
+        // pause gives everything back, and a segment made for one large payload goes on its
+        // own once unused.
+        let quiet = now.saturating_duration_since(g.last_alloc) >= keep;
         let mut at = None;
         let mut i = 0;
         // Dropped outside the loop's borrow: the last reference unlinks the segment (no
         // region lives in any process, so nobody can be reading it).
         let mut gone = Vec::new();
         g.segments.retain(|p| {
-            let idle = p.seg.live_regions() == 0 && now.saturating_duration_since(p.used) >= keep;
+            let idle = p.seg.live_regions() == 0
+                && now.saturating_duration_since(p.used) >= keep
+                && (quiet || p.seg.arena.len > ordinary);
             if !idle && i == current {
                 at = Some(i - gone.len());
             }
@@ -484,6 +495,8 @@ impl DataPool {
             current: 0,
             bump: 0,
             idle_release: IDLE_RELEASE,
+            last_alloc: Instant::now(),
+            segment_bytes: segment_bytes.max(ALIGN * 2),
         })));
         let weak: Weak<dyn crate::janitor::Trim> = Arc::downgrade(&inner) as _;
         crate::janitor::register(weak);
@@ -540,6 +553,7 @@ impl DataPool {
         }
         let cur = g.current;
         g.segments[cur].used = now;
+        g.last_alloc = now;
         let seg = Arc::clone(&g.segments[cur].seg);
         let ctl = seg.control();
         if ctl.live.load(Ordering::Acquire) == 0 && g.bump != 0 {

@@ -324,3 +324,28 @@ fn a_receivers_kept_mappings_go_after_a_pause_but_views_stay_readable() {
         "found, not reopened"
     );
 }
+
+#[test]
+fn ordinary_segments_stay_while_sends_go_on() {
+    let pool = DataPool::new(1 << 16);
+    pool.set_idle_release(Duration::from_millis(500));
+    // Two ordinary segments; then traffic that needs only one of them for several release
+    // periods (and janitor ticks): the other is idle but kept, as traffic may need it again.
+    let held: Vec<_> = (0..100)
+        .map(|_| pool.store(&[1u8; 1000]).unwrap())
+        .collect();
+    assert_eq!(pool.segments(), 2);
+    drop(held);
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(2500) {
+        let r = pool.store(&[2u8; 1000]).unwrap();
+        assert_eq!(
+            pool.segments(),
+            2,
+            "a segment was given back while sends went on"
+        );
+        drop(r);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    eventually("a pause gives both back", || pool.segments() == 0);
+}
