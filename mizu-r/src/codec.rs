@@ -709,6 +709,7 @@ pub fn release_refs(b: &[u8]) {
 
 /// Decodes a received payload. Input is untrusted: every offset is checked.
 pub fn decode(buf: Buffer) -> Result<Decoded> {
+    crate::view::collect_garbage_if_due();
     let b = buf.as_slice();
     match b.first() {
         Some(&TAG_PLAIN) => Ok(Decoded::Value(unserialize(&b[1..])?)),

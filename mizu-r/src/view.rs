@@ -194,7 +194,7 @@ thread_local! {
 }
 
 /// A view of `bytes` is being made — of a new copy, or (`copy` false) of a region re-sent by
-/// reference — and R may be asked to collect garbage first.
+/// reference — which may make a collection due before the next payload is read.
 pub fn account(bytes: usize, copy: bool) {
     collect_garbage_now_and_then(bytes, copy);
     LIVE.with(|l| {
@@ -310,11 +310,16 @@ thread_local! {
     static SINCE_ANY: Cell<usize> = const { Cell::new(0) };
     /// Bytes of views alive right after the last full collection.
     static BASELINE: Cell<u64> = const { Cell::new(0) };
+    /// A collection is due, at the start of the next payload's decoding.
+    static DUE: Cell<bool> = const { Cell::new(false) };
 }
 
 /// R's collector cannot see the shared memory a view holds (a view is a small object to it),
 /// so views nobody uses any more would keep regions — and the sender's data segments — alive
 /// until R happens to collect.
+///
+/// Collections are run before the next payload is decoded ([`collect_garbage_if_due`]), not
+/// while one is read (its views would survive and be promoted).
 ///
 /// * After every [`young_every`] bytes of views of new copies, a young-generation collection
 ///   (`gc(full = FALSE)`: a millisecond or more here) reclaims those made and dropped since the
@@ -353,12 +358,24 @@ fn budget() -> u64 {
 fn collect_garbage_now_and_then(bytes: usize, copy: bool) {
     let young = SINCE_GC.with(Cell::get) + if copy { bytes } else { 0 };
     let any = SINCE_ANY.with(Cell::get) + bytes;
-    if young < young_every() && (any as u64) < budget() {
-        SINCE_GC.with(|c| c.set(young));
-        SINCE_ANY.with(|c| c.set(any));
-        return;
+    SINCE_GC.with(|c| c.set(young));
+    SINCE_ANY.with(|c| c.set(any));
+    if young >= young_every() || (any as u64) >= budget() {
+        // Not now, while the views of the payload being read are alive: a collection would
+        // promote them, only a full one could free them later, and each such straggler pins
+        // a whole data segment (a loop of 3 MB data frames grew to 40 segments, each new one
+        // costing milliseconds to make and to map). The next payload's decoding starts with
+        // it, when only what the program holds is alive.
+        DUE.with(|d| d.set(true));
     }
-    collect_garbage();
+}
+
+/// Runs the collection the accounting asked for, if any (see [`account`]): called before a
+/// payload is decoded.
+pub fn collect_garbage_if_due() {
+    if DUE.with(Cell::get) {
+        collect_garbage();
+    }
 }
 
 /// A worker with nothing to do: if it made views since the last collection (the inputs of
@@ -388,6 +405,7 @@ const IDLE_GC_MIN: usize = 1 << 20;
 fn collect_garbage() {
     SINCE_GC.with(|c| c.set(0));
     SINCE_ANY.with(|c| c.set(0));
+    DUE.with(|d| d.set(false));
     let gc = |code: &std::ffi::CStr| {
         // SAFETY: R's main thread, between allocations (the caller's values are protected);
         // the closure owns nothing; an error (there should be none) is caught.
