@@ -239,6 +239,7 @@ impl Drop for Channel {
                 let _ = c.wait();
             }
             // A peer killed (by us or anyone) leaves its lock file and data segments.
+            mizu_wire::ledger::release_dead(Some(&[c.id()]));
             let _ = mizu_shm::prune_of(&[c.id()]);
         }
     }

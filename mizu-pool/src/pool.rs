@@ -211,6 +211,7 @@ impl Pool {
         cfg.validate()?;
         // What dead pools left (a controller killed together with its workers has nobody
         // left to clean up): only segments whose owner's lock says it is gone.
+        mizu_wire::ledger::release_dead(None);
         let _ = mizu_shm::prune();
         let maxw = cfg.max_workers.max(cfg.workers);
         let me = mizu_shm::liveness::current()?;

@@ -517,6 +517,9 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
             "worker slot {slot} is not waiting for a worker"
         )));
     }
+    // What this worker adopts is recorded, so that whoever reaps it gives back what it
+    // still held should it be killed.
+    let ledger = mizu_wire::ledger::enable();
     let pid = std::process::id();
     ws.rec.pid.store(pid, Ordering::Relaxed);
     ws.rec
@@ -638,9 +641,12 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         Ordering::Acquire,
     );
     drop(rt);
+    // Leaving: what this process still holds (a binding's objects) is read by nobody.
+    drop(ledger);
     if controller_dead.load(Ordering::Relaxed) {
         // The controller cannot clean up any more: remove what it left.
         let _ = shared.segment().unlink();
+        mizu_wire::ledger::release_dead(None);
         let _ = mizu_shm::prune();
     }
     Ok(())
@@ -661,6 +667,8 @@ fn leave_if_stuck(shared: &Shared, finished: &AtomicBool) {
         if Instant::now() >= deadline {
             let _ = shared.segment().unlink();
             shared.data_pool.unlink_all();
+            mizu_wire::ledger::close();
+            mizu_wire::ledger::release_dead(None);
             let _ = mizu_shm::prune();
             if let Ok(me) = mizu_shm::liveness::current() {
                 let _ = std::fs::remove_file(me.id().lock_path());
@@ -772,6 +780,8 @@ pub fn reap_worker(shared: &Shared, slot: usize, pid: u32, why: u32) {
         // It died counted as a spinner.
         v.spinners().fetch_sub(1, Ordering::AcqRel);
     }
-    // The survivor removes what a killed worker could not: its liveness lock file.
+    // The survivor gives back the references the worker held (its ledger) and removes what
+    // a killed worker could not: its liveness lock file.
+    mizu_wire::ledger::release_dead(Some(&[pid]));
     mizu_shm::ProcessId::new(pid, rec.nonce.load(Ordering::Relaxed)).reap();
 }

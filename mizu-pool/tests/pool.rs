@@ -131,6 +131,43 @@ fn a_worker_that_kills_itself_fails_only_its_task() {
 }
 
 #[test]
+fn a_worker_killed_holding_large_inputs_gives_them_back() {
+    // The worker adopts each input (a region of ours, past the slot size) and holds it while
+    // the task runs; killed then, it never releases it. The monitor gives back what the dead
+    // worker's ledger lists, or our segments stay pinned until this process exits.
+    let p = pool(workers(1));
+    let payload = |cmd: &str| {
+        let mut b = cmd.as_bytes().to_vec();
+        b.resize(1 << 20, b' ');
+        b
+    };
+    // Held and released normally: the ledger entry is cleared, nothing is given back twice.
+    let ok = p.submit(&payload("input:")).unwrap().result(GUARD).unwrap();
+    assert_eq!(text(&ok), (1 << 20).to_string());
+    wait_until("the worker released its input", || {
+        p.data_pool().live_regions() == 0
+    });
+    // A region of ours that we keep holding: its count must survive the reaping below.
+    let mine = p.data_pool().store(&[3u8; 100_000]).unwrap();
+    for kill in ["abort:", "abort:"] {
+        let e = p.submit(&payload(kill)).unwrap().result(GUARD).unwrap_err();
+        assert!(
+            matches!(e, CollectError::Task(TaskError::WorkerDied { .. })),
+            "{e:?}"
+        );
+    }
+    wait_until("the dead workers' inputs are given back", || {
+        p.data_pool().live_regions() == 1
+    });
+    assert_eq!(mine.bytes(), &[3u8; 100_000][..]);
+    drop(mine);
+    assert_eq!(p.data_pool().live_regions(), 0);
+    // The replacement serves large inputs as before.
+    let ok = p.submit(&payload("input:")).unwrap().result(GUARD).unwrap();
+    assert_eq!(text(&ok), (1 << 20).to_string());
+}
+
+#[test]
 fn a_task_over_the_execution_timeout_fails_and_its_worker_is_replaced() {
     let p = pool(PoolConfig {
         workers: 1,

@@ -85,6 +85,7 @@ fn stream_word(seed: u64, index: u64) -> u64 {
 /// Removes shared-memory names left by processes that are gone; returns them.
 #[pyfunction]
 fn prune() -> PyResult<Vec<String>> {
+    mizu_wire::ledger::release_dead(None);
     mizu_shm::prune().map_err(err)
 }
 

@@ -285,6 +285,7 @@ impl Pool {
                 p.stop(grace);
                 drop(p);
                 // Only our own workers' leftovers: other programs may have data in flight.
+                mizu_wire::ledger::release_dead(Some(&workers));
                 let _ = mizu_shm::prune_of(&workers);
             });
         }

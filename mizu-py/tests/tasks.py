@@ -35,6 +35,12 @@ def sleep(s):
     return s
 
 
+def hold(x, s):
+    """Holds `x` (a view of the caller's memory) for `s` seconds."""
+    time.sleep(s)
+    return len(x)
+
+
 def big(n):
     return b"x" * n
 

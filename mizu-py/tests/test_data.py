@@ -256,6 +256,28 @@ def test_shared_memory_of_a_one_off_large_transfer_goes_back_after_a_pause():
         assert np.array_equal(p.submit(tasks.ident, c).result(timeout=120), c)
 
 
+def test_a_worker_killed_while_holding_an_input_gives_it_back():
+    # The worker holds a view of our 80 MB array when it is killed (execution timeout; a
+    # crash or `kill -9` is the same): a dead process gives nothing back by itself, so the pool
+    # gives back what the worker's ledger lists — or our segment stays until we exit.
+    import gc
+
+    with pymizu.Pool(1, exec_timeout=1.0) as p:
+        me = [os.getpid()]
+        before = shm_mb_of(me)
+        a = np.ones(10_000_000)
+        with pytest.raises(pymizu.ExecTimeoutError):
+            p.submit(tasks.hold, a, 60).result(timeout=120)
+        assert shm_mb_of(me) >= before + 75
+        del a
+        gc.collect()
+        deadline = time.monotonic() + 120  # a hang guard only
+        while shm_mb_of(me) > before + 1:
+            assert time.monotonic() < deadline, (before, shm_mb_of(me))
+            time.sleep(0.1)
+        assert p.submit(tasks.hold, np.ones(1000), 0).result(timeout=60) == 1000
+
+
 def test_malformed_references_are_clear_errors():
     from pymizu import _native
 

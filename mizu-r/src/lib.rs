@@ -92,6 +92,7 @@ fn is_compiled(f: Robj) -> bool {
 /// Removes shared-memory names left by processes that are gone; returns them.
 #[extendr]
 fn prune() -> Result<Vec<String>> {
+    mizu_wire::ledger::release_dead(None);
     mizu_shm::prune().map_err(rerr)
 }
 

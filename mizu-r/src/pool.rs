@@ -51,6 +51,7 @@ fn stop_pool(mut p: mizu_pool::Pool, grace: Duration) {
     p.stop(grace);
     drop(p);
     // Only our own workers' leftovers: other programs may have data in flight.
+    mizu_wire::ledger::release_dead(Some(&workers));
     let _ = mizu_shm::prune_of(&workers);
 }
 

@@ -7,6 +7,7 @@
 pub mod error;
 pub mod frame;
 mod janitor;
+pub mod ledger;
 pub mod rmeta;
 pub mod store;
 pub mod value;

@@ -97,7 +97,7 @@ impl DataSegment {
         Ok(ds)
     }
 
-    fn open(name: &str) -> Result<Self> {
+    pub(crate) fn open(name: &str) -> Result<Self> {
         let seg = Segment::open(name, DATA_KIND)?;
         if seg.header().extents().len() != 2 {
             return Err(WireError::BadRegion {
@@ -137,6 +137,49 @@ impl DataSegment {
     /// Regions with at least one reference, in any process.
     pub fn live_regions(&self) -> u64 {
         self.control().live.load(Ordering::Acquire)
+    }
+
+    /// A region's last reference is gone.
+    fn region_released(&self) {
+        if self.control().live.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.unlink_if_unused();
+        }
+    }
+
+    /// Gives back one reference to the region at `offset` on behalf of a dead holder (its
+    /// ledger said it held one): only if the region is still the one it held (magic and
+    /// generation) and has a reference to give. True if one was given back.
+    pub(crate) fn release_on_behalf(&self, offset: u64, generation: u64) -> bool {
+        let a = self.arena;
+        if !offset.is_multiple_of(ALIGN) || offset < a.offset + ALIGN || offset >= a.offset + a.len
+        {
+            return false;
+        }
+        let Ok(h) = self.header(offset) else {
+            return false;
+        };
+        if h.magic.load(Ordering::Acquire) != REGION_MAGIC
+            || h.generation.load(Ordering::Relaxed) != generation
+        {
+            return false;
+        }
+        let mut refs = h.refs.load(Ordering::Acquire);
+        loop {
+            if refs == 0 {
+                return false;
+            }
+            match h
+                .refs
+                .compare_exchange(refs, refs - 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => break,
+                Err(r) => refs = r,
+            }
+        }
+        if refs == 1 {
+            self.region_released();
+        }
+        true
     }
 
     fn unlink_if_unused(&self) {
@@ -216,6 +259,8 @@ pub struct Region {
     offset: u64,
     len: u64,
     generation: u64,
+    /// Its entry in this process's ledger (see `ledger.rs`), if recorded there.
+    entry: Option<u32>,
 }
 
 impl std::fmt::Debug for Region {
@@ -386,14 +431,16 @@ impl Drop for Region {
                 }
             }
         }
+        if let Some(e) = self.entry
+            && !crate::ledger::take(e)
+        {
+            return; // given back on this holder's behalf already
+        }
         let Ok(h) = self.seg.header(self.offset) else {
             return;
         };
         if h.refs.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let c = self.seg.control();
-            if c.live.fetch_sub(1, Ordering::AcqRel) == 1 {
-                self.seg.unlink_if_unused();
-            }
+            self.seg.region_released();
         }
     }
 }
@@ -511,6 +558,16 @@ impl DataPool {
         self.inner.lock().segments.len()
     }
 
+    /// Regions of this pool's segments with at least one reference, in any process.
+    pub fn live_regions(&self) -> u64 {
+        self.inner
+            .lock()
+            .segments
+            .iter()
+            .map(|p| p.seg.live_regions())
+            .sum()
+    }
+
     /// Sets how long a segment without live regions is kept for reuse (default
     /// [`IDLE_RELEASE`]).
     pub fn set_idle_release(&self, d: Duration) {
@@ -578,6 +635,7 @@ impl DataPool {
                 offset,
                 len,
                 generation,
+                entry: None,
             },
         })
     }
@@ -688,6 +746,7 @@ impl Mapper {
             offset: d.offset,
             len: d.len,
             generation: d.generation,
+            entry: crate::ledger::record(d),
         })
     }
 
@@ -751,11 +810,12 @@ impl Mapper {
         }
         // Ours now: if the space was released and reused in between, the header says so, and
         // dropping `held` gives our reference back.
-        let held = Region {
+        let mut held = Region {
             seg: seg.clone(),
             offset: d.offset,
             len: d.len,
             generation: d.generation,
+            entry: None,
         };
         if h.len.load(Ordering::Relaxed) != d.len
             || h.generation.load(Ordering::Relaxed) != d.generation
@@ -768,6 +828,7 @@ impl Mapper {
                 why: "stale: the region was released and its space reused".into(),
             });
         }
+        held.entry = crate::ledger::record(d);
         Ok(held)
     }
 

@@ -353,6 +353,29 @@ test_that("the shared memory of a one-off large transfer goes back after a pause
   })
 })
 
+test_that("a worker killed while holding an input gives it back", {
+  # The worker holds a view of our 80 MB vector when it is killed (execution timeout; a crash
+  # or kill -9 is the same): the pool gives back what the dead worker's ledger lists, or our
+  # segment stays until this process exits.
+  shm_mb <- function() {
+    f <- list.files("/dev/shm", pattern = sprintf("^mizu_%x_", Sys.getpid()), full.names = TRUE)
+    sum(file.size(f), na.rm = TRUE) / 2^20
+  }
+  with_pool(1, exec_timeout = 1, function(pool) {
+    before <- shm_mb()
+    x <- as.double(seq_len(1e7))
+    t <- mizu_submit(pool, { Sys.sleep(60); length(x) }, x = x)
+    expect_error(mizu_collect(t), class = "mizu_error_exec_timeout")
+    expect_gte(shm_mb() - before, 75)
+    rm(x, t)
+    invisible(gc())
+    deadline <- Sys.time() + 120                       # a hang guard only
+    while (shm_mb() > before + 1 && Sys.time() < deadline) Sys.sleep(0.1)
+    expect_lte(shm_mb() - before, 1)
+    expect_equal(mizu_collect(mizu_submit(pool, sum(y), y = runif(1e6) * 0 + 1)), 1e6)
+  })
+})
+
 test_that("the same vector twice in a value travels once and arrives as one view", {
   x <- runif(1e5)
   size <- function(v) .Call(mizu:::wrap__codec_size, v)

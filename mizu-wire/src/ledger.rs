@@ -1,0 +1,224 @@
+//! The region references a worker holds, written where a survivor can read them.
+//!
+//! A process killed while holding references (`kill -9`, a worker killed on an execution
+//! timeout, a crash) never gives them back: the regions — and the owner's segments around
+//! them, which are reused or given back only when no region of theirs is live — stay pinned
+//! until the owner exits. A process that [`enable`]s its ledger (pool workers do) records
+//! every reference it adopts in a segment of its own (kind `LDG1`); whoever reaps it once it
+//! is dead ([`release_dead`]: the pool's monitor, `prune` callers) gives back what the ledger
+//! still lists.
+//!
+//! Never twice: an entry is set after the reference is counted and cleared by whoever gives
+//! the reference back — the holder dropping its region, [`close`] when the worker leaves, or
+//! the reaper — with a compare-and-swap, and only the winner decrements. A holder killed
+//! between two steps leaks one reference (as before there was a ledger), never frees one
+//! twice. Two reapers claim the ledger with a compare-and-swap; one of them releases.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
+
+use mizu_shm::{CacheLine, Layout, Segment, SegmentName, ShmSafe};
+
+use crate::store::{DataSegment, RegionDesc};
+
+/// Segment kind of a ledger.
+pub const LEDGER_KIND: u32 = u32::from_le_bytes(*b"LDG1");
+/// References a ledger can list (64 bytes each); more are held untracked.
+const CAPACITY: usize = 16 * 1024;
+const NAME_WORDS: usize = 5;
+
+#[repr(C)]
+#[derive(Debug, Default)]
+struct Header {
+    /// Set by the reaper that gives the entries back.
+    claimed: AtomicU32,
+    _pad: u32,
+}
+// SAFETY: repr(C) atomics (plus an unused pad word); zero is valid.
+unsafe impl ShmSafe for Header {}
+
+#[repr(C)]
+#[derive(Debug, Default)]
+struct Entry {
+    /// 1 while the reference is held and not given back.
+    used: AtomicU64,
+    offset: AtomicU64,
+    generation: AtomicU64,
+    /// The data segment's name, NUL-padded (at most 40 bytes, as in a descriptor).
+    name: [AtomicU64; NAME_WORDS],
+}
+// SAFETY: repr(C) atomics only; zero is "unused".
+unsafe impl ShmSafe for Entry {}
+const _: () = assert!(std::mem::size_of::<Entry>() == 64);
+
+struct Ledger {
+    seg: Segment,
+    free: Mutex<Vec<u32>>,
+}
+
+impl Ledger {
+    fn create() -> Option<Ledger> {
+        let mut l = Layout::new(LEDGER_KIND);
+        l.add(std::mem::size_of::<CacheLine<Header>>() as u64, 128)
+            .ok()?;
+        l.add((CAPACITY * std::mem::size_of::<Entry>()) as u64, 64)
+            .ok()?;
+        let seg = Segment::create(&l, false).ok()?;
+        Some(Ledger {
+            seg,
+            free: Mutex::new((0..CAPACITY as u32).rev().collect()),
+        })
+    }
+
+    fn entries(&self) -> &[Entry] {
+        entries(&self.seg).expect("created with this layout")
+    }
+}
+
+fn entries(seg: &Segment) -> Option<&[Entry]> {
+    let e = seg.extent(1).ok()?;
+    seg.get_slice::<Entry>(e.offset, CAPACITY).ok()
+}
+
+fn header(seg: &Segment) -> Option<&Header> {
+    let e = seg.extent(0).ok()?;
+    seg.get::<CacheLine<Header>>(e.offset).ok().map(|h| &h.0)
+}
+
+/// This process's ledger: `None` until [`enable`], and again after [`close`].
+static LEDGER: RwLock<Option<Ledger>> = RwLock::new(None);
+
+/// Starts recording the references this process adopts (a pool worker does, first thing),
+/// until the returned guard drops ([`close`]). Without a ledger (it cannot be created)
+/// references are simply not recorded.
+pub fn enable() -> Recording {
+    let mut g = LEDGER.write().unwrap_or_else(|p| p.into_inner());
+    if g.is_none() {
+        *g = Ledger::create();
+    }
+    Recording(())
+}
+
+/// Recording goes on while this lives; dropping it [`close`]s the ledger.
+#[must_use = "dropping it closes the ledger at once"]
+pub struct Recording(());
+
+impl Drop for Recording {
+    fn drop(&mut self) {
+        close();
+    }
+}
+
+/// Records a reference to the region `d` names, just adopted; the entry to clear when it is
+/// given back (`None`: not recorded).
+pub(crate) fn record(d: &RegionDesc) -> Option<u32> {
+    let g = LEDGER.read().unwrap_or_else(|p| p.into_inner());
+    let l = g.as_ref()?;
+    let i = l.free.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
+    let e = &l.entries()[i as usize];
+    let mut name = [0u8; NAME_WORDS * 8];
+    let n = d.name.len().min(name.len());
+    name[..n].copy_from_slice(&d.name.as_bytes()[..n]);
+    for (w, c) in e.name.iter().zip(name.chunks_exact(8)) {
+        w.store(
+            u64::from_le_bytes(c.try_into().expect("8 bytes")),
+            Ordering::Relaxed,
+        );
+    }
+    e.offset.store(d.offset, Ordering::Relaxed);
+    e.generation.store(d.generation, Ordering::Relaxed);
+    e.used.store(1, Ordering::Release);
+    Some(i)
+}
+
+/// Clears entry `i` before its holder gives the reference back: true if the holder is the
+/// one to decrement (nobody gave it back on its behalf).
+pub(crate) fn take(i: u32) -> bool {
+    let g = LEDGER.read().unwrap_or_else(|p| p.into_inner());
+    let Some(l) = g.as_ref() else {
+        // Closed: `close` gave every recorded reference back.
+        return false;
+    };
+    let won = l.entries()[i as usize]
+        .used
+        .compare_exchange(1, 0, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok();
+    l.free.lock().unwrap_or_else(|p| p.into_inner()).push(i);
+    won
+}
+
+/// The worker is leaving: gives back every reference still recorded (objects of the
+/// leaving process may still hold them, but nobody reads through them once it is gone) and
+/// removes the ledger. Later adoptions are not recorded.
+pub fn close() {
+    let mut g = LEDGER.write().unwrap_or_else(|p| p.into_inner());
+    if let Some(l) = g.take() {
+        give_back(l.entries());
+        let _ = l.seg.unlink();
+    }
+}
+
+/// Gives back what the ledgers of dead processes list — of the processes `pids`, or of any
+/// when `None` — and removes those ledgers. Returns how many references were given back.
+pub fn release_dead(pids: Option<&[u32]>) -> usize {
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return 0;
+    };
+    let mut n = 0;
+    for name in dir.filter_map(|e| e.ok()?.file_name().into_string().ok()) {
+        let Ok(sn) = SegmentName::parse(&name) else {
+            continue;
+        };
+        let creator = sn.creator();
+        if pids.is_some_and(|p| !p.contains(&creator.pid)) || creator.is_alive() {
+            continue;
+        }
+        let Ok(seg) = Segment::open(sn.as_str(), LEDGER_KIND) else {
+            continue;
+        };
+        let (Some(h), Some(es)) = (header(&seg), entries(&seg)) else {
+            continue;
+        };
+        if h.claimed
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            n += give_back(es);
+            let _ = seg.unlink();
+        }
+    }
+    n
+}
+
+/// Gives back every reference `es` lists that nobody gave back yet.
+fn give_back(es: &[Entry]) -> usize {
+    let mut n = 0;
+    for e in es {
+        if e.used.load(Ordering::Acquire) != 1
+            || e.used
+                .compare_exchange(1, 0, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            continue;
+        }
+        let mut raw = [0u8; NAME_WORDS * 8];
+        for (w, c) in e.name.iter().zip(raw.chunks_exact_mut(8)) {
+            c.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+        }
+        let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+        let Ok(name) = std::str::from_utf8(&raw[..end]) else {
+            continue;
+        };
+        let (offset, generation) = (
+            e.offset.load(Ordering::Relaxed),
+            e.generation.load(Ordering::Relaxed),
+        );
+        // A segment that is gone (its owner exited and it was removed) needs nothing.
+        if let Ok(seg) = DataSegment::open(name)
+            && seg.release_on_behalf(offset, generation)
+        {
+            n += 1;
+        }
+    }
+    n
+}
