@@ -96,8 +96,8 @@ pub fn rpkg(root: &Path) -> Res {
     run(
         root,
         r_command(root, "R")
-            .args(["CMD", "INSTALL", "--no-multiarch", "--library"])
-            .arg(&lib)
+            .args(["CMD", "INSTALL", "--no-multiarch"])
+            .arg(format!("--library={}", lib.display()))
             .arg("mizu-r/pkg"),
     )
 }
