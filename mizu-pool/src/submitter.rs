@@ -220,10 +220,10 @@ impl SubmitterCore {
             .map_err(|e| {
                 PoolError::Layout(format!("slot {k} changed under its submitter: {e:?}"))
             })?;
-        v.submitter(self.index)
-            .rec
-            .submitted
-            .fetch_add(1, Ordering::Relaxed);
+        // Only this submitter writes it, under its lock: no locked read-modify-write needed
+        // on every submit.
+        let submitted = &v.submitter(self.index).rec.submitted;
+        submitted.store(submitted.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         Ok(TaskId {
             submitter: self.index,
             slot: k,
