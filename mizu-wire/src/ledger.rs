@@ -54,6 +54,8 @@ const _: () = assert!(std::mem::size_of::<Entry>() == 64);
 struct Ledger {
     seg: Segment,
     free: Mutex<Vec<u32>>,
+    /// Live [`Recording`] guards: the ledger closes when the last one drops.
+    users: usize,
 }
 
 impl Ledger {
@@ -67,6 +69,7 @@ impl Ledger {
         Some(Ledger {
             seg,
             free: Mutex::new((0..CAPACITY as u32).rev().collect()),
+            users: 0,
         })
     }
 
@@ -89,23 +92,32 @@ fn header(seg: &Segment) -> Option<&Header> {
 static LEDGER: RwLock<Option<Ledger>> = RwLock::new(None);
 
 /// Starts recording the references this process adopts (a pool worker does, first thing),
-/// until the returned guard drops ([`close`]). Without a ledger (it cannot be created)
-/// references are simply not recorded.
+/// until the last returned guard drops (then as [`close`]). Without a ledger (it cannot be
+/// created) references are simply not recorded.
 pub fn enable() -> Recording {
     let mut g = LEDGER.write().unwrap_or_else(|p| p.into_inner());
     if g.is_none() {
         *g = Ledger::create();
     }
+    if let Some(l) = g.as_mut() {
+        l.users += 1;
+    }
     Recording(())
 }
 
-/// Recording goes on while this lives; dropping it [`close`]s the ledger.
+/// Recording goes on while a guard lives; dropping the last one closes the ledger.
 #[must_use = "dropping it closes the ledger at once"]
 pub struct Recording(());
 
 impl Drop for Recording {
     fn drop(&mut self) {
-        close();
+        let mut g = LEDGER.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(l) = g.as_mut() {
+            l.users = l.users.saturating_sub(1);
+            if l.users == 0 {
+                close_locked(&mut g);
+            }
+        }
     }
 }
 
@@ -147,11 +159,14 @@ pub(crate) fn take(i: u32) -> bool {
     won
 }
 
-/// The worker is leaving: gives back every reference still recorded (objects of the
-/// leaving process may still hold them, but nobody reads through them once it is gone) and
-/// removes the ledger. Later adoptions are not recorded.
+/// The process is leaving: gives back every reference still recorded (objects of the leaving
+/// process may still hold them, but nobody reads through them once it is gone) and removes
+/// the ledger, whatever guards remain. Later adoptions are not recorded.
 pub fn close() {
-    let mut g = LEDGER.write().unwrap_or_else(|p| p.into_inner());
+    close_locked(&mut LEDGER.write().unwrap_or_else(|p| p.into_inner()));
+}
+
+fn close_locked(g: &mut Option<Ledger>) {
     if let Some(l) = g.take() {
         give_back(l.entries());
         let _ = l.seg.unlink();
