@@ -406,16 +406,7 @@ fn collect_garbage() {
     SINCE_GC.with(|c| c.set(0));
     SINCE_ANY.with(|c| c.set(0));
     DUE.with(|d| d.set(false));
-    let gc = |code: &std::ffi::CStr| {
-        // SAFETY: R's main thread, between allocations (the caller's values are protected);
-        // the closure owns nothing; an error (there should be none) is caught.
-        let _ = unsafe {
-            crate::rtry::try_r(|| {
-                crate::ffi::R_ParseEvalString(code.as_ptr(), extendr_ffi::R_BaseEnv)
-            })
-        };
-    };
-    gc(c"base::gc(FALSE, FALSE, FALSE)");
+    r_gc(c"base::gc(FALSE, FALSE, FALSE)");
     let held = || LIVE.with(Cell::get).1;
     // Views the program let go of since the last full collection lower what it holds.
     BASELINE.with(|b| b.set(b.get().min(held())));
@@ -425,18 +416,18 @@ fn collect_garbage() {
 }
 
 fn full_collection() {
+    r_gc(c"base::gc(FALSE, FALSE, TRUE)");
+    // What survived a full collection is held by the program.
+    BASELINE.with(|b| b.set(LIVE.with(Cell::get).1));
+}
+
+/// Runs R's collector through `code` (a call of `base::gc`).
+fn r_gc(code: &std::ffi::CStr) {
     // SAFETY: R's main thread, between allocations (the caller's values are protected); the
     // closure owns nothing; an error (there should be none) is caught.
     let _ = unsafe {
-        crate::rtry::try_r(|| {
-            crate::ffi::R_ParseEvalString(
-                c"base::gc(FALSE, FALSE, TRUE)".as_ptr(),
-                extendr_ffi::R_BaseEnv,
-            )
-        })
+        crate::rtry::try_r(|| crate::ffi::R_ParseEvalString(code.as_ptr(), extendr_ffi::R_BaseEnv))
     };
-    // What survived a full collection is held by the program.
-    BASELINE.with(|b| b.set(LIVE.with(Cell::get).1));
 }
 
 /// A vector of type `t` over `buf` (whose length is a whole number of elements; `copy` as in

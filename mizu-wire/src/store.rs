@@ -530,7 +530,6 @@ impl crate::janitor::Trim for PoolState {
 /// given back (unlinked and unmapped) by a background thread.
 pub struct DataPool {
     inner: Arc<PoolState>,
-    segment_bytes: u64,
 }
 
 impl DataPool {
@@ -547,10 +546,7 @@ impl DataPool {
         })));
         let weak: Weak<dyn crate::janitor::Trim> = Arc::downgrade(&inner) as _;
         crate::janitor::register(weak);
-        DataPool {
-            inner,
-            segment_bytes: segment_bytes.max(ALIGN * 2),
-        }
+        DataPool { inner }
     }
 
     /// Data segments currently held.
@@ -599,7 +595,7 @@ impl DataPool {
             let idx = match reuse {
                 Some(i) => i,
                 None => {
-                    let seg = Arc::new(DataSegment::create(self.segment_bytes.max(need))?);
+                    let seg = Arc::new(DataSegment::create(g.segment_bytes.max(need))?);
                     g.segments.push(Pooled { seg, used: now });
                     crate::janitor::ensure_running();
                     g.segments.len() - 1
