@@ -108,7 +108,16 @@ impl Channel {
 
     /// Attaches to a channel whose token this process was given.
     pub fn attach(token: &str) -> Result<Channel> {
-        Ok(Channel::wrap(Duplex::join(token).map_err(queue_err)?, None))
+        let d = Duplex::join(token).map_err(queue_err)?;
+        // What this end adopts is recorded, so that the other end gives it back should this
+        // process be killed while holding it.
+        mizu_wire::ledger::enable_until_exit();
+        Ok(Channel::wrap(d, None))
+    }
+
+    /// This end's data segments (where large messages go).
+    pub fn data_pool(&self) -> &DataPool {
+        &self.pool
     }
 
     /// The token a peer passes to [`Channel::attach`].
@@ -123,9 +132,20 @@ impl Channel {
 
     fn peer_dead(&mut self) -> bool {
         if !self.gone && self.duplex.peer().is_some_and(|p| !p.is_alive()) {
-            self.gone = true;
+            self.peer_gone();
         }
         self.gone
+    }
+
+    /// The peer died: what it held of ours (its ledger) comes back now, not when this end
+    /// drops.
+    fn peer_gone(&mut self) {
+        if !self.gone {
+            self.gone = true;
+            if let Some(p) = self.duplex.peer() {
+                mizu_wire::ledger::release_dead(Some(&[p.pid]));
+            }
+        }
     }
 
     /// Sends one message without blocking.
@@ -204,7 +224,7 @@ impl Channel {
             Ok(Err(_)) => Err(RecvError::Closed),
             Err(e) => {
                 if e == RecvError::PeerGone {
-                    self.gone = true;
+                    self.peer_gone();
                 }
                 Err(e)
             }

@@ -49,6 +49,27 @@ fn messages_small_and_large_echo_in_order() {
 }
 
 #[test]
+fn a_peer_killed_while_holding_a_large_message_gives_it_back() {
+    let mut ch = launch("--channel-keep", 64);
+    ch.send(&vec![5u8; 2 << 20]).unwrap();
+    assert_eq!(ch.recv(GUARD).unwrap().as_slice(), b"got");
+    assert_eq!(
+        ch.data_pool().live_regions(),
+        1,
+        "the peer holds our message"
+    );
+    let c = ch.child().unwrap();
+    c.kill().unwrap();
+    c.wait().unwrap();
+    assert_eq!(ch.recv(GUARD), Err(RecvError::PeerGone));
+    assert_eq!(
+        ch.data_pool().live_regions(),
+        0,
+        "given back from the dead peer's ledger"
+    );
+}
+
+#[test]
 fn send_never_blocks_it_reports_full_and_recv_times_out() {
     let mut ch = launch("--channel-hold", 4);
     assert_eq!(ch.recv(GUARD).unwrap().as_slice(), b"hello");

@@ -15,7 +15,7 @@
 //! twice. Two reapers claim the ledger with a compare-and-swap; one of them releases.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Mutex, Once, RwLock, TryLockError};
 
 use mizu_shm::{CacheLine, Layout, Segment, SegmentName, ShmSafe};
 
@@ -103,6 +103,34 @@ pub fn enable() -> Recording {
         l.users += 1;
     }
     Recording(())
+}
+
+/// [`enable`] for the rest of this process's life (a channel's peer: what it received may
+/// outlive the channel): the ledger closes when the process exits normally, from an exit
+/// handler; killed, it leaves the ledger for whoever reaps it.
+pub fn enable_until_exit() {
+    std::mem::forget(enable());
+    static AT_EXIT: Once = Once::new();
+    AT_EXIT.call_once(|| {
+        // SAFETY: registers a plain function that never unwinds (see `close_at_exit`); the C
+        // library keeps the pointer for the life of the process, and the function is static.
+        // A failed registration leaves the ledger for `prune`, as for a killed process.
+        let _ = unsafe { atexit(close_at_exit) };
+    });
+}
+
+unsafe extern "C" {
+    fn atexit(f: extern "C" fn()) -> std::ffi::c_int;
+}
+
+/// Runs when the process exits: other threads may still run, so the ledger is closed only if
+/// nobody holds its lock (else it is left for `prune`), and nothing unwinds into C.
+extern "C" fn close_at_exit() {
+    let _ = std::panic::catch_unwind(|| match LEDGER.try_write() {
+        Ok(mut g) => close_locked(&mut g),
+        Err(TryLockError::Poisoned(p)) => close_locked(&mut p.into_inner()),
+        Err(TryLockError::WouldBlock) => {}
+    });
 }
 
 /// Recording goes on while a guard lives; dropping the last one closes the ledger.

@@ -219,6 +219,17 @@ fn main() {
                 std::thread::sleep(std::time::Duration::from_secs(3600));
             }
         }
+        Some("--channel-keep") => {
+            // Attach, keep the first message (a view of the host's memory for a large one),
+            // say so, and wait to be killed.
+            let mut ch = mizu_pool::Channel::attach(&token()).expect("attach");
+            let kept = ch.recv(None).expect("a message");
+            ch.send(b"got").expect("got");
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+                assert!(!kept.is_empty());
+            }
+        }
         Some("--channel-close") => {
             let mut ch = mizu_pool::Channel::attach(&token()).expect("attach");
             ch.send(b"bye").expect("bye");
