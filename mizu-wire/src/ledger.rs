@@ -23,8 +23,9 @@ use crate::store::{DataSegment, RegionDesc};
 
 /// Segment kind of a ledger.
 pub const LEDGER_KIND: u32 = u32::from_le_bytes(*b"LDG1");
-/// References a ledger can list (64 bytes each); more are held untracked.
-const CAPACITY: usize = 16 * 1024;
+/// References a ledger can list (64 bytes each); more are held untracked. A worker holds one
+/// per payload it keeps (a data frame's columns share their payload's).
+const CAPACITY: usize = 4 * 1024;
 const NAME_WORDS: usize = 5;
 
 #[repr(C)]
@@ -80,7 +81,8 @@ impl Ledger {
 
 fn entries(seg: &Segment) -> Option<&[Entry]> {
     let e = seg.extent(1).ok()?;
-    seg.get_slice::<Entry>(e.offset, CAPACITY).ok()
+    let n = usize::try_from(e.len).ok()? / std::mem::size_of::<Entry>();
+    seg.get_slice::<Entry>(e.offset, n).ok()
 }
 
 fn header(seg: &Segment) -> Option<&Header> {
