@@ -278,6 +278,26 @@ def test_a_worker_killed_while_holding_an_input_gives_it_back():
         assert p.submit(tasks.hold, np.ones(1000), 0).result(timeout=60) == 1000
 
 
+def test_a_forked_child_dropping_a_view_does_not_give_back_the_parents_memory():
+    # A forked child holds copies of the parent's handles, not references of its own: when it
+    # drops a view, the parent's region must stay held (it was given back, then overwritten
+    # by the parent's next array: silent corruption).
+    import gc
+
+    with pymizu.Pool(1) as p:
+        a = np.arange(1_000_000, dtype=np.float64)
+        v = p.submit(tasks.ident, a).result(timeout=60)  # a view of our region
+        pid = os.fork()
+        if pid == 0:
+            del v
+            gc.collect()
+            os._exit(0)
+        assert os.waitpid(pid, 0)[1] == 0
+        w = p.submit(tasks.ident, np.full(1_000_000, 7.0)).result(timeout=60)
+        assert np.array_equal(v, a)
+        assert w[0] == 7.0
+
+
 def test_malformed_references_are_clear_errors():
     from pymizu import _native
 

@@ -54,6 +54,8 @@ const _: () = assert!(std::mem::size_of::<Entry>() == 64);
 
 struct Ledger {
     seg: Segment,
+    /// The recording process (a forked child inherits the mapping, not the references).
+    pid: u32,
     free: Mutex<Vec<u32>>,
     /// Live [`Recording`] guards: the ledger closes when the last one drops.
     users: usize,
@@ -69,6 +71,7 @@ impl Ledger {
         let seg = Segment::create(&l, false).ok()?;
         Some(Ledger {
             seg,
+            pid: mizu_shm::current_pid(),
             free: Mutex::new((0..CAPACITY as u32).rev().collect()),
             users: 0,
         })
@@ -155,7 +158,7 @@ impl Drop for Recording {
 /// given back (`None`: not recorded).
 pub(crate) fn record(d: &RegionDesc) -> Option<u32> {
     let g = LEDGER.read().unwrap_or_else(|p| p.into_inner());
-    let l = g.as_ref()?;
+    let l = g.as_ref().filter(|l| l.pid == mizu_shm::current_pid())?;
     let i = l.free.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
     let e = &l.entries()[i as usize];
     let mut name = [0u8; NAME_WORDS * 8];
@@ -197,7 +200,9 @@ pub fn close() {
 }
 
 fn close_locked(g: &mut Option<Ledger>) {
-    if let Some(l) = g.take() {
+    if let Some(l) = g.take()
+        && l.pid == mizu_shm::current_pid()
+    {
         give_back(l.entries());
         let _ = l.seg.unlink();
     }

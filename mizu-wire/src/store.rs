@@ -193,7 +193,8 @@ impl DataSegment {
 
 impl Drop for DataSegment {
     fn drop(&mut self) {
-        if self.owned {
+        // A forked child's copy does not detach its parent from the segment.
+        if self.owned && self.seg.me().pid == mizu_shm::current_pid() {
             self.control().owner_attached.store(0, Ordering::SeqCst);
             self.unlink_if_unused();
         }
@@ -261,6 +262,9 @@ pub struct Region {
     generation: u64,
     /// Its entry in this process's ledger (see `ledger.rs`), if recorded there.
     entry: Option<u32>,
+    /// The process that holds this reference: a forked child's copy of the handle holds none
+    /// (dropping it there must not give back the parent's).
+    pid: u32,
 }
 
 impl std::fmt::Debug for Region {
@@ -421,6 +425,9 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
+        if self.pid != mizu_shm::current_pid() {
+            return;
+        }
         {
             let mut g = registry().lock().unwrap_or_else(|p| p.into_inner());
             let key = self.ptr().as_ptr() as usize;
@@ -632,6 +639,7 @@ impl DataPool {
                 len,
                 generation,
                 entry: None,
+                pid: mizu_shm::current_pid(),
             },
         })
     }
@@ -743,6 +751,7 @@ impl Mapper {
             len: d.len,
             generation: d.generation,
             entry: crate::ledger::record(d),
+            pid: mizu_shm::current_pid(),
         })
     }
 
@@ -812,6 +821,7 @@ impl Mapper {
             len: d.len,
             generation: d.generation,
             entry: None,
+            pid: mizu_shm::current_pid(),
         };
         if h.len.load(Ordering::Relaxed) != d.len
             || h.generation.load(Ordering::Relaxed) != d.generation

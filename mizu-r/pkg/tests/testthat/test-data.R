@@ -376,6 +376,22 @@ test_that("a worker killed while holding an input gives it back", {
   })
 })
 
+test_that("a forked child dropping a view does not give back the parent's memory", {
+  # mclapply/mcparallel children hold copies of the parent's views, not references of their
+  # own: a child collecting one must not release the parent's region (which the parent's next
+  # value would then overwrite).
+  with_pool(1, function(pool) {
+    x <- as.double(seq_len(1e6))
+    v <- mizu_collect(mizu_submit(pool, x, x = x))     # a view of our region
+    mizu_collect(mizu_submit(pool, invisible(gc())))   # the worker lets go of its view
+    job <- parallel::mcparallel({ rm(v); invisible(gc()); TRUE })
+    expect_true(parallel::mccollect(job)[[1]])
+    w <- mizu_collect(mizu_submit(pool, z, z = rep(7, 1e6)))
+    expect_identical(v, x)
+    expect_identical(w[[1]], 7)
+  })
+})
+
 test_that("the same vector twice in a value travels once and arrives as one view", {
   x <- runif(1e5)
   size <- function(v) .Call(mizu:::wrap__codec_size, v)
