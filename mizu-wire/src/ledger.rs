@@ -59,6 +59,9 @@ struct Ledger {
     free: Mutex<Vec<u32>>,
     /// Live [`Recording`] guards: the ledger closes when the last one drops.
     users: usize,
+    /// Which ledger of this process this is: an entry of a closed one (given back then)
+    /// must not touch a later one's.
+    number: u32,
 }
 
 impl Ledger {
@@ -74,6 +77,7 @@ impl Ledger {
             pid: mizu_shm::current_pid(),
             free: Mutex::new((0..CAPACITY as u32).rev().collect()),
             users: 0,
+            number: NUMBER.fetch_add(1, Ordering::Relaxed),
         })
     }
 
@@ -91,6 +95,16 @@ fn entries(seg: &Segment) -> Option<&[Entry]> {
 fn header(seg: &Segment) -> Option<&Header> {
     let e = seg.extent(0).ok()?;
     seg.get::<CacheLine<Header>>(e.offset).ok().map(|h| &h.0)
+}
+
+/// Ledgers this process has made (see `Ledger::number`).
+static NUMBER: AtomicU32 = AtomicU32::new(0);
+
+/// A reference's place in the ledger that recorded it: which ledger, which entry.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Recorded {
+    ledger: u32,
+    index: u32,
 }
 
 /// This process's ledger: `None` until [`enable`], and again after [`close`].
@@ -156,7 +170,7 @@ impl Drop for Recording {
 
 /// Records a reference to the region `d` names, just adopted; the entry to clear when it is
 /// given back (`None`: not recorded).
-pub(crate) fn record(d: &RegionDesc) -> Option<u32> {
+pub(crate) fn record(d: &RegionDesc) -> Option<Recorded> {
     let g = LEDGER.read().unwrap_or_else(|p| p.into_inner());
     let l = g.as_ref().filter(|l| l.pid == mizu_shm::current_pid())?;
     let i = l.free.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
@@ -173,17 +187,22 @@ pub(crate) fn record(d: &RegionDesc) -> Option<u32> {
     e.offset.store(d.offset, Ordering::Relaxed);
     e.generation.store(d.generation, Ordering::Relaxed);
     e.used.store(1, Ordering::Release);
-    Some(i)
+    Some(Recorded {
+        ledger: l.number,
+        index: i,
+    })
 }
 
-/// Clears entry `i` before its holder gives the reference back: true if the holder is the
+/// Clears the entry `e` names before its holder gives the reference back: true if the holder is the
 /// one to decrement (nobody gave it back on its behalf).
-pub(crate) fn take(i: u32) -> bool {
+pub(crate) fn take(e: Recorded) -> bool {
     let g = LEDGER.read().unwrap_or_else(|p| p.into_inner());
-    let Some(l) = g.as_ref() else {
-        // Closed: `close` gave every recorded reference back.
+    let Some(l) = g.as_ref().filter(|l| l.number == e.ledger) else {
+        // Its ledger was closed (maybe followed by another), and `close` gave every reference
+        // it recorded back.
         return false;
     };
+    let i = e.index;
     let won = l.entries()[i as usize]
         .used
         .compare_exchange(1, 0, Ordering::AcqRel, Ordering::Acquire)

@@ -261,7 +261,7 @@ pub struct Region {
     len: u64,
     generation: u64,
     /// Its entry in this process's ledger (see `ledger.rs`), if recorded there.
-    entry: Option<u32>,
+    entry: Option<crate::ledger::Recorded>,
     /// The process that holds this reference: a forked child's copy of the handle holds none
     /// (dropping it there must not give back the parent's).
     pid: u32,

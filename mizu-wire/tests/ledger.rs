@@ -31,7 +31,17 @@ fn references_are_given_back_once_and_only_by_the_last_guard() {
     drop(b); // the last guard: what is still recorded (`held`) is given back, the ledger goes
     assert_eq!(pool.live_regions(), 0);
     assert_eq!(ledgers_of_mine(), 0);
-    drop(held); // given back already: not again
+    // A new ledger records a new reference, at the place `held` had in the old one.
+    let c = ledger::enable();
+    let sent = pool.store(&[3u8; 1000]).unwrap();
+    let later = mapper.adopt(&sent.share()).unwrap();
+    drop(sent);
+    assert_eq!(pool.live_regions(), 1);
+    drop(held); // given back already: not again, and `later`'s entry is not its own
+    assert_eq!(pool.live_regions(), 1);
+    drop(c); // gives back `later`
+    assert_eq!(pool.live_regions(), 0);
+    drop(later);
     assert_eq!(pool.live_regions(), 0);
     // A region allocated again in the same space is not disturbed by stale holders.
     let again = pool.store(&[2u8; 1000]).unwrap();
