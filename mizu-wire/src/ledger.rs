@@ -14,11 +14,12 @@
 //! between two steps leaks one reference (as before there was a ledger), never frees one
 //! twice. Two reapers claim the ledger with a compare-and-swap; one of them releases.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, Once, RwLock, TryLockError};
 
 use mizu_shm::{CacheLine, Layout, Segment, SegmentName, ShmSafe};
 
+use crate::ledger_entry::{Entry, Header};
 use crate::store::{DataSegment, RegionDesc};
 
 /// Segment kind of a ledger.
@@ -26,28 +27,9 @@ pub const LEDGER_KIND: u32 = u32::from_le_bytes(*b"LDG1");
 /// References a ledger can list (64 bytes each); more are held untracked. A worker holds one
 /// per payload it keeps (a data frame's columns share their payload's).
 const CAPACITY: usize = 4 * 1024;
-const NAME_WORDS: usize = 5;
 
-#[repr(C)]
-#[derive(Debug, Default)]
-struct Header {
-    /// Set by the reaper that gives the entries back.
-    claimed: AtomicU32,
-    _pad: u32,
-}
 // SAFETY: repr(C) atomics (plus an unused pad word); zero is valid.
 unsafe impl ShmSafe for Header {}
-
-#[repr(C)]
-#[derive(Debug, Default)]
-struct Entry {
-    /// 1 while the reference is held and not given back.
-    used: AtomicU64,
-    offset: AtomicU64,
-    generation: AtomicU64,
-    /// The data segment's name, NUL-padded (at most 40 bytes, as in a descriptor).
-    name: [AtomicU64; NAME_WORDS],
-}
 // SAFETY: repr(C) atomics only; zero is "unused".
 unsafe impl ShmSafe for Entry {}
 const _: () = assert!(std::mem::size_of::<Entry>() == 64);
@@ -174,19 +156,7 @@ pub(crate) fn record(d: &RegionDesc) -> Option<Recorded> {
     let g = LEDGER.read().unwrap_or_else(|p| p.into_inner());
     let l = g.as_ref().filter(|l| l.pid == mizu_shm::current_pid())?;
     let i = l.free.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
-    let e = &l.entries()[i as usize];
-    let mut name = [0u8; NAME_WORDS * 8];
-    let n = d.name.len().min(name.len());
-    name[..n].copy_from_slice(&d.name.as_bytes()[..n]);
-    for (w, c) in e.name.iter().zip(name.chunks_exact(8)) {
-        w.store(
-            u64::from_le_bytes(c.try_into().expect("8 bytes")),
-            Ordering::Relaxed,
-        );
-    }
-    e.offset.store(d.offset, Ordering::Relaxed);
-    e.generation.store(d.generation, Ordering::Relaxed);
-    e.used.store(1, Ordering::Release);
+    l.entries()[i as usize].set(&d.name, d.offset, d.generation);
     Some(Recorded {
         ledger: l.number,
         index: i,
@@ -203,10 +173,7 @@ pub(crate) fn take(e: Recorded) -> bool {
         return false;
     };
     let i = e.index;
-    let won = l.entries()[i as usize]
-        .used
-        .compare_exchange(1, 0, Ordering::AcqRel, Ordering::Acquire)
-        .is_ok();
+    let won = l.entries()[i as usize].take();
     l.free.lock().unwrap_or_else(|p| p.into_inner()).push(i);
     won
 }
@@ -248,10 +215,7 @@ pub fn release_dead(pids: Option<&[u32]>) -> usize {
         let (Some(h), Some(es)) = (header(&seg), entries(&seg)) else {
             continue;
         };
-        if h.claimed
-            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
+        if h.claim() {
             n += give_back(es);
             let _ = seg.unlink();
         }
@@ -263,27 +227,16 @@ pub fn release_dead(pids: Option<&[u32]>) -> usize {
 fn give_back(es: &[Entry]) -> usize {
     let mut n = 0;
     for e in es {
-        if e.used.load(Ordering::Acquire) != 1
-            || e.used
-                .compare_exchange(1, 0, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-        {
+        if !e.take() {
             continue;
         }
-        let mut raw = [0u8; NAME_WORDS * 8];
-        for (w, c) in e.name.iter().zip(raw.chunks_exact_mut(8)) {
-            c.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
-        }
-        let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
-        let Ok(name) = std::str::from_utf8(&raw[..end]) else {
+        let listed = e.listed();
+        let Some(name) = listed.name else {
             continue;
         };
-        let (offset, generation) = (
-            e.offset.load(Ordering::Relaxed),
-            e.generation.load(Ordering::Relaxed),
-        );
+        let (offset, generation) = (listed.offset, listed.generation);
         // A segment that is gone (its owner exited and it was removed) needs nothing.
-        if let Ok(seg) = DataSegment::open(name)
+        if let Ok(seg) = DataSegment::open(&name)
             && seg.release_on_behalf(offset, generation)
         {
             n += 1;

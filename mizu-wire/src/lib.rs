@@ -3,16 +3,31 @@
 //! data (zero-copy views over the mapping) and the R-semantics metadata.
 //!
 //! The normative format is `docs/wire-format.md`. This crate does not depend on Python or R.
+//! Under `--cfg mizu_loom` only the atomic protocols (`refs`, `ledger_entry`) are built, on
+//! loom's atomics, for the models in `tests/loom.rs`.
 
+pub mod ledger_entry;
+pub mod refs;
+
+#[cfg(not(mizu_loom))]
 pub mod error;
+#[cfg(not(mizu_loom))]
 pub mod frame;
+#[cfg(not(mizu_loom))]
 mod janitor;
+#[cfg(not(mizu_loom))]
 pub mod ledger;
+#[cfg(not(mizu_loom))]
 pub mod rmeta;
+#[cfg(not(mizu_loom))]
 pub mod store;
+#[cfg(not(mizu_loom))]
 pub mod value;
 
-pub use error::{Result, WireError};
-pub use frame::{Received, read_value, write_region, write_value};
-pub use store::{DataPool, Mapper, Region, RegionDesc};
-pub use value::{CallTarget, Encoded, PrimitiveLayout, Value, decode, decode_slice, encode};
+#[cfg(not(mizu_loom))]
+pub use {
+    error::{Result, WireError},
+    frame::{Received, read_value, write_region, write_value},
+    store::{DataPool, Mapper, Region, RegionDesc},
+    value::{CallTarget, Encoded, PrimitiveLayout, Value, decode, decode_slice, encode},
+};

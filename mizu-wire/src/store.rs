@@ -17,19 +17,18 @@
 
 use std::collections::HashMap;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use mizu_shm::{CacheLine, Extent, Layout, Segment, SegmentName, ShmSafe};
 
 use crate::error::{Result, WireError};
+use crate::refs::{Control, RegionHeader};
 
 /// Segment kind of a data segment.
 pub const DATA_KIND: u32 = u32::from_le_bytes(*b"DAT1");
 /// Alignment of every region's payload (and of Arrow bodies inside it).
 pub const ALIGN: u64 = 64;
-const REGION_MAGIC: u32 = u32::from_le_bytes(*b"RGN1");
 /// Default arena size of a pooled data segment.
 pub const DEFAULT_SEGMENT_BYTES: u64 = 64 << 20;
 /// How long a data segment with no live region (or a mapping kept only for reuse) stays
@@ -38,26 +37,8 @@ pub const DEFAULT_SEGMENT_BYTES: u64 = 64 << 20;
 /// 2 GB until the process exits.
 pub const IDLE_RELEASE: Duration = Duration::from_secs(2);
 
-#[repr(C)]
-#[derive(Debug, Default)]
-struct Control {
-    live: AtomicU64,
-    owner_attached: AtomicU32,
-    _pad: u32,
-    generation: AtomicU64,
-}
 // SAFETY: repr(C) atomics (plus an unused pad word); zero is valid.
 unsafe impl ShmSafe for Control {}
-
-#[repr(C)]
-#[derive(Debug, Default)]
-struct RegionHeader {
-    magic: AtomicU32,
-    refs: AtomicU32,
-    len: AtomicU64,
-    generation: AtomicU64,
-    _reserved: [AtomicU64; 5],
-}
 // SAFETY: repr(C) atomics only; zero is "no region".
 unsafe impl ShmSafe for RegionHeader {}
 const _: () = assert!(std::mem::size_of::<RegionHeader>() as u64 == ALIGN);
@@ -93,7 +74,7 @@ impl DataSegment {
             arena,
             owned: true,
         };
-        ds.control().owner_attached.store(1, Ordering::Release);
+        ds.control().attach_owner();
         Ok(ds)
     }
 
@@ -136,13 +117,13 @@ impl DataSegment {
 
     /// Regions with at least one reference, in any process.
     pub fn live_regions(&self) -> u64 {
-        self.control().live.load(Ordering::Acquire)
+        self.control().live()
     }
 
     /// A region's last reference is gone.
     fn region_released(&self) {
-        if self.control().live.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.unlink_if_unused();
+        if self.control().region_gone() {
+            let _ = self.seg.unlink();
         }
     }
 
@@ -158,35 +139,14 @@ impl DataSegment {
         let Ok(h) = self.header(offset) else {
             return false;
         };
-        if h.magic.load(Ordering::Acquire) != REGION_MAGIC
-            || h.generation.load(Ordering::Relaxed) != generation
-        {
-            return false;
-        }
-        let mut refs = h.refs.load(Ordering::Acquire);
-        loop {
-            if refs == 0 {
-                return false;
+        match h.release_on_behalf(generation) {
+            None => false,
+            Some(last) => {
+                if last {
+                    self.region_released();
+                }
+                true
             }
-            match h
-                .refs
-                .compare_exchange(refs, refs - 1, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => break,
-                Err(r) => refs = r,
-            }
-        }
-        if refs == 1 {
-            self.region_released();
-        }
-        true
-    }
-
-    fn unlink_if_unused(&self) {
-        let c = self.control();
-        fence(Ordering::SeqCst);
-        if c.live.load(Ordering::SeqCst) == 0 && c.owner_attached.load(Ordering::SeqCst) == 0 {
-            let _ = self.seg.unlink();
         }
     }
 }
@@ -194,9 +154,11 @@ impl DataSegment {
 impl Drop for DataSegment {
     fn drop(&mut self) {
         // A forked child's copy does not detach its parent from the segment.
-        if self.owned && self.seg.me().pid == mizu_shm::current_pid() {
-            self.control().owner_attached.store(0, Ordering::SeqCst);
-            self.unlink_if_unused();
+        if self.owned
+            && self.seg.me().pid == mizu_shm::current_pid()
+            && self.control().detach_owner()
+        {
+            let _ = self.seg.unlink();
         }
     }
 }
@@ -317,7 +279,7 @@ impl Region {
     /// never the bytes. The receiver adopts it with [`Mapper::adopt`].
     pub fn share(&self) -> RegionDesc {
         let h = self.seg.header(self.offset).expect("validated");
-        h.refs.fetch_add(1, Ordering::Relaxed);
+        h.add_ref();
         RegionDesc {
             name: self.seg.name().to_string(),
             offset: self.offset,
@@ -446,7 +408,7 @@ impl Drop for Region {
         let Ok(h) = self.seg.header(self.offset) else {
             return;
         };
-        if h.refs.fetch_sub(1, Ordering::AcqRel) == 1 {
+        if h.release() {
             self.seg.region_released();
         }
     }
@@ -616,22 +578,20 @@ impl DataPool {
         g.last_alloc = now;
         let seg = Arc::clone(&g.segments[cur].seg);
         let ctl = seg.control();
-        if ctl.live.load(Ordering::Acquire) == 0 && g.bump != 0 {
+        if ctl.live() == 0 && g.bump != 0 {
             g.bump = 0;
         }
-        if g.bump == 0 {
-            // A new lap over the arena: descriptors of older laps no longer match.
-            ctl.generation.fetch_add(1, Ordering::AcqRel);
-        }
-        let generation = ctl.generation.load(Ordering::Acquire);
+        // A new lap over the arena: descriptors of older laps no longer match.
+        let generation = if g.bump == 0 {
+            ctl.new_lap()
+        } else {
+            ctl.generation()
+        };
         let offset = seg.arena.offset + g.bump + ALIGN;
         g.bump += need;
         let h = seg.header(offset)?;
-        h.len.store(len, Ordering::Relaxed);
-        h.generation.store(generation, Ordering::Relaxed);
-        h.refs.store(1, Ordering::Relaxed);
-        h.magic.store(REGION_MAGIC, Ordering::Release);
-        ctl.live.fetch_add(1, Ordering::AcqRel);
+        h.publish(len, generation);
+        ctl.region_added();
         Ok(RegionMut {
             region: Region {
                 seg,
@@ -774,15 +734,13 @@ impl Mapper {
             return Err(bad("outside the segment's arena or misaligned"));
         }
         let h = seg.header(d.offset)?;
-        if h.magic.load(Ordering::Acquire) != REGION_MAGIC {
+        if !h.is_region() {
             return Err(bad("no region header there"));
         }
-        if h.len.load(Ordering::Relaxed) != d.len
-            || h.generation.load(Ordering::Relaxed) != d.generation
-        {
+        if !h.matches(d.len, d.generation) {
             return Err(bad("stale: the region was released and its space reused"));
         }
-        if h.refs.load(Ordering::Acquire) == 0 {
+        if h.refs() == 0 {
             return Err(bad("the region holds no reference for this descriptor"));
         }
         Ok(seg)
@@ -795,23 +753,13 @@ impl Mapper {
     pub fn borrow(&self, d: &RegionDesc) -> Result<Region> {
         let seg = self.checked(d)?;
         let h = seg.header(d.offset)?;
-        let mut refs = h.refs.load(Ordering::Acquire);
-        loop {
-            if refs == 0 {
-                return Err(WireError::BadRegion {
-                    name: d.name.clone(),
-                    offset: d.offset,
-                    len: d.len,
-                    why: "its holder let it go".into(),
-                });
-            }
-            match h
-                .refs
-                .compare_exchange(refs, refs + 1, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => break,
-                Err(r) => refs = r,
-            }
+        if !h.borrow() {
+            return Err(WireError::BadRegion {
+                name: d.name.clone(),
+                offset: d.offset,
+                len: d.len,
+                why: "its holder let it go".into(),
+            });
         }
         // Ours now: if the space was released and reused in between, the header says so, and
         // dropping `held` gives our reference back.
@@ -823,10 +771,7 @@ impl Mapper {
             entry: None,
             pid: mizu_shm::current_pid(),
         };
-        if h.len.load(Ordering::Relaxed) != d.len
-            || h.generation.load(Ordering::Relaxed) != d.generation
-            || h.magic.load(Ordering::Acquire) != REGION_MAGIC
-        {
+        if !h.matches(d.len, d.generation) {
             return Err(WireError::BadRegion {
                 name: d.name.clone(),
                 offset: d.offset,

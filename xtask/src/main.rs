@@ -209,6 +209,8 @@ fn loom(root: &Path) -> Res {
         "mizu-shm",
         "-p",
         "mizu-queue",
+        "-p",
+        "mizu-wire",
         "--test",
         "loom",
     ])

@@ -2,172 +2,18 @@
 //! after sending a region, receivers that hold or report, and a relay that re-sends by
 //! reference. Frames travel length-prefixed over stdin/stdout (the transport is not what these
 //! tests are about; the payload stays in shared memory). Exit 0 on success, 1 on failure.
+//!
+//! Not built under `--cfg mizu_loom`, where the segment code it uses does not exist.
 
-use std::io::{Read, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::time::Duration;
-
-use arrow_buffer::Buffer;
-use mizu_wire::{DataPool, Mapper, Received, Value, frame, read_value, write_region, write_value};
-
-type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
-
-/// Size of the payload every test sends.
-const PAYLOAD: usize = 1 << 20;
+#[cfg(not(mizu_loom))]
+mod imp;
 
 fn main() {
-    let role = std::env::args().nth(1).unwrap_or_default();
-    let r = match role.as_str() {
-        "send-exit" => send(false),
-        "send-hold" => send(true),
-        "recv-hold" => recv_hold(),
-        "relay" => relay(),
-        "report" => report(),
-        "sender-survives" => sender_survives(),
-        _ => {
-            eprintln!(
-                "usage: mizu-wire-peer send-exit|send-hold|recv-hold|relay|report|sender-survives"
-            );
-            std::process::exit(2)
-        }
-    };
-    if let Err(e) = r {
-        eprintln!("mizu-wire-peer {role}: {e}");
-        std::process::exit(1);
+    #[cfg(not(mizu_loom))]
+    imp::main();
+    #[cfg(mizu_loom)]
+    {
+        eprintln!("this peer is not available in a loom build");
+        std::process::exit(2);
     }
-}
-
-/// The payload: byte i is i mod 251.
-fn payload() -> Value {
-    Value::Bytes(Buffer::from_vec(
-        (0..PAYLOAD).map(|i| (i % 251) as u8).collect::<Vec<u8>>(),
-    ))
-}
-
-fn put(w: &mut impl Write, frame: &[u8]) -> Res {
-    w.write_all(&(frame.len() as u32).to_le_bytes())?;
-    w.write_all(frame)?;
-    w.flush()?;
-    Ok(())
-}
-
-fn get(r: &mut impl Read) -> Res<Vec<u8>> {
-    let mut n = [0u8; 4];
-    r.read_exact(&mut n)?;
-    let mut f = vec![0u8; u32::from_le_bytes(n) as usize];
-    r.read_exact(&mut f)?;
-    Ok(f)
-}
-
-fn put_value(w: &mut impl Write, v: &Value, pool: &DataPool) -> Res {
-    let mut slot = [0u8; 256];
-    let n = write_value(v, 0, &mut slot, pool)?;
-    put(w, &slot[..n])
-}
-
-fn get_value(r: &mut impl Read, mapper: &Mapper) -> Res<Received> {
-    Ok(read_value(&get(r)?, mapper)?)
-}
-
-fn hold() -> ! {
-    loop {
-        std::thread::sleep(Duration::from_secs(3600));
-    }
-}
-
-/// Sends the payload through a region, then exits (dropping its pool) or sleeps until killed.
-fn send(hold_on: bool) -> Res {
-    let pool = DataPool::new(4 << 20);
-    put_value(&mut std::io::stdout(), &payload(), &pool)?;
-    if hold_on {
-        hold();
-    }
-    Ok(())
-}
-
-/// Adopts one region frame, answers "got", then holds it until killed.
-fn recv_hold() -> Res {
-    let mapper = Mapper::new();
-    let got = get_value(&mut std::io::stdin(), &mapper)?;
-    if got.value != payload() {
-        return Err("payload differs".into());
-    }
-    put_value(
-        &mut std::io::stdout(),
-        &Value::Str("got".into()),
-        &DataPool::new(1 << 16),
-    )?;
-    let _keep = got;
-    hold();
-}
-
-fn spawn(role: &str) -> Res<(Child, ChildStdin, ChildStdout)> {
-    let mut c = Command::new(std::env::current_exe()?)
-        .arg(role)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()?;
-    let (i, o) = (
-        c.stdin.take().ok_or("stdin")?,
-        c.stdout.take().ok_or("stdout")?,
-    );
-    Ok((c, i, o))
-}
-
-/// Receives a region frame and re-sends it, by reference, to a `report` child; forwards the
-/// child's report back.
-fn relay() -> Res {
-    let mapper = Mapper::new();
-    let got = get_value(&mut std::io::stdin(), &mapper)?;
-    let region = got.region.as_ref().ok_or("expected a region frame")?;
-    let (mut child, mut cin, mut cout) = spawn("report")?;
-    let mut slot = [0u8; 256];
-    let n = write_region(region, 0, &mut slot)?;
-    put(&mut cin, &slot[..n])?;
-    let report = get_value(&mut cout, &mapper)?;
-    drop(got);
-    put_value(
-        &mut std::io::stdout(),
-        &report.value,
-        &DataPool::new(1 << 16),
-    )?;
-    child.wait()?;
-    Ok(())
-}
-
-/// Reports where the received region lives and whether its bytes are right.
-fn report() -> Res {
-    let mapper = Mapper::new();
-    let f = get(&mut std::io::stdin())?;
-    let frame::Body::Region(desc) = frame::read(&f)?.body else {
-        return Err("not a region frame".into());
-    };
-    let region = std::sync::Arc::new(mapper.adopt(&desc)?);
-    let ok = mizu_wire::decode(&mizu_wire::Region::buffer(&region))? == payload();
-    let v = Value::List(vec![
-        Value::Str(desc.name.clone()),
-        Value::Int(desc.offset as i64),
-        Value::Bool(ok),
-    ]);
-    drop(region);
-    put_value(&mut std::io::stdout(), &v, &DataPool::new(1 << 16))
-}
-
-/// Sends a region to a `recv-hold` child, kills the child with SIGKILL while it holds the
-/// reference, then exits; prints the data segment's name and the child's pid.
-fn sender_survives() -> Res {
-    let (mut child, mut cin, mut cout) = spawn("recv-hold")?;
-    let pool = DataPool::new(4 << 20);
-    let mapper = Mapper::new();
-    put_value(&mut cin, &payload(), &pool)?;
-    if get_value(&mut cout, &mapper)?.value != Value::Str("got".into()) {
-        return Err("no ack".into());
-    }
-    let probe = pool.store(b"x")?;
-    let name = probe.segment().name().to_string();
-    drop(probe);
-    child.kill()?;
-    child.wait()?;
-    println!("{name} {}", child.id());
-    Ok(())
 }
