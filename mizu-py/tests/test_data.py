@@ -329,3 +329,80 @@ def test_outcomes_moved_out_of_full_slots_give_references_back_when_dropped_unre
 
         # Without giving references back: +40 regions x 8 MB.
         assert shm_growth_mb(round_) < 64
+
+
+def mizu_shm_bytes() -> int:
+    return sum(
+        os.path.getsize(os.path.join("/dev/shm", f))
+        for f in os.listdir("/dev/shm")
+        if f.startswith("mizu_")
+    )
+
+
+def test_a_small_dev_shm_carries_large_values_and_a_full_one_fails_clearly(tmp_path):
+    # A container's /dev/shm is 64 MiB by default (MIZU_SHM_BYTES makes mizu behave so here):
+    # a loop of 8 MB arrays and of 16 MB frames must go on (16 MiB segments per process, kept
+    # idle for reuse by the caller while a worker needed room, made the frame's result fail);
+    # what cannot fit is a clear error and the pool goes on working.
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "small_shm.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import numpy as np, pandas as pd
+        sys.path.insert(0, %r)
+        import pymizu, tasks
+
+        if __name__ == "__main__":
+            with pymizu.Pool(2) as p:
+                a = np.random.rand(1_000_000)
+                for _ in range(100):
+                    assert np.array_equal(p.submit(tasks.ident, a).result(timeout=60), a)
+                df = pd.DataFrame({c: np.random.rand(250_000) for c in "abcdefgh"})
+                for _ in range(50):
+                    r = p.submit(tasks.ident, df).result(timeout=60)
+                assert r.equals(df)
+                try:
+                    p.submit(tasks.ident, np.zeros(10_000_000)).result(timeout=60)
+                    print("80 MB fitted")
+                except pymizu.MizuError as e:
+                    print("error:", e)
+                print(p.submit(tasks.add, 1, 2).result(timeout=60))
+    """ % os.path.dirname(tasks.__file__)))
+    env = dict(os.environ, MIZU_SHM_BYTES=str(mizu_shm_bytes() + (64 << 20)))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith("error: no room in /dev/shm") and "--shm-size" in lines[0], lines
+    assert lines[1] == "3"
+
+
+def test_a_process_leaving_with_views_alive_leaves_nothing_in_dev_shm(tmp_path):
+    # Python does not drop every object at exit (here an exception's traceback holds a view
+    # and the pool): the process's lock file used to stay behind until a prune.
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "leave.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        import numpy as np
+        sys.path.insert(0, %r)
+        import pymizu, tasks
+
+        if __name__ == "__main__":
+            p = pymizu.Pool(1)
+            v = p.submit(tasks.ident, np.ones(1_000_000)).result(timeout=60)
+            print(os.getpid(), flush=True)
+            raise RuntimeError("leaving with a view and a pool alive")
+    """ % os.path.dirname(tasks.__file__)))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120)
+    assert "leaving with a view" in out.stderr
+    pid = int(out.stdout.strip())
+    left = [f for f in os.listdir("/dev/shm") if f.startswith(f"mizu_{pid:x}_")]
+    assert left == []

@@ -433,6 +433,7 @@ pub(crate) fn submit_encoded(
             p.submit_timeout.unwrap_or_default(),
         ))
     };
+    let mut collected = false;
     loop {
         // Queue space is waited for in slices, so Ctrl-C still interrupts the wait.
         let left = start.map(|(s, t)| t.saturating_sub(s.elapsed()));
@@ -463,6 +464,12 @@ pub(crate) fn submit_encoded(
                 Drained::TimedOut => return Ok(Err(timed_out())),
                 Drained::Interrupted => return Ok(Err(interrupted())),
             },
+            // `/dev/shm` is full even after the wait for room: views this session no longer
+            // uses may hold it (and, through the workers, the memory of earlier sends). Once.
+            Err(PoolError::Wire(w)) if w.is_no_space() && !collected => {
+                collected = true;
+                crate::view::collect_under_pressure();
+            }
             Err(e) => return Ok(Err(submit_failure(e))),
         }
     }
@@ -631,6 +638,15 @@ fn outcome(r: std::result::Result<Buffer, CollectError>) -> Result<List> {
             "the task was already collected",
         ),
         Err(CollectError::Task(e)) => match e {
+            // The runtime's own failures ("mizu: cannot store the result: …") are plain text,
+            // not a payload of ours.
+            TaskError::Failed(b) if crate::codec::is_runtime_text(&b) => mk(
+                status::RUNTIME,
+                nil(),
+                0,
+                0,
+                String::from_utf8_lossy(&b).trim_start_matches("mizu: "),
+            ),
             TaskError::Failed(b) => value(status::RAISED, Buffer::from_vec(b))?,
             TaskError::WorkerDied { slot, pid } => {
                 mk(status::DIED, nil(), slot, pid, &e.to_string())

@@ -340,19 +340,22 @@ fn young_every() -> usize {
 }
 
 /// How much the bytes held by views may grow between full collections: an eighth of
-/// `/dev/shm`, at most 128 MiB.
+/// `/dev/shm` (`mizu_shm::space::capacity`), at most 128 MiB.
 fn budget() -> u64 {
     thread_local! {
         static BUDGET: OnceCell<u64> = const { OnceCell::new() };
     }
-    BUDGET.with(|b| {
-        *b.get_or_init(|| {
-            let total = rustix::fs::statvfs("/dev/shm")
-                .map(|s| s.f_blocks.saturating_mul(s.f_frsize))
-                .unwrap_or(u64::MAX);
-            (total / 8).min(128 << 20)
-        })
-    })
+    BUDGET.with(|b| *b.get_or_init(|| (mizu_shm::space::capacity() / 8).min(128 << 20)))
+}
+
+/// `/dev/shm` is full: a full collection frees the views nobody uses, and with them regions
+/// of this process and of the processes that sent them. Called where no payload is being read
+/// or written (R's main thread, between a failed send and its retry).
+pub fn collect_under_pressure() {
+    SINCE_GC.with(|c| c.set(0));
+    SINCE_ANY.with(|c| c.set(0));
+    DUE.with(|d| d.set(false));
+    full_collection();
 }
 
 fn collect_garbage_now_and_then(bytes: usize, copy: bool) {

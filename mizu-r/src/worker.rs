@@ -161,7 +161,14 @@ impl RExec {
             };
             // Write straight into the result slot/region; fall back to bytes where that is
             // not possible (inside a map element).
-            if ctx.reply(ok, &out as &dyn mizu_pool::Fill).is_ok() {
+            let mut replied = ctx.reply(ok, &out as &dyn mizu_pool::Fill);
+            if matches!(&replied, Err(mizu_pool::PoolError::Wire(w)) if w.is_no_space()) {
+                // `/dev/shm` is full: views this worker no longer uses may hold it (the inputs
+                // of earlier tasks, promoted by a collection while they were in use).
+                crate::view::collect_under_pressure();
+                replied = ctx.reply(ok, &out as &dyn mizu_pool::Fill);
+            }
+            if replied.is_ok() {
                 return Ok(Vec::new());
             }
             let v = out.to_vec();

@@ -88,7 +88,9 @@ pub enum ShmError {
     NotFound(String),
     /// `/dev/shm` cannot hold the requested size.
     #[error(
-        "no room in /dev/shm for segment {name}: asked for {requested} bytes, {available} bytes free"
+        "no room in /dev/shm for segment {name}: asked for {requested} bytes, {available} bytes free \
+         (values sent or received through mizu use it until nothing holds them; a container's \
+         /dev/shm can be enlarged, e.g. `docker run --shm-size=2g`)"
     )]
     NoSpace {
         /// The segment's name.

@@ -24,6 +24,8 @@ pub mod prune;
 #[cfg(not(mizu_loom))]
 pub mod segment;
 #[cfg(not(mizu_loom))]
+pub mod space;
+#[cfg(not(mizu_loom))]
 pub mod watch;
 
 pub use line::CacheLine;

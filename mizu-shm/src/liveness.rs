@@ -114,7 +114,36 @@ pub fn current() -> Result<Arc<Identity>> {
     let id = create_identity(pid)?;
     let id = Arc::new(id);
     *slot = Arc::downgrade(&id);
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    AT_EXIT.call_once(|| {
+        // SAFETY: registers a static function that never unwinds (see `remove_at_exit`); the C
+        // library keeps the pointer for the life of the process. A failed registration leaves
+        // the lock file of an exited process holding handles for `prune`, as before.
+        let _ = unsafe { atexit(remove_at_exit) };
+    });
     Ok(id)
+}
+
+unsafe extern "C" {
+    fn atexit(f: extern "C" fn()) -> std::ffi::c_int;
+}
+
+/// Runs when the process exits normally: a runtime that does not drop every object at exit
+/// (Python leaves some alive, an exception's traceback holding views, say) would otherwise
+/// leave this process's lock file behind until someone prunes it. The process is leaving, so
+/// nothing of it needs to look alive any more. Skipped if another thread holds the slot's lock
+/// (nothing may block here) and in a forked child (the identity is its parent's).
+extern "C" fn remove_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        let Ok(slot) = CURRENT.try_lock() else {
+            return;
+        };
+        if let Some(id) = slot.upgrade()
+            && rustix::process::getpid().as_raw_nonzero().get() as u32 == id.id.pid
+        {
+            let _ = rustix::fs::unlink(&id.path);
+        }
+    });
 }
 
 fn create_identity(pid: u32) -> Result<Identity> {

@@ -351,6 +351,15 @@ impl Drop for Segment {
 
 /// Reserves the pages now so a full /dev/shm is an error here, never a SIGBUS later.
 fn reserve(fd: &OwnedFd, name: &SegmentName, size: u64) -> Result<()> {
+    if let Some(available) = crate::space::left_under_limit()
+        && available < size
+    {
+        return Err(ShmError::NoSpace {
+            name: name.to_string(),
+            requested: size,
+            available,
+        });
+    }
     loop {
         match rustix::fs::fallocate(fd, FallocateFlags::empty(), 0, size) {
             Ok(()) => return Ok(()),

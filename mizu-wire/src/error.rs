@@ -60,6 +60,14 @@ pub enum WireError {
     Shm(#[from] ShmError),
 }
 
+impl WireError {
+    /// `/dev/shm` had no room for a new data segment (after this process gave back what it kept
+    /// only for reuse).
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, WireError::Shm(ShmError::NoSpace { .. }))
+    }
+}
+
 /// Result alias for this crate.
 pub type Result<T, E = WireError> = std::result::Result<T, E>;
 

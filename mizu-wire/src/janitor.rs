@@ -3,6 +3,9 @@
 //! [`crate::DataPool`]s and [`crate::Mapper`]s of this process) twice a second to let go of
 //! what has been idle long enough.
 //!
+//! When `/dev/shm` is nearly full (less than a quarter free) every idle thing goes at the next
+//! look, so that an allocation waiting for room in another process gets it.
+//!
 //! Holders are registered as weak references, so a dropped pool or mapper costs nothing
 //! here; the thread never touches a language runtime, only this crate's own locked state.
 
@@ -42,10 +45,28 @@ pub(crate) fn ensure_running() {
             .spawn(|| {
                 loop {
                     std::thread::sleep(TICK);
-                    sweep(Instant::now());
+                    // With `/dev/shm` nearly full, what is idle goes at once: another process
+                    // may be waiting for room (see `DataPool::alloc`).
+                    let pressed = mizu_shm::space::available() < mizu_shm::space::capacity() / 4;
+                    sweep(if pressed {
+                        far_future()
+                    } else {
+                        Instant::now()
+                    });
                 }
             });
     });
+}
+
+/// Lets go at once of everything this process keeps only for reuse (idle segments of every
+/// pool, mappings kept): for an allocation that found `/dev/shm` full.
+pub(crate) fn release_idle_now() {
+    sweep(far_future());
+}
+
+/// A moment by which everything idle has been idle long enough.
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(24 * 3600)
 }
 
 /// Asks every live holder to trim (outside the registry's lock: a trim unmaps and unlinks).

@@ -503,8 +503,11 @@ pub struct DataPool {
 
 impl DataPool {
     /// A pool whose segments have `segment_bytes` of arena (payloads larger than that get a
-    /// segment of their own size). Nothing is created until the first allocation.
+    /// segment of their own size), at most a 32nd of `/dev/shm` (a container's 64 MiB holds
+    /// 2 MiB segments: a handful of processes each keeping a few 16 MiB ones would fill it).
+    /// Nothing is created until the first allocation.
     pub fn new(segment_bytes: u64) -> Self {
+        let segment_bytes = segment_bytes.min((mizu_shm::space::capacity() / 32).max(1 << 20));
         let inner = Arc::new(PoolState(Mutex::new(PoolInner {
             segments: Vec::new(),
             current: 0,
@@ -548,6 +551,34 @@ impl DataPool {
                     .ok_or_else(|| too_big(len))?,
             )
             .ok_or_else(|| too_big(len))?;
+        match self.alloc_in(need, len, false) {
+            Err(e) if no_space(&e) => self.alloc_under_pressure(need, len),
+            r => r,
+        }
+    }
+
+    /// `/dev/shm` is full: give back what this process keeps only for reuse (idle segments of
+    /// every pool, kept mappings) and try again with a segment of just the size needed, for up
+    /// to [`ROOM_WAIT`] — the other processes' janitors give back what they keep idle within
+    /// a tick once `/dev/shm` is nearly full, and readers let go of regions. The error after
+    /// that is still [`WireError::is_no_space`]: a binding can free what its runtime holds
+    /// unused (R's collector: views nobody uses) and try again.
+    fn alloc_under_pressure(&self, need: u64, len: u64) -> Result<RegionMut> {
+        let start = Instant::now();
+        loop {
+            crate::janitor::release_idle_now();
+            match self.alloc_in(need, len, true) {
+                Err(e) if e.is_no_space() && start.elapsed() < ROOM_WAIT => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// Carves a region of `need` bytes (header included) from the current segment, an idle
+    /// one, or a new one (of the pool's segment size, or of `need` bytes when `exact`).
+    fn alloc_in(&self, need: u64, len: u64, exact: bool) -> Result<RegionMut> {
         let mut g = self.inner.lock();
         let fits =
             |s: &DataSegment, bump: u64| bump.checked_add(need).is_some_and(|e| e <= s.arena.len);
@@ -564,7 +595,12 @@ impl DataPool {
             let idx = match reuse {
                 Some(i) => i,
                 None => {
-                    let seg = Arc::new(DataSegment::create(g.segment_bytes.max(need))?);
+                    let size = if exact {
+                        need
+                    } else {
+                        g.segment_bytes.max(need)
+                    };
+                    let seg = Arc::new(DataSegment::create(size)?);
                     g.segments.push(Pooled { seg, used: now });
                     crate::janitor::ensure_running();
                     g.segments.len() - 1
@@ -632,6 +668,14 @@ impl DataPool {
         r.bytes_mut().copy_from_slice(bytes);
         Ok(r.commit())
     }
+}
+
+/// How long an allocation waits for room in a full `/dev/shm` before it fails: three of the
+/// janitors' looks.
+pub const ROOM_WAIT: Duration = Duration::from_millis(1500);
+
+fn no_space(e: &WireError) -> bool {
+    e.is_no_space()
 }
 
 fn too_big(len: u64) -> WireError {

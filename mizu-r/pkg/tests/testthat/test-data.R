@@ -395,6 +395,38 @@ test_that("a forked child dropping a view does not give back the parent's memory
   })
 })
 
+test_that("a small /dev/shm carries a data-frame loop and a full one fails clearly", {
+  # A container's /dev/shm is 64 MiB by default (MIZU_SHM_BYTES makes mizu behave so here).
+  # The benchmark's data-frame round trip in a loop failed after five rounds (16 MiB segments
+  # in three processes), with a garbled error ("unknown tag 0x6d": the runtime's text read as
+  # a payload).
+  files <- list.files("/dev/shm", "^mizu_", full.names = TRUE)
+  limit <- sum(file.size(files), na.rm = TRUE) + 64 * 2^20
+  out <- run_r(c(
+    sprintf('Sys.setenv(MIZU_SHM_BYTES = "%.0f")', limit),
+    "library(mizu)",
+    "pool <- mizu_pool(2)",
+    "nr <- 54000L",
+    "df <- data.frame(a = runif(nr), b = rnorm(nr), c = seq_len(nr),",
+    "                 e = factor(sample(letters[1:5], nr, TRUE)), f = runif(nr), g = rnorm(nr),",
+    "                 h = sample(1000L, nr, TRUE), j = runif(nr), k = runif(nr), l = runif(nr))",
+    "add_col <- function(d) { d$m <- d$a + d$c; d }",
+    "for (i in 1:60) r <- mizu_collect(mizu_submit(pool, f(d), f = add_col, d = df))",
+    "cat('same', identical(r, add_col(df)), '\n')",
+    "e <- tryCatch(mizu_collect(mizu_submit(pool, length(x), x = runif(1e7))), error = identity)",
+    "cat('class', class(e)[1], '\n')",
+    "cat('message', conditionMessage(e), '\n')",
+    "cat('after', mizu_collect(mizu_submit(pool, 1 + 1)), '\n')",
+    "mizu_pool_stop(pool)"
+  ), timeout = 300)
+  expect_true("same TRUE " %in% out, info = paste(out, collapse = "\n"))
+  expect_true("class mizu_error " %in% out, info = paste(out, collapse = "\n"))
+  msg <- grep("^message ", out, value = TRUE)
+  expect_match(msg, "no room in /dev/shm", fixed = TRUE)
+  expect_match(msg, "--shm-size", fixed = TRUE)
+  expect_true("after 2 " %in% out, info = paste(out, collapse = "\n"))
+})
+
 test_that("the same vector twice in a value travels once and arrives as one view", {
   x <- runif(1e5)
   size <- function(v) .Call(mizu:::wrap__codec_size, v)

@@ -21,9 +21,11 @@ pub(crate) fn main() {
         "relay" => relay(),
         "report" => report(),
         "sender-survives" => sender_survives(),
+        "keep-idle" => keep_idle(),
         _ => {
             eprintln!(
-                "usage: mizu-wire-peer send-exit|send-hold|recv-hold|relay|report|sender-survives"
+                "usage: mizu-wire-peer \
+                 send-exit|send-hold|recv-hold|relay|report|sender-survives|keep-idle <bytes>"
             );
             std::process::exit(2)
         }
@@ -32,6 +34,24 @@ pub(crate) fn main() {
         eprintln!("mizu-wire-peer {role}: {e}");
         std::process::exit(1);
     }
+}
+
+/// Stores `<bytes>` and lets go of the region, so that its pool keeps the segment idle for
+/// reuse; prints its name, then waits for stdin to close (the test's end).
+fn keep_idle() -> Res {
+    let n: usize = std::env::args()
+        .nth(2)
+        .ok_or("keep-idle <bytes>")?
+        .parse()?;
+    let pool = DataPool::new(1 << 20);
+    let r = pool.store(&vec![7u8; n])?;
+    println!("{}", r.segment().name());
+    drop(r);
+    std::io::stdout().flush()?;
+    let mut rest = Vec::new();
+    std::io::stdin().read_to_end(&mut rest)?;
+    drop(pool);
+    Ok(())
 }
 
 /// The payload: byte i is i mod 251.
