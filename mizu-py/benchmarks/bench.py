@@ -77,6 +77,17 @@ def _array_rt(arr, k, q):
     return lambda p: timed(lambda: [p.call(work.ident, arr) for _ in range(k)], 5, k) * 1e6
 
 
+def shm_capacity() -> int:
+    """Bytes /dev/shm holds (or MIZU_SHM_BYTES, when smaller): what pymizu's payloads live in."""
+    try:
+        st = os.statvfs("/dev/shm")
+        cap = st.f_blocks * st.f_frsize
+    except OSError:
+        cap = 1 << 62
+    lim = os.environ.get("MIZU_SHM_BYTES", "").strip()
+    return min(cap, int(lim)) if lim.isdigit() else cap
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (the demo)")
@@ -97,7 +108,14 @@ def main():
         ("ThreadPoolExecutor", lambda: ThreadPoolExecutor(w), "exec"),
     ]
     arrays = {s: np.random.default_rng(0).random(n) for s, n in [("8 KB", 1024), ("800 KB", 102_400), ("8 MB", 1_048_576)]}
-    frame = pd.DataFrame({f"c{i}": np.random.default_rng(i).random(1_310_720) for i in range(5)})  # 50 MB
+    # 50 MB, or an eighth of a small /dev/shm (a container's default 64 MiB cannot hold two
+    # 50 MB frames next to the pools' own segments).
+    cap = shm_capacity()
+    frame_mb = 50 if cap >= 1 << 30 else max(1, cap // 8 // 1_000_000)
+    if frame_mb < 50:
+        print(f"note: /dev/shm holds {cap / 1e6:.0f} MB: the frame row uses a {frame_mb} MB frame "
+              "(give /dev/shm 1 GB, e.g. `docker run --shm-size=1g`, for the full 50 MB)")
+    frame = pd.DataFrame({f"c{i}": np.random.default_rng(i).random(frame_mb * 26_215) for i in range(5)})
     n_map = 10_000
     xs = list(range(n_map))
     chunk = max(1, n_map // (4 * w))
@@ -113,7 +131,7 @@ def main():
         ],
         ("map 10 000 trivial", "us/elem", lambda p: timed(lambda: p.map(work.ident, xs, chunk), 3) / n_map * 1e6),
         ("map 2 000 x 5 us tasks", "ms", lambda p: timed(lambda: p.map(work.spin, spin_xs, max(1, 2000 // (4 * w))), 3) * 1e3),
-        ("50 MB pandas frame argument", "ms", lambda p: timed(lambda: p.call(work.nrows, frame), 3) * 1e3),
+        (f"{frame_mb} MB pandas frame argument", "ms", lambda p: timed(lambda: p.call(work.nrows, frame), 3) * 1e3),
     ]
     table = {}
     for pname, make, kind in peers:
