@@ -227,7 +227,13 @@ impl Pool {
             deque_capacity: cfg.slots.next_power_of_two(),
             controller: me.id(),
         };
-        let shared = Shared::new(layout::create(params)?)?;
+        // A full /dev/shm: what this process keeps idle goes, and the others' janitors give
+        // theirs back, for a moment.
+        let seg = mizu_wire::store::with_room(
+            || layout::create(params),
+            |e| matches!(e, PoolError::Shm(mizu_shm::ShmError::NoSpace { .. })),
+        )?;
+        let shared = Shared::new(seg)?;
         let core = SubmitterCore::new(shared.clone(), 0, cfg.spin);
         let children = Arc::new(Mutex::new(Children {
             procs: (0..maxw).map(|_| None).collect(),

@@ -41,11 +41,13 @@ unsafe extern "C" fn submit(pool: SEXP, msg: SEXP) -> SEXP {
             let p = pool_at(pool).map_err(|e| e.to_string())?;
             check_msg_sexp(msg).map_err(|e| format!("mizu: {e}"))?;
             let out = Outgoing::encode_sexp(msg).map_err(|e| e.to_string())?;
-            Ok(match submit_encoded(p, &out).map_err(|e| e.to_string())? {
-                Ok(t) => crate::handle::task_handle(pool, &p.batch, t),
-                // The failure's Robj is released here; nothing allocates before R has it.
-                Err(f) => f.get(),
-            })
+            Ok(
+                match submit_encoded(pool, p, &out).map_err(|e| e.to_string())? {
+                    Ok(t) => crate::handle::task_handle(pool, &p.batch, t),
+                    // The failure's Robj is released here; nothing allocates before R has it.
+                    Err(f) => f.get(),
+                },
+            )
         }
     });
     let why = match r {

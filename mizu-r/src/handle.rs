@@ -144,6 +144,18 @@ pub(crate) unsafe fn task_handle(pool: SEXP, slot: &BatchSlot, t: RTask) -> SEXP
     }
 }
 
+/// Lets go of the batch being filled: the next task handle starts a new one, and the pool
+/// handle no longer holds this one, so a collection drops it once its handles are garbage
+/// (with the outcomes of tasks dropped uncollected, and the shared memory they reference).
+///
+/// # Safety
+/// R's main thread; `pool` is the live, protected pool handle whose batch slot is `slot`.
+pub(crate) unsafe fn seal_batch(pool: SEXP, slot: &BatchSlot) {
+    *slot.0.borrow_mut() = None;
+    // SAFETY: the caller's contract; the batch stays alive through its task handles' tags.
+    unsafe { extendr_ffi::R_SetExternalPtrProtected(pool, R_NilValue) };
+}
+
 /// The task behind handle `x`, if `x` is a live task handle.
 ///
 /// # Safety

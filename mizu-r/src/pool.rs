@@ -304,14 +304,27 @@ fn pool_new(
     let submit_timeout = opt_secs(submit_timeout, "submit_timeout")?;
     // Workers load the package (and `init` runs there) before they join: Ctrl-C meanwhile
     // stops them.
-    let pool =
-        match mizu_pool::Pool::new_interruptible(cfg, Launcher::new(program, args), &mut || {
+    let launcher = Launcher::new(program, args);
+    let start = || {
+        mizu_pool::Pool::new_interruptible(cfg.clone(), launcher.clone(), &mut || {
             !interrupt::pending()
-        }) {
-            Ok(p) => p,
-            Err(PoolError::Interrupted) => return Ok(interrupted()),
-            Err(e) => return Err(rerr(e)),
-        };
+        })
+    };
+    let started = match start() {
+        // `/dev/shm` is full even after the wait for room: views and tasks this session no
+        // longer uses may hold it (and the memory of pools that stopped). Once.
+        Err(PoolError::Shm(mizu_shm::ShmError::NoSpace { .. })) => {
+            crate::view::collect_under_pressure();
+            mizu_wire::store::give_back_idle_now();
+            start()
+        }
+        r => r,
+    };
+    let pool = match started {
+        Ok(p) => p,
+        Err(PoolError::Interrupted) => return Ok(interrupted()),
+        Err(e) => return Err(rerr(e)),
+    };
     Ok(pool_robj(RPool {
         inner: RefCell::new(Some(pool)),
         nested: false,
@@ -403,7 +416,8 @@ fn pool_submit(pool: Robj, msg: Robj) -> Result<Robj> {
     check_msg(&msg)?;
     // SAFETY: `msg` is protected by its handle for the call.
     let out = Outgoing::encode_sexp(unsafe { msg.get() })?;
-    Ok(match submit_encoded(p, &out)? {
+    // SAFETY: R's main thread; `pool` is the live handle of `p`.
+    Ok(match unsafe { submit_encoded(pool.get(), p, &out) }? {
         // SAFETY: R's main thread; `pool` is the live handle of `p`; the new handle is
         // protected by the Robj from here on.
         Ok(t) => unsafe { Robj::from_sexp(crate::handle::task_handle(pool.get(), &p.batch, t)) },
@@ -413,7 +427,11 @@ fn pool_submit(pool: Robj, msg: Robj) -> Result<Robj> {
 
 /// Submits an encoded task message: the task, or the failure for the R wrapper (`c(class,
 /// message)`) when it cannot be submitted.
-pub(crate) fn submit_encoded(
+///
+/// # Safety
+/// R's main thread; `pool` is the live, protected handle of `p`.
+pub(crate) unsafe fn submit_encoded(
+    pool: SEXP,
     p: &RPool,
     out: &Outgoing,
 ) -> Result<std::result::Result<RTask, Robj>> {
@@ -466,8 +484,13 @@ pub(crate) fn submit_encoded(
             },
             // `/dev/shm` is full even after the wait for room: views this session no longer
             // uses may hold it (and, through the workers, the memory of earlier sends). Once.
+            // The outcomes of tasks whose handles were dropped uncollected hold their
+            // references until their whole batch of handles is garbage: the batch being filled
+            // is let go first, so that the collection can drop it.
             Err(PoolError::Wire(w)) if w.is_no_space() && !collected => {
                 collected = true;
+                // SAFETY: the caller's contract.
+                unsafe { crate::handle::seal_batch(pool, &p.batch) };
                 crate::view::collect_under_pressure();
             }
             Err(e) => return Ok(Err(submit_failure(e))),
@@ -501,6 +524,7 @@ fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
     }
     let mut tasks = Vec::with_capacity(outs.len());
     let mut fail = None;
+    let mut collected = false;
     // The clock is read only when there is a timeout to keep.
     let start = p.submit_timeout.map(|t| (Instant::now(), t));
     let timed_out = || {
@@ -553,6 +577,14 @@ fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
                     break;
                 }
             },
+            // As in `submit_encoded`: a full `/dev/shm`, once.
+            Err(PoolError::Wire(w)) if w.is_no_space() && !collected => {
+                collected = true;
+                // SAFETY: R's main thread; `pool` is the live handle of `p`, protected by the
+                // Robj for the call.
+                unsafe { crate::handle::seal_batch(pool.get(), &p.batch) };
+                crate::view::collect_under_pressure();
+            }
             Err(e) => {
                 fail = Some(submit_failure(e));
                 break;

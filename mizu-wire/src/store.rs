@@ -564,16 +564,7 @@ impl DataPool {
     /// that is still [`WireError::is_no_space`]: a binding can free what its runtime holds
     /// unused (R's collector: views nobody uses) and try again.
     fn alloc_under_pressure(&self, need: u64, len: u64) -> Result<RegionMut> {
-        let start = Instant::now();
-        loop {
-            crate::janitor::release_idle_now();
-            match self.alloc_in(need, len, true) {
-                Err(e) if e.is_no_space() && start.elapsed() < ROOM_WAIT => {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                r => return r,
-            }
-        }
+        with_room(|| self.alloc_in(need, len, true), WireError::is_no_space)
     }
 
     /// Carves a region of `need` bytes (header included) from the current segment, an idle
@@ -673,6 +664,32 @@ impl DataPool {
 /// How long an allocation waits for room in a full `/dev/shm` before it fails: three of the
 /// janitors' looks.
 pub const ROOM_WAIT: Duration = Duration::from_millis(1500);
+
+/// Runs `make` (which creates a segment); while it fails for lack of room in `/dev/shm`
+/// (`no_room`), gives back what this process keeps only for reuse and tries again, for up to
+/// [`ROOM_WAIT`] — the other processes' janitors give back what they keep idle once
+/// `/dev/shm` is nearly full. The error after that is `make`'s last.
+pub fn with_room<T, E>(
+    mut make: impl FnMut() -> std::result::Result<T, E>,
+    no_room: impl Fn(&E) -> bool,
+) -> std::result::Result<T, E> {
+    let start = Instant::now();
+    loop {
+        match make() {
+            Err(e) if no_room(&e) && start.elapsed() < ROOM_WAIT => {
+                crate::janitor::release_idle_now();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Gives back at once what this process keeps only for reuse: idle data segments of every
+/// pool and kept mappings (for a binding that just freed views and wants the room now).
+pub fn give_back_idle_now() {
+    crate::janitor::release_idle_now();
+}
 
 fn no_space(e: &WireError) -> bool {
     e.is_no_space()

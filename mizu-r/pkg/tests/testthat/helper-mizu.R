@@ -20,4 +20,11 @@ run_r <- function(code, timeout = 0) {
                            timeout = timeout))
 }
 
+# A large payload in MB: 100, or a quarter of a small /dev/shm (a container's 64 MiB).
+big_mb <- function() {
+  out <- suppressWarnings(system2("df", c("-B1", "--output=size", "/dev/shm"), stdout = TRUE))
+  total <- suppressWarnings(as.numeric(out[length(out)]))
+  if (is.na(total)) 100 else min(100, total / 2^20 / 4)
+}
+
 in_ci <- function() nzchar(Sys.getenv("CI"))

@@ -339,13 +339,14 @@ test_that("the shared memory of a one-off large transfer goes back after a pause
   with_pool(1, function(pool) {
     pids <- c(Sys.getpid(), mizu_pool_status(pool)$pid)
     before <- shm_mb(pids)
-    x <- as.double(seq_len(12.5e6))                    # 100 MB: a region of ours
+    mb <- big_mb()
+    x <- as.double(seq_len(mb * 2^20 / 8))             # 100 MB: a region of ours
     y <- mizu_collect(mizu_submit(pool, x * 2, x = x))  # 100 MB: a region of the worker's
     expect_identical(y[length(y)], 2 * x[length(x)])
     # Both 100 MB regions are held now; ours may sit in an idle segment an earlier test left
     # (part of `before`), the new worker's cannot.
-    expect_gte(shm_mb(pids), 190)
-    expect_gte(shm_mb(pids) - before, 90)
+    expect_gte(shm_mb(pids), 1.9 * mb)
+    expect_gte(shm_mb(pids) - before, 0.9 * mb)
     rm(x, y)
     invisible(gc())
     deadline <- Sys.time() + 120                       # a hang guard only
@@ -366,10 +367,11 @@ test_that("a worker killed while holding an input gives it back", {
   }
   with_pool(1, exec_timeout = 1, function(pool) {
     before <- shm_mb()
-    x <- as.double(seq_len(1e7))
+    mb <- 0.8 * big_mb()
+    x <- as.double(seq_len(mb * 2^20 / 8))
     t <- mizu_submit(pool, { Sys.sleep(60); length(x) }, x = x)
     expect_error(mizu_collect(t), class = "mizu_error_exec_timeout")
-    expect_gte(shm_mb(), 75)                           # the 80 MB vector is held
+    expect_gte(shm_mb(), 0.95 * mb)                    # the 80 MB vector is held
     rm(x, t)
     invisible(gc())
     deadline <- Sys.time() + 120                       # a hang guard only
@@ -417,8 +419,14 @@ test_that("a small /dev/shm carries a data-frame loop and a full one fails clear
     "cat('class', class(e)[1], '\n')",
     "cat('message', conditionMessage(e), '\n')",
     "cat('after', mizu_collect(mizu_submit(pool, 1 + 1)), '\n')",
+    # Tasks dropped uncollected whose results reference 8 MB each: their batch of handles
+    # held them all (64 MiB after eight) until /dev/shm was full; now it is let go then.
+    "x <- runif(1e6)",
+    "for (i in 1:20) { t <- mizu_submit(pool, x, x = x); Sys.sleep(0.02); rm(t) }",
+    "cat('dropped', mizu_collect(mizu_submit(pool, sum(x), x = x)) == sum(x), '\n')",
     "mizu_pool_stop(pool)"
   ), timeout = 300)
+  expect_true("dropped TRUE " %in% out, info = paste(out, collapse = "\n"))
   expect_true("same TRUE " %in% out, info = paste(out, collapse = "\n"))
   expect_true("class mizu_error " %in% out, info = paste(out, collapse = "\n"))
   msg <- grep("^message ", out, value = TRUE)
