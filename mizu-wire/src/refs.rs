@@ -128,19 +128,11 @@ impl RegionHeader {
     /// another region between its descriptor and now — and gives the reference back
     /// ([`RegionHeader::release`]) if it does not.
     pub fn borrow(&self) -> bool {
-        let mut refs = self.refs.load(Ordering::Acquire);
-        loop {
-            if refs == 0 {
-                return false;
-            }
-            match self
-                .refs
-                .compare_exchange(refs, refs + 1, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return true,
-                Err(r) => refs = r,
-            }
-        }
+        self.refs
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+                (r != 0).then(|| r + 1)
+            })
+            .is_ok()
     }
 
     /// Gives back a reference this process holds; true if it was the last (the region is
@@ -158,18 +150,9 @@ impl RegionHeader {
         {
             return None;
         }
-        let mut refs = self.refs.load(Ordering::Acquire);
-        loop {
-            if refs == 0 {
-                return None;
-            }
-            match self
-                .refs
-                .compare_exchange(refs, refs - 1, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return Some(refs == 1),
-                Err(r) => refs = r,
-            }
-        }
+        self.refs
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| r.checked_sub(1))
+            .ok()
+            .map(|before| before == 1)
     }
 }

@@ -163,6 +163,31 @@ fn a_stale_borrow_never_writes_into_reused_space() {
     });
 }
 
+/// A reaper of a dead holder's ledger (`ledger::release_dead`): claims it, then gives back
+/// the entry's reference if nobody did. Returns (claimed, references given back).
+fn reap(s: &Seg, ledger: &Header, e: &Entry, g: u64) -> (usize, usize) {
+    if !ledger.claim() {
+        return (0, 0);
+    }
+    if !e.take() {
+        return (1, 0);
+    }
+    let l = e.listed();
+    assert_eq!(
+        (l.name.as_deref(), l.offset, l.generation),
+        (Some(NAME), 64, g)
+    );
+    match s.h.release_on_behalf(l.generation) {
+        Some(last) => {
+            if last {
+                s.region_gone();
+            }
+            (1, 1)
+        }
+        None => (1, 0),
+    }
+}
+
 /// A holder records the reference it adopted in its ledger and later gives it back, while a
 /// reaper (which, for a killed holder, runs between any two of its steps) gives back what the
 /// ledger lists: the reference is given back exactly once, and the reaper reads the entry
@@ -184,19 +209,8 @@ fn a_holder_and_a_reaper_give_a_reference_back_once() {
         });
         let (s3, e3, given3) = (s.clone(), entry.clone(), given.clone());
         let reaper = thread::spawn(move || {
-            if ledger.claim() && e3.take() {
-                let l = e3.listed();
-                assert_eq!(
-                    (l.name.as_deref(), l.offset, l.generation),
-                    (Some(NAME), 64, g)
-                );
-                if let Some(last) = s3.h.release_on_behalf(l.generation) {
-                    given3.fetch_add(1, Ordering::Relaxed);
-                    if last {
-                        s3.region_gone();
-                    }
-                }
-            }
+            let (_, n) = reap(&s3, &ledger, &e3, g);
+            given3.fetch_add(n, Ordering::Relaxed);
         });
         s.release(); // the sender's reference
         holder.join().unwrap();
@@ -216,26 +230,11 @@ fn two_reapers_give_a_dead_holders_reference_back_once() {
         let s = Arc::new(s);
         let (ledger, entry) = (Arc::new(Header::default()), Arc::new(Entry::default()));
         entry.set(NAME, 64, g);
-        let reap = |s: Arc<Seg>, ledger: Arc<Header>, e: Arc<Entry>| {
-            thread::spawn(move || {
-                if !ledger.claim() {
-                    return (0, 0);
-                }
-                let mut n = 0;
-                if e.take() {
-                    let l = e.listed();
-                    if let Some(last) = s.h.release_on_behalf(l.generation) {
-                        n += 1;
-                        if last {
-                            s.region_gone();
-                        }
-                    }
-                }
-                (1, n)
-            })
+        let spawn = |s: Arc<Seg>, ledger: Arc<Header>, e: Arc<Entry>| {
+            thread::spawn(move || reap(&s, &ledger, &e, g))
         };
-        let a = reap(s.clone(), ledger.clone(), entry.clone());
-        let b = reap(s.clone(), ledger, entry);
+        let a = spawn(s.clone(), ledger.clone(), entry.clone());
+        let b = spawn(s.clone(), ledger, entry);
         let (a, b) = (a.join().unwrap(), b.join().unwrap());
         assert_eq!(
             (a.0 + b.0, a.1 + b.1),
