@@ -116,11 +116,6 @@ const FRAME_COL: u8 = 8;
 /// Maps the regions that payloads refer to (segments stay mapped while views of them live).
 static MAPPER: std::sync::LazyLock<Mapper> = std::sync::LazyLock::new(Mapper::new);
 
-/// The process's [`Mapper`] of received regions.
-pub(crate) fn mapper() -> &'static Mapper {
-    &MAPPER
-}
-
 /// How to send `v` by reference, its length and type code: when it is one of our views,
 /// unmodified, of a region whose segment still has its name; else `None`.
 fn by_ref(v: SEXP) -> Option<(How, usize, u8)> {

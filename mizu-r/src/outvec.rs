@@ -3,9 +3,13 @@
 //! a view of the region — no assembling copy in the caller.
 //!
 //! The region is an *output region* (`mizu_wire::Region::write_at`): the chunk tasks write
-//! disjoint ranges, each through a reference of its own (`Mapper::borrow`), and the caller
-//! reads only after every chunk task finished. A map that fails drops the region; a chunk
-//! still running then finishes its write into space that stays allocated until it lets go.
+//! disjoint ranges, and the caller reads only after every chunk task finished. Every chunk
+//! task's message carries a raw view of the whole region (the *token*), which crosses by
+//! reference like any unmodified view: the task holds a counted reference from the moment
+//! its message exists until its view is collected, so the space cannot be reused under a
+//! chunk still writing (a map that failed and dropped its region included). The message also
+//! carries the region's descriptor: a token that arrived as a copy (not the output region) is
+//! refused rather than written into.
 
 use std::sync::Arc;
 
@@ -33,9 +37,10 @@ fn out_type(ptype: &Robj) -> Option<VType> {
     (t != VType::Str).then_some(t)
 }
 
-/// An output area for `n` results of `ptype`'s type: `list(handle, spec)`, the spec to pass to
-/// every chunk task; NULL when the results are not of a fixed-size type or would be smaller
-/// than a view's floor (the caller then assembles them itself).
+/// An output area for `n` results of `ptype`'s type: `list(handle, spec)`, the spec
+/// (`list(token, descriptor, type code and count)`) to pass to every chunk task; NULL when
+/// the results are not of a fixed-size type or would be smaller than a view's floor (the
+/// caller then assembles them itself).
 #[extendr]
 fn out_new(pool: Robj, ptype: Robj, n: f64) -> Result<Robj> {
     let Some(t) = out_type(&ptype) else {
@@ -50,19 +55,19 @@ fn out_new(pool: Robj, ptype: Robj, n: f64) -> Result<Robj> {
     if len < crate::codec::FLOOR {
         return Ok(Robj::from(()));
     }
-    let region = crate::pool::with_data_pool(&pool, |dp| dp.alloc(len))?
-        .map_err(rerr)?
-        .commit();
+    let region = Arc::new(
+        crate::pool::with_data_pool(&pool, |dp| dp.alloc(len))?
+            .map_err(rerr)?
+            .commit(),
+    );
     let mut spec = vec![0u8; SPEC_BYTES];
     region.describe().write_to(&mut spec[..64]);
     spec[64] = t as u8;
     spec[65..].copy_from_slice(&(n as u64).to_le_bytes());
-    let handle: Robj = ExternalPtr::new(OutVec {
-        region: Arc::new(region),
-        t,
-    })
-    .into();
-    Ok(List::from_values([handle, Robj::from(spec.as_slice())]).into())
+    let token = crate::view::make(Region::buffer(&region), VType::Raw, false)?;
+    let handle: Robj = ExternalPtr::new(OutVec { region, t }).into();
+    let spec = List::from_values([token, Robj::from(spec.as_slice())]);
+    Ok(List::from_values([handle, spec.into()]).into())
 }
 
 /// In a chunk task: writes `values` (the results of elements `start`, `start + 1`, ...) into
@@ -70,7 +75,12 @@ fn out_new(pool: Robj, ptype: Robj, n: f64) -> Result<Robj> {
 #[extendr]
 fn out_write(spec: Robj, start: f64, values: Robj) -> Result<()> {
     let bad = |why: &str| rerr(format!("malformed map output spec: {why}"));
-    let s = spec.as_raw_slice().ok_or_else(|| bad("not a raw vector"))?;
+    let parts = spec
+        .as_list()
+        .filter(|l| l.len() == 2)
+        .ok_or_else(|| bad("not a list of a token and a descriptor"))?;
+    let (token, meta) = (parts.elt(0)?, parts.elt(1)?);
+    let s = meta.as_raw_slice().ok_or_else(|| bad("not a raw vector"))?;
     if s.len() != SPEC_BYTES {
         return Err(bad("wrong length"));
     }
@@ -79,6 +89,14 @@ fn out_write(spec: Robj, start: f64, values: Robj) -> Result<()> {
         .filter(|t| *t != VType::Str)
         .ok_or_else(|| bad("unknown type"))?;
     let n = u64::from_le_bytes(s[65..].try_into().expect("8 bytes"));
+    // SAFETY: `token` is protected by its handle for the call.
+    let region = match crate::view::shared(unsafe { token.get() }) {
+        Some(crate::view::Shared::Elements(b)) => Region::containing(b.as_ptr())
+            .filter(|(r, at)| *at == 0 && r.describe() == desc)
+            .map(|(r, _)| r),
+        _ => None,
+    }
+    .ok_or_else(|| bad("the output area did not arrive by reference"))?;
     let v = plain_vector(&values, t)?;
     // SAFETY: `v` is a live, non-ALTREP vector of type `t` (checked), held by `values`.
     let k = unsafe { XLENGTH(v) } as u64;
@@ -87,7 +105,6 @@ fn out_write(spec: Robj, start: f64, values: Robj) -> Result<()> {
             "map output: {k} values at {start} do not fit {n} elements"
         )));
     }
-    let region = crate::codec::mapper().borrow(&desc).map_err(rerr)?;
     if region.len() as u64 != n * t.size() as u64 {
         return Err(bad("the region does not hold that many elements"));
     }
@@ -95,7 +112,8 @@ fn out_write(spec: Robj, start: f64, values: Robj) -> Result<()> {
     // SAFETY: a plain vector's data is `k` elements of `t`, alive while `values` is.
     let data = unsafe { std::slice::from_raw_parts(DATAPTR(v).cast::<u8>(), bytes) };
     // SAFETY: the map gives every chunk task a range of elements of its own, and the caller
-    // reads the region only after every chunk task finished (see the module docs).
+    // reads the region only after every chunk task finished; the token's counted reference
+    // keeps the space from reuse meanwhile (see the module docs).
     unsafe { region.write_at((start as usize - 1) * t.size(), data) }.map_err(rerr)
 }
 

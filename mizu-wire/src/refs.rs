@@ -1,6 +1,6 @@
 //! The counting protocol of data segments: a reference count per region, a live-region count
-//! per segment and the owner's attachment, shared by holders, reapers, borrowers and the
-//! owner reusing its space — in any process.
+//! per segment and the owner's attachment, shared by holders, reapers and the owner reusing
+//! its space — in any process.
 //!
 //! It lives apart from the segment code so that the same functions run on a segment and,
 //! under `--cfg mizu_loom`, on the heap inside the loom models (`tests/loom.rs`):
@@ -8,8 +8,6 @@
 //!   `release` happens before the owner's `live() == 0`);
 //! * a reference is given back exactly once whoever gives it (holder or reaper, see
 //!   `ledger_entry.rs`), and the segment counts each region gone exactly once;
-//! * a borrower with a stale descriptor (the region released and its space reused) finds out
-//!   ([`RegionHeader::borrow`] then fails or its [`RegionHeader::matches`] check does);
 //! * the last of "owner detached" and "no live region" is seen by at least one side, which
 //!   removes the segment's name.
 
@@ -89,10 +87,9 @@ pub struct RegionHeader {
 }
 
 impl RegionHeader {
-    /// Publishes a fresh region with one reference (the allocator's). The reference count is
-    /// stored after the length and generation with release ordering: a borrower whose
-    /// increment reads it (a stale descriptor meeting reused space) then reads the new
-    /// generation, not the old one, and rejects the region.
+    /// Publishes a fresh region with one reference (the allocator's): the count and the magic
+    /// are stored after the length and generation, with release ordering, so whoever reads
+    /// them with acquire ordering reads this region's length and generation.
     pub fn publish(&self, len: u64, generation: u64) {
         self.len.store(len, Ordering::Relaxed);
         self.generation.store(generation, Ordering::Relaxed);
@@ -121,18 +118,6 @@ impl RegionHeader {
     /// One more reference from a holder (for a descriptor it sends).
     pub fn add_ref(&self) {
         self.refs.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// A reference of one's own to a region someone still holds: false if nobody does. The
-    /// caller then checks [`RegionHeader::matches`] — the space may have been reused for
-    /// another region between its descriptor and now — and gives the reference back
-    /// ([`RegionHeader::release`]) if it does not.
-    pub fn borrow(&self) -> bool {
-        self.refs
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
-                (r != 0).then(|| r + 1)
-            })
-            .is_ok()
     }
 
     /// Gives back a reference this process holds; true if it was the last (the region is

@@ -288,8 +288,8 @@ impl Region {
         }
     }
 
-    /// A descriptor carrying no reference, for the writers of an output region (see
-    /// [`Mapper::borrow`]): this holder keeps the region alive while they write.
+    /// A descriptor carrying no reference: names the region (to check that a reference
+    /// received some other way is to this region, say).
     pub fn describe(&self) -> RegionDesc {
         RegionDesc {
             name: self.seg.name().to_string(),
@@ -299,11 +299,11 @@ impl Region {
         }
     }
 
-    /// Writes `bytes` at `at` in the payload of an **output region**: one whose creator hands
-    /// [`Region::describe`]d descriptors to writers in other processes, each of which fills a
-    /// range of its own, and which is read only after every writer is done. This is the one
-    /// exception to "a committed region is immutable"; the error is for a range outside the
-    /// payload.
+    /// Writes `bytes` at `at` in the payload of an **output region**: one whose creator sends
+    /// references to writers in other processes (each holds a counted one while it writes, so
+    /// the space cannot be reused under it), each of which fills a range of its own, and which
+    /// is read only after every writer is done. This is the one exception to "a committed
+    /// region is immutable"; the error is for a range outside the payload.
     ///
     /// # Safety
     /// Nobody else reads or writes `at..at + bytes.len()` of this region while this runs, and
@@ -805,43 +805,6 @@ impl Mapper {
             return Err(bad("the region holds no reference for this descriptor"));
         }
         Ok(seg)
-    }
-
-    /// A reference of its own to the region a [`Region::describe`]d descriptor names, taken
-    /// only while its holder still has one (else the region may be reused: an error then), for
-    /// writing into an output region ([`Region::write_at`]). Dropping it releases the
-    /// reference; should the holder have let go meanwhile, that frees the region.
-    pub fn borrow(&self, d: &RegionDesc) -> Result<Region> {
-        let seg = self.checked(d)?;
-        let h = seg.header(d.offset)?;
-        if !h.borrow() {
-            return Err(WireError::BadRegion {
-                name: d.name.clone(),
-                offset: d.offset,
-                len: d.len,
-                why: "its holder let it go".into(),
-            });
-        }
-        // Ours now: if the space was released and reused in between, the header says so, and
-        // dropping `held` gives our reference back.
-        let mut held = Region {
-            seg: seg.clone(),
-            offset: d.offset,
-            len: d.len,
-            generation: d.generation,
-            entry: None,
-            pid: mizu_shm::current_pid(),
-        };
-        if !h.matches(d.len, d.generation) {
-            return Err(WireError::BadRegion {
-                name: d.name.clone(),
-                offset: d.offset,
-                len: d.len,
-                why: "stale: the region was released and its space reused".into(),
-            });
-        }
-        held.entry = crate::ledger::record(d);
-        Ok(held)
     }
 
     fn segment(&self, name: &str) -> Result<Arc<DataSegment>> {

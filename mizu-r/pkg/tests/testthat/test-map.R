@@ -163,3 +163,26 @@ test_that("progress is shown when asked", {
     expect_identical(r, as.list(1:20))
   })
 })
+
+test_that("a map's output is written only through a view of it that arrived by reference", {
+  # Chunk tasks hold a counted reference to the output area through that view, so its space
+  # is never reused under a chunk still writing; a copy of the view (or a view of another
+  # area) is refused rather than written into.
+  with_pool(1, function(pool) {
+    o <- .Call(mizu:::wrap__out_new, pool, double(), 1000)
+    spec <- o[[2]]
+    copy <- spec[[1]]
+    copy[1] <- copy[1]                                 # a private copy of the view
+    expect_error(.Call(mizu:::wrap__out_write, list(copy, spec[[2]]), 1, c(1, 2)),
+                 "did not arrive by reference")
+    other <- .Call(mizu:::wrap__out_new, pool, double(), 1000)
+    expect_error(.Call(mizu:::wrap__out_write, list(other[[2]][[1]], spec[[2]]), 1, c(1, 2)),
+                 "did not arrive by reference")
+    expect_null(.Call(mizu:::wrap__out_write, spec, 3, c(1.5, 2.5)))
+    expect_identical(.Call(mizu:::wrap__out_view, o[[1]])[3:4], c(1.5, 2.5))
+    # Through a worker, as a map does it.
+    expect_null(mizu_collect(mizu_submit(pool, .Call(mizu:::wrap__out_write, s, 10, c(7, 8)),
+                                         s = spec)))
+    expect_identical(.Call(mizu:::wrap__out_view, o[[1]])[10:11], c(7, 8))
+  })
+})
