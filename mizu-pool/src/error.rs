@@ -71,6 +71,10 @@ pub enum TaskError {
     /// The pool stopped before the task ran.
     #[error("the pool stopped before the task ran")]
     Stopped,
+    /// The runtime itself failed the task: its input could not be read or its result could
+    /// not be stored (a full `/dev/shm`, say). Not a payload of the executor's.
+    #[error("{0}")]
+    Runtime(String),
 }
 
 /// Result alias.

@@ -159,6 +159,8 @@ pub mod reason {
     pub const TIMEOUT: u32 = 2;
     /// The pool stopped.
     pub const STOPPED: u32 = 3;
+    /// With `Err`: the runtime's own failure (the payload is UTF-8 text), not the executor's.
+    pub const RUNTIME: u32 = 4;
 }
 
 /// How a task slot's data area is filled.

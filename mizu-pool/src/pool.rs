@@ -375,7 +375,7 @@ impl Pool {
     /// Runs one task and returns its result (submit + collect).
     pub fn call(&self, payload: &[u8]) -> std::result::Result<Buffer, CollectError> {
         self.submit(payload)
-            .map_err(|e| CollectError::Task(crate::TaskError::Failed(e.to_string().into_bytes())))?
+            .map_err(|e| CollectError::Task(crate::TaskError::Runtime(e.to_string())))?
             .result(None)
     }
 

@@ -459,18 +459,19 @@ impl SubmitterCore {
         let (slot, pid) = ((runner >> 32) as usize, runner as u32);
         let why = hdr.reason.load(Ordering::Relaxed);
         match st {
-            SlotState::Ok => self
-                .shared
-                .take_payload(s, k)
-                .map_err(|e| CollectError::Task(TaskError::Failed(e.to_string().into_bytes()))),
-            SlotState::Err => {
-                let b = self
-                    .shared
-                    .take_payload(s, k)
-                    .map(|b| b.to_vec())
-                    .unwrap_or_else(|e| e.to_string().into_bytes());
-                Err(TaskError::Failed(b).into())
+            SlotState::Ok => self.shared.take_payload(s, k).map_err(|e| {
+                CollectError::Task(TaskError::Runtime(format!(
+                    "mizu: cannot read the result: {e}"
+                )))
+            }),
+            SlotState::Err => Err(match self.shared.take_payload(s, k) {
+                Ok(b) if why == reason::RUNTIME => {
+                    TaskError::Runtime(String::from_utf8_lossy(&b).into_owned())
+                }
+                Ok(b) => TaskError::Failed(b.to_vec()),
+                Err(e) => TaskError::Runtime(format!("mizu: cannot read the error: {e}")),
             }
+            .into()),
             SlotState::Died => {
                 self.shared.discard_payload(s, k);
                 Err(match why {

@@ -388,6 +388,9 @@ impl Runtime<'_> {
             replied: Cell::new(None),
             input: RefCell::new(None),
         };
+        // The runtime's own failures are marked (`reason::RUNTIME`): their text is not a
+        // payload the binding could decode.
+        let mut runtime = false;
         let out = match self.shared.take_payload(s, k) {
             Ok(input) => match input.as_slice().strip_prefix(crate::map::RUNNER_MAGIC) {
                 Some(token) => crate::map::run_runner(self.exec, &ctx, token),
@@ -400,7 +403,10 @@ impl Runtime<'_> {
                     r
                 }
             },
-            Err(e) => Err(format!("mizu: unreadable task input: {e}").into_bytes()),
+            Err(e) => {
+                runtime = true;
+                Err(format!("mizu: unreadable task input: {e}").into_bytes())
+            }
         };
         let (bytes, ok) = match out {
             Ok(b) => (b, true),
@@ -418,9 +424,14 @@ impl Runtime<'_> {
                     k,
                     format!("mizu: cannot store the result: {e}").as_bytes(),
                 );
+                runtime = true;
                 false
             }
         };
+        if runtime {
+            hdr.reason
+                .store(crate::layout::reason::RUNTIME, Ordering::Relaxed);
+        }
         let _ = hdr.state.transition(
             g,
             SlotState::Running,

@@ -386,6 +386,16 @@ fn to_python(py: Python<'_>, r: Result<Buffer, CollectError>) -> PyResult<(bool,
                     0,
                 ),
             },
+            // The runtime's own failure: its text, as for an undecodable payload above.
+            TaskError::Runtime(m) => (
+                1,
+                (
+                    PyBytes::new(py, m.as_bytes()).into_any().unbind(),
+                    PyList::empty(py).unbind(),
+                ),
+                usize::MAX,
+                0,
+            ),
             TaskError::WorkerDied { slot, pid } => (2, empty(), slot, pid),
             TaskError::ExecTimeout { slot, pid } => (3, empty(), slot, pid),
             TaskError::Cancelled => (4, empty(), 0, 0),

@@ -836,13 +836,6 @@ pub fn text(msg: &str) -> Vec<u8> {
     v
 }
 
-/// Whether an error payload is the pool runtime's own text (it writes "mizu: …" when a
-/// task's input cannot be read or its result cannot be stored): no payload of ours starts
-/// with `m`.
-pub fn is_runtime_text(b: &[u8]) -> bool {
-    b.starts_with(b"mizu: ")
-}
-
 /// Encodes and decodes in this process (tests of the payload format and of views).
 #[extendr]
 fn codec_roundtrip(value: Robj) -> Result<Robj> {

@@ -670,15 +670,10 @@ fn outcome(r: std::result::Result<Buffer, CollectError>) -> Result<List> {
             "the task was already collected",
         ),
         Err(CollectError::Task(e)) => match e {
-            // The runtime's own failures ("mizu: cannot store the result: …") are plain text,
-            // not a payload of ours.
-            TaskError::Failed(b) if crate::codec::is_runtime_text(&b) => mk(
-                status::RUNTIME,
-                nil(),
-                0,
-                0,
-                String::from_utf8_lossy(&b).trim_start_matches("mizu: "),
-            ),
+            // The runtime's own failure ("mizu: cannot store the result: …"): text.
+            TaskError::Runtime(m) => {
+                mk(status::RUNTIME, nil(), 0, 0, m.trim_start_matches("mizu: "))
+            }
             TaskError::Failed(b) => value(status::RAISED, Buffer::from_vec(b))?,
             TaskError::WorkerDied { slot, pid } => {
                 mk(status::DIED, nil(), slot, pid, &e.to_string())

@@ -418,6 +418,9 @@ test_that("a small /dev/shm carries a data-frame loop and a full one fails clear
     "e <- tryCatch(mizu_collect(mizu_submit(pool, length(x), x = runif(1e7))), error = identity)",
     "cat('class', class(e)[1], '\n')",
     "cat('message', conditionMessage(e), '\n')",
+    # A result too large for what is left fails the task with the runtime's text.
+    "e <- tryCatch(mizu_collect(mizu_submit(pool, runif(1e7))), error = identity)",
+    "cat('made', class(e)[1], grepl('cannot store the result', conditionMessage(e)), '\n')",
     "cat('after', mizu_collect(mizu_submit(pool, 1 + 1)), '\n')",
     # Tasks dropped uncollected whose results reference 8 MB each: their batch of handles
     # held them all (64 MiB after eight) until /dev/shm was full; now it is let go then.
@@ -432,6 +435,7 @@ test_that("a small /dev/shm carries a data-frame loop and a full one fails clear
   msg <- grep("^message ", out, value = TRUE)
   expect_match(msg, "no room in /dev/shm", fixed = TRUE)
   expect_match(msg, "--shm-size", fixed = TRUE)
+  expect_true("made mizu_error TRUE " %in% out, info = paste(out, collapse = "\n"))
   expect_true("after 2 " %in% out, info = paste(out, collapse = "\n"))
 })
 
