@@ -77,6 +77,9 @@ fn run(root: &Path, cmd: &mut Command) -> Res {
 
 fn test(root: &Path) -> Res {
     let t = Instant::now();
+    // Before anything builds the workspace: `mizu-r`'s bindings (extendr) need R at build
+    // time, so on a fresh machine clippy would fail before the R tests could install it.
+    r::ensure_r(root)?;
     run(
         root,
         Command::new(cargo()).args(["fmt", "--all", "--", "--check"]),
