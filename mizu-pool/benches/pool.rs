@@ -269,9 +269,17 @@ fn main() {
     // SAFETY: single-threaded at this point; nothing reads the environment concurrently.
     unsafe { std::env::set_var("MIZU_PIN_CPU", "1") };
     let rt_n = scale(100_000);
+    // The machine's floor, on both sides of the round-trip rows (a VM's changes over time).
+    let floor = || mizu_shm::affinity::line_round_trip(0, 1, scale(20_000) as u64, RUNS).ok();
+    let floor_before = floor();
     let (mizu_rt, parks) = mizu_round_trip(rt_n, 1);
+    let floor_after = floor();
     if std::env::var_os("MIZU_BENCH_RT_ONLY").is_some() {
-        println!("rt {mizu_rt:.1} ns parks {parks}");
+        println!(
+            "rt {mizu_rt:.1} ns parks {parks} floor {:.0}/{:.0} ns",
+            floor_before.unwrap_or(f64::NAN),
+            floor_after.unwrap_or(f64::NAN)
+        );
         return;
     }
     let (mizu_rt2, _) = mizu_round_trip(rt_n, 2);
@@ -360,6 +368,15 @@ fn main() {
         "(the socketpair column of the map row is its fan-out cost per task, the best a socket pool's map can do)"
     );
     println!("worker parks during the round-trip runs: {parks}");
+    if let (Some(b), Some(a)) = (floor_before, floor_after) {
+        println!(
+            "machine floor: one cache line's round trip between cpu0 and cpu1 took {b:.0} ns \
+             before and {a:.0} ns after the round-trip row (no shared-memory round trip can be \
+             faster; on this VM it moves between ~100 and ~400 ns with the host's placement); \
+             the pool's round trip is {:.1} of them",
+            mizu_rt / ((a + b) / 2.0)
+        );
+    }
     println!(
         "Targets (issue #5): round trip <= 0.5 µs and >= 50x the socketpair pool; pipelined >= 2 M tasks/s."
     );

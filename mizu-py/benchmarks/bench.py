@@ -38,6 +38,18 @@ class Peer:
             return self.pool.apply_async(fn, args).get()
         return self.pool.submit(fn, *args).result()
 
+    def round_trips(self, fn, k):
+        """`k` round trips of `fn(1, 1)` one after another, written as a user's loop would be
+        (the bound method in a local), so that no layer of the harness sits in the measure."""
+        if self.kind == "mp":
+            apply = self.pool.apply_async
+            for _ in range(k):
+                apply(fn, (1, 1)).get()
+        else:
+            submit = self.pool.submit
+            for _ in range(k):
+                submit(fn, 1, 1).result()
+
     def pipelined(self, fn, n):
         if self.kind == "mp":
             rs = [self.pool.apply_async(fn, (i, 1)) for i in range(n)]
@@ -75,6 +87,14 @@ def _array_rt(arr, k, q):
     """Steady-state round trip of `arr` (sent and returned), `k` calls per run."""
     k = max(2, int(k * q))
     return lambda p: timed(lambda: [p.call(work.ident, arr) for _ in range(k)], 5, k) * 1e6
+
+
+def line_floor() -> float | None:
+    """Nanoseconds for one cache line's round trip between CPUs 0 and 1 now (None on one CPU)."""
+    try:
+        return pymizu._native.line_round_trip_ns(0, 1)
+    except pymizu.MizuError:
+        return None
 
 
 def shm_capacity() -> int:
@@ -123,7 +143,7 @@ def main():
     measures = [
         # More repetitions than the others: a short stall (a collection, the VM) moves a
         # microsecond-scale median.
-        ("trivial round trip", "us", lambda p: timed(lambda: [p.call(work.add, 1, 1) for _ in range(int(500 * q) or 1)], 9, int(500 * q) or 1) * 1e6),
+        ("trivial round trip", "us", lambda p: timed(lambda: p.round_trips(work.add, int(500 * q) or 1), 9, int(500 * q) or 1) * 1e6),
         ("pipelined, 5000 tasks", "k tasks/s", lambda p: 5000 / timed(lambda: p.pipelined(work.add, 5000), 3) / 1e3),
         *[
             (f"{s} float64 array round trip", "us", _array_rt(arr, k, q))
@@ -134,11 +154,16 @@ def main():
         (f"{frame_mb} MB pandas frame argument", "ms", lambda p: timed(lambda: p.call(work.nrows, frame), 3) * 1e3),
     ]
     table = {}
+    floors = []
     for pname, make, kind in peers:
+        if pname == "pymizu.Pool":
+            floors.append(line_floor())
         p = Peer(pname, make(), kind)
         for name, unit, f in measures:
             table[(p.name, name)] = f(p)
         p.close()
+        if pname == "pymizu.Pool":
+            floors.append(line_floor())
         time.sleep(0.5)
     names = [p[0] for p in peers]
     print(f"\npymizu vs Python peers: {w} workers each, {os.cpu_count()} CPUs, median of runs")
@@ -156,6 +181,14 @@ def main():
         r_best = mizu / best if higher_better else best / mizu
         cells = " | ".join(f"{v:>20.2f}" for v in vals)
         print(f"| {name:<30} | {unit:<9} | {cells} | {r_ppe:>5.1f}x | {r_best:>19.1f}x |")
+    if all(f is not None for f in floors):
+        rt = table[("pymizu.Pool", "trivial round trip")] * 1e3
+        print(
+            f"machine floor: one cache line's round trip between cpu0 and cpu1 took {floors[0]:.0f} ns "
+            f"before and {floors[1]:.0f} ns after pymizu.Pool's rows (no shared-memory round trip can "
+            f"be faster; on this VM it moves between ~100 and ~400 ns with the host's placement); "
+            f"pymizu.Pool's trivial round trip is {rt / (sum(floors) / 2):.1f} of them"
+        )
 
 
 if __name__ == "__main__":

@@ -89,6 +89,16 @@ fn prune() -> PyResult<Vec<String>> {
     mizu_shm::prune().map_err(err)
 }
 
+/// Nanoseconds for one cache line's round trip between CPUs `a` and `b` now (the median of 5
+/// runs of `rounds`): the floor under any shared-memory round trip, which benchmarks print
+/// beside theirs. It spins both CPUs for a while (the GIL is released).
+#[pyfunction]
+#[pyo3(signature = (a=0, b=1, rounds=20_000))]
+fn line_round_trip_ns(py: Python<'_>, a: usize, b: usize, rounds: u64) -> PyResult<f64> {
+    py.detach(|| mizu_shm::affinity::line_round_trip(a, b, rounds.clamp(1, 10_000_000), 5))
+        .map_err(err)
+}
+
 /// The native module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -123,5 +133,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(worker::small_loads, m)?)?;
     m.add_function(wrap_pyfunction!(stream_word, m)?)?;
     m.add_function(wrap_pyfunction!(prune, m)?)?;
+    m.add_function(wrap_pyfunction!(line_round_trip_ns, m)?)?;
     Ok(())
 }

@@ -38,6 +38,10 @@ fmt_time <- function(s) {
 
 cat(sprintf("mizu R benchmarks: %d workers, R %s, %d CPUs%s\n", workers,
             getRversion(), parallel::detectCores(), if (quick) " (quick)" else ""))
+# The machine's floor: one cache line's round trip between CPUs 0 and 1 (NA on one CPU).
+line_floor <- function() tryCatch(.Call(mizu:::wrap__line_round_trip_ns, 0L, 1L),
+                                  error = function(e) NA_real_)
+floor_before <- line_floor()
 pool <- mizu_pool(workers)
 cl <- makePSOCKcluster(workers)
 plan(multisession, workers = workers)
@@ -51,6 +55,7 @@ rt_mizu <- per_op(function() for (i in seq_len(n)) mizu_collect(mizu_submit(pool
 rt_psock <- per_op(function() for (i in seq_len(n_psock)) clusterCall(cl[1], identity, i), n_psock)
 rt_fork <- per_op(function() for (i in seq_len(n_slow)) mccollect(mcparallel(i)), n_slow)
 rt_future <- per_op(function() for (i in seq_len(n_slow)) value(future(i)), n_slow)
+floor_after <- line_floor()  # (the pool's workers are idle, hence parked, by now)
 report("trivial task round trip", "time", rt_mizu,
        list(`PSOCK cluster` = rt_psock, `mcparallel (fork)` = rt_fork,
             `future multisession` = rt_future))
@@ -120,3 +125,11 @@ for (r in seq_len(nrow(out))) {
               fmt_time(x$other), x$ratio))
 }
 cat("\n(mizu is: how many times less time mizu takes than the peer, same run, same machine)\n")
+if (!is.na(floor_before) && !is.na(floor_after)) {
+  cat(sprintf(paste0(
+    "machine floor: one cache line's round trip between cpu0 and cpu1 took %.0f ns before the ",
+    "pool started and %.0f ns after the round-trip row (no shared-memory round trip can be ",
+    "faster; on this VM it moves between ~100 and ~400 ns with the host's placement); the ",
+    "trivial round trip is %.0f of them\n"),
+    floor_before, floor_after, rt_mizu * 1e9 / ((floor_before + floor_after) / 2)))
+}

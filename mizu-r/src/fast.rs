@@ -78,7 +78,7 @@ unsafe extern "C" fn submit_expr(pool: SEXP, expr: SEXP, vars: SEXP) -> SEXP {
             extendr_ffi::SEXPTYPE::VECSXP,
             3,
         ));
-        extendr_ffi::SET_VECTOR_ELT(msg, 0, mk_string("e"));
+        extendr_ffi::SET_VECTOR_ELT(msg, 0, crate::handle::kept_expr_kind());
         extendr_ffi::SET_VECTOR_ELT(msg, 1, expr);
         extendr_ffi::SET_VECTOR_ELT(msg, 2, vars);
         let r = submit(pool, msg);

@@ -60,6 +60,17 @@ thread_local! {
     static BATCH_TAG: Cell<Option<SEXP>> = const { Cell::new(None) };
     /// The class vector of task handles.
     static TASK_CLASS: Cell<Option<SEXP>> = const { Cell::new(None) };
+    /// `"e"`: the kind of an expression task's message.
+    static EXPR_KIND: Cell<Option<SEXP>> = const { Cell::new(None) };
+}
+
+/// `"e"`, the first element of an expression task's message (made once, kept).
+///
+/// # Safety
+/// R's main thread.
+pub(crate) unsafe fn kept_expr_kind() -> SEXP {
+    // SAFETY: the caller's contract.
+    unsafe { kept(&EXPR_KIND, "e") }
 }
 
 /// A vector made once per session and kept (preserved).

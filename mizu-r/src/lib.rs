@@ -109,9 +109,19 @@ fn shm_names() -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Nanoseconds for one cache line's round trip between CPUs `a` and `b` now (the median of 5
+/// runs of 20 000): the floor under any shared-memory round trip, which the benchmarks print
+/// beside theirs. It spins both CPUs for a while.
+#[extendr]
+fn line_round_trip_ns(a: i32, b: i32) -> Result<f64> {
+    let cpu = |c: i32| usize::try_from(c).map_err(|_| rerr(format!("no CPU {c}")));
+    mizu_shm::affinity::line_round_trip(cpu(a)?, cpu(b)?, 20_000, 5).map_err(rerr)
+}
+
 extendr_module! {
     mod mizu;
     fn init_native;
+    fn line_round_trip_ns;
     fn is_compiled;
     fn prune;
     fn shm_names;
