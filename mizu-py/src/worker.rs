@@ -66,13 +66,28 @@ fn send_pickled(
     };
     let out = Outgoing::new(py, pickle.as_bytes(py), bufs.bind(py))
         .map_err(|e| text(format!("pymizu: cannot send the result: {e}")))?;
-    send(ctx, ok, &out)
+    send(py, ctx, ok, &out)
 }
 
 /// Writes an outcome straight into the result slot/region; falls back to bytes where that is
 /// not possible (inside a native map element).
-fn send(ctx: &TaskContext<'_>, ok: bool, out: &dyn Fill) -> Result<Vec<u8>, Vec<u8>> {
-    if ctx.reply(ok, out).is_ok() {
+fn send(
+    py: Python<'_>,
+    ctx: &TaskContext<'_>,
+    ok: bool,
+    out: &dyn Fill,
+) -> Result<Vec<u8>, Vec<u8>> {
+    let mut replied = ctx.reply(ok, out);
+    if matches!(&replied, Err(PoolError::Wire(w)) if w.is_no_space()) {
+        // `/dev/shm` is full even after the wait for room: arrays this worker no longer uses
+        // may still hold it, kept by reference cycles until the next full collection (the
+        // inputs of earlier tasks, say). Collect them, then try once more.
+        if let Err(e) = py.import("gc").and_then(|gc| gc.call_method0("collect")) {
+            e.write_unraisable(py, None);
+        }
+        replied = ctx.reply(ok, out);
+    }
+    if replied.is_ok() {
         return Ok(Vec::new());
     }
     let mut v = vec![0u8; out.size()];
@@ -135,7 +150,7 @@ impl PyExec {
         result: Bound<'_, PyAny>,
     ) -> Result<Vec<u8>, Vec<u8>> {
         if let Some(v) = small::encode_value(&result, true) {
-            return send(ctx, true, &v);
+            return send(py, ctx, true, &v);
         }
         let pickled = match self.dumps_result.bind(py).call1((&result,)) {
             Ok(p) => Ok(p),

@@ -145,3 +145,25 @@ def ticks():
 
 def kw_pair(a, *, b):
     return a, b
+
+
+def drop_in_a_cycle(x):
+    """Keeps `x` (a view of the caller's memory) in a reference cycle that becomes garbage
+    at once: only a full collection frees it."""
+    import gc
+
+    gc.disable()  # (re-enabled by `ones_after`) so that no automatic collection frees it
+    cycle = [x]
+    cycle.append(cycle)
+    return len(x)
+
+
+def ones_after(n):
+    """`n` float64 ones; the collector is on again afterwards."""
+    import gc
+    import numpy as np
+
+    try:
+        return np.ones(n)
+    finally:
+        gc.enable()

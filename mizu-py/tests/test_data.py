@@ -389,6 +389,36 @@ def test_a_small_dev_shm_carries_large_values_and_a_full_one_fails_clearly(tmp_p
     assert lines[1] == "3"
 
 
+def test_a_worker_short_of_dev_shm_collects_its_garbage_before_failing(tmp_path):
+    # A worker keeps a 40 MiB input alive in a garbage cycle; its next result (20 MiB) fits in
+    # the 64 MiB /dev/shm only once that cycle is collected (the R worker runs R's collector
+    # the same way). Before, the result failed as "no room in /dev/shm".
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "cycle.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import numpy as np
+        sys.path.insert(0, %r)
+        import pymizu, tasks
+
+        if __name__ == "__main__":
+            with pymizu.Pool(1) as p:
+                a = np.random.rand(5_242_880)
+                assert p.submit(tasks.drop_in_a_cycle, a).result(timeout=60) == len(a)
+                del a
+                r = p.submit(tasks.ones_after, 2_621_440).result(timeout=60)
+                print(len(r), r.sum())
+    """ % os.path.dirname(tasks.__file__)))
+    env = dict(os.environ, MIZU_SHM_BYTES=str(mizu_shm_bytes() + (64 << 20)))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2621440", "2621440.0"], out.stdout
+
+
 def test_a_process_leaving_with_views_alive_leaves_nothing_in_dev_shm(tmp_path):
     # Python does not drop every object at exit (here an exception's traceback holds a view
     # and the pool): the process's lock file used to stay behind until a prune.
