@@ -49,6 +49,7 @@ pub(crate) fn submit_draining(
     f: impl Fn(Option<Duration>) -> mizu_pool::Result<mizu_pool::Task> + Sync,
 ) -> PyResult<Task> {
     let mut hot = size <= HOT_SUBMIT_MAX;
+    let mut collected = false;
     loop {
         // Waiting for queue space (a worker stuck in a long task) goes in slices, so Ctrl-C
         // still interrupts it.
@@ -69,8 +70,21 @@ pub(crate) fn submit_draining(
                 py.detach(|| tasks.drain());
                 py.check_signals()?;
             }
+            Err(PoolError::Wire(w)) if w.is_no_space() && !collected => {
+                collected = true;
+                collect_garbage(py);
+            }
             Err(e) => return Err(submit_error(e)),
         }
+    }
+}
+
+/// `/dev/shm` is full even after the wait for room: arrays this process no longer uses may
+/// still hold it (results of earlier tasks kept by reference cycles until the next full
+/// collection). Collects them, once, before the submission tries again.
+pub(crate) fn collect_garbage(py: Python<'_>) {
+    if let Err(e) = py.import("gc").and_then(|gc| gc.call_method0("collect")) {
+        e.write_unraisable(py, None);
     }
 }
 
@@ -84,6 +98,7 @@ pub(crate) fn submit_all_draining(
     f: impl Fn(&[Outgoing<'_>], Duration) -> (Vec<mizu_pool::Task>, mizu_pool::Result<()>) + Sync,
 ) -> PyResult<Vec<Task>> {
     let mut done = Vec::with_capacity(outs.len());
+    let mut collected = false;
     while done.len() < outs.len() {
         let (ts, r) = py.detach(|| f(&outs[done.len()..], SLICE));
         done.extend(ts.into_iter().map(|t| Task::new(t, tasks, nested)));
@@ -95,6 +110,10 @@ pub(crate) fn submit_all_draining(
             Err(PoolError::SlotsExhausted(_)) => {
                 py.detach(|| tasks.drain());
                 py.check_signals()?;
+            }
+            Err(PoolError::Wire(w)) if w.is_no_space() && !collected => {
+                collected = true;
+                collect_garbage(py);
             }
             // Tasks already submitted still run; their handles are dropped (abandoned).
             Err(e) => return Err(submit_error(e)),

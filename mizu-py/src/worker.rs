@@ -79,12 +79,8 @@ fn send(
 ) -> Result<Vec<u8>, Vec<u8>> {
     let mut replied = ctx.reply(ok, out);
     if matches!(&replied, Err(PoolError::Wire(w)) if w.is_no_space()) {
-        // `/dev/shm` is full even after the wait for room: arrays this worker no longer uses
-        // may still hold it, kept by reference cycles until the next full collection (the
-        // inputs of earlier tasks, say). Collect them, then try once more.
-        if let Err(e) = py.import("gc").and_then(|gc| gc.call_method0("collect")) {
-            e.write_unraisable(py, None);
-        }
+        // (The inputs of earlier tasks, say; see `collect_garbage`.)
+        crate::pool::collect_garbage(py);
         replied = ctx.reply(ok, out);
     }
     if replied.is_ok() {

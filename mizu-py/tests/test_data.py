@@ -419,6 +419,37 @@ def test_a_worker_short_of_dev_shm_collects_its_garbage_before_failing(tmp_path)
     assert out.stdout.split() == ["2621440", "2621440.0"], out.stdout
 
 
+def test_a_caller_short_of_dev_shm_collects_its_garbage_before_failing(tmp_path):
+    # The caller keeps a 40 MiB result (a view of the worker's memory) in a garbage cycle;
+    # its next 20 MiB argument fits in the 64 MiB /dev/shm only once that cycle is collected.
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "cycle.py"
+    script.write_text(textwrap.dedent("""
+        import gc, sys
+        import numpy as np
+        sys.path.insert(0, %r)
+        import pymizu, tasks
+
+        if __name__ == "__main__":
+            with pymizu.Pool(1) as p:
+                gc.disable()
+                r = p.submit(tasks.ones_after, 5_242_880).result(timeout=60)
+                cycle = [r]
+                cycle.append(cycle)
+                del r, cycle
+                a = np.random.rand(2_621_440)
+                print(p.submit(tasks.ident, a).result(timeout=60).sum() == a.sum())
+    """ % os.path.dirname(tasks.__file__)))
+    env = dict(os.environ, MIZU_SHM_BYTES=str(mizu_shm_bytes() + (64 << 20)))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True"], out.stdout
+
+
 def test_a_process_leaving_with_views_alive_leaves_nothing_in_dev_shm(tmp_path):
     # Python does not drop every object at exit (here an exception's traceback holds a view
     # and the pool): the process's lock file used to stay behind until a prune.
