@@ -348,43 +348,49 @@ def mizu_shm_bytes() -> int:
     )
 
 
+def run_in_64_mib(tmp_path, main: str) -> list[str]:
+    """Runs `main` as the `if __name__ == "__main__":` block of a script (with `gc`, `np`,
+    `pd`, `pymizu` and `tasks` imported) in a fresh interpreter whose mizu sees a 64 MiB
+    `/dev/shm` (a container's default; `MIZU_SHM_BYTES`); returns its output lines."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "in_64_mib.py"
+    script.write_text(
+        "import gc, sys\nimport numpy as np, pandas as pd\n"
+        f"sys.path.insert(0, {os.path.dirname(tasks.__file__)!r})\n"
+        "import pymizu, tasks\n\n"
+        'if __name__ == "__main__":\n' + textwrap.indent(textwrap.dedent(main), "    ")
+    )
+    env = dict(os.environ, MIZU_SHM_BYTES=str(mizu_shm_bytes() + (64 << 20)))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()
+
+
 def test_a_small_dev_shm_carries_large_values_and_a_full_one_fails_clearly(tmp_path):
     # A container's /dev/shm is 64 MiB by default (MIZU_SHM_BYTES makes mizu behave so here):
     # a loop of 8 MB arrays and of 16 MB frames must go on (16 MiB segments per process, kept
     # idle for reuse by the caller while a worker needed room, made the frame's result fail);
     # what cannot fit is a clear error and the pool goes on working.
-    import subprocess
-    import sys
-    import textwrap
-
-    script = tmp_path / "small_shm.py"
-    script.write_text(textwrap.dedent("""
-        import sys
-        import numpy as np, pandas as pd
-        sys.path.insert(0, %r)
-        import pymizu, tasks
-
-        if __name__ == "__main__":
-            with pymizu.Pool(2) as p:
-                a = np.random.rand(1_000_000)
-                for _ in range(100):
-                    assert np.array_equal(p.submit(tasks.ident, a).result(timeout=60), a)
-                df = pd.DataFrame({c: np.random.rand(250_000) for c in "abcdefgh"})
-                for _ in range(50):
-                    r = p.submit(tasks.ident, df).result(timeout=60)
-                assert r.equals(df)
-                try:
-                    p.submit(tasks.ident, np.zeros(10_000_000)).result(timeout=60)
-                    print("80 MB fitted")
-                except pymizu.MizuError as e:
-                    print("error:", e)
-                print(p.submit(tasks.add, 1, 2).result(timeout=60))
-    """ % os.path.dirname(tasks.__file__)))
-    env = dict(os.environ, MIZU_SHM_BYTES=str(mizu_shm_bytes() + (64 << 20)))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=300, env=env)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.strip().splitlines()
+    lines = run_in_64_mib(tmp_path, """
+        with pymizu.Pool(2) as p:
+            a = np.random.rand(1_000_000)
+            for _ in range(100):
+                assert np.array_equal(p.submit(tasks.ident, a).result(timeout=60), a)
+            df = pd.DataFrame({c: np.random.rand(250_000) for c in "abcdefgh"})
+            for _ in range(50):
+                r = p.submit(tasks.ident, df).result(timeout=60)
+            assert r.equals(df)
+            try:
+                p.submit(tasks.ident, np.zeros(10_000_000)).result(timeout=60)
+                print("80 MB fitted")
+            except pymizu.MizuError as e:
+                print("error:", e)
+            print(p.submit(tasks.add, 1, 2).result(timeout=60))
+    """)
     assert lines[0].startswith("error: no room in /dev/shm") and "--shm-size" in lines[0], lines
     assert lines[1] == "3"
 
@@ -393,61 +399,31 @@ def test_a_worker_short_of_dev_shm_collects_its_garbage_before_failing(tmp_path)
     # A worker keeps a 40 MiB input alive in a garbage cycle; its next result (20 MiB) fits in
     # the 64 MiB /dev/shm only once that cycle is collected (the R worker runs R's collector
     # the same way). Before, the result failed as "no room in /dev/shm".
-    import subprocess
-    import sys
-    import textwrap
-
-    script = tmp_path / "cycle.py"
-    script.write_text(textwrap.dedent("""
-        import sys
-        import numpy as np
-        sys.path.insert(0, %r)
-        import pymizu, tasks
-
-        if __name__ == "__main__":
-            with pymizu.Pool(1) as p:
-                a = np.random.rand(5_242_880)
-                assert p.submit(tasks.drop_in_a_cycle, a).result(timeout=60) == len(a)
-                del a
-                r = p.submit(tasks.ones_after, 2_621_440).result(timeout=60)
-                print(len(r), r.sum())
-    """ % os.path.dirname(tasks.__file__)))
-    env = dict(os.environ, MIZU_SHM_BYTES=str(mizu_shm_bytes() + (64 << 20)))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=300, env=env)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["2621440", "2621440.0"], out.stdout
+    lines = run_in_64_mib(tmp_path, """
+        with pymizu.Pool(1) as p:
+            a = np.random.rand(5_242_880)
+            assert p.submit(tasks.drop_in_a_cycle, a).result(timeout=60) == len(a)
+            del a
+            r = p.submit(tasks.ones_after, 2_621_440).result(timeout=60)
+            print(len(r), r.sum())
+    """)
+    assert lines == ["2621440 2621440.0"], lines
 
 
 def test_a_caller_short_of_dev_shm_collects_its_garbage_before_failing(tmp_path):
     # The caller keeps a 40 MiB result (a view of the worker's memory) in a garbage cycle;
     # its next 20 MiB argument fits in the 64 MiB /dev/shm only once that cycle is collected.
-    import subprocess
-    import sys
-    import textwrap
-
-    script = tmp_path / "cycle.py"
-    script.write_text(textwrap.dedent("""
-        import gc, sys
-        import numpy as np
-        sys.path.insert(0, %r)
-        import pymizu, tasks
-
-        if __name__ == "__main__":
-            with pymizu.Pool(1) as p:
-                gc.disable()
-                r = p.submit(tasks.ones_after, 5_242_880).result(timeout=60)
-                cycle = [r]
-                cycle.append(cycle)
-                del r, cycle
-                a = np.random.rand(2_621_440)
-                print(p.submit(tasks.ident, a).result(timeout=60).sum() == a.sum())
-    """ % os.path.dirname(tasks.__file__)))
-    env = dict(os.environ, MIZU_SHM_BYTES=str(mizu_shm_bytes() + (64 << 20)))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=300, env=env)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["True"], out.stdout
+    lines = run_in_64_mib(tmp_path, """
+        with pymizu.Pool(1) as p:
+            gc.disable()
+            r = p.submit(tasks.ones_after, 5_242_880).result(timeout=60)
+            cycle = [r]
+            cycle.append(cycle)
+            del r, cycle
+            a = np.random.rand(2_621_440)
+            print(p.submit(tasks.ident, a).result(timeout=60).sum() == a.sum())
+    """)
+    assert lines == ["True"], lines
 
 
 def test_a_process_leaving_with_views_alive_leaves_nothing_in_dev_shm(tmp_path):
