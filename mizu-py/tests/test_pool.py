@@ -590,3 +590,14 @@ def test_a_worker_gives_its_own_threads_the_interpreter_lock_during_and_after_a_
                 break
             prev = after
             assert time.monotonic() < deadline, (before, during, after)
+
+
+def test_the_machine_floor_the_benchmarks_print_is_measured_or_refused_clearly():
+    from pymizu import _native
+
+    ns = _native.line_round_trip_ns(0, 1, rounds=2000)
+    assert 0 < ns < 1e6  # a cache line's round trip: nanoseconds, not milliseconds
+    with pytest.raises(pymizu.MizuError, match="two different CPUs"):
+        _native.line_round_trip_ns(0, 0)
+    with pytest.raises(pymizu.MizuError):
+        _native.line_round_trip_ns(0, 100_000)  # no such CPU: an error, not a hang

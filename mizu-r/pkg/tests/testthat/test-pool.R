@@ -334,3 +334,11 @@ test_that("a pool used in a forked child gives a clear error; the parent's stays
     expect_equal(mizu_collect(mizu_submit(pool, 3)), 3)
   })
 })
+
+test_that("the machine floor the benchmarks print is measured, or refused clearly", {
+  ns <- .Call(mizu:::wrap__line_round_trip_ns, 0L, 1L)
+  expect_true(ns > 0 && ns < 1e6)   # a cache line's round trip: nanoseconds
+  expect_error(.Call(mizu:::wrap__line_round_trip_ns, 0L, 0L), "two different CPUs")
+  expect_error(.Call(mizu:::wrap__line_round_trip_ns, 0L, -1L), "no CPU -1")
+  expect_error(.Call(mizu:::wrap__line_round_trip_ns, 0L, 100000L))   # not a hang
+})
