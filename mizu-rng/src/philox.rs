@@ -36,6 +36,34 @@ pub fn philox4x64_10(counter: [u64; 4], key: [u64; 2]) -> [u64; 4] {
     c
 }
 
+/// Philox4x64-10 of `L` consecutive counters (`counter + 1`, …, `counter + L`, as the
+/// generator steps: incremented before each block), the blocks in that order; the counter ends
+/// at the last one. The rounds of the `L` blocks run interleaved: each block is a chain of ten
+/// dependent multiplications, and independent chains side by side keep the multiplier busy
+/// instead of waiting for each product (~1.5x the throughput of one block at a time here).
+#[inline(always)]
+pub(crate) fn philox4x64_10_lanes<const L: usize>(
+    counter: &mut [u64; 4],
+    key: [u64; 2],
+) -> [[u64; 4]; L] {
+    let mut c = [[0u64; 4]; L];
+    for lane in c.iter_mut() {
+        increment(counter);
+        *lane = *counter;
+    }
+    let mut k = key;
+    for lane in c.iter_mut() {
+        *lane = round64(*lane, k);
+    }
+    for _ in 1..10 {
+        k = [k[0].wrapping_add(W64[0]), k[1].wrapping_add(W64[1])];
+        for lane in c.iter_mut() {
+            *lane = round64(*lane, k);
+        }
+    }
+    c
+}
+
 #[inline(always)]
 fn mulhilo32(a: u32, b: u32) -> (u32, u32) {
     let p = u64::from(a) * u64::from(b);

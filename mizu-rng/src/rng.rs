@@ -5,7 +5,12 @@ use core::convert::Infallible;
 use rand_core::block::{BlockRng, Generator};
 use rand_core::{SeedableRng, TryRng};
 
-use crate::philox::{add_counter, increment, increment32, philox4x32_10, philox4x64_10};
+use crate::philox::{
+    add_counter, increment, increment32, philox4x32_10, philox4x64_10, philox4x64_10_lanes,
+};
+
+/// Blocks a bulk fill computes side by side (see `philox4x64_10_lanes`).
+const LANES: usize = 4;
 
 /// 2^-53: the spacing of doubles in [0.5, 1).
 const F64_UNIT: f64 = 1.0 / 9_007_199_254_740_992.0;
@@ -115,7 +120,14 @@ impl Philox4x64 {
             i += 1;
         }
         let core = &mut self.block.core;
-        let mut chunks = out[i..].chunks_exact_mut(4);
+        let mut wide = out[i..].chunks_exact_mut(4 * LANES);
+        for chunk in &mut wide {
+            let blocks = philox4x64_10_lanes::<LANES>(&mut core.counter, core.key);
+            for (o, b) in chunk.chunks_exact_mut(4).zip(blocks) {
+                o.copy_from_slice(&b);
+            }
+        }
+        let mut chunks = wide.into_remainder().chunks_exact_mut(4);
         for chunk in &mut chunks {
             increment(&mut core.counter);
             chunk.copy_from_slice(&philox4x64_10(core.counter, core.key));
@@ -133,7 +145,14 @@ impl Philox4x64 {
             i += 1;
         }
         let core = &mut self.block.core;
-        let mut chunks = out[i..].chunks_exact_mut(4);
+        let mut wide = out[i..].chunks_exact_mut(4 * LANES);
+        for chunk in &mut wide {
+            let blocks = philox4x64_10_lanes::<LANES>(&mut core.counter, core.key);
+            for (o, x) in chunk.iter_mut().zip(blocks.into_iter().flatten()) {
+                *o = u64_to_f64(x);
+            }
+        }
+        let mut chunks = wide.into_remainder().chunks_exact_mut(4);
         for chunk in &mut chunks {
             increment(&mut core.counter);
             let b = philox4x64_10(core.counter, core.key);

@@ -64,6 +64,33 @@ proptest! {
         prop_assert_eq!(&bulk, &one);
         prop_assert_eq!(a.next_u64(), b.next_u64());
     }
+
+    // Bulk fills compute several blocks side by side: with any counter (carries between the
+    // blocks of one step included) and any length, they equal single draws, for both types.
+    #[test]
+    fn wide_fills_equal_single_draws(
+        key in any::<[u64; 2]>(),
+        low in prop_oneof![any::<u64>(), (u64::MAX - 40)..=u64::MAX],
+        high in any::<[u64; 3]>(),
+        pre in 0usize..5,
+        n in 0usize..150,
+    ) {
+        let counter = [low, high[0], high[1], high[2]];
+        let mut a = Philox4x64::new(key, counter);
+        let mut b = a.clone();
+        for _ in 0..pre { a.next_u64(); b.next_u64(); }
+        let mut raw = vec![0u64; n];
+        a.fill_u64(&mut raw);
+        let one: Vec<u64> = (0..n).map(|_| b.next_u64()).collect();
+        prop_assert_eq!(&raw, &one);
+        prop_assert_eq!(a.counter(), b.counter());
+        let mut f = vec![0f64; n];
+        a.fill_f64(&mut f);
+        let one: Vec<u64> = (0..n).map(|_| b.next_f64().to_bits()).collect();
+        let bits: Vec<u64> = f.iter().map(|x| x.to_bits()).collect();
+        prop_assert_eq!(bits, one);
+        prop_assert_eq!(a.next_u64(), b.next_u64());
+    }
 }
 
 #[test]
