@@ -40,7 +40,7 @@ pub fn philox4x64_10(counter: [u64; 4], key: [u64; 2]) -> [u64; 4] {
 /// generator steps: incremented before each block), the blocks in that order; the counter ends
 /// at the last one. The rounds of the `L` blocks run interleaved: each block is a chain of ten
 /// dependent multiplications, and independent chains side by side keep the multiplier busy
-/// instead of waiting for each product (~1.5x the throughput of one block at a time here).
+/// instead of waiting for each product (~1.4x the throughput of one block at a time here).
 #[inline(always)]
 pub(crate) fn philox4x64_10_lanes<const L: usize>(
     counter: &mut [u64; 4],

@@ -137,7 +137,9 @@ impl Philox4x64 {
         }
     }
 
-    /// Fills `out` with doubles in [0, 1), as numpy's `Generator.random(n)`.
+    /// Fills `out` with doubles in [0, 1), as numpy's `Generator.random(n)`. (The same steps
+    /// as `fill_u64`, written out: a shared generic version measured 7% slower for `u64`, or
+    /// 20% slower for `f64`, depending on how its inner loop was written.)
     pub fn fill_f64(&mut self, out: &mut [f64]) {
         let mut i = 0;
         while i < out.len() && self.block.word_offset() != 0 {

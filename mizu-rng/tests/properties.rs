@@ -53,22 +53,10 @@ proptest! {
         prop_assert_eq!(whole, parts);
     }
 
-    #[test]
-    fn fills_equal_single_draws(key in any::<[u64; 2]>(), pre in 0usize..5, n in 0usize..40) {
-        let mut a = Philox4x64::new(key, [0; 4]);
-        let mut b = a.clone();
-        for _ in 0..pre { a.next_u64(); b.next_u64(); }
-        let mut bulk = vec![0u64; n];
-        a.fill_u64(&mut bulk);
-        let one: Vec<u64> = (0..n).map(|_| b.next_u64()).collect();
-        prop_assert_eq!(&bulk, &one);
-        prop_assert_eq!(a.next_u64(), b.next_u64());
-    }
-
     // Bulk fills compute several blocks side by side: with any counter (carries between the
     // blocks of one step included) and any length, they equal single draws, for both types.
     #[test]
-    fn wide_fills_equal_single_draws(
+    fn fills_equal_single_draws(
         key in any::<[u64; 2]>(),
         low in prop_oneof![any::<u64>(), (u64::MAX - 40)..=u64::MAX],
         high in any::<[u64; 3]>(),
