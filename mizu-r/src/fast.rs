@@ -8,7 +8,7 @@
 //! memory while allocating a result is the exception, as everywhere in extendr code) and a
 //! panic is caught.
 
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use extendr_api::prelude::*;
@@ -17,7 +17,7 @@ use extendr_ffi::{R_NilValue, Rf_protect, Rf_unprotect, SEXP};
 use crate::codec::Outgoing;
 use crate::handle::mk_string;
 use crate::pool::{
-    check_msg_sexp, collect_protected, pool_at, submit_encoded, task_at, timeout_sexp,
+    Collected, check_msg_sexp, collect_protected, pool_at, submit_encoded, task_at, timeout_sexp,
 };
 
 /// The message of an error for R, without the `mizu: ` prefix the R side adds.
@@ -27,7 +27,7 @@ fn message(e: impl std::fmt::Display) -> String {
 }
 
 /// `f()`, with a panic turned into a message (none may unwind into R).
-fn guarded(f: impl FnOnce() -> Result<SEXP, String>) -> Result<SEXP, String> {
+fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
     catch_unwind(AssertUnwindSafe(f))
         .unwrap_or_else(|_| Err("internal error (see the panic message above)".to_string()))
 }
@@ -69,8 +69,13 @@ unsafe extern "C" fn submit(pool: SEXP, msg: SEXP) -> SEXP {
 
 /// Submits the expression `expr` with the bindings `vars` (a named list): what [`submit`]
 /// does with `list("e", expr, vars)`, the message list made here rather than by R's `list()`
-/// (a builtin call costs more than the allocation).
-unsafe extern "C" fn submit_expr(pool: SEXP, expr: SEXP, vars: SEXP) -> SEXP {
+/// (a builtin call costs more than the allocation). Called by `mizu_submit_shim` (`shims.c`),
+/// which raises the failures.
+///
+/// # Safety
+/// R's main thread, from `.Call` (the arguments are protected by R for the call).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mizu_rs_submit_expr(pool: SEXP, expr: SEXP, vars: SEXP) -> SEXP {
     // SAFETY: R's main thread (`.Call`); the arguments are protected by R for the call; the
     // message is protected while its elements are set and while it is submitted.
     unsafe {
@@ -87,24 +92,26 @@ unsafe extern "C" fn submit_expr(pool: SEXP, expr: SEXP, vars: SEXP) -> SEXP {
     }
 }
 
-/// Collects `task` within `timeout` seconds: its outcome (see `pool::outcome`); a bad
-/// argument is an outcome of status 9 with the message.
-unsafe extern "C" fn collect(task: SEXP, timeout: SEXP) -> SEXP {
-    let r = guarded(|| {
-        // SAFETY: R's main thread (`.Call`); `task` and `timeout` are protected by R for the
-        // call; the outcome comes back protected once.
+/// [`collect_protected`] with a bad argument as a message; protected once when `Ok`.
+///
+/// # Safety
+/// R's main thread (`.Call`); `task` and `timeout` are protected by R for the call.
+unsafe fn collected(task: SEXP, timeout: SEXP) -> Result<Collected, String> {
+    guarded(|| {
+        // SAFETY: the caller's contract; the result comes back protected once.
         unsafe {
             let t = task_at(task).map_err(message)?;
             let timeout = timeout_sexp(timeout).map_err(message)?;
-            let o = collect_protected(t, task, timeout).map_err(message)?;
-            Rf_unprotect(1);
-            Ok(o)
+            collect_protected(t, task, timeout).map_err(message)
         }
-    });
-    let why = match r {
-        Ok(x) => return x,
-        Err(m) => m,
-    };
+    })
+}
+
+/// The outcome list of a runtime failure (status 9) with message `why` (unprotected).
+///
+/// # Safety
+/// R's main thread.
+unsafe fn failure_outcome(why: &str) -> SEXP {
     // SAFETY: R's main thread; the list is protected while its elements are made.
     unsafe {
         let o = Rf_protect(extendr_ffi::Rf_allocVector(
@@ -112,9 +119,57 @@ unsafe extern "C" fn collect(task: SEXP, timeout: SEXP) -> SEXP {
             5,
         ));
         extendr_ffi::SET_VECTOR_ELT(o, 0, extendr_ffi::Rf_ScalarInteger(9));
-        extendr_ffi::SET_VECTOR_ELT(o, 4, mk_string(&why));
+        extendr_ffi::SET_VECTOR_ELT(o, 4, mk_string(why));
         Rf_unprotect(1);
         o
+    }
+}
+
+/// Collects `task` within `timeout` seconds: its outcome (see `pool::outcome`); a bad
+/// argument is an outcome of status 9 with the message.
+unsafe extern "C" fn collect(task: SEXP, timeout: SEXP) -> SEXP {
+    // SAFETY: R's main thread (`.Call`); the arguments are protected by R for the call; the
+    // protection `collected` leaves is handed to `into_outcome` and then popped.
+    unsafe {
+        match collected(task, timeout) {
+            Ok(c) => {
+                let o = c.into_outcome();
+                Rf_unprotect(1);
+                o
+            }
+            Err(why) => failure_outcome(&why),
+        }
+    }
+}
+
+/// Collects `task` within `timeout` seconds for `mizu_collect_shim` (`shims.c`): the plain
+/// value, with `*outcome` set to 0; or, with `*outcome` set to 1, an outcome list (see
+/// `pool::outcome`) for R's `.value()` to turn into a value or a condition (a bad argument is
+/// an outcome of status 9 with the message).
+///
+/// # Safety
+/// R's main thread, from `.Call` (the arguments are protected by R for the call); `outcome`
+/// points to a writable `int`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mizu_rs_collect_value(
+    task: SEXP,
+    timeout: SEXP,
+    outcome: *mut c_int,
+) -> SEXP {
+    // SAFETY: the caller's contract; the protection `collected` leaves is popped before the
+    // value is returned (R protects what `.Call` returns from then on).
+    unsafe {
+        let (is_outcome, x) = match collected(task, timeout) {
+            Ok(Collected::Value(v)) => (0, v),
+            Ok(Collected::Outcome(o)) => (1, o),
+            Err(why) => {
+                *outcome = 1;
+                return failure_outcome(&why);
+            }
+        };
+        Rf_unprotect(1);
+        *outcome = is_outcome;
+        x
     }
 }
 
@@ -150,7 +205,7 @@ unsafe fn native_symbol(f: *const c_void) -> SEXP {
 }
 
 /// The routines R calls through `.native_…` bindings: `list(submit = , submit_expr = ,
-/// collect = , tasks_ok = )`.
+/// collect = , collect_value = , tasks_ok = )`.
 #[extendr]
 fn native_routines() -> List {
     type One = unsafe extern "C" fn(SEXP) -> SEXP;
@@ -161,12 +216,23 @@ fn native_routines() -> List {
     // three for `submit_expr`, else two).
     unsafe {
         let s = Robj::from_sexp(native_symbol(submit as Two as *const c_void));
-        let e = Robj::from_sexp(native_symbol(submit_expr as Three as *const c_void));
+        let e = Robj::from_sexp(native_symbol(
+            crate::ffi::mizu_submit_shim as Three as *const c_void,
+        ));
         let c = Robj::from_sexp(native_symbol(collect as Two as *const c_void));
+        let v = Robj::from_sexp(native_symbol(
+            crate::ffi::mizu_collect_shim as Two as *const c_void,
+        ));
         let k = Robj::from_sexp(native_symbol(tasks_ok as One as *const c_void));
         List::from_names_and_values(
-            ["submit", "submit_expr", "collect", "tasks_ok"],
-            [s, e, c, k],
+            [
+                "submit",
+                "submit_expr",
+                "collect",
+                "collect_value",
+                "tasks_ok",
+            ],
+            [s, e, c, v, k],
         )
         .unwrap_or_default()
     }

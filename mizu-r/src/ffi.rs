@@ -77,3 +77,11 @@ unsafe extern "C" {
     /// `Rboolean` (an `int` in C).
     pub fn Rf_inherits(x: SEXP, name: *const std::ffi::c_char) -> std::ffi::c_int;
 }
+
+// The package's C shims (`pkg/src/shims.c`), linked into the same shared library.
+unsafe extern "C" {
+    /// [`crate::fast::mizu_rs_submit_expr`], raising its failures.
+    pub fn mizu_submit_shim(pool: SEXP, expr: SEXP, vars: SEXP) -> SEXP;
+    /// [`crate::fast::mizu_rs_collect_value`], turning an outcome into a value or a condition.
+    pub fn mizu_collect_shim(task: SEXP, timeout: SEXP) -> SEXP;
+}

@@ -8,14 +8,14 @@
 //! of dereferenced. Task handles are batched (see [`task_handle`]).
 
 use std::any::{Any, type_name};
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::ffi::CStr;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 
 use extendr_ffi::{
     R_ClassSymbol, R_ClearExternalPtr, R_ExternalPtrAddr, R_ExternalPtrTag, R_MakeExternalPtr,
     R_NilValue, R_PreserveObject, R_RegisterCFinalizerEx, Rboolean, Rf_mkCharLenCE, Rf_protect,
-    Rf_setAttrib, Rf_unprotect, SEXP, SEXPTYPE, STRING_ELT, TYPEOF, XLENGTH, cetype_t,
+    Rf_unprotect, SEXP, SEXPTYPE, STRING_ELT, TYPEOF, XLENGTH, cetype_t,
 };
 
 use crate::pool::RTask;
@@ -44,16 +44,43 @@ pub(crate) unsafe fn mk_string(s: &str) -> SEXP {
 /// of up to this many handles, which hold it through their tags.
 pub(crate) const BATCH: usize = 64;
 
-/// The tasks of one batch of handles (boxed: a handle's address points into its box).
+/// The tasks of one batch of handles, in places that never move (a handle's address is its
+/// place): one allocation per batch instead of one per task.
 pub(crate) struct Batch {
-    // Boxed: handles point at the tasks, which must not move when the vector grows.
-    #[allow(clippy::vec_box)]
-    tasks: RefCell<Vec<Box<RTask>>>,
+    tasks: [OnceCell<RTask>; BATCH],
 }
 
-/// A pool's batch being filled, if any (see [`task_handle`]).
+impl Batch {
+    /// The tasks placed so far.
+    pub(crate) fn tasks(&self) -> impl Iterator<Item = &RTask> {
+        self.tasks.iter().map_while(OnceCell::get)
+    }
+}
+
+/// A pool's batches of task handles (see [`task_handle`]).
 #[derive(Default)]
-pub(crate) struct BatchSlot(RefCell<Option<(Rc<Batch>, usize)>>);
+pub(crate) struct BatchSlot {
+    /// The batch being filled, if any, and how many of its places are taken.
+    cur: RefCell<Option<(Rc<Batch>, usize)>>,
+    /// The pool's batches that may still be alive: `RPool::drain` looks through their tasks
+    /// for finished outcomes to move out of their slots.
+    all: RefCell<Vec<Weak<Batch>>>,
+}
+
+impl BatchSlot {
+    /// The pool's batches that are alive.
+    pub(crate) fn live(&self) -> Vec<Rc<Batch>> {
+        self.all.borrow().iter().filter_map(Weak::upgrade).collect()
+    }
+
+    fn push(&self, b: &Rc<Batch>) {
+        let mut all = self.all.borrow_mut();
+        if all.len() >= 8 && all.len().is_power_of_two() {
+            all.retain(|w| w.strong_count() > 0);
+        }
+        all.push(Rc::downgrade(b));
+    }
+}
 
 thread_local! {
     /// The tag of batch handles: a vector made once, compared by address.
@@ -121,17 +148,18 @@ unsafe extern "C" fn finalize_batch(x: SEXP) {
 /// result is unprotected.
 pub(crate) unsafe fn task_handle(pool: SEXP, slot: &BatchSlot, t: RTask) -> SEXP {
     // SAFETY: R's main thread; a new batch handle is reachable from the pool handle before
-    // anything else allocates; the task handle is protected while its class is set; the task
-    // box never moves (its address stays valid while the batch lives, which the handle's tag
-    // guarantees).
+    // anything else allocates; the task handle is protected while its class is set; a task's
+    // place in its batch never moves (its address stays valid while the batch lives, which
+    // the handle's tag guarantees).
     unsafe {
         let tag = kept(&BATCH_TAG, "mizu_task_batch");
         let class = kept(&TASK_CLASS, "mizu_task");
-        let mut cur = slot.0.borrow_mut();
+        let mut cur = slot.cur.borrow_mut();
         if cur.as_ref().is_none_or(|(_, n)| *n >= BATCH) {
             let b = Rc::new(Batch {
-                tasks: RefCell::new(Vec::with_capacity(BATCH)),
+                tasks: std::array::from_fn(|_| OnceCell::new()),
             });
+            slot.push(&b);
             let owner: Box<Rc<Batch>> = Box::new(b.clone());
             let bx = R_MakeExternalPtr(Box::into_raw(owner).cast(), tag, R_NilValue);
             extendr_ffi::R_SetExternalPtrProtected(pool, bx);
@@ -141,15 +169,17 @@ pub(crate) unsafe fn task_handle(pool: SEXP, slot: &BatchSlot, t: RTask) -> SEXP
         let Some((b, n)) = cur.as_mut() else {
             unreachable!("set above")
         };
+        let place = &b.tasks[*n];
         *n += 1;
         let bx = extendr_ffi::R_ExternalPtrProtected(pool);
-        let task: *const RTask = {
-            let mut v = b.tasks.borrow_mut();
-            v.push(Box::new(t));
-            &**v.last().expect("pushed")
-        };
+        let task: *const RTask = place.get_or_init(|| t);
         let x = Rf_protect(R_MakeExternalPtr(task.cast_mut().cast(), bx, R_NilValue));
-        Rf_setAttrib(x, R_ClassSymbol, class);
+        // The class attribute as `class<-` leaves it on a fresh object (its own attribute
+        // list, the object bit), without `Rf_setAttrib`'s checks of what the class names.
+        let attr = extendr_ffi::Rf_cons(class, R_NilValue);
+        extendr_ffi::SET_TAG(attr, R_ClassSymbol);
+        extendr_ffi::SET_ATTRIB(x, attr);
+        extendr_ffi::SET_OBJECT(x, 1);
         Rf_unprotect(1);
         x
     }
@@ -162,7 +192,7 @@ pub(crate) unsafe fn task_handle(pool: SEXP, slot: &BatchSlot, t: RTask) -> SEXP
 /// # Safety
 /// R's main thread; `pool` is the live, protected pool handle whose batch slot is `slot`.
 pub(crate) unsafe fn seal_batch(pool: SEXP, slot: &BatchSlot) {
-    *slot.0.borrow_mut() = None;
+    *slot.cur.borrow_mut() = None;
     // SAFETY: the caller's contract; the batch stays alive through its task handles' tags.
     unsafe { extendr_ffi::R_SetExternalPtrProtected(pool, R_NilValue) };
 }

@@ -2,7 +2,7 @@
 //! them; a pressed Ctrl-C is reported to the R wrapper, which signals the interrupt.
 
 use std::cell::RefCell;
-use std::rc::{Rc, Weak};
+
 use std::time::{Duration, Instant};
 
 use arrow_buffer::Buffer;
@@ -26,10 +26,9 @@ pub struct RPool {
     workers: i32,
     pub(crate) pid: u32,
     submit_timeout: Option<Duration>,
-    /// The tasks submitted here that may still hold a task slot: when every slot is taken,
-    /// finished outcomes are moved out of their slots into the tasks (see `drain`).
-    tasks: RefCell<Vec<Weak<TaskCell>>>,
-    /// The batch new task handles join (see `handle::task_handle`).
+    /// The batches of task handles: new handles join the batch being filled (see
+    /// `handle::task_handle`); when every task slot is taken, finished outcomes are moved
+    /// out of their slots into the tasks (see `drain`).
     pub(crate) batch: crate::handle::BatchSlot,
 }
 
@@ -61,19 +60,18 @@ pub enum TaskState {
     Pending(mizu_pool::Task),
     /// Its outcome, moved out of the slot to make room for more tasks.
     Finished(std::result::Result<Buffer, CollectError>),
-    /// Collected: the outcome list `task_collect` returned is kept in the task object's
-    /// `prot` field (so R's collector sees it as part of the task, not as a global root) and
-    /// returned again when asked again.
-    Done,
+    /// Collected: what the first collection returned is kept in the task handle's `prot`
+    /// field (so R's collector sees it as part of the task, not as a global root) and
+    /// returned again when asked again: the plain value, or (`outcome`) the outcome list of
+    /// a task that did not end with a plain value.
+    Done { outcome: bool },
     /// Dropped in a forked child.
     Taken,
 }
 
-type TaskCell = RefCell<TaskState>;
-
-/// A submitted task.
+/// A submitted task (it lives in its batch of handles, see `handle::task_handle`).
 pub struct RTask {
-    cell: Rc<TaskCell>,
+    cell: RefCell<TaskState>,
     pub(crate) pid: u32,
 }
 
@@ -92,7 +90,7 @@ impl RTask {
     pub(crate) fn new(t: mizu_pool::Task) -> RTask {
         LIVE_TASKS.set(LIVE_TASKS.get() + 1);
         RTask {
-            cell: Rc::new(RefCell::new(TaskState::Pending(t))),
+            cell: RefCell::new(TaskState::Pending(t)),
             pid: mizu_shm::current_pid(),
         }
     }
@@ -100,7 +98,7 @@ impl RTask {
     fn is_done(&self) -> bool {
         match &*self.cell.borrow() {
             TaskState::Pending(t) => t.is_done(),
-            TaskState::Finished(_) | TaskState::Done => true,
+            TaskState::Finished(_) | TaskState::Done { .. } => true,
             TaskState::Taken => false,
         }
     }
@@ -119,30 +117,20 @@ impl Drop for RTask {
 }
 
 impl RPool {
-    fn track(&self, t: &RTask) {
-        let mut v = self.tasks.borrow_mut();
-        if v.len() >= 64 && v.len().is_power_of_two() {
-            v.retain(|w| w.strong_count() > 0);
-        }
-        v.push(Rc::downgrade(&t.cell));
-    }
-
     /// Moves finished outcomes out of their task slots; waits (in Ctrl-C-checked slices, up
     /// to `timeout`) for one when none is finished.
     fn drain(&self, timeout: Option<Duration>) -> Drained {
         let start = Instant::now();
         loop {
             let mut freed = false;
-            let live: Vec<Rc<TaskCell>> = {
-                let mut v = self.tasks.borrow_mut();
-                v.retain(|w| {
-                    w.upgrade()
-                        .is_some_and(|c| matches!(&*c.borrow(), TaskState::Pending(_)))
-                });
-                v.iter().filter_map(Weak::upgrade).collect()
-            };
-            for c in &live {
-                let mut g = c.borrow_mut();
+            let batches = self.batch.live();
+            let live: Vec<&RTask> = batches
+                .iter()
+                .flat_map(|b| b.tasks())
+                .filter(|t| matches!(&*t.cell.borrow(), TaskState::Pending(_)))
+                .collect();
+            for t in &live {
+                let mut g = t.cell.borrow_mut();
                 if let TaskState::Pending(t) = &mut *g
                     && t.is_done()
                 {
@@ -159,12 +147,12 @@ impl RPool {
                 return Drained::TimedOut;
             }
             let slice = left.map_or(SLICE, |l| l.min(SLICE));
-            let g = live[0].borrow();
+            let g = live[0].cell.borrow();
             if let TaskState::Pending(probe) = &*g {
                 mizu_pool::wait_until(probe, Some(slice), || {
                     live.iter()
                         .skip(1)
-                        .any(|c| match c.try_borrow().as_deref() {
+                        .any(|t| match t.cell.try_borrow().as_deref() {
                             Ok(TaskState::Pending(t)) => t.is_done(),
                             _ => false,
                         })
@@ -331,7 +319,6 @@ fn pool_new(
         workers,
         pid: mizu_shm::current_pid(),
         submit_timeout,
-        tasks: RefCell::new(Vec::new()),
         batch: Default::default(),
     }))
 }
@@ -350,7 +337,6 @@ fn pool_nested() -> Result<Robj> {
         workers: 0,
         pid: mizu_shm::current_pid(),
         submit_timeout: None,
-        tasks: RefCell::new(Vec::new()),
         batch: Default::default(),
     }))
 }
@@ -464,11 +450,7 @@ pub(crate) unsafe fn submit_encoded(
             inner.submit_with(out, Some(slice))
         };
         match r {
-            Ok(t) => {
-                let t = RTask::new(t);
-                p.track(&t);
-                return Ok(Ok(t));
-            }
+            Ok(t) => return Ok(Ok(RTask::new(t))),
             Err(PoolError::SubmitTimeout(_)) => {
                 if left.is_some_and(|l| l <= slice) {
                     return Ok(Err(timed_out()));
@@ -514,12 +496,8 @@ fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
         return with_context(|c| {
             let ctx = c.ok_or_else(|| rerr("this pool handle only works inside its task"))?;
             let (ts, res) = ctx.submit_batch_with(outs.iter().map(|o| o as &dyn mizu_pool::Fill));
-            Ok(batch_list(
-                &pool,
-                p,
-                ts.into_iter().map(RTask::new).collect(),
-                res.err().map(submit_failure),
-            ))
+            let tasks = ts.into_iter().map(|t| handle(&pool, p, t)).collect();
+            Ok(batch_list(tasks, res.err().map(submit_failure)))
         });
     }
     let mut tasks = Vec::with_capacity(outs.len());
@@ -549,11 +527,8 @@ fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
                 Some(slice),
             )
         };
-        for t in ts {
-            let t = RTask::new(t);
-            p.track(&t);
-            tasks.push(t);
-        }
+        // Each task gets its handle at once: `drain` finds tasks through their handles' batches.
+        tasks.extend(ts.into_iter().map(|t| handle(&pool, p, t)));
         match res {
             Ok(()) => {}
             Err(PoolError::SubmitTimeout(_)) => {
@@ -591,16 +566,23 @@ fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
             }
         }
     }
-    Ok(batch_list(&pool, p, tasks, fail))
+    Ok(batch_list(tasks, fail))
 }
 
-fn batch_list(pool: &Robj, p: &RPool, tasks: Vec<RTask>, fail: Option<Robj>) -> List {
-    let tasks: Vec<Robj> = tasks
-        .into_iter()
-        // SAFETY: R's main thread; `pool` is the live handle of `p`; each new handle is
-        // protected by its Robj at once.
-        .map(|t| unsafe { Robj::from_sexp(crate::handle::task_handle(pool.get(), &p.batch, t)) })
-        .collect();
+/// A new handle of `t`, submitted to `p` (whose handle is `pool`).
+fn handle(pool: &Robj, p: &RPool, t: mizu_pool::Task) -> Robj {
+    // SAFETY: R's main thread; `pool` is the live handle of `p`; the new handle is protected
+    // by its Robj at once.
+    unsafe {
+        Robj::from_sexp(crate::handle::task_handle(
+            pool.get(),
+            &p.batch,
+            RTask::new(t),
+        ))
+    }
+}
+
+fn batch_list(tasks: Vec<Robj>, fail: Option<Robj>) -> List {
     let fail = fail.unwrap_or_else(|| Robj::from(()));
     List::from_values([List::from_values(tasks).into(), fail])
 }
@@ -733,15 +715,43 @@ fn task_collect(task: Robj, timeout: Robj) -> Result<Robj> {
     // SAFETY: R's main thread; `task` is the live handle `t` was read from; the outcome comes
     // back protected once and is held by an Robj before that protection ends.
     unsafe {
-        let o = collect_protected(t, task.get(), timeout)?;
+        let o = collect_protected(t, task.get(), timeout)?.into_outcome();
         let r = Robj::from_sexp(o);
         extendr_ffi::Rf_unprotect(1);
         Ok(r)
     }
 }
 
-/// [`task_collect`] for the task `t` behind handle `task`: the outcome, protected once (the
-/// caller unprotects it); nothing is left protected when it fails.
+/// What a collection gives, protected once: the task's plain value (status 0, the common
+/// case, made without an outcome list) or its outcome list (see `outcome`).
+pub(crate) enum Collected {
+    /// The value of a task that ended with a plain value (and no warnings).
+    Value(SEXP),
+    /// Any other outcome.
+    Outcome(SEXP),
+}
+
+impl Collected {
+    /// The outcome list, protected once (the protection of `self` is handed over).
+    ///
+    /// # Safety
+    /// R's main thread; `self` is the protected result of `collect_protected`, the top of
+    /// R's protect stack.
+    pub(crate) unsafe fn into_outcome(self) -> SEXP {
+        match self {
+            Collected::Outcome(o) => o,
+            // SAFETY: the caller's contract; `v` stays protected while the list is made.
+            Collected::Value(v) => unsafe {
+                let o = value_outcome(v);
+                extendr_ffi::Rf_unprotect(2);
+                extendr_ffi::Rf_protect(o)
+            },
+        }
+    }
+}
+
+/// [`task_collect`] for the task `t` behind handle `task`, protected once (the caller
+/// unprotects it); nothing is left protected when it fails.
 ///
 /// # Safety
 /// R's main thread; `task` is the live, protected handle `t` belongs to.
@@ -749,20 +759,26 @@ pub(crate) unsafe fn collect_protected(
     t: &RTask,
     task: SEXP,
     timeout: Option<Duration>,
-) -> Result<SEXP> {
+) -> Result<Collected> {
     use extendr_ffi::{
-        INTEGER, R_ExternalPtrProtected, R_SetExternalPtrProtected, Rf_protect, Rf_unprotect,
-        VECTOR_ELT,
+        INTEGER, R_ExternalPtrProtected, R_SetExternalPtrProtected, Rf_protect, VECTOR_ELT,
     };
     let start = Instant::now();
     let mut g = t.cell.borrow_mut();
     let r = match &mut *g {
-        // SAFETY: `task` is a live external pointer (the caller's contract).
-        TaskState::Done => return Ok(unsafe { Rf_protect(R_ExternalPtrProtected(task)) }),
+        TaskState::Done { outcome } => {
+            // SAFETY: `task` is a live external pointer (the caller's contract).
+            let kept = unsafe { Rf_protect(R_ExternalPtrProtected(task)) };
+            return Ok(if *outcome {
+                Collected::Outcome(kept)
+            } else {
+                Collected::Value(kept)
+            });
+        }
         TaskState::Taken => {
             let o = outcome(Err(CollectError::AlreadyCollected))?;
             // SAFETY: R's main thread; `o` is alive until after the protection.
-            return Ok(unsafe { Rf_protect(o.get()) });
+            return Ok(Collected::Outcome(unsafe { Rf_protect(o.get()) }));
         }
         TaskState::Finished(_) => {
             let TaskState::Finished(r) = std::mem::replace(&mut *g, TaskState::Taken) else {
@@ -786,43 +802,47 @@ pub(crate) unsafe fn collect_protected(
                     continue;
                 };
                 // SAFETY: as above.
-                return Ok(unsafe { Rf_protect(o.get()) });
+                return Ok(Collected::Outcome(unsafe { Rf_protect(o.get()) }));
             }
             break r;
         },
     };
     // SAFETY: R's main thread; every value is protected while anything allocates: `v` by its
-    // Robj, the lists by `Rf_protect` (one left for the caller); `task` is live.
+    // Robj or by `Rf_protect`, the lists by `Rf_protect` (one left for the caller); `task` is
+    // live.
     unsafe {
-        let o = match r {
+        let c = match r {
             // The common case, built without R handles: a small plain value.
             Ok(b) if let Some(v) = crate::codec::decode_small(&b) => {
-                let v = Rf_protect(v?);
-                let o = value_outcome(v);
-                Rf_unprotect(2);
-                Rf_protect(o)
+                Collected::Value(Rf_protect(v?))
             }
             Ok(b) => match decode(b)? {
                 // (`OBJECT` first: the class lookup costs an R handle, plain values have none.)
                 Decoded::Value(v)
                     if crate::ffi::OBJECT(v.get()) == 0 || !v.inherits("mizu_with_warnings") =>
                 {
-                    value_outcome(v.get())
+                    Collected::Value(Rf_protect(v.get()))
                 }
-                d => Rf_protect(decoded_outcome(status::VALUE, d).get()),
+                d => Collected::Outcome(Rf_protect(decoded_outcome(status::VALUE, d).get())),
             },
-            r => Rf_protect(outcome(r)?.get()),
+            r => Collected::Outcome(Rf_protect(outcome(r)?.get())),
         };
-        // Later collects see the value without its warnings (they are signalled once).
-        if *INTEGER(VECTOR_ELT(o, 0)) == status::WARNED {
-            let kept = value_outcome(VECTOR_ELT(VECTOR_ELT(o, 1), 0));
-            R_SetExternalPtrProtected(task, kept);
-            Rf_unprotect(1);
-        } else {
-            R_SetExternalPtrProtected(task, o);
-        }
-        *g = TaskState::Done;
-        Ok(o)
+        *g = match c {
+            Collected::Value(v) => {
+                R_SetExternalPtrProtected(task, v);
+                TaskState::Done { outcome: false }
+            }
+            // Later collects see the value without its warnings (they are signalled once).
+            Collected::Outcome(o) if *INTEGER(VECTOR_ELT(o, 0)) == status::WARNED => {
+                R_SetExternalPtrProtected(task, VECTOR_ELT(VECTOR_ELT(o, 1), 0));
+                TaskState::Done { outcome: false }
+            }
+            Collected::Outcome(o) => {
+                R_SetExternalPtrProtected(task, o);
+                TaskState::Done { outcome: true }
+            }
+        };
+        Ok(c)
     }
 }
 
@@ -850,7 +870,10 @@ fn task_done(task: Robj) -> Result<bool> {
 /// Whether the task was collected.
 #[extendr]
 fn task_collected(task: Robj) -> Result<bool> {
-    Ok(matches!(&*task_ref(&task)?.cell.borrow(), TaskState::Done))
+    Ok(matches!(
+        &*task_ref(&task)?.cell.borrow(),
+        TaskState::Done { .. }
+    ))
 }
 
 /// Cancels the task if it has not started; whether it will never run.
@@ -877,7 +900,7 @@ fn task_wait_any(tasks: List, timeout: Robj) -> Result<i32> {
     let ready = |s: &TaskState| match s {
         TaskState::Pending(t) => t.is_done(),
         TaskState::Finished(_) => true,
-        TaskState::Done | TaskState::Taken => false,
+        TaskState::Done { .. } | TaskState::Taken => false,
     };
     loop {
         if let Some(i) = ts.iter().position(|t| ready(&t.cell.borrow())) {

@@ -21,8 +21,10 @@ pub use mizu_pool::with_current_task as with_context;
 /// one R top-level context. When the task raised an error, `failed(msg)` returns the condition
 /// the handler recorded; when it raised warnings, `with_warnings(value)` attaches them.
 struct RExec {
-    /// `.Internal(.addCondHands(...))` with the worker's handlers as constants: what
-    /// `withCallingHandlers()` does, without its closure call (~4 µs per task).
+    /// `.Internal(.resetCondHands(<stack>))`: installs the worker's condition handlers, made
+    /// once (see [`handler_stack`]), as the handler stack. `R_ToplevelExec` starts each task
+    /// with an empty stack; pushing the handlers anew (`.addCondHands`, what
+    /// `withCallingHandlers()` does) allocates five R objects per task, ~0.3 µs here.
     hands: Robj,
     dispatch: Function,
     failed: Function,
@@ -72,7 +74,7 @@ impl RExec {
             let (h, d) = (self.hands.get(), self.dispatch.get());
             try_r(move || {
                 // In the base environment: `.Internal` is found there at once, not after
-                // every attached package's frame.
+                // every attached package's frame. (No allocation: the stack is made.)
                 ffi::Rf_eval(h, extendr_ffi::R_BaseEnv);
                 let v = if expr_task {
                     ffi::Rf_eval(
@@ -224,8 +226,46 @@ const IDLE_SLICES_BEFORE_GC: u32 = 5;
 /// left collects all garbage (tens of milliseconds, but off every task's path).
 const IDLE_SLICES_BEFORE_FULL_GC: u32 = 250;
 
+/// The call that installs the worker's condition handlers as the handler stack of a task's
+/// top-level context: `add` (`.Internal(.addCondHands(...))` with the handlers as constants)
+/// is evaluated once, in a top-level context of its own, and `now` (`.addCondHands` without
+/// handlers, which returns the current stack) reads the stack it made. The stack's entries
+/// are never modified by R (calling handlers keep no state in them), so every task can share
+/// them.
+fn handler_stack(add: &Robj, now: &Robj) -> Result<Robj> {
+    // SAFETY: R's main thread; the calls are protected by their handles; the closure owns
+    // nothing; the stack is held by an Robj as soon as it is returned (R_ToplevelExec restores
+    // the handler stack it replaced, but the list itself lives on), and the reset call is
+    // protected while it is built.
+    unsafe {
+        let (a, n) = (add.get(), now.get());
+        let stack = try_r(move || {
+            ffi::Rf_eval(a, extendr_ffi::R_BaseEnv);
+            ffi::Rf_eval(n, extendr_ffi::R_BaseEnv)
+        })
+        .map_err(|()| rerr("run_worker: the condition handlers cannot be established"))?;
+        let stack = Robj::from_sexp(stack);
+        if extendr_ffi::TYPEOF(stack.get()) != extendr_ffi::SEXPTYPE::LISTSXP {
+            return Err(rerr(
+                "run_worker: the condition handlers were not established",
+            ));
+        }
+        let reset = extendr_ffi::Rf_protect(ffi::Rf_lang2(
+            extendr_ffi::Rf_install(c".resetCondHands".as_ptr()),
+            stack.get(),
+        ));
+        let call = Robj::from_sexp(ffi::Rf_lang2(
+            extendr_ffi::Rf_install(c".Internal".as_ptr()),
+            reset,
+        ));
+        extendr_ffi::Rf_unprotect(1);
+        Ok(call)
+    }
+}
+
 /// Serves a pool as worker `slot` until it stops (see [`RExec`] for what runs each task); with
-/// `max_tasks > 0` the worker leaves after that many tasks and the pool replaces it.
+/// `max_tasks > 0` the worker leaves after that many tasks and the pool replaces it. `hands`
+/// is `list(add, now)` (see [`handler_stack`]).
 #[extendr]
 #[allow(clippy::too_many_arguments)]
 fn run_worker(
@@ -239,11 +279,15 @@ fn run_worker(
     max_tasks: f64,
 ) -> Result<()> {
     let slot = usize::try_from(slot).map_err(|_| rerr("bad worker slot"))?;
-    if !state.is_environment() || !hands.is_language() {
-        return Err(rerr("run_worker: bad handler call or state environment"));
+    let calls: Vec<Robj> = hands
+        .as_list()
+        .map(|l| l.values().collect())
+        .unwrap_or_default();
+    if !state.is_environment() || calls.len() != 2 || !calls.iter().all(Robj::is_language) {
+        return Err(rerr("run_worker: bad handler calls or state environment"));
     }
     let exec = RExec {
-        hands,
+        hands: handler_stack(&calls[0], &calls[1])?,
         dispatch,
         failed,
         with_warnings,

@@ -177,9 +177,8 @@ print.mizu_pool <- function(x, ...) {
 #' }
 #' @export
 mizu_submit <- function(pool, expr, ...) {
-  r <- .Call(.native_submit_expr, pool, substitute(expr), list(...))
-  if (is.character(r)) .raise_failure(r)
-  r
+  # (The native routine raises its failures itself: see src/shims.c.)
+  .Call(.native_submit_expr, pool, substitute(expr), list(...))
 }
 
 #' Submit several tasks at once
@@ -281,8 +280,8 @@ print.mizu_task <- function(x, ...) {
 #' }
 #' @export
 mizu_collect <- function(task, timeout = Inf) {
-  o <- .Call(.native_collect, task, timeout)
-  if (o[[1]] == 0L) o[[2]] else .value(o)
+  # (The native routine calls .value() itself when the outcome is not a plain value.)
+  .Call(.native_collect_value, task, timeout)
 }
 
 .check_tasks <- function(tasks) {

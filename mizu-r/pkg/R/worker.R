@@ -24,12 +24,15 @@
 }
 
 # What withCallingHandlers(expr, error = .note_error, warning = .note_warning) establishes,
-# as a call with constant arguments: native code evaluates it before each task in the task's
-# own top-level context (the handlers last until that context ends), saving the closure call.
+# as calls with constant arguments: `add` pushes the handlers, `now` (no handlers) returns the
+# handler stack. Native code evaluates both once and installs the stack they made before each
+# task, in the task's own top-level context (see src/worker.rs): the handlers last until that
+# context ends, and no closure call or allocation is spent on them per task.
 .handlers_call <- function() {
-  add <- as.call(list(as.name(".addCondHands"), c("error", "warning"),
-                      list(.note_error, .note_warning), globalenv(), NULL, TRUE))
-  as.call(list(as.name(".Internal"), add))
+  internal <- function(...) as.call(list(as.name(".Internal"), as.call(list(...))))
+  list(add = internal(as.name(".addCondHands"), c("error", "warning"),
+                      list(.note_error, .note_warning), globalenv(), NULL, TRUE),
+       now = internal(as.name(".addCondHands"), NULL, NULL, NULL, NULL, TRUE))
 }
 
 # Tasks and channel peers see mizu's exported functions, as the caller does.

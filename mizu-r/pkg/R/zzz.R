@@ -8,6 +8,7 @@
 .native_submit <- NULL
 .native_submit_expr <- NULL
 .native_collect <- NULL
+.native_collect_value <- NULL
 .native_tasks_ok <- NULL
 
 .onLoad <- function(libname, pkgname) {

@@ -1,0 +1,52 @@
+/* The two calls every task makes, as .Call entry points that raise R conditions themselves.
+ * The Rust routines they wrap return failures as values: an R error must not long-jump across
+ * Rust frames. Here, with only C frames left, the package's R function for the failure is
+ * called directly, which spares the R wrappers a test and a branch in interpreted code (the
+ * wrappers' cost dominates a task's round trip). */
+#include <R.h>
+#include <Rinternals.h>
+
+SEXP mizu_rs_submit_expr(SEXP pool, SEXP expr, SEXP vars);
+SEXP mizu_rs_collect_value(SEXP task, SEXP timeout, int *outcome);
+
+/* The package namespace (kept for the session: namespaces are never collected). */
+static SEXP mizu_ns(void) {
+    static SEXP ns = NULL;
+    if (ns == NULL) {
+        SEXP name = PROTECT(mkString("mizu"));
+        ns = R_FindNamespace(name);
+        R_PreserveObject(ns);
+        UNPROTECT(1);
+    }
+    return ns;
+}
+
+/* fun(arg), with fun looked up in the namespace (where R forces a lazy-loaded binding). */
+static SEXP mizu_call1(const char *fun, SEXP arg) {
+    SEXP call = PROTECT(lang2(install(fun), arg));
+    SEXP v = eval(call, mizu_ns());
+    UNPROTECT(1);
+    return v;
+}
+
+/* mizu_submit(): the task handle, or the failure `c(class, message)` raised. */
+SEXP mizu_submit_shim(SEXP pool, SEXP expr, SEXP vars) {
+    SEXP r = mizu_rs_submit_expr(pool, expr, vars);
+    if (TYPEOF(r) != STRSXP) return r;
+    PROTECT(r);
+    mizu_call1(".raise_failure", r);
+    UNPROTECT(1);
+    return R_NilValue; /* not reached: .raise_failure() raises */
+}
+
+/* mizu_collect(): the value, or what .value() makes of an outcome list (a value, the
+ * mizu_timeout sentinel, or a raised condition). */
+SEXP mizu_collect_shim(SEXP task, SEXP timeout) {
+    int outcome = 0;
+    SEXP r = mizu_rs_collect_value(task, timeout, &outcome);
+    if (!outcome) return r;
+    PROTECT(r);
+    SEXP v = mizu_call1(".value", r);
+    UNPROTECT(1);
+    return v;
+}
