@@ -401,7 +401,7 @@ impl Reader {
 }
 
 impl Reader {
-    /// The rest of an expression task after its kind (see [`decode_expr_task`]).
+    /// The rest of an expression task after its kind (see [`decode_expr_task_in_context`]).
     ///
     /// # Safety
     /// As [`Reader::item`].
@@ -438,8 +438,14 @@ impl Reader {
                     let Some(n) = self.count(2) else {
                         return false;
                     };
-                    let mut syms = Vec::with_capacity(n);
-                    for _ in 0..n {
+                    // The symbols are kept on the stack: an allocation error long-jumps out of
+                    // here, over nothing that needs dropping. More bindings than this take the
+                    // general path.
+                    let mut syms = [R_NilValue; 16];
+                    let Some(syms) = syms.get_mut(..n) else {
+                        return false;
+                    };
+                    for sym in syms.iter_mut() {
                         let Some(c) = self.charsxp(true) else {
                             return false;
                         };
@@ -448,13 +454,13 @@ impl Reader {
                             return false;
                         }
                         let c = Rf_protect(c);
-                        syms.push(ffi::Rf_installChar(c));
+                        *sym = ffi::Rf_installChar(c);
                         Rf_unprotect(1);
                     }
                     if self.byte() != Some(7) || self.count(1) != Some(n) {
                         return false;
                     }
-                    for sym in syms {
+                    for &sym in syms.iter() {
                         let Some(v) = self.item(2) else {
                             return false;
                         };
@@ -480,15 +486,24 @@ fn expr_task_prefix(b: &[u8]) -> bool {
 /// `mizu_submit` sends): the message with its bindings already in a new environment (parent:
 /// the global environment) in place of `vars` — the list [`decode`] and then
 /// `worker::bind_vars` would make, without the kind string, the names vector and the list of
-/// values, in one R top-level context. `None` for any other payload, or one this path does not
-/// take (unusual names, malformed): [`decode`] then handles it. The result is unprotected.
-pub fn decode_expr_task(bytes: &[u8]) -> Option<SEXP> {
+/// values. `None` for any other payload, or one this path does not take (unusual names,
+/// malformed): [`decode`] then handles it. The result is unprotected.
+///
+/// # Safety
+/// R's main thread, inside a top-level context (`R_ToplevelExec`) that the caller opened: this
+/// allocates, and an allocation error long-jumps to that context.
+pub unsafe fn decode_expr_task_in_context(bytes: &[u8]) -> Option<SEXP> {
     if !expr_task_prefix(bytes) {
         return None;
     }
-    // SAFETY: `read_all` calls this on R's main thread inside `R_ToplevelExec`, as the
-    // reader's methods require.
-    read_all(bytes, 7, |rd| unsafe { rd.expr_task() })
+    let mut rd = Reader {
+        p: bytes.as_ptr(),
+        len: bytes.len(),
+        at: 7,
+    };
+    // SAFETY: the caller's contract (R's main thread, inside a top-level context).
+    let msg = unsafe { rd.expr_task() }?;
+    (rd.at == rd.len).then_some(msg)
 }
 
 /// Decodes a compact item that fills `bytes` exactly; `None` when malformed (or R ran out

@@ -18,7 +18,7 @@ pub use mizu_pool::with_current_task as with_context;
 
 /// Runs every task natively: establishes the worker's condition handlers, then evaluates an
 /// expression task in its environment (or calls `dispatch(msg)` for any other kind), all in
-/// one R top-level context. When the task raised an error, `failed(msg)` returns the condition
+/// one R top-level context. When the task raised an error, `failed(NULL)` returns the condition
 /// the handler recorded; when it raised warnings, `with_warnings(value)` attaches them.
 struct RExec {
     /// `.Internal(.resetCondHands(<stack>))`: installs the worker's condition handlers, made
@@ -92,6 +92,46 @@ impl RExec {
         }
     }
 
+    /// For an expression task in the compact encoding (what `mizu_submit` sends): its value,
+    /// as [`RExec::eval_task`] gives it, decoded and evaluated in one top-level context (a
+    /// context costs ~0.1 µs). `None` when `bytes` is not such a task, or not one the compact
+    /// path takes (see `small::decode_expr_task_in_context`).
+    ///
+    /// # Safety
+    /// R's main thread.
+    unsafe fn eval_expr_task(&self, bytes: &[u8]) -> Option<std::result::Result<SEXP, ()>> {
+        // SAFETY: the handle holds the call for as long as `self` lives.
+        let h = unsafe { self.hands.get() };
+        let (p, len) = (bytes.as_ptr(), bytes.len());
+        // SAFETY: R's main thread; the closure owns nothing (`bytes` is rebuilt from a pointer
+        // that outlives the call); the handlers are installed first, so that an allocation
+        // error while decoding is reported as the task's; the message is protected while the
+        // expression is evaluated, the value when it returns (an error unwinds both).
+        let r = unsafe {
+            try_r(move || {
+                ffi::Rf_eval(h, extendr_ffi::R_BaseEnv);
+                let bytes = std::slice::from_raw_parts(p, len);
+                let Some(msg) = crate::small::decode_expr_task_in_context(bytes) else {
+                    return extendr_ffi::R_UnboundValue;
+                };
+                let msg = Rf_protect(msg);
+                let v = ffi::Rf_eval(
+                    extendr_ffi::VECTOR_ELT(msg, 1),
+                    extendr_ffi::VECTOR_ELT(msg, 2),
+                );
+                Rf_unprotect(1);
+                Rf_protect(v)
+            })
+        };
+        // SAFETY: reading R's constant (which evaluation never returns: it marks "not this
+        // path").
+        let not_taken = unsafe { extendr_ffi::R_UnboundValue };
+        match r {
+            Ok(v) if v == not_taken => None,
+            r => Some(r),
+        }
+    }
+
     /// Whether the handlers recorded warnings during the task.
     fn warned(&self) -> bool {
         // SAFETY: R's main thread; `state` is an environment (checked by `run_worker`) held by
@@ -111,26 +151,41 @@ impl RExec {
         // to the end of the task (the `Unprotect` guards pop them); nothing here holds an R
         // handle on the hot path (see `handle.rs` for why that matters).
         unsafe {
-            // The common expression task first: its bindings go straight into the task's
-            // environment (see `small::decode_expr_task`).
+            // The common expression task first: decoded and evaluated in one top-level
+            // context (see `eval_expr_task`).
             let fast = match buf.as_slice().split_first() {
-                Some((&crate::codec::TAG_SMALL, rest)) => crate::small::decode_expr_task(rest),
+                Some((&crate::codec::TAG_SMALL, rest)) => self.eval_expr_task(rest),
                 _ => None,
             };
-            let msg = match fast.map_or_else(|| decode_small(&buf), |m| Some(Ok(m))) {
-                Some(Ok(m)) => Rf_protect(m),
-                Some(Err(e)) => return Err(text(&e.to_string())),
-                None => match decode(buf) {
-                    Ok(Decoded::Value(v)) => Rf_protect(v.get()),
-                    Ok(Decoded::Text(t)) => {
-                        return Err(text(&format!("mizu: a text payload: {t}")));
+            let evaluated = match fast {
+                Some(r) => r,
+                None => {
+                    let msg = match decode_small(&buf) {
+                        Some(Ok(m)) => Rf_protect(m),
+                        Some(Err(e)) => return Err(text(&e.to_string())),
+                        None => match decode(buf) {
+                            Ok(Decoded::Value(v)) => Rf_protect(v.get()),
+                            Ok(Decoded::Text(t)) => {
+                                return Err(text(&format!("mizu: a text payload: {t}")));
+                            }
+                            Err(e) => return Err(text(&e.to_string())),
+                        },
+                    };
+                    let expr_task = bind_vars(msg);
+                    // The message is let go with the value kept (nothing allocates between).
+                    match self.eval_task(msg, expr_task) {
+                        Ok(v) => {
+                            Rf_unprotect(2);
+                            Ok(Rf_protect(v))
+                        }
+                        Err(()) => {
+                            Rf_unprotect(1);
+                            Err(())
+                        }
                     }
-                    Err(e) => return Err(text(&e.to_string())),
-                },
+                }
             };
-            let _msg = Unprotect(1);
-            let expr_task = fast.is_some() || bind_vars(msg);
-            let (ok, value) = match self.eval_task(msg, expr_task) {
+            let (ok, value) = match evaluated {
                 Ok(v) if !self.warned() => (true, v),
                 Ok(v) => {
                     let r = call1(&self.with_warnings, &Robj::from_sexp(v));
@@ -142,7 +197,7 @@ impl RExec {
                         }
                     }
                 }
-                Err(()) => match call1(&self.failed, &Robj::from_sexp(msg)) {
+                Err(()) => match call1(&self.failed, &Robj::from(())) {
                     Ok(c) => (false, Rf_protect(c.get())),
                     Err(()) => {
                         return Err(text("mizu: the task failed and so did reporting it"));

@@ -61,7 +61,7 @@
 # The error the last task raised (recorded by .note_error), as the caller gets it: with the
 # task's call stack and, in a map, the failing element's position.
 # Reading it resets what the handlers recorded, for the next task.
-.task_failed <- function(msg) {
+.task_failed <- function(unused = NULL) {
   st <- .worker_state
   e <- st$error
   trace <- st$trace
