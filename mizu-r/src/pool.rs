@@ -421,6 +421,11 @@ pub(crate) unsafe fn submit_encoded(
     p: &RPool,
     out: &Outgoing,
 ) -> Result<std::result::Result<RTask, Robj>> {
+    // A collection that views asked for runs here, before the task's handle exists, rather
+    // than when its result is decoded: there the handle would survive the collection, be
+    // promoted, and keep the result (a few MB of views of a data frame, say) alive until a
+    // full collection, long after the program dropped both.
+    crate::view::collect_garbage_if_due();
     if p.nested {
         return with_context(|c| {
             let ctx = c.ok_or_else(|| rerr("this pool handle only works inside its task"))?;
@@ -485,6 +490,8 @@ pub(crate) unsafe fn submit_encoded(
 #[extendr]
 fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
     let p = pool_ref(&pool)?;
+    // As in `submit_encoded`: before the handles exist.
+    crate::view::collect_garbage_if_due();
     for m in msgs.values() {
         check_msg(&m)?;
     }

@@ -318,8 +318,9 @@ thread_local! {
 /// so views nobody uses any more would keep regions — and the sender's data segments — alive
 /// until R happens to collect.
 ///
-/// Collections are run before the next payload is decoded ([`collect_garbage_if_due`]), not
-/// while one is read (its views would survive and be promoted).
+/// Collections are run before the next task is submitted or payload is decoded
+/// ([`collect_garbage_if_due`]), not while one is read (its views would survive and be
+/// promoted).
 ///
 /// * After every [`young_every`] bytes of views of new copies, a young-generation collection
 ///   (`gc(full = FALSE)`: a millisecond or more here) reclaims those made and dropped since the
