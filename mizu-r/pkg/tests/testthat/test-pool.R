@@ -36,6 +36,26 @@ test_that("bindings of every small kind, odd names and none reach the expression
                                     list(message = paste("boom", x), call = NULL))), x = 7),
                   my_error = function(e) conditionMessage(e))
     expect_identical(e, "boom 7")
+    # More bindings than the direct path keeps (16) take the general one.
+    many <- setNames(as.list(1:40), paste0("v", 1:40))
+    expect_identical(mizu_collect(do.call(mizu_submit, c(list(pool, quote(v1 + v40)), many))),
+                     41L)
+    # A binding whose value fails is an error of the submitting call, as in R.
+    expect_error(mizu_submit(pool, x, x = stop("no value")), "no value")
+    expect_identical(run(x, x = 5L), 5L)
+  })
+})
+
+test_that("results of a loop of round trips are garbage for a young collection", {
+  # A collection the views ask for runs when the next task is submitted, before its handle
+  # exists: one run while a result was decoded promoted it with its handle, and each such
+  # result (megabytes of views here) stayed until a full collection.
+  live_bytes <- function() .Call(mizu:::wrap__view_live)[[2]]
+  with_pool(1, function(pool) {
+    df <- data.frame(a = runif(2e5), b = runif(2e5), c = seq_len(2e5))
+    for (i in 1:100) mizu_collect(mizu_submit(pool, d, d = df))
+    invisible(gc(full = FALSE))
+    expect_equal(live_bytes(), 0)
   })
 })
 
