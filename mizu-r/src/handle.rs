@@ -9,6 +9,7 @@
 
 use std::any::{Any, type_name};
 use std::cell::{Cell, OnceCell, RefCell};
+use std::collections::VecDeque;
 use std::ffi::CStr;
 use std::rc::{Rc, Weak};
 
@@ -62,15 +63,28 @@ impl Batch {
 pub(crate) struct BatchSlot {
     /// The batch being filled, if any, and how many of its places are taken.
     cur: RefCell<Option<(Rc<Batch>, usize)>>,
-    /// The pool's batches that may still be alive: `RPool::drain` looks through their tasks
-    /// for finished outcomes to move out of their slots.
-    all: RefCell<Vec<Weak<Batch>>>,
+    /// The pool's batches that may still be alive and hold unfinished tasks, oldest first:
+    /// `RPool::drain` looks through their tasks for finished outcomes to move out of their
+    /// slots.
+    all: RefCell<VecDeque<Weak<Batch>>>,
 }
 
 impl BatchSlot {
-    /// The pool's batches that are alive.
-    pub(crate) fn live(&self) -> Vec<Rc<Batch>> {
-        self.all.borrow().iter().filter_map(Weak::upgrade).collect()
+    /// The pool's live batches that may hold tasks for which `waiting` holds, oldest first.
+    /// Leading batches without such tasks are forgotten first (except the one being filled,
+    /// which may get more): tasks finish roughly in order, so what remains is about the tasks
+    /// in flight, however many handles the program keeps.
+    pub(crate) fn live(&self, waiting: impl Fn(&RTask) -> bool) -> Vec<Rc<Batch>> {
+        let mut all = self.all.borrow_mut();
+        while all.len() > 1 {
+            match all.front().and_then(Weak::upgrade) {
+                Some(b) if b.tasks().any(&waiting) => break,
+                _ => {
+                    all.pop_front();
+                }
+            }
+        }
+        all.iter().filter_map(Weak::upgrade).collect()
     }
 
     fn push(&self, b: &Rc<Batch>) {
@@ -78,7 +92,7 @@ impl BatchSlot {
         if all.len() >= 8 && all.len().is_power_of_two() {
             all.retain(|w| w.strong_count() > 0);
         }
-        all.push(Rc::downgrade(b));
+        all.push_back(Rc::downgrade(b));
     }
 }
 

@@ -123,11 +123,12 @@ impl RPool {
         let start = Instant::now();
         loop {
             let mut freed = false;
-            let batches = self.batch.live();
+            let pending = |t: &RTask| matches!(&*t.cell.borrow(), TaskState::Pending(_));
+            let batches = self.batch.live(pending);
             let live: Vec<&RTask> = batches
                 .iter()
                 .flat_map(|b| b.tasks())
-                .filter(|t| matches!(&*t.cell.borrow(), TaskState::Pending(_)))
+                .filter(|t| pending(t))
                 .collect();
             for t in &live {
                 let mut g = t.cell.borrow_mut();
