@@ -53,9 +53,11 @@ test_that("results of a loop of round trips are garbage for a young collection",
   live_bytes <- function() .Call(mizu:::wrap__view_live)[[2]]
   with_pool(1, function(pool) {
     df <- data.frame(a = runif(2e5), b = runif(2e5), c = seq_len(2e5))
+    invisible(gc(full = TRUE))  # (views earlier tests left for a full collection)
+    before <- live_bytes()
     for (i in 1:100) mizu_collect(mizu_submit(pool, d, d = df))
     invisible(gc(full = FALSE))
-    expect_equal(live_bytes(), 0)
+    expect_lte(live_bytes() - before, 0)
   })
 })
 
