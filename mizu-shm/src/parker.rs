@@ -123,6 +123,15 @@ mod waiter {
             }
         }
 
+        /// This waiter with the spin budget another one learned (see [`Waiter::spin_budget`]),
+        /// kept between 1 µs and `max_spin`: a caller that waits again and again (a collect
+        /// per task) keeps what the last wait taught instead of spinning the full budget each
+        /// time.
+        pub fn with_spin(mut self, spin: Duration) -> Self {
+            self.spin = spin.max(MIN_SPIN).min(self.max_spin);
+            self
+        }
+
         /// How many times this waiter went to sleep in the kernel.
         pub fn parks(&self) -> u64 {
             self.parks
@@ -184,7 +193,13 @@ mod waiter {
             loop {
                 let now = Instant::now();
                 let slice = match deadline {
-                    Some(d) if now >= d => return poll().ok_or(WaitError::TimedOut),
+                    Some(d) if now >= d => {
+                        // The peer is busy for longer than a spin: spin less next time (a
+                        // caller waiting in slices would otherwise spin the full budget at the
+                        // start of every slice).
+                        self.spin = MIN_SPIN.max(self.spin / 2).min(self.max_spin);
+                        return poll().ok_or(WaitError::TimedOut);
+                    }
                     Some(d) => self.slice.min(d - now),
                     None => self.slice,
                 };
@@ -202,5 +217,64 @@ mod waiter {
                 check().map_err(WaitError::Aborted)?;
             }
         }
+    }
+}
+
+#[cfg(all(test, not(mizu_loom)))]
+mod tests {
+    use std::time::Duration;
+
+    use super::{ParkWord, WaitError, Waiter};
+
+    #[test]
+    fn a_learned_budget_is_kept_within_bounds() {
+        let max = Duration::from_micros(50);
+        let w = Waiter::new(max, Duration::from_millis(1));
+        assert_eq!(w.spin_budget(), max);
+        let w = w.with_spin(Duration::from_micros(10));
+        assert_eq!(w.spin_budget(), Duration::from_micros(10));
+        let w = w.with_spin(Duration::from_secs(1));
+        assert_eq!(w.spin_budget(), max);
+        let w = w.with_spin(Duration::ZERO);
+        assert_eq!(w.spin_budget(), Duration::from_micros(1));
+        let none = Waiter::new(Duration::ZERO, Duration::from_millis(1))
+            .with_spin(Duration::from_micros(10));
+        assert_eq!(none.spin_budget(), Duration::ZERO);
+    }
+
+    #[test]
+    fn waits_that_time_out_spin_less_and_a_quick_answer_restores_the_budget() {
+        let max = Duration::from_micros(64);
+        let mut w = Waiter::new(max, Duration::from_millis(1));
+        let word = ParkWord::new();
+        let mut budgets = Vec::new();
+        for _ in 0..3 {
+            let r = w.wait(
+                &word,
+                || None::<()>,
+                Some(Duration::from_millis(1)),
+                || Ok::<(), ()>(()),
+            );
+            assert!(matches!(r, Err(WaitError::TimedOut)));
+            budgets.push(w.spin_budget());
+        }
+        assert_eq!(
+            budgets,
+            [32, 16, 8].map(Duration::from_micros).to_vec(),
+            "each timed-out wait halves the budget"
+        );
+        // An answer caught while spinning (after the burst's polls) keeps spinning worthwhile.
+        let mut polls = 0;
+        let r = w.wait(
+            &word,
+            || {
+                polls += 1;
+                (polls > 100).then_some(7)
+            },
+            None,
+            || Ok::<(), ()>(()),
+        );
+        assert_eq!(r.ok(), Some(7));
+        assert!(w.spin_budget() >= Duration::from_micros(8));
     }
 }

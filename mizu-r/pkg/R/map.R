@@ -75,10 +75,16 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
   # output area, and the result is a view of it (no assembling copy here).
   out <- if (!is.null(.ptype)) .Call(wrap__out_new, pool, .ptype, n)
   spec <- if (!is.null(out)) out[[2L]]
+  # `.f` is serialized once for all chunks (~40 us for a small compiled closure, per chunk
+  # before), and a worker unserializes it once per map (see .chunk_function).
+  fun <- if (length(chunks) > 1L) serialize(.f, NULL, xdr = FALSE) else .f
   msgs <- lapply(chunks, function(ix) {
-    list("m", .f, dots, unname(xs[ix]), seed, ix[[1]], .ptype, spec)
+    list("m", fun, dots, unname(xs[ix]), seed, ix[[1]], .ptype, spec)
   })
-  tasks <- .submit_many(pool, msgs)
+  # The first chunk of each worker goes out before the rest are encoded: the workers start
+  # while this session encodes the others.
+  first <- seq_len(min(workers, length(msgs)))
+  tasks <- c(.submit_many(pool, msgs[first]), .submit_many(pool, msgs[-first]))
   bar <- if (isTRUE(.progress) && n > 0L) utils::txtProgressBar(0, n, style = 3)
   on.exit({
     # Stop what has not started; abandon the rest (their slots free themselves).
@@ -141,6 +147,7 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
 # draws from the stream of (seed, i); the worker's own RNG kind and state are put back after.
 # With an output `spec`, typed results go into the caller's output area instead of back.
 .run_chunk <- function(f, dots, xs, seed, start, ptype, spec = NULL) {
+  if (is.raw(f)) f <- .chunk_function(f)
   n <- length(xs)
   typed <- !is.null(ptype)
   out <- if (typed) vector(typeof(ptype), n) else vector("list", n)
@@ -175,4 +182,16 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
     return(NULL)
   }
   out
+}
+
+# The function of a map's chunks, sent serialized: unserialized once per map and kept (with a
+# private copy of its bytes, so that no view of the caller's memory is held) for the map's
+# later chunks on this worker.
+.chunk_function <- function(bytes) {
+  st <- .worker_state
+  if (!identical(bytes, st$chunk_bytes)) {
+    st$chunk_fun <- unserialize(bytes)
+    st$chunk_bytes <- c(bytes)
+  }
+  st$chunk_fun
 }
