@@ -73,6 +73,22 @@ test_that("a map of more chunks than workers sends its function compiled", {
   })
 })
 
+test_that("a worker keeps a map's function for its chunks, and only for that map", {
+  # The function travels serialized once per map; each worker unserializes it once.
+  with_pool(1, function(pool) {
+    expect_identical(unlist(mizu_map(pool, 1:20, function(i) i, .chunk_size = 2)), 1:20)
+    expect_identical(unlist(mizu_map(pool, 1:20, function(i) -i, .chunk_size = 2)), -(1:20))
+    make <- function(k) function(i) i * k
+    expect_identical(unlist(mizu_map(pool, 1:6, make(3L), .chunk_size = 2)), (1:6) * 3L)
+    expect_identical(unlist(mizu_map(pool, 1:6, make(4L), .chunk_size = 2)), (1:6) * 4L)
+    # State a function keeps in its environment lasts for one map on a worker, never into
+    # the next map.
+    counter <- local({ n <- 0L; function(i) { n <<- n + 1L; n } })
+    first <- unlist(mizu_map(pool, 1:4, counter, .chunk_size = 2))
+    expect_identical(unlist(mizu_map(pool, 1:4, counter, .chunk_size = 2)), first)
+  })
+})
+
 test_that("the first failing element by position is reported, with its class and index", {
   with_pool(2, function(pool) {
     f <- function(i) if (i %in% c(37, 80)) stop(structure(
