@@ -27,7 +27,9 @@
 #' @param pool A [mizu_pool()] (or [mizu_current_pool()] inside a task).
 #' @param .x A vector or list.
 #' @param .f A function, called as `.f(.x[[i]], ...)`. Its environment travels with it (a
-#'   function defined at top level refers to the worker's global environment).
+#'   function defined at top level refers to the worker's global environment). It is sent once
+#'   per map and each worker unserializes it once, so what it keeps in its environment lasts
+#'   for the map on that worker, not beyond.
 #' @param ... Further arguments to `.f`, the same for every element.
 #' @param .seed `NULL`, or a whole number: element `i` then runs with R's random number
 #'   generator drawing from the stream of `(.seed, i)` (see [mizu_stream()]), so `runif()`,
