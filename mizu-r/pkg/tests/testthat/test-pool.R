@@ -105,6 +105,11 @@ test_that("errors keep their class and message, with the remote call and traceba
     expect_equal(e$n, 7)
     # warnings on the worker do not fail the task
     expect_equal(suppressWarnings(mizu_collect(mizu_submit(pool, { warning("w"); 1 }))), 1)
+    # they are signalled in the caller once: collected again, the task gives its value alone
+    w <- mizu_submit(pool, { warning("careful"); 2 })
+    expect_warning(v <- mizu_collect(w), "careful")
+    expect_equal(v, 2)
+    expect_no_warning(expect_equal(mizu_collect(w), 2))
   })
 })
 
