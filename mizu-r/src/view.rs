@@ -403,6 +403,13 @@ pub fn collect_all_garbage_when_idle() {
     }
 }
 
+/// A full collection now (an idle worker that grew, see `worker::RExec::idle`).
+pub fn collect_all_garbage_now() {
+    SINCE_GC.with(|c| c.set(0));
+    SINCE_ANY.with(|c| c.set(0));
+    full_collection();
+}
+
 /// Idle workers collect once they hold this many bytes of views made since the last time.
 const IDLE_GC_MIN: usize = 1 << 20;
 

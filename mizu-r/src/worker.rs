@@ -36,6 +36,8 @@ struct RExec {
     tasks: Cell<u64>,
     /// Wait slices (2 ms each) that passed without a task since the last task.
     idle_slices: Cell<u32>,
+    /// The process's resident memory when it last went idle for long (see `idle`).
+    resident: Cell<u64>,
 }
 
 // SAFETY: `mizu_pool::run_worker` calls `execute` only on the thread that called it — R's main
@@ -272,7 +274,14 @@ impl Executor for RExec {
             crate::view::collect_garbage_when_idle();
         } else if k == IDLE_SLICES_BEFORE_FULL_GC {
             crate::view::collect_all_garbage_when_idle();
+            // A worker that grew by a large task gives the memory back once idle: R frees
+            // the task's garbage only at a collection, and the allocator keeps what R frees.
+            let now = resident_bytes();
+            if now > self.resident.get().saturating_add(GREW_BY) {
+                crate::view::collect_all_garbage_now();
+            }
             release_freed_memory();
+            self.resident.set(resident_bytes());
         }
     }
 }
@@ -316,6 +325,18 @@ fn release_freed_memory() {
     unsafe {
         malloc_trim(0);
     }
+}
+
+/// Growth of resident memory since the last long idle that makes an idle worker run a full
+/// collection and give the freed memory back.
+const GREW_BY: u64 = 64 << 20;
+
+/// This process's resident memory in bytes (`/proc/self/statm`; 0 where it cannot be read).
+fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * rustix::param::page_size() as u64)
 }
 
 /// Idle wait slices (see `mizu_pool::run_worker`) before an idle worker collects garbage.
@@ -394,6 +415,7 @@ fn run_worker(
         max_tasks: max_tasks.max(0.0) as u64,
         tasks: Cell::new(0),
         idle_slices: Cell::new(0),
+        resident: Cell::new(resident_bytes()),
     };
     mizu_pool::run_worker(token, slot, &exec).map_err(rerr)
 }

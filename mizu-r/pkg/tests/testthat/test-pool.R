@@ -369,3 +369,23 @@ test_that("the machine floor the benchmarks print is measured, or refused clearl
   expect_error(.Call(mizu:::wrap__line_round_trip_ns, 0L, -1L), "no CPU -1")
   expect_error(.Call(mizu:::wrap__line_round_trip_ns, 0L, 100000L))   # not a hang
 })
+
+test_that("a worker that grew by a large task gives the memory back once idle", {
+  with_pool(1, function(pool) {
+    pid <- mizu_pool_status(pool)$pid
+    rss_mb <- function() {
+      line <- grep("^VmRSS", readLines(sprintf("/proc/%d/status", pid)), value = TRUE)
+      as.numeric(gsub("[^0-9]", "", line)) / 1024
+    }
+    before <- rss_mb()
+    # ~190 MB of garbage, in vectors small enough for the heap the worker keeps
+    mizu_collect(mizu_submit(pool, {
+      for (k in 1:8) assign(paste0("x", k), numeric(3e6) + k)
+      NULL
+    }))
+    expect_gt(rss_mb(), before + 150)
+    deadline <- Sys.time() + 20  # (a hang guard: an idle worker does this after 0.5 s)
+    while (rss_mb() > before + 50 && Sys.time() < deadline) Sys.sleep(0.1)
+    expect_lt(rss_mb(), before + 50)
+  })
+})
