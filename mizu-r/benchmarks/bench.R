@@ -56,6 +56,12 @@ rt_psock <- per_op(function() for (i in seq_len(n_psock)) clusterCall(cl[1], ide
 rt_fork <- per_op(function() for (i in seq_len(n_slow)) mccollect(mcparallel(i)), n_slow)
 rt_future <- per_op(function() for (i in seq_len(n_slow)) value(future(i)), n_slow)
 floor_after <- line_floor()  # (the pool's workers are idle, hence parked, by now)
+# R's own part of that round trip: closures of the same shape as mizu_submit and mizu_collect
+# (argument matching, substitute, list(...)) calling a native routine that does nothing.
+nop <- mizu:::.native_nop
+shell_submit <- function(pool, expr, ...) .Call(nop, pool, substitute(expr), list(...))
+shell_collect <- function(task, timeout = Inf) .Call(nop, task, timeout, NULL)
+rt_shell <- per_op(function() for (i in seq_len(n)) shell_collect(shell_submit(pool, i, i = i)), n)
 report("trivial task round trip", "time", rt_mizu,
        list(`PSOCK cluster` = rt_psock, `mcparallel (fork)` = rt_fork,
             `future multisession` = rt_future))
@@ -125,6 +131,9 @@ for (r in seq_len(nrow(out))) {
               fmt_time(x$other), x$ratio))
 }
 cat("\n(mizu is: how many times less time mizu takes than the peer, same run, same machine)\n")
+cat(sprintf(paste0(
+  "R's own part of the round trip: the two closures calling a native routine that does ",
+  "nothing took %.2f us of the %.2f us\n"), rt_shell * 1e6, rt_mizu * 1e6))
 if (!is.na(floor_before) && !is.na(floor_after)) {
   cat(sprintf(paste0(
     "machine floor: one cache line's round trip between cpu0 and cpu1 took %.0f ns before the ",

@@ -10,6 +10,7 @@
 .native_collect <- NULL
 .native_collect_value <- NULL
 .native_tasks_ok <- NULL
+.native_nop <- NULL
 
 .onLoad <- function(libname, pkgname) {
   .Call(wrap__init_native)

@@ -362,6 +362,10 @@ test_that("a pool used in a forked child gives a clear error; the parent's stays
   })
 })
 
+test_that("the no-op routine the benchmark times R's own part with returns its first argument", {
+  expect_identical(.Call(mizu:::.native_nop, 1L, "b", NULL), 1L)
+})
+
 test_that("the machine floor the benchmarks print is measured, or refused clearly", {
   ns <- .Call(mizu:::wrap__line_round_trip_ns, 0L, 1L)
   expect_true(ns > 0 && ns < 1e6)   # a cache line's round trip: nanoseconds
