@@ -480,6 +480,15 @@ impl Outgoing {
         Ok(Outgoing::layout(TAG_PLAIN, skel, bufs))
     }
 
+    /// The compact payload of `list("e", expr, vars)` (an expression task), made without
+    /// the list; `None` when the message takes another encoding.
+    pub fn encode_expr_task(expr: SEXP, vars: SEXP) -> Option<Outgoing> {
+        // SAFETY: R's main thread; the kind string is kept for the session.
+        let kind = unsafe { crate::handle::kept_expr_kind() };
+        crate::small::encode_list3(kind, expr, vars)
+            .map(|bytes| Outgoing::layout(TAG_SMALL, bytes, Vec::new()))
+    }
+
     fn layout(tag: u8, skel: Vec<u8>, bufs: Vec<Oob>) -> Outgoing {
         let mut out = Outgoing {
             tag,
@@ -506,6 +515,14 @@ impl Outgoing {
         let mut v = vec![0u8; self.size];
         self.fill(&mut v);
         v
+    }
+}
+
+impl Drop for Outgoing {
+    fn drop(&mut self) {
+        if self.tag == TAG_SMALL {
+            crate::small::give_back(std::mem::take(&mut self.skel));
+        }
     }
 }
 

@@ -17,7 +17,8 @@ use extendr_ffi::{R_NilValue, Rf_protect, Rf_unprotect, SEXP};
 use crate::codec::Outgoing;
 use crate::handle::mk_string;
 use crate::pool::{
-    Collected, check_msg_sexp, collect_protected, pool_at, submit_encoded, task_at, timeout_sexp,
+    Collected, check_msg_sexp, check_vars_sexp, collect_protected, pool_at, submit_encoded,
+    task_at, timeout_sexp,
 };
 
 /// The message of an error for R, without the `mizu: ` prefix the R side adds.
@@ -35,12 +36,25 @@ fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
 /// Submits `msg` (`list(kind, expr, vars)`) to `pool`: the task handle, or `c(class,
 /// message)` for the R wrapper to raise (messages as the other entry points word them).
 unsafe extern "C" fn submit(pool: SEXP, msg: SEXP) -> SEXP {
+    // SAFETY: R's main thread (`.Call`); `msg` is protected by R (or by the caller) meanwhile.
+    unsafe {
+        submit_with(pool, || {
+            check_msg_sexp(msg).map_err(|e| format!("mizu: {e}"))?;
+            Outgoing::encode_sexp(msg).map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// Submits the payload `encode` makes to `pool`: as [`submit`] answers.
+///
+/// # Safety
+/// R's main thread; `pool` and whatever `encode` reads are protected meanwhile.
+unsafe fn submit_with(pool: SEXP, encode: impl FnOnce() -> Result<Outgoing, String>) -> SEXP {
     let r = guarded(|| {
-        // SAFETY: R's main thread (`.Call`); `pool` and `msg` are protected by R for the call.
+        // SAFETY: R's main thread (`.Call`); `pool` is protected by R for the call.
         unsafe {
             let p = pool_at(pool).map_err(|e| e.to_string())?;
-            check_msg_sexp(msg).map_err(|e| format!("mizu: {e}"))?;
-            let out = Outgoing::encode_sexp(msg).map_err(|e| e.to_string())?;
+            let out = encode()?;
             Ok(
                 match submit_encoded(pool, p, &out).map_err(|e| e.to_string())? {
                     Ok(t) => crate::handle::task_handle(pool, &p.batch, t),
@@ -79,6 +93,13 @@ pub unsafe extern "C" fn mizu_rs_submit_expr(pool: SEXP, expr: SEXP, vars: SEXP)
     // SAFETY: R's main thread (`.Call`); the arguments are protected by R for the call; the
     // message is protected while its elements are set and while it is submitted.
     unsafe {
+        // The common message goes out without being made: its compact encoding is written
+        // from its parts (bindings that need a check or another encoding take the list).
+        if check_vars_sexp(vars).is_ok()
+            && let Some(out) = Outgoing::encode_expr_task(expr, vars)
+        {
+            return submit_with(pool, || Ok(out));
+        }
         let msg = Rf_protect(extendr_ffi::Rf_allocVector(
             extendr_ffi::SEXPTYPE::VECSXP,
             3,

@@ -364,19 +364,28 @@ fn check_msg(msg: &Robj) -> Result<()> {
 /// # Safety
 /// `msg` is a live SEXP; this only reads it.
 pub(crate) unsafe fn check_msg_sexp(msg: SEXP) -> std::result::Result<(), &'static str> {
-    use extendr_ffi::{
-        R_NaString, R_NamesSymbol, Rf_getAttrib, STRING_ELT, TYPEOF, VECTOR_ELT, XLENGTH,
-    };
-    const BAD: &str = "the values in `...` must be named: they are the bindings the expression \
-                       sees (a binding named as a prefix of `pool` or `expr`, such as `e` or \
-                       `p`, is taken as that argument by R's partial matching: rename it)";
-    // SAFETY: reads of live objects (the caller's contract); `Rf_getAttrib` of `names` on a
-    // list does not allocate.
+    use extendr_ffi::{TYPEOF, VECTOR_ELT, XLENGTH};
+    // SAFETY: reads of live objects (the caller's contract).
     unsafe {
         if TYPEOF(msg) != SEXPTYPE::VECSXP || XLENGTH(msg) != 3 {
             return Ok(());
         }
-        let vars = VECTOR_ELT(msg, 2);
+        check_vars_sexp(VECTOR_ELT(msg, 2))
+    }
+}
+
+/// [`check_msg_sexp`] of a message's bindings `vars`: every value of a non-empty list is named.
+///
+/// # Safety
+/// `vars` is a live SEXP; this only reads it.
+pub(crate) unsafe fn check_vars_sexp(vars: SEXP) -> std::result::Result<(), &'static str> {
+    use extendr_ffi::{R_NaString, R_NamesSymbol, Rf_getAttrib, STRING_ELT, TYPEOF, XLENGTH};
+    const BAD: &str = "the values in `...` must be named: they are the bindings the expression \
+                       sees (a binding named as a prefix of `pool` or `expr`, such as `e` or \
+                       `p`, is taken as that argument by R's partial matching: rename it)";
+    // SAFETY: reads of a live object (the caller's contract); `Rf_getAttrib` of `names` on a
+    // list does not allocate.
+    unsafe {
         if TYPEOF(vars) != SEXPTYPE::VECSXP || XLENGTH(vars) == 0 {
             return Ok(());
         }

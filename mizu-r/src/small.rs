@@ -38,11 +38,57 @@ fn varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
+thread_local! {
+    /// The buffer of the last compact encoding, given back when its payload was sent (see
+    /// [`give_back`]): every task encodes one message or result, and a fresh buffer each time
+    /// cost a `malloc` and a `free` on the round trip's path.
+    static SPARE: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// A buffer for an encoding: the spare one (emptied), or a new one.
+fn buffer() -> Vec<u8> {
+    let mut out = SPARE.take();
+    out.clear();
+    out.reserve(64);
+    out
+}
+
+/// Keeps `buf` (an encoding that was sent) for the next encoding; a large one is let go.
+pub fn give_back(buf: Vec<u8>) {
+    if buf.capacity() <= 64 << 10 {
+        SPARE.set(buf);
+    }
+}
+
+/// What an encoding that failed returns: nothing, its buffer kept for the next one.
+fn failed(out: Vec<u8>) -> Option<Vec<u8>> {
+    give_back(out);
+    None
+}
+
 /// The compact encoding of `x`, or `None` when it is not covered (see the module docs).
 pub fn encode(x: SEXP) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(64);
+    let mut out = buffer();
     // SAFETY: `x` is live (protected by the caller); only reads, no allocation.
-    unsafe { item(&mut out, x, 0) }.then_some(out)
+    if unsafe { item(&mut out, x, 0) } {
+        Some(out)
+    } else {
+        failed(out)
+    }
+}
+
+/// The compact encoding of the list `list(a, b, c)` (no names), without the list: what
+/// [`encode`] makes of it, or `None` when an element is not covered.
+pub fn encode_list3(a: SEXP, b: SEXP, c: SEXP) -> Option<Vec<u8>> {
+    let mut out = buffer();
+    out.push(7);
+    varint(&mut out, 3);
+    // SAFETY: the elements are live (protected by the caller); only reads, no allocation.
+    if unsafe { item(&mut out, a, 1) && item(&mut out, b, 1) && item(&mut out, c, 1) } {
+        Some(out)
+    } else {
+        failed(out)
+    }
 }
 
 /// # Safety
