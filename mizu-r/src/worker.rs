@@ -32,6 +32,9 @@ struct RExec {
     with_warnings: Function,
     /// The environment where the handlers record conditions (`.worker_state`).
     state: Robj,
+    /// The symbol `warnings` (where the handlers keep a task's warnings; symbols are never
+    /// collected).
+    warnings: SEXP,
     max_tasks: u64,
     tasks: Cell<u64>,
     /// Wait slices (2 ms each) that passed without a task since the last task.
@@ -140,8 +143,7 @@ impl RExec {
         // SAFETY: R's main thread; `state` is an environment (checked by `run_worker`) held by
         // its handle; a frame lookup neither allocates nor raises errors.
         unsafe {
-            let sym = extendr_ffi::Rf_install(c"warnings".as_ptr());
-            let w = ffi::Rf_findVarInFrame(self.state.get(), sym);
+            let w = ffi::Rf_findVarInFrame(self.state.get(), self.warnings);
             w != extendr_ffi::R_NilValue && w != extendr_ffi::R_UnboundValue
         }
     }
@@ -412,6 +414,8 @@ fn run_worker(
         failed,
         with_warnings,
         state,
+        // SAFETY: R's main thread; installing a symbol only reads or extends the symbol table.
+        warnings: unsafe { extendr_ffi::Rf_install(c"warnings".as_ptr()) },
         max_tasks: max_tasks.max(0.0) as u64,
         tasks: Cell::new(0),
         idle_slices: Cell::new(0),
