@@ -82,9 +82,10 @@ unsafe fn submit_with(pool: SEXP, encode: impl FnOnce() -> Result<Outgoing, Stri
 }
 
 /// Submits the expression `expr` with the bindings `vars` (a named list): what [`submit`]
-/// does with `list("e", expr, vars)`, the message list made here rather than by R's `list()`
-/// (a builtin call costs more than the allocation). Called by `mizu_submit_shim` (`shims.c`),
-/// which raises the failures.
+/// does with `list("e", expr, vars)`. The message's compact encoding is written from its
+/// parts; only bindings that need another encoding (or fail the names check) make the list,
+/// here rather than by R's `list()` (a builtin call costs more than the allocation). Called
+/// by `mizu_submit_shim` (`shims.c`), which raises the failures.
 ///
 /// # Safety
 /// R's main thread, from `.Call` (the arguments are protected by R for the call).
