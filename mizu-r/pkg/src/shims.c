@@ -9,23 +9,15 @@
 SEXP mizu_rs_submit_expr(SEXP pool, SEXP expr, SEXP vars);
 SEXP mizu_rs_collect_value(SEXP task, SEXP timeout, int *outcome);
 
-/* The package namespace (kept for the session: namespaces are never collected). */
-static SEXP mizu_ns(void) {
-    static SEXP ns = NULL;
-    if (ns == NULL) {
-        SEXP name = PROTECT(mkString("mizu"));
-        ns = R_FindNamespace(name);
-        R_PreserveObject(ns);
-        UNPROTECT(1);
-    }
-    return ns;
-}
-
-/* fun(arg), with fun looked up in the namespace (where R forces a lazy-loaded binding). */
+/* fun(arg), with fun looked up in the package namespace (where R forces a lazy-loaded
+ * binding). Only failures and outcomes other than a plain value come here, so the namespace is
+ * looked up each time rather than kept (a reloaded package gets its new one). */
 static SEXP mizu_call1(const char *fun, SEXP arg) {
+    SEXP name = PROTECT(mkString("mizu"));
+    SEXP ns = PROTECT(R_FindNamespace(name));
     SEXP call = PROTECT(lang2(install(fun), arg));
-    SEXP v = eval(call, mizu_ns());
-    UNPROTECT(1);
+    SEXP v = eval(call, ns);
+    UNPROTECT(3);
     return v;
 }
 
