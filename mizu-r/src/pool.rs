@@ -2,7 +2,6 @@
 //! them; a pressed Ctrl-C is reported to the R wrapper, which signals the interrupt.
 
 use std::cell::RefCell;
-
 use std::time::{Duration, Instant};
 
 use arrow_buffer::Buffer;

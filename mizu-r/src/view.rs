@@ -353,10 +353,7 @@ fn budget() -> u64 {
 /// of this process and of the processes that sent them. Called where no payload is being read
 /// or written (R's main thread, between a failed send and its retry).
 pub fn collect_under_pressure() {
-    SINCE_GC.with(|c| c.set(0));
-    SINCE_ANY.with(|c| c.set(0));
-    DUE.with(|d| d.set(false));
-    full_collection();
+    collect_all_garbage_now();
 }
 
 fn collect_garbage_now_and_then(bytes: usize, copy: bool) {
@@ -397,16 +394,16 @@ pub fn collect_garbage_when_idle() {
 /// memory goes back after a pause rather than at the next large task.
 pub fn collect_all_garbage_when_idle() {
     if LIVE.with(Cell::get).1 > BASELINE.with(Cell::get) {
-        SINCE_GC.with(|c| c.set(0));
-        SINCE_ANY.with(|c| c.set(0));
-        full_collection();
+        collect_all_garbage_now();
     }
 }
 
-/// A full collection now (an idle worker that grew, see `worker::RExec::idle`).
+/// A full collection now, which also does any young one that was due (and an idle worker
+/// that grew runs, see `worker::RExec::idle`).
 pub fn collect_all_garbage_now() {
     SINCE_GC.with(|c| c.set(0));
     SINCE_ANY.with(|c| c.set(0));
+    DUE.with(|d| d.set(false));
     full_collection();
 }
 

@@ -79,7 +79,12 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
   spec <- if (!is.null(out)) out[[2L]]
   # `.f` is serialized once for all chunks (~40 us for a small compiled closure, per chunk
   # before), and a worker unserializes it once per map (see .chunk_function).
-  fun <- if (length(chunks) > 1L) serialize(.f, NULL, xdr = FALSE) else .f
+  fun <- if (length(chunks) > 1L) {
+    .maps$n <- .maps$n + 1
+    list(bytes = serialize(.f, NULL, xdr = FALSE), map = c(Sys.getpid(), .maps$n))
+  } else {
+    .f
+  }
   msgs <- lapply(chunks, function(ix) {
     list("m", fun, dots, unname(xs[ix]), seed, ix[[1]], .ptype, spec)
   })
@@ -149,7 +154,7 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
 # draws from the stream of (seed, i); the worker's own RNG kind and state are put back after.
 # With an output `spec`, typed results go into the caller's output area instead of back.
 .run_chunk <- function(f, dots, xs, seed, start, ptype, spec = NULL) {
-  if (is.raw(f)) f <- .chunk_function(f)
+  if (is.list(f)) f <- .chunk_function(f)
   n <- length(xs)
   typed <- !is.null(ptype)
   out <- if (typed) vector(typeof(ptype), n) else vector("list", n)
@@ -186,14 +191,22 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
   out
 }
 
-# The function of a map's chunks, sent serialized: unserialized once per map and kept (with a
-# private copy of its bytes, so that no view of the caller's memory is held) for the map's
-# later chunks on this worker.
-.chunk_function <- function(bytes) {
+# Maps made by this process (numbers them for .chunk_function).
+.maps <- new.env(parent = emptyenv())
+.maps$n <- 0
+
+# The function of a map's chunks, sent serialized with the map's number (the sending
+# process's pid and its count of maps): unserialized by the map's first chunk on this worker
+# and kept for its later ones, so that what the function keeps in its environment lasts for
+# the map, never into another map (even of the same function). The bytes are compared too (a
+# private copy is kept, so that no view of the caller's memory is held): a reused pid can
+# never run another map's function.
+.chunk_function <- function(sent) {
   st <- .worker_state
-  if (!identical(bytes, st$chunk_bytes)) {
-    st$chunk_fun <- unserialize(bytes)
-    st$chunk_bytes <- c(bytes)
+  if (!identical(sent$map, st$chunk_map) || !identical(sent$bytes, st$chunk_bytes)) {
+    st$chunk_fun <- unserialize(sent$bytes)
+    st$chunk_bytes <- c(sent$bytes)
+    st$chunk_map <- sent$map
   }
   st$chunk_fun
 }

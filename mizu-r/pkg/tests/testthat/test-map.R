@@ -82,9 +82,12 @@ test_that("a worker keeps a map's function for its chunks, and only for that map
     expect_identical(unlist(mizu_map(pool, 1:6, make(3L), .chunk_size = 2)), (1:6) * 3L)
     expect_identical(unlist(mizu_map(pool, 1:6, make(4L), .chunk_size = 2)), (1:6) * 4L)
     # State a function keeps in its environment lasts for one map on a worker, never into
-    # the next map.
-    counter <- local({ n <- 0L; function(i) { n <<- n + 1L; n } })
+    # the next map, even of the same function sent as the same bytes (its environment's
+    # parent is the global environment, which is not serialized).
+    counter <- local({ n <- 0L; function(i) { n <<- n + 1L; n } },
+                     envir = new.env(parent = globalenv()))
     first <- unlist(mizu_map(pool, 1:4, counter, .chunk_size = 2))
+    expect_identical(first, 1:4)  # one worker: the map's two chunks share its function
     expect_identical(unlist(mizu_map(pool, 1:4, counter, .chunk_size = 2)), first)
   })
 })
