@@ -180,3 +180,14 @@ impl Fill for Vec<u8> {
         out.copy_from_slice(self);
     }
 }
+
+#[cfg(not(mizu_loom))]
+impl Fill for mizu_wire::envelope::Envelope {
+    fn size(&self) -> usize {
+        self.len()
+    }
+
+    fn fill(&self, out: &mut [u8]) {
+        self.write_to(out);
+    }
+}

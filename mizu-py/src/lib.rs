@@ -11,6 +11,7 @@ mod small;
 mod task;
 mod wire;
 mod worker;
+mod xlang;
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;

@@ -348,7 +348,7 @@ impl Writer {
 }
 
 /// The start of a contiguous array's bytes.
-fn data_ptr(a: &Bound<'_, PyUntypedArray>) -> *const u8 {
+pub(crate) fn data_ptr(a: &Bound<'_, PyUntypedArray>) -> *const u8 {
     // SAFETY: `a` is a live PyArrayObject (its type was checked); reading its data field.
     unsafe {
         (*_PyArray_GET_ITEM_DATA(a.as_array_ptr()))

@@ -251,6 +251,71 @@ impl Pool {
         }
     }
 
+    /// Submits a cross-language task: `call` (a `pymizu.wire.Call`), with `extra` appended to
+    /// its arguments when given (a map's element), under the random stream `(seed, index)`.
+    #[pyo3(signature = (call, extra=None, seed=None, index=0))]
+    fn submit_xcall(
+        &self,
+        py: Python<'_>,
+        call: &Bound<'_, PyAny>,
+        extra: Option<&Bound<'_, PyAny>>,
+        seed: Option<u64>,
+        index: u64,
+    ) -> PyResult<Task> {
+        let env = crate::xlang::task_envelope(call, extra, seed, index)?;
+        self.with(|pool| {
+            submit_draining(py, &self.tasks, false, env.len(), |t| {
+                pool.submit_with(&env, t)
+            })
+        })
+    }
+
+    /// Submits a cross-language task per element of `items` (each appended to `call`'s
+    /// arguments; element `i` under the stream `(seed, offset + i)`), with one publication
+    /// per worker queue.
+    #[pyo3(signature = (call, items, seed=None, offset=0))]
+    fn submit_xmap(
+        &self,
+        py: Python<'_>,
+        call: &Bound<'_, PyAny>,
+        items: Vec<Bound<'_, PyAny>>,
+        seed: Option<u64>,
+        offset: u64,
+    ) -> PyResult<Vec<Task>> {
+        let envs = items
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                crate::xlang::at(format!("element {i}: "), || {
+                    crate::xlang::task_envelope(call, Some(x), seed, offset + i as u64)
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        self.with(|pool| {
+            let mut done: Vec<Task> = Vec::with_capacity(envs.len());
+            while done.len() < envs.len() {
+                let rest = &envs[done.len()..];
+                let (ts, r) = py.detach(|| {
+                    pool.submit_batch_with(
+                        rest.iter().map(|e| e as &dyn Fill),
+                        Some(crate::task::SLICE),
+                    )
+                });
+                done.extend(ts.into_iter().map(|t| Task::new(t, &self.tasks, false)));
+                match r {
+                    Ok(()) => {}
+                    Err(PoolError::SubmitTimeout(_)) => py.check_signals()?,
+                    Err(PoolError::SlotsExhausted(_)) => {
+                        py.detach(|| self.tasks.drain());
+                        py.check_signals()?;
+                    }
+                    Err(e) => return Err(submit_error(e)),
+                }
+            }
+            Ok(done)
+        })
+    }
+
     /// Submits several pickled calls (`[(pickle, buffers), ...]`) with one publication per
     /// worker queue, making room as `submit` does.
     fn submit_batch(

@@ -366,6 +366,7 @@ fn to_python(py: Python<'_>, r: Result<Buffer, CollectError>) -> PyResult<(bool,
         Ok(b) if crate::small::kind(&b) == Some(crate::small::TAG_VALUE) => {
             return Ok((true, crate::small::decode_value(py, &b)?.unbind()));
         }
+        Ok(b) if mizu_wire::envelope::is_envelope(&b) => return crate::xlang::outcome(py, &b),
         Ok(b) => (0, decode(py, b)?, 0, 0),
         Err(CollectError::Timeout) | Err(CollectError::AlreadyCollected) => {
             return Err(MizuError::new_err(
@@ -374,6 +375,9 @@ fn to_python(py: Python<'_>, r: Result<Buffer, CollectError>) -> PyResult<(bool,
         }
         Err(CollectError::Task(e)) => match e {
             // An error payload is either ours (a pickled exception) or the runtime's text.
+            TaskError::Failed(b) if mizu_wire::envelope::is_envelope(&b) => {
+                return crate::xlang::outcome(py, &Buffer::from_slice_ref(b));
+            }
             TaskError::Failed(b) => match decode(py, Buffer::from_vec(b.clone())) {
                 Ok(d) => (1u8, d, 0, 0),
                 Err(_) => (

@@ -191,7 +191,7 @@ fn task_error_class(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
 }
 
 /// A decoded value as a Python object.
-fn to_py(py: Python<'_>, v: Value) -> PyResult<Py<PyAny>> {
+pub(crate) fn to_py(py: Python<'_>, v: Value) -> PyResult<Py<PyAny>> {
     Ok(match v {
         Value::None => py.None(),
         Value::Bool(b) => PyBool::new(py, b).to_owned().into_any().unbind(),
@@ -246,7 +246,7 @@ fn to_py(py: Python<'_>, v: Value) -> PyResult<Py<PyAny>> {
 }
 
 /// A Python object as a value; a clear `TypeError` for what cannot cross languages.
-fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
+pub(crate) fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
     let py = obj.py();
     if obj.is_none() {
         return Ok(Value::None);
@@ -255,10 +255,9 @@ fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
         return Ok(Value::Bool(b.is_true()));
     }
     if obj.is_instance_of::<PyInt>() {
-        return obj
-            .extract::<i64>()
-            .map(Value::Int)
-            .map_err(|_| value_err("an int outside the 64-bit range cannot cross languages"));
+        return obj.extract::<i64>().map(Value::Int).map_err(|_| {
+            crate::xlang::not_portable("an int outside the 64-bit range cannot cross languages")
+        });
     }
     if let Ok(f) = obj.cast::<PyFloat>() {
         return Ok(Value::Float(f.value()));
@@ -318,17 +317,25 @@ fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
     if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
         return obj
             .try_iter()?
-            .map(|x| from_py(&x?))
+            .enumerate()
+            .map(|(i, x)| {
+                let x = x?;
+                crate::xlang::at(format!("[{i}]"), || from_py(&x))
+            })
             .collect::<PyResult<_>>()
             .map(Value::List);
+    }
+    if crate::ndarray::ndarray_type(py).is_some_and(|t| obj.is_instance(t).unwrap_or(false)) {
+        return crate::xlang::ndarray_value(obj);
     }
     if let Ok(d) = obj.cast::<PyDict>() {
         let mut kv = Vec::with_capacity(d.len());
         for (k, v) in d.iter() {
-            let k = k
-                .extract::<String>()
-                .map_err(|_| PyTypeError::new_err("pymizu.wire: dict keys must be str"))?;
-            kv.push((k, from_py(&v)?));
+            let k = k.extract::<String>().map_err(|_| {
+                crate::xlang::not_portable("dict keys must be str to cross languages")
+            })?;
+            let v = crate::xlang::at(format!("['{k}']"), || from_py(&v))?;
+            kv.push((k, v));
         }
         return Ok(Value::Dict(kv));
     }
@@ -345,9 +352,13 @@ fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
     if obj.hasattr("__arrow_c_array__")? {
         return import_array(obj);
     }
-    Err(PyTypeError::new_err(format!(
-        "pymizu.wire: a {} cannot cross languages (None, bool, int, float, complex, str, \
-         bytes, list, tuple, dict with str keys, and Arrow arrays/tables can)",
+    // numpy scalars (`np.int32(3)`, `np.bool_(True)`): their Python value.
+    if obj.hasattr("dtype")? && obj.hasattr("item")? && !obj.hasattr("__len__")? {
+        return from_py(&obj.call_method0("item")?);
+    }
+    Err(crate::xlang::not_portable(format!(
+        "a {} cannot cross languages (None, bool, int, float, complex, str, bytes, list, \
+         tuple, dict with str keys, numpy arrays and Arrow arrays/tables/data frames can)",
         obj.get_type().name()?
     )))
 }

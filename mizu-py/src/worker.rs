@@ -96,6 +96,10 @@ impl PyExec {
         let buf = ctx
             .input()
             .unwrap_or_else(|| arrow_buffer::Buffer::from_slice_ref(input));
+        if mizu_wire::envelope::is_envelope(&buf) {
+            let (ok, env) = crate::xlang::run_task(py, &buf);
+            return send(py, ctx, ok, &env);
+        }
         let is_small = small::kind(&buf) == Some(small::TAG_CALL);
         if self.fast && is_small {
             return self.run_small(py, ctx, &buf);

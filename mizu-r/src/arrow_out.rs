@@ -695,3 +695,20 @@ pub unsafe fn encode_frame(df: SEXP, floor: usize) -> Option<Result<ArrowOut>> {
         Some(finish(cols, true))
     }
 }
+
+/// An atomic vector as one Arrow array with its field (name, R metadata) and its real validity
+/// bitmap, for values built as a tree (cross-language payloads); `None` for vectors Arrow does
+/// not map (complex vectors, strings that are neither ASCII nor marked UTF-8).
+///
+/// # Safety
+/// `x` is a live atomic vector, protected and unmodified while the array lives (integer,
+/// double and raw arrays lend its memory).
+pub unsafe fn array(x: SEXP, name: &str) -> Option<(Field, ArrayRef)> {
+    // SAFETY: as the caller promises.
+    let mut c = unsafe { column(x) }?;
+    if let Some(f) = c.fuse.take() {
+        // SAFETY: `x` is alive and unmodified (the caller's promise).
+        c.array = unsafe { f.array(&c.array) };
+    }
+    Some((field(name, &c), c.array))
+}

@@ -725,6 +725,7 @@ pub fn decode(buf: Buffer) -> Result<Decoded> {
     let b = buf.as_slice();
     match b.first() {
         Some(&TAG_PLAIN) => Ok(Decoded::Value(unserialize(&b[1..])?)),
+        Some(&mizu_wire::envelope::TAG) => crate::xvalue::received(&buf).map(Decoded::Value),
         Some(&TAG_SMALL) => match crate::small::decode(&b[1..]) {
             // SAFETY: a fresh value; Robj protects it.
             Some(v) => Ok(Decoded::Value(unsafe { Robj::from_sexp(v) })),

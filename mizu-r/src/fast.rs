@@ -54,6 +54,10 @@ unsafe fn submit_with(pool: SEXP, encode: impl FnOnce() -> Result<Outgoing, Stri
         // SAFETY: R's main thread (`.Call`); `pool` is protected by R for the call.
         unsafe {
             let p = pool_at(pool).map_err(|e| e.to_string())?;
+            if p.foreign {
+                // The shim submits the expression's value as a cross-language call.
+                return Ok(foreign_marker());
+            }
             let out = encode()?;
             Ok(
                 match submit_encoded(pool, p, &out).map_err(|e| e.to_string())? {
@@ -76,6 +80,22 @@ unsafe fn submit_with(pool: SEXP, encode: impl FnOnce() -> Result<Outgoing, Stri
         ));
         extendr_ffi::SET_STRING_ELT(v, 0, extendr_ffi::STRING_ELT(mk_string("mizu_error"), 0));
         extendr_ffi::SET_STRING_ELT(v, 1, extendr_ffi::STRING_ELT(mk_string(&why), 0));
+        Rf_unprotect(1);
+        v
+    }
+}
+
+/// `c("mizu_foreign", "")`: what a submit to a pool of another language's workers returns
+/// for the shim (`shims.c`) to submit the expression's value instead.
+fn foreign_marker() -> SEXP {
+    // SAFETY: R's main thread; the vector is protected while its elements are set.
+    unsafe {
+        let v = Rf_protect(extendr_ffi::Rf_allocVector(
+            extendr_ffi::SEXPTYPE::STRSXP,
+            2,
+        ));
+        extendr_ffi::SET_STRING_ELT(v, 0, extendr_ffi::STRING_ELT(mk_string("mizu_foreign"), 0));
+        extendr_ffi::SET_STRING_ELT(v, 1, extendr_ffi::STRING_ELT(mk_string(""), 0));
         Rf_unprotect(1);
         v
     }

@@ -30,6 +30,7 @@ mod small;
 mod strview;
 mod view;
 mod worker;
+mod xvalue;
 
 use extendr_api::prelude::*;
 use extendr_api::{Error, Result};

@@ -29,6 +29,9 @@ pub struct RPool {
     /// `handle::task_handle`); when every task slot is taken, finished outcomes are moved
     /// out of their slots into the tasks (see `drain`).
     pub(crate) batch: crate::handle::BatchSlot,
+    /// Workers of another language (Python): tasks are cross-language calls
+    /// (`mizu_call()`), not R expressions.
+    pub(crate) foreign: bool,
 }
 
 impl Drop for RPool {
@@ -269,6 +272,7 @@ fn pool_robj(p: RPool) -> Robj {
 /// Starts a pool: `workers` processes `program args… <token> <slot>`; the failure
 /// `c("interrupt", …)` if Ctrl-C came while they started (the R wrapper signals it).
 #[extendr]
+#[allow(clippy::too_many_arguments)]
 fn pool_new(
     workers: i32,
     program: &str,
@@ -277,6 +281,7 @@ fn pool_new(
     exec_timeout: f64,
     submit_timeout: f64,
     respawn: bool,
+    foreign: bool,
 ) -> Result<Robj> {
     let cfg = PoolConfig {
         workers: usize::try_from(workers).map_err(|_| rerr("n_workers must be positive"))?,
@@ -320,6 +325,7 @@ fn pool_new(
         pid: mizu_shm::current_pid(),
         submit_timeout,
         batch: Default::default(),
+        foreign,
     }))
 }
 
@@ -338,10 +344,11 @@ fn pool_nested() -> Result<Robj> {
         pid: mizu_shm::current_pid(),
         submit_timeout: None,
         batch: Default::default(),
+        foreign: false,
     }))
 }
 
-/// `list(n_workers, nested, running)`.
+/// `list(n_workers, nested, running, foreign)`.
 #[extendr]
 fn pool_info(pool: Robj) -> Result<List> {
     let p = pool_ref(&pool)?;
@@ -349,7 +356,89 @@ fn pool_info(pool: Robj) -> Result<List> {
         Robj::from(p.workers),
         Robj::from(p.nested),
         Robj::from(p.nested || p.inner.borrow().is_some()),
+        Robj::from(p.foreign),
     ]))
+}
+
+/// Submits a cross-language task to a pool of Python workers: `call` is a `mizu_call()`
+/// (`list(target, source, args, kwargs)`), `extra` (unless NULL) is appended to its arguments
+/// (a map's element), `seed` (NULL or a double holding a 64-bit seed's value, see
+/// `.seed_value`) and `index` select the random stream. The task handle, or a failure
+/// `c(class, message)`.
+#[extendr]
+fn pool_submit_xcall(pool: Robj, call: List, extra: Robj, seed: Robj, index: f64) -> Result<Robj> {
+    let p = pool_ref(&pool)?;
+    let env = match xcall_envelope(&call, &extra, &seed, index) {
+        Ok(env) => env,
+        Err(why) => return Ok(failure("mizu_error_not_portable", why)),
+    };
+    // SAFETY: R's main thread; `pool` is the live handle of `p`; the new handle is protected
+    // by the Robj from here on.
+    Ok(match unsafe { submit_encoded(pool.get(), p, &env) }? {
+        // SAFETY: as above.
+        Ok(t) => unsafe { Robj::from_sexp(crate::handle::task_handle(pool.get(), &p.batch, t)) },
+        Err(f) => f,
+    })
+}
+
+/// The payload of a cross-language call (see [`pool_submit_xcall`]), or why it cannot cross.
+fn xcall_envelope(
+    call: &List,
+    extra: &Robj,
+    seed: &Robj,
+    index: f64,
+) -> std::result::Result<mizu_wire::envelope::Envelope, String> {
+    let text = |r: &Robj| r.as_str().map(str::to_owned);
+    let target = call
+        .elt(0)
+        .ok()
+        .as_ref()
+        .and_then(text)
+        .ok_or_else(|| "a mizu_call needs a target".to_string())?;
+    let source = call.elt(1).ok().and_then(|s| s.as_bool()).unwrap_or(false);
+    let path_args = |i: usize| format!("argument {}", i + 1);
+    let mut args = Vec::new();
+    if let Ok(a) = call.elt(2)
+        && let Some(l) = a.as_list()
+    {
+        for (i, v) in l.values().enumerate() {
+            args.push(crate::xvalue::from_r(&v, &path_args(i)).map_err(|e| e.to_string())?);
+        }
+    }
+    if !extra.is_null() {
+        let i = args.len();
+        args.push(crate::xvalue::from_r(extra, &path_args(i)).map_err(|e| e.to_string())?);
+    }
+    let mut kwargs = Vec::new();
+    if let Ok(k) = call.elt(3)
+        && let Some(l) = k.as_list()
+    {
+        for (name, v) in l.iter() {
+            let value = crate::xvalue::from_r(&v, name).map_err(|e| e.to_string())?;
+            kwargs.push((name.to_owned(), value));
+        }
+    }
+    let target = if source {
+        mizu_wire::CallTarget::Source(target)
+    } else {
+        mizu_wire::CallTarget::Name(target)
+    };
+    let seed = match seed.as_real() {
+        Some(s) if !seed.is_null() => Some(s as u64),
+        _ => None,
+    };
+    mizu_wire::envelope::Envelope::task(
+        &mizu_wire::Value::Call {
+            target,
+            args,
+            kwargs,
+        },
+        mizu_wire::envelope::Context {
+            seed,
+            index: index as u64,
+        },
+    )
+    .map_err(|e| e.to_string())
 }
 
 /// Checks a task message `list(kind, expr, vars)`: every binding is named.
@@ -428,7 +517,7 @@ fn pool_submit(pool: Robj, msg: Robj) -> Result<Robj> {
 pub(crate) unsafe fn submit_encoded(
     pool: SEXP,
     p: &RPool,
-    out: &Outgoing,
+    out: &dyn mizu_pool::Fill,
 ) -> Result<std::result::Result<RTask, Robj>> {
     // A collection that views asked for runs here, before the task's handle exists, rather
     // than when its result is decoded: there the handle would survive the collection, be
@@ -993,6 +1082,7 @@ extendr_module! {
     fn pool_new;
     fn pool_nested;
     fn pool_info;
+    fn pool_submit_xcall;
     fn pool_submit;
     fn pool_submit_batch;
     fn pool_status;

@@ -8,6 +8,7 @@ use extendr_api::Result;
 use extendr_api::prelude::*;
 use extendr_ffi::{Rf_protect, Rf_unprotect, SEXP};
 use mizu_pool::{Executor, TaskContext};
+use mizu_wire::envelope::{self, Envelope, Received, RemoteError};
 
 use crate::codec::{Decoded, Outgoing, decode, decode_small, text};
 use crate::ffi;
@@ -30,6 +31,8 @@ struct RExec {
     dispatch: Function,
     failed: Function,
     with_warnings: Function,
+    /// `.xerror_parts(condition)`: what a caller of another language gets of an R error.
+    xerror_parts: Function,
     /// The environment where the handlers record conditions (`.worker_state`).
     state: Robj,
     /// The symbol `warnings` (where the handlers keep a task's warnings; symbols are never
@@ -152,6 +155,10 @@ impl RExec {
         let buf = ctx
             .input()
             .unwrap_or_else(|| arrow_buffer::Buffer::from_slice_ref(input));
+        if mizu_wire::envelope::is_envelope(&buf) {
+            let (ok, env) = self.run_xlang(&buf);
+            return reply(ctx, ok, &env);
+        }
         // SAFETY: R's main thread. Values live on R's protect stack from the moment they exist
         // to the end of the task (the `Unprotect` guards pop them); nothing here holds an R
         // handle on the hot path (see `handle.rs` for why that matters).
@@ -237,6 +244,236 @@ impl RExec {
             if ok { Ok(v) } else { Err(v) }
         }
     }
+}
+
+impl RExec {
+    /// Runs a cross-language task (a call from a pool of another language): its outcome
+    /// payload. The call runs through `.dispatch` (kind `"x"`) in the task's top-level context,
+    /// with the worker's handlers, as an R task does.
+    fn run_xlang(&self, buf: &arrow_buffer::Buffer) -> (bool, Envelope) {
+        let fail = |classes: &[&str], message: String| {
+            let e = RemoteError {
+                language: "r".into(),
+                classes: classes.iter().map(|c| (*c).to_owned()).collect(),
+                message,
+                ..Default::default()
+            };
+            (false, error_envelope(&e))
+        };
+        let (target, args, kwargs, xctx) = match envelope::read(buf) {
+            Ok(Received::Task {
+                target,
+                args,
+                kwargs,
+                ctx,
+            }) => (target, args, kwargs, ctx),
+            Ok(_) => return fail(&["mizu_error"], "not a task".into()),
+            Err(e) => return fail(&["mizu_error"], format!("malformed task: {e}")),
+        };
+        // A named function without a seed: the call itself, evaluated natively in the global
+        // environment (no R closure in between: `.xrun` costs ~20 µs a task).
+        let direct = match (&target, xctx.seed) {
+            (mizu_wire::CallTarget::Name(n), None) => Some(n.clone()),
+            _ => None,
+        };
+        if let Some(name) = direct {
+            let built = (|| -> Result<Vec<(Option<String>, Robj)>> {
+                let mut parts = Vec::with_capacity(args.len() + kwargs.len());
+                for v in args {
+                    parts.push((None, crate::xvalue::to_r(v)?));
+                }
+                for (k, v) in kwargs {
+                    parts.push((Some(k), crate::xvalue::to_r(v)?));
+                }
+                Ok(parts)
+            })();
+            let parts = match built {
+                Ok(p) => p,
+                Err(e) => {
+                    return fail(&["mizu_error_not_portable", "mizu_error"], e.to_string());
+                }
+            };
+            // SAFETY: R's main thread; the argument values are held by their Robjs; the call
+            // is built bottom-up with each new cell protected until the message holds it.
+            let msg = unsafe { call_message(&name, &parts) };
+            // SAFETY: R's main thread; `msg` is held by its Robj for the whole task.
+            return unsafe { self.finish_xlang(self.eval_task(msg.get(), true)) };
+        }
+        let msg = (|| -> Result<Robj> {
+            let (t, source) = match target {
+                mizu_wire::CallTarget::Name(n) => (n, false),
+                mizu_wire::CallTarget::Source(s) => (s, true),
+            };
+            let a = args
+                .into_iter()
+                .map(crate::xvalue::to_r)
+                .collect::<Result<Vec<_>>>()?;
+            let (names, vals): (Vec<String>, Vec<mizu_wire::Value>) = kwargs.into_iter().unzip();
+            let vals = vals
+                .into_iter()
+                .map(crate::xvalue::to_r)
+                .collect::<Result<Vec<_>>>()?;
+            let mut kw: Robj = List::from_values(vals).into();
+            kw.set_names(names)?;
+            let seed = match xctx.seed {
+                Some(s) => Robj::from(s as f64),
+                None => Robj::from(()),
+            };
+            Ok(List::from_values([
+                Robj::from("x"),
+                Robj::from(t.as_str()),
+                Robj::from(source),
+                List::from_values(a).into(),
+                kw,
+                seed,
+                Robj::from(xctx.index as f64),
+            ])
+            .into())
+        })();
+        let msg = match msg {
+            Ok(m) => m,
+            Err(e) => return fail(&["mizu_error_not_portable", "mizu_error"], e.to_string()),
+        };
+        // SAFETY: R's main thread; `msg` is held by its Robj for the whole task.
+        unsafe { self.finish_xlang(self.eval_task(msg.get(), false)) }
+    }
+
+    /// The outcome payload of an evaluated cross-language task.
+    ///
+    /// # Safety
+    /// R's main thread; `evaluated` is what [`RExec::eval_task`] returned (a value protected
+    /// once), which stays protected until its payload is made (arrays lend its memory).
+    unsafe fn finish_xlang(&self, evaluated: std::result::Result<SEXP, ()>) -> (bool, Envelope) {
+        let fail = |classes: &[&str], message: String| {
+            let e = RemoteError {
+                language: "r".into(),
+                classes: classes.iter().map(|c| (*c).to_owned()).collect(),
+                message,
+                ..Default::default()
+            };
+            (false, error_envelope(&e))
+        };
+        // SAFETY: the caller's contract.
+        unsafe {
+            match evaluated {
+                Ok(v) => {
+                    let _value = Unprotect(1);
+                    if self.warned() {
+                        // Not relayed across languages: reset what the handlers recorded.
+                        let _ = call1(&self.with_warnings, &Robj::from(()));
+                    }
+                    match crate::xvalue::from_sexp(v, "the result") {
+                        Ok(value) => match Envelope::value(&value) {
+                            Ok(env) => (true, env),
+                            Err(e) => {
+                                fail(&["mizu_error_not_portable", "mizu_error"], e.to_string())
+                            }
+                        },
+                        Err(e) => fail(&["mizu_error_not_portable", "mizu_error"], e.to_string()),
+                    }
+                }
+                Err(()) => {
+                    let parts = call1(&self.failed, &Robj::from(()))
+                        .and_then(|c| call1(&self.xerror_parts, &c));
+                    let parts = parts.ok().and_then(|p| {
+                        let l = p.as_list()?;
+                        let text = |i: usize| -> Option<Vec<String>> {
+                            l.elt(i)
+                                .ok()?
+                                .as_str_iter()
+                                .map(|it| it.map(str::to_owned).collect())
+                        };
+                        Some((text(0)?, text(1)?, text(2)?, text(3)?))
+                    });
+                    match parts {
+                        Some((classes, message, call, traceback)) => {
+                            let e = RemoteError {
+                                language: "r".into(),
+                                classes,
+                                message: message.concat(),
+                                call: call.concat(),
+                                traceback: traceback.concat(),
+                            };
+                            (false, error_envelope(&e))
+                        }
+                        None => fail(&["error"], "the task failed and so did reporting it".into()),
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn error_envelope(e: &RemoteError) -> Envelope {
+    Envelope::error(e).unwrap_or_else(|_| {
+        Envelope::error(&RemoteError {
+            language: e.language.clone(),
+            classes: vec!["error".into()],
+            message: "the task's error could not be encoded".into(),
+            ..Default::default()
+        })
+        .expect("a plain error encodes")
+    })
+}
+
+/// `list("e", <call>, globalenv())`: an expression task calling the function `name` (`fun`,
+/// or `pkg::fun` / `pkg:::fun`) with `parts` (named ones as named arguments).
+///
+/// # Safety
+/// R's main thread; the values in `parts` are protected by their Robjs.
+unsafe fn call_message(name: &str, parts: &[(Option<String>, Robj)]) -> Robj {
+    use extendr_ffi::{R_GlobalEnv, R_NilValue, Rf_cons, Rf_install, Rf_lcons, SET_TAG};
+    let sym = |s: &str| {
+        let c = std::ffi::CString::new(s).unwrap_or_default();
+        // SAFETY: R's main thread; installing a symbol only reads or extends the table.
+        unsafe { Rf_install(c.as_ptr()) }
+    };
+    // SAFETY: as the caller promises; every new cell is protected until the end.
+    unsafe {
+        let mut n = 0;
+        let fun = match name.split_once(":::").or_else(|| name.split_once("::")) {
+            Some((pkg, f)) => {
+                n = 1;
+                let op = if name.contains(":::") { ":::" } else { "::" };
+                let tail = Rf_protect(Rf_cons(sym(f), R_NilValue));
+                let tail = Rf_protect(Rf_cons(sym(pkg), tail));
+                let c = Rf_protect(Rf_lcons(sym(op), tail));
+                Rf_unprotect(3);
+                Rf_protect(c)
+            }
+            None => sym(name),
+        };
+        let mut tail = R_NilValue;
+        for (tag, v) in parts.iter().rev() {
+            tail = Rf_protect(Rf_cons(v.get(), tail));
+            n += 1;
+            if let Some(t) = tag {
+                SET_TAG(tail, sym(t));
+            }
+        }
+        let call = Robj::from_sexp(Rf_lcons(fun, tail));
+        Rf_unprotect(n);
+        List::from_values([Robj::from("e"), call, Robj::from_sexp(R_GlobalEnv)]).into()
+    }
+}
+
+/// Writes an outcome straight into the result slot/region; bytes where that is not possible.
+fn reply(
+    ctx: &TaskContext<'_>,
+    ok: bool,
+    out: &dyn mizu_pool::Fill,
+) -> std::result::Result<Vec<u8>, Vec<u8>> {
+    let mut replied = ctx.reply(ok, out);
+    if matches!(&replied, Err(mizu_pool::PoolError::Wire(w)) if w.is_no_space()) {
+        crate::view::collect_under_pressure();
+        replied = ctx.reply(ok, out);
+    }
+    if replied.is_ok() {
+        return Ok(Vec::new());
+    }
+    let mut v = vec![0u8; out.size()];
+    out.fill(&mut v);
+    if ok { Ok(v) } else { Err(v) }
 }
 
 /// Pops this many values off R's protect stack when dropped.
@@ -398,6 +635,7 @@ fn run_worker(
     with_warnings: Function,
     state: Robj,
     max_tasks: f64,
+    xerror_parts: Function,
 ) -> Result<()> {
     let slot = usize::try_from(slot).map_err(|_| rerr("bad worker slot"))?;
     let calls: Vec<Robj> = hands
@@ -413,6 +651,7 @@ fn run_worker(
         dispatch,
         failed,
         with_warnings,
+        xerror_parts,
         state,
         // SAFETY: R's main thread; installing a symbol only reads or extends the symbol table.
         warnings: unsafe { extendr_ffi::Rf_install(c"warnings".as_ptr()) },

@@ -10,6 +10,8 @@ pub mod ledger_entry;
 pub mod refs;
 
 #[cfg(not(mizu_loom))]
+pub mod envelope;
+#[cfg(not(mizu_loom))]
 pub mod error;
 #[cfg(not(mizu_loom))]
 pub mod frame;

@@ -141,9 +141,14 @@ fn fuzz(root: &Path) -> Res {
 /// processes.
 fn python_tests(root: &Path, py: &Path) -> Res {
     install_wheel(root, py)?;
+    // Cross-language tests start R workers: the mizu R package must be installed (in
+    // target/rlib, which R_LIBS points R at).
+    r::rpkg(root)?;
     run(
         root,
-        Command::new(py).args(["-m", "pytest", "-q", "mizu-py/tests"]),
+        Command::new(py)
+            .args(["-m", "pytest", "-q", "mizu-py/tests"])
+            .env("R_LIBS", r::rlib(root)),
     )
 }
 

@@ -7,6 +7,8 @@
   `CLOSED`, `PEER_GONE`);
 * `pymizu.wire` — the cross-language value format; Arrow data as `ArrowArray` / `ArrowTable`
   (Arrow PyCapsule interface);
+* `Pool(n, language="r")` — R workers running `pymizu.call(...)` tasks (values cross as in
+  docs/interop.md; numeric arrays as zero-copy views); Python workers serve R pools too;
 * `current_pool()` for nested maps inside a task, `current_rng()` for reproducible random
   numbers inside a seeded map element.
 
@@ -31,6 +33,7 @@ from ._channel import CLOSED, FULL, PEER_GONE, TIMEOUT, Channel
 from ._executor import PoolExecutor
 from ._pool import Pool, Task, current_pool
 from ._rng import current_rng
+from ._xlang import PythonTaskError, RError, call
 from .wire import ArrowArray, ArrowTable
 
 __all__ = [
@@ -54,6 +57,9 @@ __all__ = [
     "Task",
     "TaskError",
     "WorkerDiedError",
+    "PythonTaskError",
+    "RError",
+    "call",
     "current_pool",
     "current_rng",
 ]

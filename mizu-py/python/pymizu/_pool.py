@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from . import _codec, _native, _rng
+from . import _codec, _native, _rng, _xlang
 from ._errors import (
     CancelledError,
     ExecTimeoutError,
@@ -22,6 +22,8 @@ from ._errors import (
     TaskError,
     WorkerDiedError,
 )
+
+from .wire import Call
 
 _MAX_SLOT = 2**64 - 1 if sys.maxsize > 2**32 else 2**32 - 1
 _fn_ref = _codec.fn_ref
@@ -196,6 +198,7 @@ class _Submitter:
     API over `_submit_raw` / `_submit_batch_raw`."""
 
     _workers = 1
+    _language = "python"
 
     def _submit_raw(self, data, bufs) -> Task:
         raise NotImplementedError
@@ -224,6 +227,8 @@ class _Submitter:
     def submit_batch(self, fn: Callable, argss: Iterable[tuple]) -> list[Task]:
         """Submits `fn(*args)` for every `args` tuple, with one queue publication (and at most
         one wake) per worker for the whole batch."""
+        if self._language != "python":
+            return [self._xsubmit(fn, *a) for a in argss]
         return self._submit_all([_codec.dumps_call(fn, tuple(a), {}) for a in argss])
 
     def collect_any(self, tasks: list[Task], timeout: float | None = None) -> Task:
@@ -292,6 +297,8 @@ class _Submitter:
         seed = _rng.check_seed(seed)
         if not isinstance(offset, int) or offset < 0:
             raise ValueError(f"offset must be a non-negative int, got {offset!r}")
+        if self._language != "python":
+            return self._ximap(fn, items, star, timeout, seed, offset, progress)
         n = len(items)
         if chunksize is None:
             chunksize = max(1, -(-n // (4 * max(1, self._workers))))
@@ -304,6 +311,56 @@ class _Submitter:
         ]
         # Submitted now (as multiprocessing's imap does), collected as the caller iterates.
         return self._stream(self._submit_all(calls), deadline, timeout, _Progress(n, progress), chunksize, n)
+
+    # -- pools of another language's workers (`Pool(language="r")`) -------------------------
+
+    def _xcall(self, fn, args, kwargs) -> Call:
+        if isinstance(fn, str):
+            return _xlang.call(fn, *args, **kwargs)
+        if not isinstance(fn, Call):
+            raise TypeError(
+                f"a pool of {self._language} workers runs pymizu.call(...) tasks "
+                f"(or a function's name), not a {type(fn).__name__}"
+            )
+        if args or kwargs:
+            if fn.source and args:
+                raise TypeError("a source call takes named arguments only (they become variables)")
+            return Call(fn.target, fn.source, [*fn.args, *args], {**fn.kwargs, **kwargs})
+        return fn
+
+    def _xsubmit(self, fn, /, *args, **kwargs) -> Task:
+        """`submit` of a pool of another language's workers: `fn` is a `pymizu.call(...)` (or a
+        function's name); `args` and `kwargs` are added to its arguments."""
+        return self._pool.submit_xcall(self._xcall(fn, args, kwargs))
+
+    def _ximap(self, fn, items, star, timeout, seed, offset, progress):
+        call = self._xcall(fn, (), {})
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if star:
+            tasks = [
+                self._pool.submit_xcall(self._xcall(call, tuple(xs), {}), None, seed, offset + i)
+                for i, xs in enumerate(items)
+            ]
+        else:
+            tasks = self._pool.submit_xmap(call, items, seed, offset)
+        return self._xstream(tasks, deadline, timeout, _Progress(len(items), progress))
+
+    def _xstream(self, tasks, deadline, timeout, bar):
+        try:
+            for i, t in enumerate(tasks):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"the map did not finish within {timeout} s")
+                try:
+                    yield t.result(left)
+                except TaskError as e:
+                    e._pymizu_index = i  # type: ignore[attr-defined]
+                    raise
+                bar.update(1)
+        finally:
+            for t in tasks:
+                t.cancel()
+            bar.close()
 
     def _stream(self, tasks: list[Task], deadline, timeout, bar, chunksize, n):
         try:
@@ -381,6 +438,46 @@ def _worker_args(workers, initializer, initargs, max_tasks_per_child) -> tuple[l
 _forked = False
 
 
+_r_checked: set[str] = set()
+
+
+def _r_worker_command(max_tasks_per_child) -> tuple[str, list[str]]:
+    """`Rscript` and the arguments that start a worker of the mizu R package; a clear error
+    when R or the package is missing."""
+    import shutil
+    import subprocess
+
+    rscript = os.environ.get("MIZU_RSCRIPT") or shutil.which("Rscript")
+    if not rscript:
+        raise MizuError(
+            "R workers need R: no Rscript on PATH (install R, e.g. `apt-get install r-base-core`, "
+            "then the mizu R package; or set MIZU_RSCRIPT)"
+        )
+    if rscript not in _r_checked:
+        probe = "if (!requireNamespace('mizu', quietly = TRUE)) quit(status = 3L)"
+        try:
+            r = subprocess.run(
+                [rscript, "--no-save", "--no-restore", "--no-echo", "-e", probe],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=120,
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise MizuError(f"R workers need a working R: {rscript} failed to run ({e})") from None
+        if r.returncode == 3:
+            raise MizuError(
+                f"R is installed ({rscript}) but the mizu R package is not: install it "
+                "(`R CMD INSTALL mizu-r/pkg` in a checkout, or `cargo xtask rpkg`), or point "
+                "R_LIBS at the library that has it"
+            )
+        if r.returncode != 0:
+            raise MizuError(f"R workers need a working R: {rscript} exited with {r.returncode}: "
+                            f"{r.stderr.decode(errors='replace').strip()}")
+        _r_checked.add(rscript)
+    max_tasks = 0 if max_tasks_per_child is None else int(max_tasks_per_child)
+    return rscript, ["--no-save", "--no-restore", "--no-echo", "-e", "mizu:::.worker_main()", str(max_tasks), ""]
+
+
 def _after_fork() -> None:
     global _forked
     _forked = True
@@ -410,7 +507,10 @@ class Pool(_Submitter):
         max_tasks_per_child: int | None = None,
         exec_timeout: float | None = None,
         slots: int = 4096,
+        language: str = "python",
     ):
+        if language not in ("python", "r"):
+            raise ValueError(f'language must be "python" or "r", got {language!r}')
         if os.environ.get("PYMIZU_BOOTING") == "1":
             raise MizuError(
                 "a Pool was created while a worker imported the caller's script: create pools "
@@ -420,6 +520,16 @@ class Pool(_Submitter):
             workers = len(os.sched_getaffinity(0)) or 1
         if not isinstance(workers, int) or workers <= 0:
             raise ValueError(f"workers must be a positive int, got {workers!r}")
+        if language == "r":
+            if initializer is not None or initargs:
+                raise ValueError("an R pool has no Python initializer (run R code with pymizu.call(source=...))")
+            self._start_file = None
+            program, args = _r_worker_command(max_tasks_per_child)
+            self._pool = _native.Pool(workers, program, args, exec_timeout, slots)
+            self._language = language
+            self._workers = workers
+            self.submit = self._xsubmit
+            return
         args, self._start_file = _worker_args(workers, initializer, initargs, max_tasks_per_child)
         try:
             self._pool = _native.Pool(workers, sys.executable, args, exec_timeout, slots)

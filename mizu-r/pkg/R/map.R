@@ -54,6 +54,7 @@
 mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress = FALSE,
                      .chunk_size = NULL) {
   info <- .Call(wrap__pool_info, pool)
+  if (isTRUE(info[[4]])) return(.xmap(pool, .x, .f, list(...), .check_seed(.seed), .progress))
   .f <- match.fun(.f)
   seed <- .check_seed(.seed)
   if (!is.null(.ptype) && !(is.atomic(.ptype) && length(.ptype) == 0L)) {
@@ -209,4 +210,33 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
     st$chunk_map <- sent$map
   }
   st$chunk_fun
+}
+
+# mizu_map() over a pool of Python workers: `.f` is a mizu_call() (or a function's name); each
+# element is appended to its arguments and runs as its own task, element i under the stream
+# (seed, i - 1).
+.xmap <- function(pool, .x, .f, dots, seed, progress) {
+  if (is.character(.f) && length(.f) == 1L) .f <- mizu_call(.f)
+  if (!inherits(.f, "mizu_call")) {
+    stop("a pool of Python workers maps a mizu_call(), not an R function", call. = FALSE)
+  }
+  if (.f$source) stop("mizu_map() needs a mizu_call() that names a function", call. = FALSE)
+  xs <- if (is.list(.x)) .x else as.list(.x)
+  n <- length(xs)
+  tasks <- vector("list", n)
+  on.exit(for (t in tasks) if (!is.null(t)) .Call(wrap__task_cancel, t))
+  for (i in seq_len(n)) {
+    tasks[[i]] <- .xsubmit(pool, .f, dots, extra = xs[[i]], seed = seed, index = i - 1)
+  }
+  bar <- if (isTRUE(progress) && n > 0L) utils::txtProgressBar(0, n, style = 3)
+  out <- vector("list", n)
+  for (i in seq_len(n)) {
+    o <- .Call(.native_collect, tasks[[i]], Inf)
+    v <- .value(o, index = i)
+    if (!is.null(v)) out[[i]] <- v
+    if (!is.null(bar)) utils::setTxtProgressBar(bar, i)
+  }
+  if (!is.null(bar)) close(bar)
+  names(out) <- names(.x)
+  out
 }

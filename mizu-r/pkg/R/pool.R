@@ -36,6 +36,10 @@
 #' @param init An expression (quoted, e.g. `quote(library(stats))`) each worker evaluates in
 #'   its global environment when it starts.
 #' @param slots Tasks that may be in flight (submitted and not yet collected) at once.
+#' @param language `"r"` (R workers running R expressions) or `"python"`: Python workers
+#'   (`python -m pymizu.worker`, with the interpreter in `MIZU_PYTHON` or `python3` on the
+#'   path, which must have the `pymizu` package) running [mizu_call()] tasks; values cross as
+#'   `docs/interop.md` says (numeric vectors as zero-copy views).
 #' @return A `mizu_pool`. Stop it with [mizu_pool_stop()] (it is also stopped when it is
 #'   garbage collected or R exits).
 #' @examples
@@ -46,7 +50,9 @@
 #' }
 #' @export
 mizu_pool <- function(n_workers = 1L, exec_timeout = NULL, submit_timeout = NULL,
-                      respawn = TRUE, max_tasks = NULL, init = NULL, slots = 4096L) {
+                      respawn = TRUE, max_tasks = NULL, init = NULL, slots = 4096L,
+                      language = c("r", "python")) {
+  language <- match.arg(language)
   if (!is.numeric(n_workers) || length(n_workers) != 1L || is.na(n_workers) ||
       n_workers < 1 || n_workers > 1024 || n_workers != round(n_workers)) {
     stop("`n_workers` must be a whole number in 1..1024", call. = FALSE)
@@ -62,12 +68,20 @@ mizu_pool <- function(n_workers = 1L, exec_timeout = NULL, submit_timeout = NULL
   if (!is.logical(respawn) || length(respawn) != 1L || is.na(respawn)) {
     stop("`respawn` must be TRUE or FALSE", call. = FALSE)
   }
-  extra <- c(if (is.null(max_tasks)) "0" else format(max_tasks, scientific = FALSE),
-             if (is.null(init)) "" else .hex(serialize(init, NULL, xdr = FALSE)))
-  p <- .Call(wrap__pool_new, as.integer(n_workers), .rscript(),
-             .worker_args(".worker_main", extra), as.integer(slots),
+  if (language == "python") {
+    if (!is.null(init)) stop("`init` is R code: a Python pool has none", call. = FALSE)
+    program <- .python_program()
+    args <- c("-m", "pymizu.worker", "--workers", as.character(as.integer(n_workers)),
+              if (!is.null(max_tasks)) c("--max-tasks", format(max_tasks, scientific = FALSE)))
+  } else {
+    extra <- c(if (is.null(max_tasks)) "0" else format(max_tasks, scientific = FALSE),
+               if (is.null(init)) "" else .hex(serialize(init, NULL, xdr = FALSE)))
+    program <- .rscript()
+    args <- .worker_args(".worker_main", extra)
+  }
+  p <- .Call(wrap__pool_new, as.integer(n_workers), program, args, as.integer(slots),
              .secs(exec_timeout, "exec_timeout"), .secs(submit_timeout, "submit_timeout"),
-             respawn)
+             respawn, language == "python")
   if (is.character(p)) .raise_failure(p)
   p
 }
@@ -157,6 +171,100 @@ print.mizu_pool <- function(x, ...) {
   r
 }
 
+# The Python interpreter for Python workers (MIZU_PYTHON, else python3 on the path), checked
+# once per session to have pymizu.
+.python_state <- new.env(parent = emptyenv())
+
+.python_program <- function() {
+  py <- Sys.getenv("MIZU_PYTHON", "")
+  if (!nzchar(py)) py <- Sys.which("python3")[[1]]
+  if (!nzchar(py)) {
+    stop("Python workers need Python: no python3 on the PATH (install Python 3.11+ and ",
+         "`pip install pymizu`, or set MIZU_PYTHON to an interpreter that has it)", call. = FALSE)
+  }
+  if (!identical(.python_state$ok, py)) {
+    st <- suppressWarnings(system2(py, c("-c", shQuote("import pymizu")), stdout = FALSE,
+                                   stderr = FALSE))
+    if (!identical(st, 0L)) {
+      stop(sprintf(paste0("Python workers need the pymizu package: `%s -c \"import pymizu\"` ",
+                          "failed (`pip install pymizu`, or set MIZU_PYTHON to an ",
+                          "interpreter that has it)"), py), call. = FALSE)
+    }
+    .python_state$ok <- py
+  }
+  py
+}
+
+#' A call for a worker of another language
+#'
+#' What a pool of Python workers ([mizu_pool()] with `language = "python"`) runs:
+#' `mizu_call("statistics.fmean", x)` calls a Python function named `module.function` (or
+#' `module:object.attribute`, or a builtin such as `"sum"`) with the arguments; `mizu_call(source
+#' = "import numpy as np\nfloat(np.sum(x))", x = v)` runs Python source with the named
+#' arguments bound as variables, and its value is the last expression's. Arguments cross as
+#' `docs/interop.md` says: numeric vectors as numpy arrays (zero-copy), data frames as Arrow
+#' tables, named lists as dicts. Values that cannot cross (environments, functions, external
+#' pointers) fail at submit with class `mizu_error_not_portable`, naming where they sit.
+#' In [mizu_map()], each element is appended to the arguments.
+#'
+#' @param target A function's qualified name (`NULL` with `source`).
+#' @param ... Arguments (named ones are keyword arguments).
+#' @param source Source text to run instead of a named function.
+#' @return A `mizu_call`.
+#' @examples
+#' mizu_call("statistics.fmean", c(1, 2, 3))
+#' mizu_call(source = "x * 2", x = 21)
+#' @export
+mizu_call <- function(target = NULL, ..., source = NULL) {
+  args <- list(...)
+  nm <- names(args)
+  named <- if (is.null(nm)) rep(FALSE, length(args)) else nzchar(nm)
+  if (is.null(source) == is.null(target)) {
+    stop("mizu_call() needs either a target name or `source`, not both", call. = FALSE)
+  }
+  if (!is.null(source)) {
+    if (!is.character(source) || length(source) != 1L || is.na(source)) {
+      stop("`source` must be one string", call. = FALSE)
+    }
+    if (!all(named)) stop("a source call takes named arguments only", call. = FALSE)
+    return(structure(list(target = source, source = TRUE, args = list(), kwargs = args),
+                     class = "mizu_call"))
+  }
+  if (!is.character(target) || length(target) != 1L || is.na(target) || !nzchar(target)) {
+    stop("`target` must be one non-empty string", call. = FALSE)
+  }
+  structure(list(target = target, source = FALSE, args = unname(args[!named]),
+                 kwargs = args[named]), class = "mizu_call")
+}
+
+#' @export
+print.mizu_call <- function(x, ...) {
+  if (x$source) cat("<mizu_call: source>\n") else cat("<mizu_call: ", x$target, ">\n", sep = "")
+  invisible(x)
+}
+
+# Called by the native submit (src/shims.c) for mizu_submit() to a pool of another language's
+# workers: the frame below this one is mizu_submit's, whose `expr` (a promise of the caller's
+# mizu_call()) is forced there.
+.xsubmit_caller <- function(pool, vars) {
+  frames <- sys.frames()
+  .xsubmit(pool, eval(quote(expr), frames[[length(frames) - 1L]]), vars)
+}
+
+# mizu_submit() to a pool of another language's workers: `call` is the value of its `expr`
+# (a mizu_call), `vars` further named arguments. Called by the native submit (src/shims.c).
+.xsubmit <- function(pool, call, vars, extra = NULL, seed = NULL, index = 0) {
+  if (is.character(call) && length(call) == 1L) call <- mizu_call(call)
+  if (!inherits(call, "mizu_call")) {
+    stop("a pool of Python workers runs mizu_call() tasks, not R expressions",
+         call. = FALSE)
+  }
+  if (length(vars)) call$kwargs <- c(call$kwargs, vars)
+  r <- .Call(wrap__pool_submit_xcall, pool, unclass(call), extra, seed, as.numeric(index))
+  if (is.character(r)) .raise_failure(r)
+  r
+}
+
 #' Submit a task
 #'
 #' `expr` is captured unevaluated and evaluated on a worker, in a new environment whose
@@ -165,8 +273,10 @@ print.mizu_pool <- function(x, ...) {
 #' more are copied once and arrive as views.
 #'
 #' @param pool A [mizu_pool()] (or [mizu_current_pool()] inside a task).
-#' @param expr An expression, evaluated on a worker.
-#' @param ... Named values: the bindings `expr` sees.
+#' @param expr An expression, evaluated on a worker. For a pool of Python workers, a
+#'   [mizu_call()] (evaluated here).
+#' @param ... Named values: the bindings `expr` sees (for a Python pool, further keyword
+#'   arguments of the call).
 #' @return A `mizu_task`: collect it with [mizu_collect()].
 #' @examples
 #' \donttest{

@@ -19,7 +19,7 @@
     eval(init, globalenv())
   }
   .Call(wrap__run_worker, a[[n - 1L]], as.integer(a[[n]]), .handlers_call(), .dispatch,
-        .task_failed, .with_warnings, .worker_state, max_tasks)
+        .task_failed, .with_warnings, .worker_state, max_tasks, .xerror_parts)
   invisible()
 }
 
@@ -81,7 +81,49 @@
     return(.run_chunk(msg[[2]], msg[[3]], msg[[4]], msg[[5]], msg[[6]], msg[[7]], msg[[8]]))
   }
   if (identical(msg[[1L]], "e")) return(eval(msg[[2L]], msg[[3L]], globalenv()))
+  if (identical(msg[[1L]], "x")) {
+    return(.xrun(msg[[2L]], msg[[3L]], msg[[4L]], msg[[5L]], msg[[6L]], msg[[7L]]))
+  }
   stop("mizu: unknown task kind")
+}
+
+# A cross-language task (a call from a Python pool, see docs/interop.md): `target` names a
+# function (`pkg::fun`, or a name found from the global environment), or with `source` is R
+# code run with `kwargs` bound as variables (its value is the last expression's).
+.xrun <- function(target, source, args, kwargs, seed, index) {
+  if (!is.null(seed)) {
+    saved <- .rng_switch()
+    on.exit(.rng_restore(saved))
+    .Call(wrap__rng_enter, seed, index)
+  }
+  if (source) {
+    env <- list2env(kwargs, parent = globalenv())
+    v <- NULL
+    for (e in parse(text = target, keep.source = FALSE)) v <- eval(e, env)
+    return(v)
+  }
+  f <- if (grepl("::", target, fixed = TRUE)) {
+    eval(str2lang(target), baseenv())
+  } else {
+    get(target, envir = globalenv(), mode = "function")
+  }
+  if (!is.function(f)) stop(sprintf("`%s` is not a function", target), call. = FALSE)
+  do.call(f, c(args, kwargs), quote = TRUE)
+}
+
+# What a Python caller gets of an R error: list(classes, message, call, traceback), each text.
+.xerror_parts <- function(e) {
+  short <- function(x) {
+    if (is.null(x)) return("")
+    s <- paste(deparse(x, nlines = 1L, width.cutoff = 200L), collapse = "")
+    if (nchar(s) > 200L) paste0(substr(s, 1L, 197L), "...") else s
+  }
+  if (!inherits(e, "condition")) {
+    return(list("error", trimws(geterrmessage()), "", ""))
+  }
+  tb <- e$traceback
+  list(class(e), conditionMessage(e), short(conditionCall(e)),
+       if (is.character(tb)) paste(tb, collapse = "\n") else "")
 }
 
 # The calls of the task (without the worker's own frames), deparsed.

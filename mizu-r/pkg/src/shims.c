@@ -5,6 +5,7 @@
  * wrappers' cost dominates a task's round trip). */
 #include <R.h>
 #include <Rinternals.h>
+#include <string.h>
 
 SEXP mizu_rs_submit_expr(SEXP pool, SEXP expr, SEXP vars);
 SEXP mizu_rs_collect_value(SEXP task, SEXP timeout, int *outcome);
@@ -21,11 +22,21 @@ static SEXP mizu_call1(const char *fun, SEXP arg) {
     return v;
 }
 
-/* mizu_submit(): the task handle, or the failure `c(class, message)` raised. */
+/* mizu_submit(): the task handle, or the failure `c(class, message)` raised. A pool of
+ * another language's workers answers "mizu_foreign": its task is the value of mizu_submit's
+ * `expr` (a mizu_call()), which .xsubmit_caller() forces in mizu_submit's frame. */
 SEXP mizu_submit_shim(SEXP pool, SEXP expr, SEXP vars) {
     SEXP r = mizu_rs_submit_expr(pool, expr, vars);
     if (TYPEOF(r) != STRSXP) return r;
     PROTECT(r);
+    if (XLENGTH(r) == 2 && strcmp(CHAR(STRING_ELT(r, 0)), "mizu_foreign") == 0) {
+        SEXP name = PROTECT(mkString("mizu"));
+        SEXP ns = PROTECT(R_FindNamespace(name));
+        SEXP call = PROTECT(lang3(install(".xsubmit_caller"), pool, vars));
+        SEXP t = eval(call, ns);
+        UNPROTECT(4);
+        return t;
+    }
     mizu_call1(".raise_failure", r);
     UNPROTECT(1);
     return R_NilValue; /* not reached: .raise_failure() raises */

@@ -1,0 +1,203 @@
+"""Python pools of R workers (`Pool(language="r")`) and Python workers running cross-language
+calls: real Rscript workers of the installed mizu R package (`cargo xtask test` installs it
+and points R_LIBS at it)."""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import pymizu
+
+
+@pytest.fixture(scope="module")
+def rpool():
+    with pymizu.Pool(2, language="r") as p:
+        yield p
+
+
+def test_the_examples(rpool):
+    q = rpool.submit(pymizu.call("stats::quantile", np.arange(101.0), probs=np.array([0.25, 0.5, 0.75]), names=False))
+    assert q.result().tolist() == [25.0, 50.0, 75.0]
+    assert rpool.submit(pymizu.call(source="y <- x * 2\ny + 1", x=20)).result() == 41.0
+    assert rpool.map(pymizu.call("stats::median"), [np.arange(5.0), np.arange(7.0)]) == [2.0, 3.0]
+
+
+def test_a_data_frame_there_and_back(rpool):
+    import pandas as pd
+
+    df = pd.DataFrame({"a": np.arange(100_000.0)})
+    t = rpool.submit(pymizu.call("transform", df, b=1)).result()
+    tab = pa.table(t)
+    assert tab.column_names == ["a", "b"]
+    assert tab.num_rows == 100_000
+    assert tab.column("a").to_numpy().tolist() == df["a"].tolist()
+    assert set(tab.column("b").to_pylist()) == {1}
+    back = pd.DataFrame(tab.to_pydict())
+    assert back["a"].sum() == df["a"].sum()
+
+
+def test_scalars_lists_and_dicts_both_ways(rpool):
+    ident = pymizu.call("identity")
+    for v in [None, True, False, 7, -3, 2.5, 1 + 2j, "héllo", b"\x00\x01\xff"]:
+        assert rpool.submit(ident, v).result() == v
+    assert rpool.submit(ident, [1, "a", None]).result() == [1, "a", None]
+    assert rpool.submit(ident, {"x": 1.5, "y": [True]}).result() == {"x": 1.5, "y": [True]}
+    # A Python int past R's integer range becomes a double (exact below 2**53).
+    assert rpool.submit(ident, 2**40).result() == float(2**40)
+    # An R named vector is a dict.
+    assert rpool.submit(pymizu.call(source="c(a = 1, b = 2)")).result() == {"a": 1.0, "b": 2.0}
+
+
+def test_arrays_keep_types_and_dims(rpool):
+    ident = pymizu.call("identity")
+    for a in [
+        np.arange(10, dtype=np.float64),
+        np.arange(10, dtype=np.int32),
+        np.arange(10, dtype=np.int64) * 2**40,
+        np.array([True, False, True]),
+        np.arange(7, dtype=np.uint8),
+        np.array(["2024-01-02", "1969-12-31"], dtype="datetime64[D]"),
+        np.array([1_000_000, -5], dtype="timedelta64[us]"),
+    ]:
+        got = rpool.submit(ident, a).result()
+        assert isinstance(got, (np.ndarray, bytes)), type(got)
+        if isinstance(got, bytes):  # raw
+            assert got == a.tobytes()
+        else:
+            assert got.tolist() == a.tolist(), a.dtype
+    # Smaller integer types widen to R integers; float32 to doubles.
+    assert rpool.submit(ident, np.arange(4, dtype=np.int16)).result().dtype == np.int32
+    assert rpool.submit(ident, np.arange(4, dtype=np.float32)).result().dtype == np.float64
+    m = np.arange(6.0).reshape(2, 3)
+    got = rpool.submit(pymizu.call("dim"), m).result()
+    assert got.tolist() == [2, 3]
+    assert rpool.submit(ident, m).result().tolist() == m.tolist()
+    assert rpool.submit(pymizu.call(source="x[2, 3]", x=m)).result() == 5.0
+    # Strings and NA.
+    assert rpool.submit(ident, np.array(["a", "b"])).result().tolist() == ["a", "b"]
+    with_na = rpool.submit(pymizu.call(source='c("a", NA, "c")')).result()
+    assert pa.array(with_na).to_pylist() == ["a", None, "c"]
+    assert pa.array(rpool.submit(pymizu.call(source="c(1L, NA)")).result()).to_pylist() == [1, None]
+    f = pa.array(rpool.submit(pymizu.call(source='factor(c("x", "y", "x"))')).result())
+    assert f.type == pa.dictionary(pa.int32(), pa.string()) and f.to_pylist() == ["x", "y", "x"]
+    nan = rpool.submit(pymizu.call(source="c(1, NA, 3)")).result()
+    assert np.isnan(nan[1]) and nan[0] == 1.0
+
+
+def test_received_arrays_are_read_only_views(rpool):
+    a = rpool.submit(pymizu.call(source="seq_len(100000) + 0.5")).result()
+    assert isinstance(a, np.ndarray) and not a.flags.writeable
+    assert a[0] == 1.5 and a[-1] == 100000.5
+
+
+def test_r_errors_carry_classes_message_and_call(rpool):
+    with pytest.raises(pymizu.RError) as ei:
+        rpool.submit(pymizu.call("stop", "boom")).result()
+    assert ei.value.message == "boom"
+    assert "simpleError" in ei.value.classes and "error" in ei.value.classes
+    assert isinstance(ei.value, pymizu.TaskError)
+    with pytest.raises(pymizu.RError) as ei:
+        rpool.submit(pymizu.call(source='f <- function(x) stop("bad x"); f(1)')).result()
+    assert ei.value.call == "f(1)"
+    with pytest.raises(pymizu.RError, match="could not find function"):
+        rpool.submit(pymizu.call("no_such_function_here", 1)).result()
+    # The pool goes on.
+    assert rpool.submit(pymizu.call("sum", np.arange(4.0))).result() == 6.0
+
+
+def test_values_that_cannot_cross_fail_at_submit_naming_where(rpool):
+    with pytest.raises(TypeError, match=r"args\[0\]\['a'\]\[1\]: a set cannot cross"):
+        rpool.submit(pymizu.call("identity", {"a": [1, {2}]}))
+    with pytest.raises(TypeError, match="object-dtype"):
+        rpool.submit(pymizu.call("identity", np.array([object()])))
+    # An R value without a counterpart fails the task with a clear error.
+    with pytest.raises(pymizu.RError, match="an environment cannot cross"):
+        rpool.submit(pymizu.call(source="new.env()")).result()
+    with pytest.raises(TypeError, match="pymizu.call"):
+        rpool.submit(len, [1])
+
+
+def test_seeded_maps_draw_the_same_numbers_in_both_languages(rpool):
+    seed = 20261201
+    r = rpool.map(pymizu.call("runif"), [3, 3, 3, 3], seed=seed)
+    with pymizu.Pool(2) as py:
+        p = py.map(_draw, range(4), seed=seed)
+    for i in range(4):
+        assert np.asarray(r[i]).tolist() == p[i]
+        ref = np.random.Generator(np.random.Philox(key=seed, counter=i << 128)).random(3)
+        assert p[i] == ref.tolist()
+
+
+def _draw(_):
+    return pymizu.current_rng().random(3).tolist()
+
+
+def test_a_killed_r_worker_fails_only_its_task():
+    with pymizu.Pool(1, language="r") as p:
+        t = p.submit(pymizu.call(source="Sys.sleep(30)"))
+        deadline = time.monotonic() + 30
+        while not any(w["busy"] for w in p.status()["workers"]):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        pid = p.status()["workers"][0]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(pymizu.WorkerDiedError):
+            t.result(timeout=30)
+        assert p.submit(pymizu.call("sum", 1, 2)).result(timeout=60) == 3
+
+
+def test_exec_timeout_and_cancel():
+    with pymizu.Pool(1, language="r", exec_timeout=0.5) as p:
+        slow = p.submit(pymizu.call(source="Sys.sleep(20)"))
+        queued = p.submit(pymizu.call("sum", 1))
+        assert queued.cancel() or queued.result(timeout=30) == 1
+        with pytest.raises(pymizu.ExecTimeoutError):
+            slow.result(timeout=30)
+        assert p.submit(pymizu.call("sum", 2)).result(timeout=60) == 2
+
+
+def test_await_an_r_task(rpool):
+    import asyncio
+
+    async def main():
+        return await rpool.submit(pymizu.call("sum", 1, 2, 3))
+
+    assert asyncio.run(main()) == 6
+
+
+def test_python_workers_run_cross_language_calls():
+    # What an R pool sends to Python workers, sent from Python to check the worker side.
+    with pymizu.Pool(1) as p:
+        x = p._pool.submit_xcall(pymizu.call("statistics.fmean", np.array([1.0, 2.0, 3.0]))).result()
+        assert x == 2.0
+        src = pymizu.call(source="import numpy as np\nfloat(np.sum(x))", x=np.ones(5))
+        assert p._pool.submit_xcall(src).result() == 5.0
+        with pytest.raises(pymizu.PythonTaskError) as ei:
+            p._pool.submit_xcall(pymizu.call("fractions.Fraction", 1, 0)).result()
+        assert ei.value.classes[:2] == ["ZeroDivisionError", "ArithmeticError"]
+        assert "Traceback" in ei.value.traceback and "fractions.py" in ei.value.traceback
+
+
+def test_missing_r_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("MIZU_RSCRIPT", "/nonexistent/Rscript")
+    with pytest.raises(pymizu.MizuError, match="R workers need a working R"):
+        pymizu.Pool(1, language="r")
+    with pytest.raises(ValueError, match="language"):
+        pymizu.Pool(1, language="julia")
+
+
+def test_nothing_left_in_dev_shm():
+    def mine():
+        return {n for n in os.listdir("/dev/shm") if n.startswith(f"mizu_{os.getpid():x}_")}
+
+    before = mine()
+    with pymizu.Pool(1, language="r") as p:
+        p.submit(pymizu.call("identity", np.arange(100_000.0))).result()
+    deadline = time.monotonic() + 10
+    while mine() - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert mine() - before == set()

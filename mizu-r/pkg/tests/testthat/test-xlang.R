@@ -1,0 +1,118 @@
+# R pools of Python workers (language = "python"): real `python -m pymizu.worker` processes of
+# the interpreter in MIZU_PYTHON (cargo xtask test sets it to the project's venv).
+
+test_that("the examples: named functions, source, maps", {
+  with_pool(2, language = "python", function(pool) {
+    expect_identical(mizu_collect(mizu_submit(pool, mizu_call("statistics.fmean", c(1, 2, 3)))), 2)
+    x <- runif(10)
+    got <- mizu_collect(mizu_submit(pool, mizu_call(
+      source = "import numpy as np\nfloat(np.sum(x))", x = x)))
+    expect_equal(got, sum(x))
+    expect_identical(mizu_map(pool, list(1:3, 4:6), mizu_call("builtins.sum")), list(6L, 15L))
+    # Extra named arguments of mizu_submit() are keyword arguments.
+    expect_identical(mizu_collect(mizu_submit(pool, mizu_call("builtins.round", 2.567), ndigits = 1L)), 2.6)
+    # The call is evaluated in the caller's frame.
+    f <- function(k) mizu_collect(mizu_submit(pool, mizu_call("builtins.abs", k)))
+    expect_identical(f(-3L), 3L)
+  })
+})
+
+test_that("values cross with their types, both ways", {
+  with_pool(1, language = "python", function(pool) {
+    ident <- function(v) mizu_collect(mizu_submit(pool, mizu_call(source = "x", x = v)))
+    expect_identical(ident(NULL), NULL)
+    expect_identical(ident(TRUE), TRUE)
+    expect_identical(ident(7L), 7L)
+    expect_identical(ident(2.5), 2.5)
+    expect_identical(ident(1+2i), 1+2i)
+    expect_identical(ident("héllo"), "héllo")
+    expect_identical(ident(as.raw(c(0, 1, 255))), as.raw(c(0, 1, 255)))
+    expect_identical(ident(list(1L, "a", NULL)), list(1L, "a", NULL))
+    expect_identical(ident(list(a = 1.5, b = list(TRUE))), list(a = 1.5, b = list(TRUE)))
+    expect_identical(ident(c(1.5, NA, 3)), c(1.5, NA, 3))
+    expect_identical(ident(c(1L, NA, 3L)), c(1L, NA, 3L))
+    expect_identical(ident(c(TRUE, NA, FALSE)), c(TRUE, NA, FALSE))
+    expect_identical(ident(c("a", NA, "c")), c("a", NA, "c"))
+    m <- matrix(as.numeric(1:6), 2, 3)
+    expect_identical(ident(m), m)
+    expect_identical(mizu_collect(mizu_submit(pool, mizu_call(source = "x.shape", x = m))), list(2L, 3L))
+    d <- as.Date("2024-01-02") + 0:2
+    expect_identical(ident(d), d)
+    f <- factor(c("x", "y", NA, "x"), levels = c("y", "x"))
+    expect_identical(ident(f), f)
+    df <- data.frame(a = 1:5, b = c(1.5, NA, 3, 4, 5), s = c("a", NA, "c", "d", "e"),
+                     f = factor(c("x", "y", "x", "y", "x")), d = as.Date("2020-01-01") + 0:4)
+    expect_identical(ident(df), df)
+    rows <- mizu_collect(mizu_submit(pool, mizu_call(source = "import pyarrow as pa\npa.table(x).num_rows", x = df)))
+    expect_identical(rows, 5L)
+  })
+})
+
+test_that("a Python exception is a classed condition with type, message and traceback", {
+  with_pool(1, language = "python", function(pool) {
+    e <- tryCatch(mizu_collect(mizu_submit(pool, mizu_call("fractions.Fraction", 1L, 0L))),
+                  error = function(e) e)
+    expect_s3_class(e, "mizu_error_python")
+    expect_s3_class(e, "mizu_error_task")
+    expect_identical(e$type, "ZeroDivisionError")
+    expect_true("ArithmeticError" %in% e$classes)
+    expect_match(conditionMessage(e), "ZeroDivisionError")
+    expect_match(e$traceback, "fractions.py")
+    # The pool goes on.
+    expect_identical(mizu_collect(mizu_submit(pool, mizu_call("builtins.len", list(1, 2)))), 2L)
+  })
+})
+
+test_that("values that cannot cross fail at submit, naming where they sit", {
+  with_pool(1, language = "python", function(pool) {
+    e <- tryCatch(mizu_submit(pool, mizu_call("builtins.len", list(a = list(1, new.env())))),
+                  error = function(e) e)
+    expect_s3_class(e, "mizu_error_not_portable")
+    expect_match(conditionMessage(e), "argument 1\\$a\\[\\[2\\]\\]: an environment cannot cross")
+    e <- tryCatch(mizu_submit(pool, mizu_call("builtins.len", function(x) x)), error = function(e) e)
+    expect_s3_class(e, "mizu_error_not_portable")
+    expect_error(mizu_submit(pool, 1 + 1), "mizu_call")
+  })
+})
+
+test_that("seeded maps give the same numbers as R workers and numpy", {
+  dir <- tempfile("pymod")
+  dir.create(dir)
+  writeLines(c("import pymizu", "def draw(n):", "    return pymizu.current_rng().random(n)"),
+             file.path(dir, "mizu_draw.py"))
+  old <- Sys.getenv("PYTHONPATH")
+  Sys.setenv(PYTHONPATH = dir)
+  on.exit({
+    Sys.setenv(PYTHONPATH = old)
+    unlink(dir, recursive = TRUE)
+  })
+  with_pool(2, language = "python", function(pool) {
+    py <- mizu_map(pool, rep(3L, 4), mizu_call("mizu_draw.draw"), .seed = 42)
+    for (i in 1:4) expect_identical(py[[i]], mizu_stream(42, i, 3))
+  })
+  with_pool(2, function(pool) {
+    r <- mizu_map(pool, 1:4, function(i) runif(3), .seed = 42)
+    for (i in 1:4) expect_identical(r[[i]], mizu_stream(42, i, 3))
+  })
+})
+
+test_that("a killed Python worker fails only its task; the pool goes on", {
+  with_pool(1, language = "python", function(pool) {
+    t <- mizu_submit(pool, mizu_call("time.sleep", 30))
+    for (i in 1:3000) {
+      s <- mizu_pool_status(pool)
+      if (any(s$busy)) break
+      Sys.sleep(0.01)
+    }
+    tools::pskill(s$pid[[1]], tools::SIGKILL)
+    expect_error(mizu_collect(t, timeout = 30), class = "mizu_error_worker_died")
+    expect_identical(mizu_collect(mizu_submit(pool, mizu_call("builtins.abs", -2L)), timeout = 60), 2L)
+  })
+})
+
+test_that("a missing Python is a clear error at pool start", {
+  old <- Sys.getenv("MIZU_PYTHON")
+  on.exit(Sys.setenv(MIZU_PYTHON = old))
+  Sys.setenv(MIZU_PYTHON = "/nonexistent/python3")
+  expect_error(mizu_pool(1, language = "python"), "pymizu")
+})

@@ -1,0 +1,551 @@
+//! R objects to and from `mizu_wire::Value` (the cross-language value tree; the mapping is
+//! `docs/interop.md`). Vectors of length one without attributes are scalars; longer vectors,
+//! and those with `dim`, a factor, Date, POSIXct, difftime or integer64 class, are Arrow
+//! arrays (integer, double and raw vectors lend their memory until the payload is written);
+//! data frames are record batches; lists are lists, or dicts when every element is named.
+//! Received arrays become views of the shared memory (see `arrow_in`).
+
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::DurationMicrosecondType;
+use arrow_array::{Array, ArrayRef, RecordBatch, StringArray};
+use arrow_buffer::Buffer;
+use arrow_schema::{DataType, Field};
+use extendr_api::Result;
+use extendr_api::prelude::*;
+use extendr_ffi::SEXP;
+use mizu_wire::Value;
+use mizu_wire::rmeta::{self, RType};
+
+use crate::arrow_in::Source;
+
+/// Why a value cannot cross, and where it sits (`x$a[[3]]`).
+#[derive(Debug)]
+pub struct NotPortable {
+    /// Where.
+    pub path: String,
+    /// Why.
+    pub why: String,
+}
+
+impl std::fmt::Display for NotPortable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path, self.why)
+    }
+}
+
+fn np(path: &str, why: impl Into<String>) -> NotPortable {
+    NotPortable {
+        path: path.to_owned(),
+        why: why.into(),
+    }
+}
+
+/// The attribute names of `x` other than `names`.
+fn other_attrs(x: &Robj) -> Vec<String> {
+    let mut out = Vec::new();
+    // SAFETY: `x` is live (held by its Robj); walking its attribute pairlist reads tags
+    // (symbols) and their names, and allocates nothing.
+    unsafe {
+        let mut a = crate::ffi::ATTRIB(x.get());
+        while a != extendr_ffi::R_NilValue {
+            let tag = extendr_ffi::TAG(a);
+            let name = std::ffi::CStr::from_ptr(extendr_ffi::R_CHAR(extendr_ffi::PRINTNAME(tag)));
+            let name = name.to_string_lossy();
+            if name != "names" {
+                out.push(name.into_owned());
+            }
+            a = extendr_ffi::CDR(a);
+        }
+    }
+    out
+}
+
+fn describe(x: &Robj) -> &'static str {
+    match x.rtype() {
+        Rtype::Environment => "an environment",
+        Rtype::ExternalPtr => "an external pointer",
+        Rtype::Function | Rtype::Builtin | Rtype::Special => "a function",
+        Rtype::Symbol => "a symbol",
+        Rtype::Language => "a call",
+        Rtype::Expressions => "an expression vector",
+        Rtype::S4 => "an S4 object",
+        Rtype::Pairlist => "a pairlist",
+        _ => "this kind of value",
+    }
+}
+
+/// The classes of `x` Arrow carries, or `None` when it has any other attribute.
+fn mapped_class(x: &Robj) -> Option<()> {
+    let known = [
+        "factor",
+        "ordered",
+        "Date",
+        "POSIXct",
+        "POSIXt",
+        "difftime",
+        "integer64",
+    ];
+    let allowed_attrs = ["class", "levels", "tzone", "units", "dim", "dimnames"];
+    if other_attrs(x)
+        .iter()
+        .any(|a| !allowed_attrs.contains(&a.as_str()))
+    {
+        return None;
+    }
+    if let Some(mut cs) = x.class()
+        && !cs.all(|c| known.contains(&c))
+    {
+        return None;
+    }
+    Some(())
+}
+
+/// `x` (an R object) as a value; `path` names it in errors.
+pub fn from_r(x: &Robj, path: &str) -> std::result::Result<Value, NotPortable> {
+    let attrs = other_attrs(x);
+    let named = x.names().is_some();
+    match x.rtype() {
+        Rtype::Null => Ok(Value::None),
+        Rtype::List => list(x, path),
+        Rtype::Raw if attrs.is_empty() && !named => Ok(Value::Bytes(Buffer::from_slice_ref(
+            x.as_raw_slice().unwrap_or(&[]),
+        ))),
+        Rtype::Logicals
+        | Rtype::Integers
+        | Rtype::Doubles
+        | Rtype::Strings
+        | Rtype::Complexes
+        | Rtype::Raw => {
+            if attrs.is_empty() && named {
+                return named_vector(x, path);
+            }
+            if attrs.is_empty() && x.len() == 1 {
+                return Ok(scalar(x, 0));
+            }
+            if mapped_class(x).is_none() {
+                let cls: Vec<String> = x
+                    .class()
+                    .map(|c| c.map(str::to_owned).collect())
+                    .unwrap_or_default();
+                return Err(np(
+                    path,
+                    format!(
+                        "an object of class {} cannot cross languages (unclass() it, or send \
+                         its parts)",
+                        if cls.is_empty() {
+                            format!("with attributes {attrs:?}")
+                        } else {
+                            cls.join("/")
+                        }
+                    ),
+                ));
+            }
+            vector(x, path).map(|(field, array)| Value::Array {
+                field: Arc::new(field),
+                array,
+            })
+        }
+        _ => Err(np(path, format!("{} cannot cross languages", describe(x)))),
+    }
+}
+
+/// Element `i` of an atomic vector as a scalar value (NA: `None`, except doubles, whose NA
+/// keeps its bits).
+fn scalar(x: &Robj, i: usize) -> Value {
+    match x.rtype() {
+        Rtype::Logicals => {
+            let v = x.as_logical_slice().expect("logical")[i];
+            if v.is_na() {
+                Value::None
+            } else {
+                Value::Bool(v.is_true())
+            }
+        }
+        Rtype::Integers => {
+            let v = x.as_integer_slice().expect("integer")[i];
+            if v == rmeta::NA_INTEGER {
+                Value::None
+            } else {
+                Value::Int(i64::from(v))
+            }
+        }
+        Rtype::Doubles => Value::Float(x.as_real_slice().expect("double")[i]),
+        Rtype::Complexes => {
+            // SAFETY: `x` is a live complex vector of more than `i` elements (R's layout: two
+            // doubles each).
+            let c = unsafe { *extendr_ffi::DATAPTR_RO(x.get()).cast::<[f64; 2]>().add(i) };
+            Value::Complex(c[0], c[1])
+        }
+        Rtype::Strings => {
+            let s = x
+                .as_str_iter()
+                .expect("character")
+                .nth(i)
+                .expect("in range");
+            if s.is_na() {
+                Value::None
+            } else {
+                Value::Str(s.to_owned())
+            }
+        }
+        Rtype::Raw => Value::Int(i64::from(x.as_raw_slice().expect("raw")[i])),
+        _ => Value::None,
+    }
+}
+
+/// A vector with names only: a dict of scalars.
+fn named_vector(x: &Robj, path: &str) -> std::result::Result<Value, NotPortable> {
+    let names: Vec<String> = x.names().expect("named").map(str::to_owned).collect();
+    check_names(&names, path)?;
+    Ok(Value::Dict(
+        names
+            .into_iter()
+            .enumerate()
+            .map(|(i, n)| (n, scalar(x, i)))
+            .collect(),
+    ))
+}
+
+fn check_names(names: &[String], path: &str) -> std::result::Result<(), NotPortable> {
+    let mut seen = std::collections::HashSet::new();
+    for n in names {
+        if n.is_empty() || n == "NA" {
+            return Err(np(
+                path,
+                "a partly named list or vector cannot cross languages (name every element, or \
+                 none)",
+            ));
+        }
+        if !seen.insert(n.as_str()) {
+            return Err(np(path, format!("the name {n:?} appears twice")));
+        }
+    }
+    Ok(())
+}
+
+fn list(x: &Robj, path: &str) -> std::result::Result<Value, NotPortable> {
+    if x.inherits("data.frame") {
+        return frame(x, path).map(Value::Table);
+    }
+    if x.class().is_some() || !other_attrs(x).is_empty() {
+        let cls: Vec<String> = x
+            .class()
+            .map(|c| c.map(str::to_owned).collect())
+            .unwrap_or_default();
+        return Err(np(
+            path,
+            format!(
+                "a list of class {} cannot cross languages (unclass() it)",
+                cls.join("/")
+            ),
+        ));
+    }
+    let l = x.as_list().expect("a list");
+    match x.names() {
+        Some(names) => {
+            let names: Vec<String> = names.map(str::to_owned).collect();
+            check_names(&names, path)?;
+            let mut kv = Vec::with_capacity(names.len());
+            for (n, v) in names.into_iter().zip(l.values()) {
+                let p = format!("{path}${n}");
+                kv.push((n, from_r(&v, &p)?));
+            }
+            Ok(Value::Dict(kv))
+        }
+        None => l
+            .values()
+            .enumerate()
+            .map(|(i, v)| from_r(&v, &format!("{path}[[{}]]", i + 1)))
+            .collect::<std::result::Result<_, _>>()
+            .map(Value::List),
+    }
+}
+
+/// An atomic vector (with a mapped class or `dim`) as an Arrow array and field.
+fn vector(x: &Robj, path: &str) -> std::result::Result<(Field, ArrayRef), NotPortable> {
+    vector_named(x, "", path)
+}
+
+fn vector_named(
+    x: &Robj,
+    name: &str,
+    path: &str,
+) -> std::result::Result<(Field, ArrayRef), NotPortable> {
+    let (mut field, array) = if x.inherits("difftime") {
+        let units = x
+            .get_attrib("units")
+            .and_then(|u| u.as_str().map(str::to_owned))
+            .unwrap_or_else(|| "secs".into());
+        let v = x
+            .as_real_slice()
+            .ok_or_else(|| np(path, "a difftime that is not double"))?;
+        rmeta::difftime(name, v, &units).map_err(|e| np(path, e.to_string()))?
+    } else if x.rtype() == Rtype::Complexes {
+        return Err(np(
+            path,
+            "complex vectors cannot cross languages yet (send Re() and Im())",
+        ));
+    } else {
+        // SAFETY: `x` is a live atomic vector held (protected) by its Robj for as long as the
+        // caller keeps it, which is until the payload is written.
+        match unsafe { crate::arrow_out::array(x.get(), name) } {
+            Some(fa) => fa,
+            None => strings(x, name).ok_or_else(|| np(path, "this vector cannot cross"))?,
+        }
+    };
+    if let Some(d) = x.get_attrib("dim") {
+        let d: Vec<i32> = match d.as_integer_slice() {
+            Some(s) => s.to_vec(),
+            None => d
+                .as_real_slice()
+                .map(|s| s.iter().map(|&v| v as i32).collect())
+                .unwrap_or_default(),
+        };
+        field = rmeta::with_dim(field, &d);
+    }
+    Ok((field, array))
+}
+
+/// A character vector whose strings are in another encoding, translated to UTF-8.
+fn strings(x: &Robj, name: &str) -> Option<(Field, ArrayRef)> {
+    let it = x.as_str_iter()?;
+    let a: StringArray = it
+        .map(|s| (!s.is_na()).then(|| s.to_owned()))
+        .collect::<Vec<Option<String>>>()
+        .into();
+    let a: ArrayRef = Arc::new(a);
+    Some((Field::new(name, DataType::Utf8, true), a))
+}
+
+fn frame(x: &Robj, path: &str) -> std::result::Result<RecordBatch, NotPortable> {
+    let l = x.as_list().expect("a data frame is a list");
+    let names: Vec<String> = x
+        .names()
+        .map(|n| n.map(str::to_owned).collect())
+        .unwrap_or_default();
+    let mut cols = Vec::with_capacity(l.len());
+    for (j, c) in l.values().enumerate() {
+        let name = names.get(j).cloned().unwrap_or_default();
+        let p = format!("{path}${name}");
+        if !matches!(
+            c.rtype(),
+            Rtype::Logicals | Rtype::Integers | Rtype::Doubles | Rtype::Strings | Rtype::Raw
+        ) || mapped_class(&c).is_none()
+        {
+            return Err(np(&p, "this column cannot cross languages"));
+        }
+        cols.push(vector_named(&c, &name, &p)?);
+    }
+    rmeta::data_frame(cols).map_err(|e| np(path, e.to_string()))
+}
+
+// -- values to R ----------------------------------------------------------------------------
+
+fn rerr(e: impl std::fmt::Display) -> Error {
+    crate::rerr(format!("cannot read a cross-language value: {e}"))
+}
+
+/// A received cross-language outcome payload: the value, or for a task's failure the
+/// condition the caller raises (classes `mizu_error_python`, `mizu_error_task`, `mizu_error`,
+/// `error`, `condition`; fields `type`, `classes`, `traceback`).
+pub fn received(payload: &Buffer) -> Result<Robj> {
+    use mizu_wire::envelope::{self, Received};
+    match envelope::read(payload).map_err(rerr)? {
+        Received::Value(v) => to_r(v),
+        Received::Error(e) => {
+            let lang = if e.language == "python" {
+                "python"
+            } else {
+                "r"
+            };
+            let first = e
+                .classes
+                .first()
+                .cloned()
+                .unwrap_or_else(|| "Exception".into());
+            let message = if lang == "python" {
+                format!("{first}: {}", e.message)
+            } else {
+                e.message.clone()
+            };
+            let mut l: Robj = List::from_values([
+                Robj::from(message.as_str()),
+                Robj::from(()),
+                Robj::from(first.as_str()),
+                Robj::from(e.classes.clone()),
+                Robj::from(e.traceback.as_str()),
+                Robj::from(e.call.as_str()),
+            ])
+            .into();
+            l.set_names([
+                "message",
+                "call",
+                "type",
+                "classes",
+                "traceback",
+                "remote_call",
+            ])?;
+            let own = format!("mizu_error_{lang}");
+            l.set_class([
+                own.as_str(),
+                "mizu_error_task",
+                "mizu_error",
+                "error",
+                "condition",
+            ])?;
+            Ok(l)
+        }
+        Received::Task { .. } => Err(rerr("a task where a result was expected")),
+    }
+}
+
+/// A received value as an R object: arrays as views of the shared memory.
+pub fn to_r(v: Value) -> Result<Robj> {
+    Ok(match v {
+        Value::None => Robj::from(()),
+        Value::Bool(b) => Robj::from(b),
+        Value::Int(i) => match i32::try_from(i) {
+            Ok(x) if x != rmeta::NA_INTEGER => Robj::from(x),
+            _ => Robj::from(i as f64),
+        },
+        Value::Float(f) => Robj::from(f),
+        Value::Complex(re, im) => Robj::from(Rcplx::from((re, im))),
+        Value::Str(s) => Robj::from(s.as_str()),
+        Value::Bytes(b) => Robj::from(Raw::from_bytes(b.as_slice())),
+        Value::List(items) => {
+            let v = items.into_iter().map(to_r).collect::<Result<Vec<_>>>()?;
+            List::from_values(v).into()
+        }
+        Value::Dict(kv) => {
+            let (names, vals): (Vec<String>, Vec<Value>) = kv.into_iter().unzip();
+            let vals = vals.into_iter().map(to_r).collect::<Result<Vec<_>>>()?;
+            let mut l: Robj = List::from_values(vals).into();
+            l.set_names(names)?;
+            l
+        }
+        Value::Array { field, array } => column(&field, &array)?,
+        Value::Table(batch) => data_frame(&batch)?,
+        Value::Error {
+            type_name,
+            message,
+            traceback,
+        } => {
+            let mut l: Robj =
+                List::from_values([Robj::from(message.as_str()), Robj::from(traceback.as_str())])
+                    .into();
+            l.set_names(["message", "traceback"])?;
+            l.set_class([type_name.as_str(), "error", "condition"])?;
+            l
+        }
+        Value::Call { .. } => return Err(rerr("a call is not a value")),
+    })
+}
+
+/// One received array as an R vector with its attributes.
+fn column(field: &Field, array: &ArrayRef) -> Result<Robj> {
+    let t = rmeta::classify(field).map_err(rerr)?;
+    let dim = rmeta::dim(field, array.len()).map_err(rerr)?;
+    let src = Source {
+        // Not the payload's bytes: a view made here is sent on by copying, not by reference.
+        bytes: Buffer::from_vec(Vec::<u8>::new()),
+        col: None,
+    };
+    let mut x = match &t {
+        RType::Difftime { .. } => {
+            // R keeps difftimes as doubles in their units.
+            let secs = unit_seconds(&t);
+            let a = array.as_primitive::<DurationMicrosecondType>();
+            let v: Vec<f64> = (0..a.len())
+                .map(|i| {
+                    if a.is_null(i) {
+                        f64::from_bits(rmeta::NA_REAL_BITS)
+                    } else {
+                        a.value(i) as f64 / 1e6 / secs
+                    }
+                })
+                .collect();
+            Robj::from(v)
+        }
+        _ => crate::arrow_in::column(array, src, false)?,
+    };
+    match t {
+        RType::Factor { ordered } => {
+            let levels = array
+                .as_dictionary::<arrow_array::types::Int32Type>()
+                .values();
+            let levels: Vec<Option<String>> = match levels.as_string_opt::<i32>() {
+                Some(s) => s.iter().map(|v| v.map(str::to_owned)).collect(),
+                None => levels
+                    .as_string::<i64>()
+                    .iter()
+                    .map(|v| v.map(str::to_owned))
+                    .collect(),
+            };
+            let levels: Vec<String> = levels.into_iter().map(|v| v.unwrap_or_default()).collect();
+            x.set_attrib("levels", levels)?;
+            if ordered {
+                x.set_class(["ordered", "factor"])?;
+            } else {
+                x.set_class(["factor"])?;
+            }
+        }
+        RType::Date => {
+            x.set_class(["Date"])?;
+        }
+        RType::PosixCt { tz } => {
+            x.set_attrib("tzone", tz.as_str())?;
+            x.set_class(["POSIXct", "POSIXt"])?;
+        }
+        RType::Difftime { units } => {
+            x.set_attrib("units", units.as_str())?;
+            x.set_class(["difftime"])?;
+        }
+        RType::Integer64 => {
+            x.set_class(["integer64"])?;
+        }
+        _ => {}
+    }
+    if let Some(d) = dim {
+        x.set_attrib("dim", d)?;
+    }
+    Ok(x)
+}
+
+fn unit_seconds(t: &RType) -> f64 {
+    match t {
+        RType::Difftime { units } => match units.as_str() {
+            "mins" => 60.0,
+            "hours" => 3600.0,
+            "days" => 86400.0,
+            "weeks" => 604800.0,
+            _ => 1.0,
+        },
+        _ => 1.0,
+    }
+}
+
+fn data_frame(batch: &RecordBatch) -> Result<Robj> {
+    let schema = batch.schema();
+    let mut cols = Vec::with_capacity(batch.num_columns());
+    for (j, f) in schema.fields().iter().enumerate() {
+        cols.push(column(f, batch.column(j))?);
+    }
+    let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+    let mut df: Robj = List::from_values(cols).into();
+    df.set_names(names)?;
+    df.set_attrib("row.names", [i32::MIN, -(batch.num_rows() as i32)])?;
+    df.set_class(["data.frame"])?;
+    Ok(df)
+}
+
+/// Reads `x` as a raw `SEXP` for [`from_r`].
+///
+/// # Safety
+/// `x` is a live R object, protected for as long as the returned value lives.
+pub unsafe fn from_sexp(x: SEXP, path: &str) -> std::result::Result<Value, NotPortable> {
+    // SAFETY: as the caller promises.
+    let r = unsafe { Robj::from_sexp(x) };
+    from_r(&r, path)
+}

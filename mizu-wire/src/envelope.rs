@@ -1,0 +1,285 @@
+//! Cross-language task and result payloads: what a pool sends to a worker of another language
+//! and what that worker sends back (normative text: `docs/wire-format.md` §6).
+//!
+//! A payload is a 64-byte header followed by one value of the compact tagged encoding, which
+//! therefore starts 64-byte aligned wherever the payload does (a region, or the aligned copy a
+//! reader makes of an inline payload): Arrow bodies inside it are read in place.
+//!
+//! Both bindings build this payload with the functions here and only convert their own
+//! language's objects to and from [`Value`]; neither parses the header itself.
+
+use arrow_buffer::{Buffer, MutableBuffer};
+
+use crate::error::{Result, WireError, malformed};
+use crate::value::{CallTarget, Encoded, Value, decode, encode};
+
+/// First byte of every cross-language payload (no same-language payload of either binding
+/// starts with it).
+pub const TAG: u8 = b'X';
+/// Bytes before the value.
+pub const HEADER_LEN: usize = 64;
+/// The header's version byte.
+pub const VERSION: u8 = 1;
+
+const MAGIC: [u8; 3] = [TAG, b'M', b'Z'];
+const SEEDED: u8 = 1;
+
+/// What a payload holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// A task: the value is a [`Value::Call`].
+    Task = 1,
+    /// A task's return value.
+    Value = 2,
+    /// A task's failure: the value is a [`RemoteError`] as a dict.
+    Error = 3,
+}
+
+/// What a task runs under: the random stream of a seeded map element.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Context {
+    /// The map's seed, when it has one.
+    pub seed: Option<u64>,
+    /// The element's index in the map (0 outside maps).
+    pub index: u64,
+}
+
+/// An error raised by a task in another language, as its caller sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RemoteError {
+    /// `"r"` or `"python"`.
+    pub language: String,
+    /// The condition classes (R, most specific first) or the exception's type and its bases
+    /// (Python, e.g. `["ZeroDivisionError", "ArithmeticError", "Exception"]`).
+    pub classes: Vec<String>,
+    /// The message.
+    pub message: String,
+    /// The call that raised it (R), or empty.
+    pub call: String,
+    /// The remote traceback, as text.
+    pub traceback: String,
+}
+
+impl RemoteError {
+    fn to_value(&self) -> Value {
+        let s = |x: &str| Value::Str(x.to_owned());
+        Value::Dict(vec![
+            ("language".into(), s(&self.language)),
+            (
+                "classes".into(),
+                Value::List(self.classes.iter().map(|c| s(c)).collect()),
+            ),
+            ("message".into(), s(&self.message)),
+            ("call".into(), s(&self.call)),
+            ("traceback".into(), s(&self.traceback)),
+        ])
+    }
+
+    fn from_value(v: Value) -> Result<RemoteError> {
+        let bad = |why: &str| malformed(HEADER_LEN, format!("error payload: {why}"));
+        let Value::Dict(kv) = v else {
+            return Err(bad("not a dict"));
+        };
+        let mut e = RemoteError::default();
+        for (k, v) in kv {
+            let text = |v: Value| match v {
+                Value::Str(s) => Ok(s),
+                _ => Err(bad("a field that is not a string")),
+            };
+            match k.as_str() {
+                "language" => e.language = text(v)?,
+                "message" => e.message = text(v)?,
+                "call" => e.call = text(v)?,
+                "traceback" => e.traceback = text(v)?,
+                "classes" => {
+                    let Value::List(cs) = v else {
+                        return Err(bad("classes is not a list"));
+                    };
+                    e.classes = cs.into_iter().map(text).collect::<Result<_>>()?;
+                }
+                // Fields added by later writers of this version are ignored.
+                _ => {}
+            }
+        }
+        Ok(e)
+    }
+}
+
+/// An encoded payload: the header and the value's scatter list (large buffers are referenced,
+/// not copied, until [`Envelope::write_to`]).
+#[derive(Debug, Clone)]
+pub struct Envelope {
+    header: [u8; HEADER_LEN],
+    body: Encoded,
+}
+
+impl Envelope {
+    fn new(kind: Kind, ctx: Context, v: &Value) -> Result<Envelope> {
+        let mut header = [0u8; HEADER_LEN];
+        header[..3].copy_from_slice(&MAGIC);
+        header[3] = VERSION;
+        header[4] = kind as u8;
+        if let Some(seed) = ctx.seed {
+            header[5] = SEEDED;
+            header[8..16].copy_from_slice(&seed.to_le_bytes());
+        }
+        header[16..24].copy_from_slice(&ctx.index.to_le_bytes());
+        Ok(Envelope {
+            header,
+            body: encode(v)?,
+        })
+    }
+
+    /// A task calling `call` (a [`Value::Call`]).
+    pub fn task(call: &Value, ctx: Context) -> Result<Envelope> {
+        if !matches!(call, Value::Call { .. }) {
+            return Err(WireError::Unsupported("a task must be a call".into()));
+        }
+        if let Value::Call {
+            target: CallTarget::Source(_),
+            args,
+            ..
+        } = call
+            && !args.is_empty()
+        {
+            return Err(WireError::Unsupported(
+                "a source call takes named arguments only (they become variables)".into(),
+            ));
+        }
+        Envelope::new(Kind::Task, ctx, call)
+    }
+
+    /// A task's return value.
+    pub fn value(v: &Value) -> Result<Envelope> {
+        Envelope::new(Kind::Value, Context::default(), v)
+    }
+
+    /// A task's failure.
+    pub fn error(e: &RemoteError) -> Result<Envelope> {
+        Envelope::new(Kind::Error, Context::default(), &e.to_value())
+    }
+
+    /// Total length in bytes.
+    pub fn len(&self) -> usize {
+        HEADER_LEN + self.body.len()
+    }
+
+    /// Never true: the header is always there.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Writes the payload into `out` (exactly [`Envelope::len`] bytes).
+    pub fn write_to(&self, out: &mut [u8]) {
+        out[..HEADER_LEN].copy_from_slice(&self.header);
+        self.body.write_to(&mut out[HEADER_LEN..]);
+    }
+
+    /// The payload as one private buffer (tests, and replies that cannot be written in place).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.len()];
+        self.write_to(&mut v);
+        v
+    }
+}
+
+/// Whether `payload` is a cross-language payload (by its first bytes; [`read`] validates).
+pub fn is_envelope(payload: &[u8]) -> bool {
+    payload.len() >= 3 && payload[..3] == MAGIC
+}
+
+/// A decoded payload.
+#[derive(Debug)]
+pub enum Received {
+    /// A task: its call's parts, and its context.
+    Task {
+        /// What to call.
+        target: CallTarget,
+        /// Positional arguments.
+        args: Vec<Value>,
+        /// Named arguments.
+        kwargs: Vec<(String, Value)>,
+        /// Seed and element index.
+        ctx: Context,
+    },
+    /// A return value.
+    Value(Value),
+    /// A failure.
+    Error(RemoteError),
+}
+
+/// Reads a payload. Arrow data and large byte strings are views into `payload` when it is
+/// 64-byte aligned in memory (region payloads are); else it is copied once into an aligned
+/// buffer first.
+pub fn read(payload: &Buffer) -> Result<Received> {
+    if payload.len() < HEADER_LEN {
+        return Err(WireError::Truncated {
+            what: "cross-language header",
+            offset: 0,
+            needed: HEADER_LEN,
+            available: payload.len(),
+        });
+    }
+    let h = &payload.as_slice()[..HEADER_LEN];
+    if h[..3] != MAGIC {
+        return Err(malformed(0, "not a cross-language payload"));
+    }
+    if h[3] != VERSION {
+        return Err(malformed(
+            3,
+            format!(
+                "cross-language payload version {} (this build reads {VERSION})",
+                h[3]
+            ),
+        ));
+    }
+    if h[5] & !SEEDED != 0 || h[6..8] != [0, 0] || h[24..].iter().any(|&b| b != 0) {
+        return Err(malformed(5, "reserved header bytes are not zero"));
+    }
+    let seeded = h[5] & SEEDED != 0;
+    let word = |at: usize| u64::from_le_bytes(h[at..at + 8].try_into().expect("8 bytes"));
+    let ctx = Context {
+        seed: seeded.then(|| word(8)),
+        index: word(16),
+    };
+    if !seeded && word(8) != 0 {
+        return Err(malformed(8, "a seed in an unseeded payload"));
+    }
+    let kind = h[4];
+    let body = payload.slice(HEADER_LEN);
+    let body = if (body.as_ptr() as usize).is_multiple_of(64) {
+        body
+    } else {
+        let mut m = MutableBuffer::with_capacity(body.len());
+        m.extend_from_slice(body.as_slice());
+        m.into()
+    };
+    let v = decode(&body)?;
+    match kind {
+        1 => match v {
+            Value::Call {
+                target,
+                args,
+                kwargs,
+            } => {
+                if matches!(target, CallTarget::Source(_)) && !args.is_empty() {
+                    return Err(malformed(
+                        HEADER_LEN,
+                        "a source call with positional arguments",
+                    ));
+                }
+                Ok(Received::Task {
+                    target,
+                    args,
+                    kwargs,
+                    ctx,
+                })
+            }
+            _ => Err(malformed(HEADER_LEN, "a task that is not a call")),
+        },
+        2 => Ok(Received::Value(v)),
+        3 => RemoteError::from_value(v).map(Received::Error),
+        k => Err(malformed(4, format!("unknown payload kind {k}"))),
+    }
+}
