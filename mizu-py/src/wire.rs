@@ -256,7 +256,7 @@ pub(crate) fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
     }
     if obj.is_instance_of::<PyInt>() {
         return obj.extract::<i64>().map(Value::Int).map_err(|_| {
-            crate::xlang::not_portable("an int outside the 64-bit range cannot cross languages")
+            crate::xlang::out_of_range("an int outside the 64-bit range cannot cross languages")
         });
     }
     if let Ok(f) = obj.cast::<PyFloat>() {

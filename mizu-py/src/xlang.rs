@@ -53,14 +53,24 @@ pub(crate) fn at<T>(seg: impl Into<String>, f: impl FnOnce() -> T) -> T {
     r
 }
 
-/// A `TypeError` naming where the value sits: `args[1]['a']: a set cannot cross languages`.
-pub(crate) fn not_portable(why: impl std::fmt::Display) -> PyErr {
+/// `why`, prefixed with where the value sits (`args[1]['a']: …`).
+fn located(why: impl std::fmt::Display) -> String {
     let path = PATH.with(|p| p.borrow().concat());
     if path.is_empty() {
-        PyTypeError::new_err(format!("{why}"))
+        why.to_string()
     } else {
-        PyTypeError::new_err(format!("{path}: {why}"))
+        format!("{path}: {why}")
     }
+}
+
+/// A `TypeError` naming where the value sits: `args[1]['a']: a set cannot cross languages`.
+pub(crate) fn not_portable(why: impl std::fmt::Display) -> PyErr {
+    PyTypeError::new_err(located(why))
+}
+
+/// A `ValueError` naming where the value sits (a value of the right type out of range).
+pub(crate) fn out_of_range(why: impl std::fmt::Display) -> PyErr {
+    pyo3::exceptions::PyValueError::new_err(located(why))
 }
 
 /// Keeps a numpy array alive while an Arrow buffer lends its memory. (Only dropped, never

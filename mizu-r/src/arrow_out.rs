@@ -704,6 +704,12 @@ pub unsafe fn encode_frame(df: SEXP, floor: usize) -> Option<Result<ArrowOut>> {
 /// `x` is a live atomic vector, protected and unmodified while the array lives (integer,
 /// double and raw arrays lend its memory).
 pub unsafe fn array(x: SEXP, name: &str) -> Option<(Field, ArrayRef)> {
+    // An unmodified lazy view gives back the array it reads: converting it (what reading its
+    // data pointer does) would copy every element twice.
+    // SAFETY: as the caller promises.
+    if let Some(c) = unsafe { lazy_column(x) } {
+        return Some((field(name, &c), c.array));
+    }
     // SAFETY: as the caller promises.
     let mut c = unsafe { column(x) }?;
     if let Some(f) = c.fuse.take() {
@@ -711,4 +717,49 @@ pub unsafe fn array(x: SEXP, name: &str) -> Option<(Field, ArrayRef)> {
         c.array = unsafe { f.array(&c.array) };
     }
     Some((field(name, &c), c.array))
+}
+
+/// The column of an unmodified lazy view: its array, with a factor's levels and class and a
+/// POSIXct's time zone from its attributes.
+///
+/// # Safety
+/// `x` is a live vector, protected while the result exists.
+unsafe fn lazy_column(x: SEXP) -> Option<Col> {
+    use crate::lazyview::Conv;
+    let (conv, a) = crate::lazyview::unmodified_array(x)?;
+    let plain = |array: ArrayRef, meta| Col {
+        array,
+        meta,
+        fuse: None,
+    };
+    // SAFETY: reading attributes of a live vector.
+    unsafe {
+        Some(match conv {
+            Conv::Codes => {
+                let lev = Rf_getAttrib(x, R_LevelsSymbol);
+                if TYPEOF(lev) != SEXPTYPE::STRSXP {
+                    return None;
+                }
+                let levels = strings(lev)?;
+                let keys = a.as_primitive::<Int32Type>().clone();
+                let dict = DictionaryArray::<Int32Type>::try_new(keys, levels).ok()?;
+                let class = if inherits(x, c"ordered") {
+                    "ordered"
+                } else {
+                    "factor"
+                };
+                plain(Arc::new(dict), vec![(CLASS.into(), class.into())])
+            }
+            Conv::Micros => {
+                let tz = tzone(x);
+                let t = a
+                    .as_primitive::<arrow_array::types::TimestampMicrosecondType>()
+                    .clone()
+                    .with_timezone_opt((!tz.is_empty()).then(|| tz.clone()));
+                plain(Arc::new(t), vec![(TZ.to_owned(), tz)])
+            }
+            Conv::Int64 => plain(a, vec![(CLASS.to_owned(), "integer64".to_owned())]),
+            _ => plain(a, Vec::new()),
+        })
+    }
 }

@@ -55,8 +55,9 @@ unsafe fn submit_with(pool: SEXP, encode: impl FnOnce() -> Result<Outgoing, Stri
         unsafe {
             let p = pool_at(pool).map_err(|e| e.to_string())?;
             if p.foreign {
-                // The shim submits the expression's value as a cross-language call.
-                return Ok(foreign_marker());
+                return Err("a pool of Python workers runs mizu_call() tasks \
+                            (see mizu_submit())"
+                    .into());
             }
             let out = encode()?;
             Ok(
@@ -114,6 +115,10 @@ pub unsafe extern "C" fn mizu_rs_submit_expr(pool: SEXP, expr: SEXP, vars: SEXP)
     // SAFETY: R's main thread (`.Call`); the arguments are protected by R for the call; the
     // message is protected while its elements are set and while it is submitted.
     unsafe {
+        if pool_at(pool).is_ok_and(|p| p.foreign) {
+            // The shim submits the expression's value as a cross-language call.
+            return foreign_marker();
+        }
         // The common message goes out without being made: its compact encoding is written
         // from its parts (bindings that need a check or another encoding take the list).
         if check_vars_sexp(vars).is_ok()
@@ -233,6 +238,50 @@ unsafe extern "C" fn tasks_ok(tasks: SEXP) -> SEXP {
     }
 }
 
+/// Submits `call` (a `mizu_call()`) with the further keyword arguments `vars` to a pool of
+/// Python workers: the task handle, or `c(class, message)` for the R wrapper to raise.
+unsafe extern "C" fn submit_xcall(pool: SEXP, call: SEXP, vars: SEXP) -> SEXP {
+    let r = guarded(|| {
+        // SAFETY: R's main thread (`.Call`); the arguments are protected by R for the call.
+        unsafe {
+            let p = pool_at(pool).map_err(|e| e.to_string())?;
+            let env = match crate::xvalue::call_envelope(call, vars, None, None, 0.0) {
+                Ok(env) => env,
+                Err(why) => return Ok(failure_sexp("mizu_error_not_portable", &why)),
+            };
+            Ok(
+                match submit_encoded(pool, p, &env).map_err(|e| e.to_string())? {
+                    Ok(t) => crate::handle::task_handle(pool, &p.batch, t),
+                    Err(f) => f.get(),
+                },
+            )
+        }
+    });
+    match r {
+        Ok(x) => x,
+        // SAFETY: R's main thread.
+        Err(m) => unsafe { failure_sexp("mizu_error", &m) },
+    }
+}
+
+/// `c(class, message)`.
+///
+/// # Safety
+/// R's main thread.
+unsafe fn failure_sexp(class: &str, why: &str) -> SEXP {
+    // SAFETY: R's main thread; the vector is protected while its elements are made.
+    unsafe {
+        let v = Rf_protect(extendr_ffi::Rf_allocVector(
+            extendr_ffi::SEXPTYPE::STRSXP,
+            2,
+        ));
+        extendr_ffi::SET_STRING_ELT(v, 0, extendr_ffi::STRING_ELT(mk_string(class), 0));
+        extendr_ffi::SET_STRING_ELT(v, 1, extendr_ffi::STRING_ELT(mk_string(why), 0));
+        Rf_unprotect(1);
+        v
+    }
+}
+
 /// Returns its first argument: what the benchmarks call in place of the submit and collect
 /// routines to time R's own part of a round trip (the closures, their argument matching,
 /// `substitute` and `list(...)`) with nothing sent.
@@ -274,6 +323,7 @@ fn native_routines() -> List {
         ));
         let k = Robj::from_sexp(native_symbol(tasks_ok as One as *const c_void));
         let n = Robj::from_sexp(native_symbol(nop as Three as *const c_void));
+        let x = Robj::from_sexp(native_symbol(submit_xcall as Three as *const c_void));
         List::from_names_and_values(
             [
                 "submit",
@@ -282,8 +332,9 @@ fn native_routines() -> List {
                 "collect_value",
                 "tasks_ok",
                 "nop",
+                "submit_xcall",
             ],
-            [s, e, c, v, k, n],
+            [s, e, c, v, k, n, x],
         )
         .unwrap_or_default()
     }

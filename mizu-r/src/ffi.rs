@@ -74,6 +74,7 @@ unsafe extern "C" {
     pub fn Rf_findVarInFrame(rho: SEXP, symbol: SEXP) -> SEXP;
     pub fn Rf_GetOption1(tag: SEXP) -> SEXP;
     pub fn Rf_ScalarLogical(x: std::ffi::c_int) -> SEXP;
+    pub fn Rf_ScalarReal(x: f64) -> SEXP;
     /// `Rboolean` (an `int` in C).
     pub fn Rf_inherits(x: SEXP, name: *const std::ffi::c_char) -> std::ffi::c_int;
 }

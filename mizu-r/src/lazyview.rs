@@ -353,6 +353,35 @@ pub fn unmodified_source(x: SEXP) -> Option<Source> {
     unsafe { (is_lazy_view(x) && R_altrep_data2(x) == R_NilValue).then(|| state(x).src.clone()) }
 }
 
+/// The Arrow array an unmodified lazy view reads (for a factor, its 0-based keys: the caller
+/// adds the levels), with how its elements convert; `None` for anything else.
+pub fn unmodified_array(x: SEXP) -> Option<(Conv, ArrayRef)> {
+    use arrow_array::{
+        BooleanArray, Date32Array, Float64Array, Int32Array, Int64Array, TimestampMicrosecondArray,
+    };
+    use std::sync::Arc;
+    // SAFETY: `state` and data2 are read only for our lazy views (checked).
+    let st = unsafe {
+        if !is_lazy_view(x) || R_altrep_data2(x) != R_NilValue {
+            return None;
+        }
+        state(x)
+    };
+    let nulls = st.nulls.clone();
+    let a: ArrayRef = match (&st.values, st.conv) {
+        (Values::Bits(b), Conv::Bool) => Arc::new(BooleanArray::new(b.clone(), nulls)),
+        (Values::I32(v), Conv::Date) => Arc::new(Date32Array::new(v.clone(), nulls)),
+        (Values::I32(v), Conv::Int32 | Conv::Codes) => Arc::new(Int32Array::new(v.clone(), nulls)),
+        (Values::I64(v), Conv::Micros) => {
+            Arc::new(TimestampMicrosecondArray::new(v.clone(), nulls))
+        }
+        (Values::I64(v), Conv::Int64) => Arc::new(Int64Array::new(v.clone(), nulls)),
+        (Values::F64(v), Conv::Float64) => Arc::new(Float64Array::new(v.clone(), nulls)),
+        _ => return None,
+    };
+    (a.len() == st.len).then_some((st.conv, a))
+}
+
 /// Whether `x` is a lazy view still reading the shared pages (`Some(false)` once converted).
 pub fn lazy_shared(x: SEXP) -> Option<bool> {
     // SAFETY: data2 is read only for our lazy views (checked).

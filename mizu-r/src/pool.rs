@@ -362,13 +362,22 @@ fn pool_info(pool: Robj) -> Result<List> {
 
 /// Submits a cross-language task to a pool of Python workers: `call` is a `mizu_call()`
 /// (`list(target, source, args, kwargs)`), `extra` (unless NULL) is appended to its arguments
-/// (a map's element), `seed` (NULL or a double holding a 64-bit seed's value, see
-/// `.seed_value`) and `index` select the random stream. The task handle, or a failure
-/// `c(class, message)`.
+/// (a map's element), `seed` (NULL or a whole double) and `index` select the random stream.
+/// The task handle, or a failure `c(class, message)`.
 #[extendr]
-fn pool_submit_xcall(pool: Robj, call: List, extra: Robj, seed: Robj, index: f64) -> Result<Robj> {
+fn pool_submit_xcall(pool: Robj, call: Robj, extra: Robj, seed: Robj, index: f64) -> Result<Robj> {
     let p = pool_ref(&pool)?;
-    let env = match xcall_envelope(&call, &extra, &seed, index) {
+    let seed = if seed.is_null() { None } else { seed.as_real() };
+    // SAFETY: R's main thread; the arguments are held by their Robjs for the call.
+    let env = match unsafe {
+        crate::xvalue::call_envelope(
+            call.get(),
+            R_NilValue_sexp(),
+            (!extra.is_null()).then(|| extra.get()),
+            seed,
+            index,
+        )
+    } {
         Ok(env) => env,
         Err(why) => return Ok(failure("mizu_error_not_portable", why)),
     };
@@ -381,64 +390,10 @@ fn pool_submit_xcall(pool: Robj, call: List, extra: Robj, seed: Robj, index: f64
     })
 }
 
-/// The payload of a cross-language call (see [`pool_submit_xcall`]), or why it cannot cross.
-fn xcall_envelope(
-    call: &List,
-    extra: &Robj,
-    seed: &Robj,
-    index: f64,
-) -> std::result::Result<mizu_wire::envelope::Envelope, String> {
-    let text = |r: &Robj| r.as_str().map(str::to_owned);
-    let target = call
-        .elt(0)
-        .ok()
-        .as_ref()
-        .and_then(text)
-        .ok_or_else(|| "a mizu_call needs a target".to_string())?;
-    let source = call.elt(1).ok().and_then(|s| s.as_bool()).unwrap_or(false);
-    let path_args = |i: usize| format!("argument {}", i + 1);
-    let mut args = Vec::new();
-    if let Ok(a) = call.elt(2)
-        && let Some(l) = a.as_list()
-    {
-        for (i, v) in l.values().enumerate() {
-            args.push(crate::xvalue::from_r(&v, &path_args(i)).map_err(|e| e.to_string())?);
-        }
-    }
-    if !extra.is_null() {
-        let i = args.len();
-        args.push(crate::xvalue::from_r(extra, &path_args(i)).map_err(|e| e.to_string())?);
-    }
-    let mut kwargs = Vec::new();
-    if let Ok(k) = call.elt(3)
-        && let Some(l) = k.as_list()
-    {
-        for (name, v) in l.iter() {
-            let value = crate::xvalue::from_r(&v, name).map_err(|e| e.to_string())?;
-            kwargs.push((name.to_owned(), value));
-        }
-    }
-    let target = if source {
-        mizu_wire::CallTarget::Source(target)
-    } else {
-        mizu_wire::CallTarget::Name(target)
-    };
-    let seed = match seed.as_real() {
-        Some(s) if !seed.is_null() => Some(s as u64),
-        _ => None,
-    };
-    mizu_wire::envelope::Envelope::task(
-        &mizu_wire::Value::Call {
-            target,
-            args,
-            kwargs,
-        },
-        mizu_wire::envelope::Context {
-            seed,
-            index: index as u64,
-        },
-    )
-    .map_err(|e| e.to_string())
+#[allow(non_snake_case)]
+fn R_NilValue_sexp() -> SEXP {
+    // SAFETY: reading R's constant.
+    unsafe { extendr_ffi::R_NilValue }
 }
 
 /// Checks a task message `list(kind, expr, vars)`: every binding is named.

@@ -277,27 +277,31 @@ impl RExec {
             _ => None,
         };
         if let Some(name) = direct {
-            let built = (|| -> Result<Vec<(Option<String>, Robj)>> {
+            // SAFETY: R's main thread; every argument is protected (once each) from the moment
+            // it exists until the task is done; the message holds the call.
+            unsafe {
+                let mut held = 0;
                 let mut parts = Vec::with_capacity(args.len() + kwargs.len());
-                for v in args {
-                    parts.push((None, crate::xvalue::to_r(v)?));
+                let named = args
+                    .into_iter()
+                    .map(|v| (None, v))
+                    .chain(kwargs.into_iter().map(|(k, v)| (Some(k), v)));
+                for (k, v) in named {
+                    match crate::xvalue::to_sexp_protected(v) {
+                        Ok(x) => {
+                            held += 1;
+                            parts.push((k, x));
+                        }
+                        Err(e) => {
+                            Rf_unprotect(held);
+                            return fail(&["mizu_error_not_portable", "mizu_error"], e.to_string());
+                        }
+                    }
                 }
-                for (k, v) in kwargs {
-                    parts.push((Some(k), crate::xvalue::to_r(v)?));
-                }
-                Ok(parts)
-            })();
-            let parts = match built {
-                Ok(p) => p,
-                Err(e) => {
-                    return fail(&["mizu_error_not_portable", "mizu_error"], e.to_string());
-                }
-            };
-            // SAFETY: R's main thread; the argument values are held by their Robjs; the call
-            // is built bottom-up with each new cell protected until the message holds it.
-            let msg = unsafe { call_message(&name, &parts) };
-            // SAFETY: R's main thread; `msg` is held by its Robj for the whole task.
-            return unsafe { self.finish_xlang(self.eval_task(msg.get(), true)) };
+                let msg = Rf_protect(call_message(&name, &parts));
+                let _held = Unprotect(held + 1);
+                return self.finish_xlang(self.eval_task(msg, true));
+            }
         }
         let msg = (|| -> Result<Robj> {
             let (t, source) = match target {
@@ -416,44 +420,50 @@ fn error_envelope(e: &RemoteError) -> Envelope {
     })
 }
 
-/// `list("e", <call>, globalenv())`: an expression task calling the function `name` (`fun`,
-/// or `pkg::fun` / `pkg:::fun`) with `parts` (named ones as named arguments).
+/// `list("e", <call>, globalenv())` (unprotected): an expression task calling the function
+/// `name` (`fun`, or `pkg::fun` / `pkg:::fun`) with `parts` (named ones as named arguments).
 ///
 /// # Safety
-/// R's main thread; the values in `parts` are protected by their Robjs.
-unsafe fn call_message(name: &str, parts: &[(Option<String>, Robj)]) -> Robj {
+/// R's main thread; the values in `parts` are protected by the caller.
+unsafe fn call_message(name: &str, parts: &[(Option<String>, SEXP)]) -> SEXP {
     use extendr_ffi::{R_GlobalEnv, R_NilValue, Rf_cons, Rf_install, Rf_lcons, SET_TAG};
     let sym = |s: &str| {
         let c = std::ffi::CString::new(s).unwrap_or_default();
         // SAFETY: R's main thread; installing a symbol only reads or extends the table.
         unsafe { Rf_install(c.as_ptr()) }
     };
-    // SAFETY: as the caller promises; every new cell is protected until the end.
+    // SAFETY: as the caller promises; every new cell is protected until the message holds it.
     unsafe {
         let mut n = 0;
         let fun = match name.split_once(":::").or_else(|| name.split_once("::")) {
             Some((pkg, f)) => {
-                n = 1;
                 let op = if name.contains(":::") { ":::" } else { "::" };
                 let tail = Rf_protect(Rf_cons(sym(f), R_NilValue));
                 let tail = Rf_protect(Rf_cons(sym(pkg), tail));
                 let c = Rf_protect(Rf_lcons(sym(op), tail));
-                Rf_unprotect(3);
-                Rf_protect(c)
+                n += 3;
+                c
             }
             None => sym(name),
         };
         let mut tail = R_NilValue;
         for (tag, v) in parts.iter().rev() {
-            tail = Rf_protect(Rf_cons(v.get(), tail));
+            tail = Rf_protect(Rf_cons(*v, tail));
             n += 1;
             if let Some(t) = tag {
                 SET_TAG(tail, sym(t));
             }
         }
-        let call = Robj::from_sexp(Rf_lcons(fun, tail));
-        Rf_unprotect(n);
-        List::from_values([Robj::from("e"), call, Robj::from_sexp(R_GlobalEnv)]).into()
+        let call = Rf_protect(Rf_lcons(fun, tail));
+        let msg = Rf_protect(extendr_ffi::Rf_allocVector(
+            extendr_ffi::SEXPTYPE::VECSXP,
+            3,
+        ));
+        extendr_ffi::SET_VECTOR_ELT(msg, 0, crate::handle::mk_string("e"));
+        extendr_ffi::SET_VECTOR_ELT(msg, 1, call);
+        extendr_ffi::SET_VECTOR_ELT(msg, 2, R_GlobalEnv);
+        Rf_unprotect(n + 2);
+        msg
     }
 }
 

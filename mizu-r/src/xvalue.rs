@@ -443,8 +443,138 @@ pub fn to_r(v: Value) -> Result<Robj> {
     })
 }
 
+/// An array another writer made (pyarrow, polars, pandas) in the R mapping's types: narrower
+/// integers widen to int32, unsigned and float32 to float64, int64 becomes `integer64`,
+/// dictionaries of strings become factors (int32 keys), timestamps and durations of any unit
+/// become microseconds, date64 becomes date32. `None`: no R counterpart.
+fn normalize(field: &Field, array: &ArrayRef) -> Option<(Field, ArrayRef)> {
+    use arrow_array::types::*;
+    use arrow_array::{DictionaryArray, PrimitiveArray};
+    use arrow_schema::TimeUnit;
+    use std::collections::HashMap;
+    let mut meta: HashMap<String, String> = field.metadata().clone().into();
+    meta.remove(rmeta::CLASS);
+    let out: ArrayRef = match array.data_type() {
+        DataType::Int8 => Arc::new(
+            array
+                .as_primitive::<Int8Type>()
+                .unary::<_, Int32Type>(i32::from),
+        ),
+        DataType::Int16 => Arc::new(
+            array
+                .as_primitive::<Int16Type>()
+                .unary::<_, Int32Type>(i32::from),
+        ),
+        DataType::UInt16 => Arc::new(
+            array
+                .as_primitive::<UInt16Type>()
+                .unary::<_, Int32Type>(i32::from),
+        ),
+        DataType::UInt32 => Arc::new(
+            array
+                .as_primitive::<UInt32Type>()
+                .unary::<_, Float64Type>(f64::from),
+        ),
+        DataType::UInt64 => Arc::new(
+            array
+                .as_primitive::<UInt64Type>()
+                .unary::<_, Float64Type>(|v| v as f64),
+        ),
+        DataType::Float32 => Arc::new(
+            array
+                .as_primitive::<Float32Type>()
+                .unary::<_, Float64Type>(f64::from),
+        ),
+        DataType::Int64 => {
+            meta.insert(rmeta::CLASS.into(), "integer64".into());
+            array.clone()
+        }
+        DataType::Date64 => Arc::new(
+            array
+                .as_primitive::<Date64Type>()
+                .unary::<_, Date32Type>(|ms| ms.div_euclid(86_400_000) as i32),
+        ),
+        DataType::Timestamp(unit, tz) => {
+            let per_us = |v: i64| match unit {
+                TimeUnit::Second => v.saturating_mul(1_000_000),
+                TimeUnit::Millisecond => v.saturating_mul(1_000),
+                TimeUnit::Microsecond => v,
+                TimeUnit::Nanosecond => v.div_euclid(1_000),
+            };
+            let a: PrimitiveArray<TimestampMicrosecondType> = match unit {
+                TimeUnit::Second => array.as_primitive::<TimestampSecondType>().unary(per_us),
+                TimeUnit::Millisecond => array
+                    .as_primitive::<TimestampMillisecondType>()
+                    .unary(per_us),
+                TimeUnit::Microsecond => array
+                    .as_primitive::<TimestampMicrosecondType>()
+                    .unary(per_us),
+                TimeUnit::Nanosecond => array
+                    .as_primitive::<TimestampNanosecondType>()
+                    .unary(per_us),
+            };
+            meta.remove(rmeta::TZ);
+            Arc::new(a.with_timezone_opt(tz.clone()))
+        }
+        DataType::Duration(unit) => {
+            let per_us = |v: i64| match unit {
+                TimeUnit::Second => v.saturating_mul(1_000_000),
+                TimeUnit::Millisecond => v.saturating_mul(1_000),
+                TimeUnit::Microsecond => v,
+                TimeUnit::Nanosecond => v.div_euclid(1_000),
+            };
+            let a: PrimitiveArray<DurationMicrosecondType> = match unit {
+                TimeUnit::Second => array.as_primitive::<DurationSecondType>().unary(per_us),
+                TimeUnit::Millisecond => array
+                    .as_primitive::<DurationMillisecondType>()
+                    .unary(per_us),
+                TimeUnit::Microsecond => array
+                    .as_primitive::<DurationMicrosecondType>()
+                    .unary(per_us),
+                TimeUnit::Nanosecond => {
+                    array.as_primitive::<DurationNanosecondType>().unary(per_us)
+                }
+            };
+            Arc::new(a)
+        }
+        DataType::Dictionary(k, v) if matches!(**v, DataType::Utf8 | DataType::LargeUtf8) => {
+            macro_rules! keys {
+                ($t:ty) => {{
+                    let d = array.as_dictionary::<$t>();
+                    (
+                        d.keys().unary::<_, Int32Type>(|k| k as i32),
+                        d.values().clone(),
+                    )
+                }};
+            }
+            let (keys, values) = match **k {
+                DataType::Int8 => keys!(Int8Type),
+                DataType::Int16 => keys!(Int16Type),
+                DataType::Int32 => keys!(Int32Type),
+                DataType::Int64 => keys!(Int64Type),
+                DataType::UInt8 => keys!(UInt8Type),
+                DataType::UInt16 => keys!(UInt16Type),
+                DataType::UInt32 => keys!(UInt32Type),
+                _ => return None,
+            };
+            let d = DictionaryArray::<Int32Type>::try_new(keys, values).ok()?;
+            meta.insert(rmeta::CLASS.into(), "factor".into());
+            Arc::new(d)
+        }
+        _ => return None,
+    };
+    let f = Field::new(field.name(), out.data_type().clone(), true).with_metadata(meta);
+    rmeta::classify(&f).ok()?;
+    Some((f, out))
+}
+
 /// One received array as an R vector with its attributes.
 fn column(field: &Field, array: &ArrayRef) -> Result<Robj> {
+    if rmeta::classify(field).is_err()
+        && let Some((f, a)) = normalize(field, array)
+    {
+        return column(&f, &a);
+    }
     let t = rmeta::classify(field).map_err(rerr)?;
     let dim = rmeta::dim(field, array.len()).map_err(rerr)?;
     let src = Source {
@@ -540,12 +670,171 @@ fn data_frame(batch: &RecordBatch) -> Result<Robj> {
     Ok(df)
 }
 
-/// Reads `x` as a raw `SEXP` for [`from_r`].
+/// The payload of a cross-language task: `call` a `mizu_call()` (`list(target, source, args,
+/// kwargs)`), `vars` further keyword arguments (a named list, or NULL), `extra` appended to the
+/// arguments (a map's element), the random stream `(seed, index)`. `Err`: why it cannot cross.
+///
+/// # Safety
+/// R's main thread; the arguments are live and protected until the payload is written (arrays
+/// lend their memory).
+pub unsafe fn call_envelope(
+    call: SEXP,
+    vars: SEXP,
+    extra: Option<SEXP>,
+    seed: Option<f64>,
+    index: f64,
+) -> std::result::Result<mizu_wire::envelope::Envelope, String> {
+    // SAFETY: as the caller promises.
+    let (call, vars) = unsafe { (Robj::from_sexp(call), Robj::from_sexp(vars)) };
+    if !call.inherits("mizu_call") {
+        return Err("a pool of Python workers runs mizu_call() tasks, not R expressions".into());
+    }
+    let l = call.as_list().ok_or("a mizu_call is a list")?;
+    let part = |i: usize| l.elt(i).ok();
+    let target = part(0)
+        .and_then(|t| t.as_str().map(str::to_owned))
+        .ok_or("a mizu_call needs a target")?;
+    let source = part(1).and_then(|s| s.as_bool()).unwrap_or(false);
+    let mut args = Vec::new();
+    if let Some(a) = part(2) {
+        // SAFETY: `a` is held by its Robj; its elements live as long as it does.
+        unsafe {
+            let a = a.get();
+            if extendr_ffi::TYPEOF(a) == extendr_ffi::SEXPTYPE::VECSXP {
+                for i in 0..extendr_ffi::XLENGTH(a) {
+                    let v = extendr_ffi::VECTOR_ELT(a, i);
+                    let path = || format!("argument {}", i + 1);
+                    args.push(from_sexp(v, &path()).map_err(|e| e.to_string())?);
+                }
+            }
+        }
+    }
+    if let Some(x) = extra {
+        if source {
+            return Err("mizu_map() needs a mizu_call() that names a function".into());
+        }
+        // SAFETY: as the caller promises.
+        let x = unsafe { Robj::from_sexp(x) };
+        let i = args.len();
+        args.push(from_r(&x, &format!("argument {}", i + 1)).map_err(|e| e.to_string())?);
+    }
+    let mut kwargs = Vec::new();
+    for kw in [part(3), Some(vars)].into_iter().flatten() {
+        if let Some(k) = kw.as_list() {
+            for (name, v) in k.iter() {
+                if name.is_empty() || name == "NA" {
+                    return Err("keyword arguments must be named".into());
+                }
+                // SAFETY: `v` is held by its Robj (an element of the held list).
+                let value = unsafe { from_sexp(v.get(), name) }.map_err(|e| e.to_string())?;
+                kwargs.push((name.to_owned(), value));
+            }
+        }
+    }
+    let target = if source {
+        mizu_wire::CallTarget::Source(target)
+    } else {
+        mizu_wire::CallTarget::Name(target)
+    };
+    mizu_wire::envelope::Envelope::task(
+        &Value::Call {
+            target,
+            args,
+            kwargs,
+        },
+        mizu_wire::envelope::Context {
+            seed: seed.map(|s| s as u64),
+            index: index as u64,
+        },
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// [`from_r`] of a raw `SEXP`: plain scalars (and `NULL`) are read without an R handle
+/// (extendr's handles cost a table update each, more than the rest of a small task).
 ///
 /// # Safety
 /// `x` is a live R object, protected for as long as the returned value lives.
 pub unsafe fn from_sexp(x: SEXP, path: &str) -> std::result::Result<Value, NotPortable> {
-    // SAFETY: as the caller promises.
-    let r = unsafe { Robj::from_sexp(x) };
-    from_r(&r, path)
+    use extendr_ffi::{
+        INTEGER, LOGICAL, R_CHAR, R_NaString, R_NilValue, REAL, SEXPTYPE, STRING_ELT, TYPEOF,
+        XLENGTH,
+    };
+    // SAFETY: as the caller promises; types, lengths and attributes are checked before
+    // elements are read.
+    unsafe {
+        let t = TYPEOF(x);
+        if t == SEXPTYPE::NILSXP {
+            return Ok(Value::None);
+        }
+        let atomic = matches!(
+            t,
+            SEXPTYPE::LGLSXP | SEXPTYPE::INTSXP | SEXPTYPE::REALSXP | SEXPTYPE::STRSXP
+        );
+        // (XLENGTH only of vectors: of an environment, say, it raises an R error.)
+        if atomic && crate::ffi::ATTRIB(x) == R_NilValue && XLENGTH(x) == 1 {
+            match t {
+                SEXPTYPE::LGLSXP => {
+                    let v = *LOGICAL(x);
+                    return Ok(if v == rmeta::NA_INTEGER {
+                        Value::None
+                    } else {
+                        Value::Bool(v != 0)
+                    });
+                }
+                SEXPTYPE::INTSXP => {
+                    let v = *INTEGER(x);
+                    return Ok(if v == rmeta::NA_INTEGER {
+                        Value::None
+                    } else {
+                        Value::Int(i64::from(v))
+                    });
+                }
+                SEXPTYPE::REALSXP => return Ok(Value::Float(*REAL(x))),
+                SEXPTYPE::STRSXP => {
+                    let c = STRING_ELT(x, 0);
+                    if c == R_NaString {
+                        return Ok(Value::None);
+                    }
+                    let b = std::ffi::CStr::from_ptr(R_CHAR(c)).to_bytes();
+                    if (b.is_ascii() || crate::ffi::Rf_getCharCE(c) == 1)
+                        && let Ok(s) = std::str::from_utf8(b)
+                    {
+                        return Ok(Value::Str(s.to_owned()));
+                    }
+                }
+                _ => {}
+            }
+        }
+        let r = Robj::from_sexp(x);
+        from_r(&r, path)
+    }
+}
+
+/// [`to_r`] as a raw `SEXP`, protected once (the caller unprotects it): scalars are made
+/// without an R handle.
+///
+/// # Safety
+/// R's main thread.
+pub unsafe fn to_sexp_protected(v: Value) -> Result<SEXP> {
+    use extendr_ffi::{R_NilValue, Rf_ScalarInteger, Rf_protect};
+    // SAFETY: R's main thread; each new value is protected before anything else allocates.
+    unsafe {
+        let fresh = match &v {
+            Value::None => Some(R_NilValue),
+            Value::Bool(b) => Some(crate::ffi::Rf_ScalarLogical(i32::from(*b))),
+            Value::Int(i) => match i32::try_from(*i) {
+                Ok(x) if x != rmeta::NA_INTEGER => Some(Rf_ScalarInteger(x)),
+                _ => Some(crate::ffi::Rf_ScalarReal(*i as f64)),
+            },
+            Value::Float(f) => Some(crate::ffi::Rf_ScalarReal(*f)),
+            Value::Str(s) => Some(crate::handle::mk_string(s)),
+            _ => None,
+        };
+        if let Some(x) = fresh {
+            return Ok(Rf_protect(x));
+        }
+        let r = to_r(v)?;
+        Ok(Rf_protect(r.get()))
+    }
 }

@@ -263,7 +263,24 @@ fn bench(root: &Path) -> Res {
     )?;
     pool_bench(root)?;
     python_bench(root, false)?;
-    r::r_bench(root, false)
+    r::r_bench(root, false)?;
+    interop_bench(root, false)
+}
+
+/// Python and R serving each other (`mizu-py/benchmarks/interop.py`): trivial calls both ways
+/// beside each language's own, and a data frame relayed Python -> R -> Python beside CSV and
+/// Arrow IPC files (`quick`: fewer repetitions and a smaller frame, for the demo).
+fn interop_bench(root: &Path, quick: bool) -> Res {
+    let py = venv(root)?;
+    r::rpkg(root)?;
+    let mut cmd = Command::new(&py);
+    cmd.arg("mizu-py/benchmarks/interop.py")
+        .env("R_LIBS", r::rlib(root))
+        .env("MIZU_PYTHON", &py);
+    if quick {
+        cmd.arg("--quick");
+    }
+    run(root, &mut cmd)
 }
 
 fn pool_bench(root: &Path) -> Res {
@@ -315,13 +332,15 @@ fn demo(root: &Path) -> Res {
     eprintln!(
         "mizu demo: pymizu (Pool and PoolExecutor) against ProcessPoolExecutor,\n\
          multiprocessing.Pool, loky and ThreadPoolExecutor on the same work; the mizu R package\n\
-         against parallel (PSOCK cluster, mclapply/mcparallel) and future (multisession); then\n\
+         against parallel (PSOCK cluster, mclapply/mcparallel) and future (multisession); Python\n\
+         and R serving each other (beside CSV and Arrow IPC files for data frames); then\n\
          the Rust pool against a socketpair request/response pool (how ProcessPoolExecutor and\n\
          mirai work) and a thread pool; then the shared-memory ring underneath — all side by\n\
          side in one run."
     );
     python_bench(root, true)?;
     r::r_bench(root, true)?;
+    interop_bench(root, true)?;
     pool_bench(root)?;
     run(
         root,

@@ -7,10 +7,16 @@ use std::process::Command;
 use crate::{Res, run, which};
 
 /// Debian packages the R side needs: R itself (with headers, for building the package), the
-/// test framework, and the peers the benchmarks compare against (`parallel` ships with R).
-const DEBIAN_PACKAGES: &[&str] = &["r-base-dev", "r-cran-testthat", "r-cran-future"];
+/// test framework, and the peers the benchmarks compare against (`parallel` ships with R;
+/// `data.table` reads and writes the CSV files of the cross-language benchmark's peer).
+const DEBIAN_PACKAGES: &[&str] = &[
+    "r-base-dev",
+    "r-cran-testthat",
+    "r-cran-future",
+    "r-cran-data.table",
+];
 /// R packages that must load for the tests and benchmarks.
-const R_PACKAGES: &[&str] = &["testthat", "future"];
+const R_PACKAGES: &[&str] = &["testthat", "future", "data.table"];
 
 /// Where `cargo xtask rpkg` installs the package (kept out of the system library).
 pub fn rlib(root: &Path) -> PathBuf {

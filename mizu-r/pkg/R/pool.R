@@ -83,6 +83,7 @@ mizu_pool <- function(n_workers = 1L, exec_timeout = NULL, submit_timeout = NULL
              .secs(exec_timeout, "exec_timeout"), .secs(submit_timeout, "submit_timeout"),
              respawn, language == "python")
   if (is.character(p)) .raise_failure(p)
+  if (language == "python") attr(p, "mizu_xsubmit") <- .xsubmit_caller
   p
 }
 
@@ -245,22 +246,17 @@ print.mizu_call <- function(x, ...) {
 
 # Called by the native submit (src/shims.c) for mizu_submit() to a pool of another language's
 # workers: the frame below this one is mizu_submit's, whose `expr` (a promise of the caller's
-# mizu_call()) is forced there.
+# mizu_call()) is forced there; `vars` are further keyword arguments.
 .xsubmit_caller <- function(pool, vars) {
-  frames <- sys.frames()
-  .xsubmit(pool, eval(quote(expr), frames[[length(frames) - 1L]]), vars)
+  r <- .Call(.native_submit_xcall, pool, eval(quote(expr), sys.frame(-1L)), vars)
+  if (is.character(r)) .raise_failure(r)
+  r
 }
 
-# mizu_submit() to a pool of another language's workers: `call` is the value of its `expr`
-# (a mizu_call), `vars` further named arguments. Called by the native submit (src/shims.c).
+# A map element's task for a pool of another language's workers (see .xmap).
 .xsubmit <- function(pool, call, vars, extra = NULL, seed = NULL, index = 0) {
-  if (is.character(call) && length(call) == 1L) call <- mizu_call(call)
-  if (!inherits(call, "mizu_call")) {
-    stop("a pool of Python workers runs mizu_call() tasks, not R expressions",
-         call. = FALSE)
-  }
   if (length(vars)) call$kwargs <- c(call$kwargs, vars)
-  r <- .Call(wrap__pool_submit_xcall, pool, unclass(call), extra, seed, as.numeric(index))
+  r <- .Call(wrap__pool_submit_xcall, pool, call, extra, seed, as.numeric(index))
   if (is.character(r)) .raise_failure(r)
   r
 }

@@ -24,17 +24,23 @@ static SEXP mizu_call1(const char *fun, SEXP arg) {
 
 /* mizu_submit(): the task handle, or the failure `c(class, message)` raised. A pool of
  * another language's workers answers "mizu_foreign": its task is the value of mizu_submit's
- * `expr` (a mizu_call()), which .xsubmit_caller() forces in mizu_submit's frame. */
+ * `expr` (a mizu_call()), which .xsubmit_caller() (the pool's attribute "mizu_xsubmit")
+ * forces in mizu_submit's frame. */
 SEXP mizu_submit_shim(SEXP pool, SEXP expr, SEXP vars) {
     SEXP r = mizu_rs_submit_expr(pool, expr, vars);
     if (TYPEOF(r) != STRSXP) return r;
     PROTECT(r);
     if (XLENGTH(r) == 2 && strcmp(CHAR(STRING_ELT(r, 0)), "mizu_foreign") == 0) {
-        SEXP name = PROTECT(mkString("mizu"));
-        SEXP ns = PROTECT(R_FindNamespace(name));
-        SEXP call = PROTECT(lang3(install(".xsubmit_caller"), pool, vars));
-        SEXP t = eval(call, ns);
-        UNPROTECT(4);
+        /* The pool handle carries the function (set by mizu_pool()): no namespace lookup,
+         * which costs an R call, on this path. */
+        SEXP f = getAttrib(pool, install("mizu_xsubmit"));
+        if (TYPEOF(f) != CLOSXP) {
+            UNPROTECT(1);
+            error("mizu: this pool handle has no cross-language submit");
+        }
+        SEXP call = PROTECT(lang3(f, pool, vars));
+        SEXP t = eval(call, R_GlobalEnv);
+        UNPROTECT(2);
         return t;
     }
     mizu_call1(".raise_failure", r);

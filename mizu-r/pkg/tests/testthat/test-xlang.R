@@ -72,6 +72,12 @@ test_that("values that cannot cross fail at submit, naming where they sit", {
     e <- tryCatch(mizu_submit(pool, mizu_call("builtins.len", function(x) x)), error = function(e) e)
     expect_s3_class(e, "mizu_error_not_portable")
     expect_error(mizu_submit(pool, 1 + 1), "mizu_call")
+    # A result that cannot cross fails its task, naming what it was.
+    e <- tryCatch(mizu_collect(mizu_submit(pool, mizu_call(source = "{1, 2}"))),
+                  error = function(e) e)
+    expect_s3_class(e, "mizu_error_python")
+    expect_match(conditionMessage(e), "result: a set cannot cross")
+    expect_identical(mizu_collect(mizu_submit(pool, mizu_call("builtins.abs", -1L))), 1L)
   })
 })
 
