@@ -358,5 +358,12 @@ fn python_bench(root: &Path, quick: bool) -> Res {
     if quick {
         cmd.arg("--quick");
     }
+    run(root, &mut cmd)?;
+    // Every way of waiting for a completion (as_completed, callbacks, asyncio, ...).
+    let mut cmd = Command::new(&py);
+    cmd.arg("mizu-py/benchmarks/waits.py");
+    if quick {
+        cmd.arg("--quick");
+    }
     run(root, &mut cmd)
 }

@@ -6,12 +6,14 @@ import threading
 import time
 from concurrent.futures import Executor, Future
 
-from . import _codec
+from . import _codec, _native
 from ._errors import CancelledError
 from ._pool import Pool, _run_chunk
 
 
 _PENDING, _FINISHED = "PENDING", "FINISHED"
+# Seconds a future's first waiter other than `result()` looks for the outcome itself.
+_WATCH_SPIN = 20e-6
 
 
 def _lazy_list(key: str) -> property:
@@ -44,13 +46,32 @@ class _MizuFuture(Future):
     _exception = None
     _task = None
     _pending = None
+    _kick = None
 
     @property
     def _condition(self):
         d = self.__dict__
         c = d.get("_cond")
         if c is None:
+            # Someone other than `result()` is about to wait on this future (`wait`,
+            # `as_completed`, a done-callback, asyncio). A short task's outcome arrives within
+            # microseconds: look for it first (as `result()` does), so that such a caller
+            # finds the future finished instead of waiting for two thread wake-ups.
+            task = self._task
+            if self._state == _PENDING and task is not None:
+                end = time.perf_counter() + _WATCH_SPIN
+                while not task.done() and time.perf_counter() < end:
+                    pass
+                if task.done():
+                    outcome = task._outcome(0.0)
+                    # (A cancelled task settles through `cancel()`, which needs the condition.)
+                    if outcome is not None and not isinstance(outcome[1], CancelledError):
+                        self._settle(outcome)
             c = d.setdefault("_cond", threading.Condition())
+            # Else the collector thread watches it from now on.
+            kick = self._kick
+            if kick is not None and self._state == _PENDING:
+                kick()
         return c
 
     _waiters = _lazy_list("_waiter_list")
@@ -125,7 +146,13 @@ class _MizuFuture(Future):
             if self._state == _PENDING and not self._task.cancel():
                 return False
         self._pending.pop(self, None)
-        return super().cancel()
+        if not super().cancel():
+            return False
+        # The task will never run: what ProcessPoolExecutor does when it drops a cancelled
+        # work item, so that `wait` and `as_completed` count the future as done.
+        if self._state == "CANCELLED":
+            self.set_running_or_notify_cancel()
+        return True
 
 
 _new_future = object.__new__
@@ -165,6 +192,9 @@ class PoolExecutor(Executor):
         # Futures not settled yet (settling removes them): what the collector looks at.
         self._pending: dict[_MizuFuture, None] = {}
         self._wakeup = threading.Event()
+        self._kick = self._wakeup.set
+        # Rounds the collector thread made (tests: it waits for events, it does not poll).
+        self._collector_rounds = 0
         self._shutdown = False
         self._collector = threading.Thread(target=self._collect, name="pymizu-collector", daemon=True)
         self._collector.start()
@@ -182,6 +212,7 @@ class PoolExecutor(Executor):
         fut = _new_future(_MizuFuture)
         fut._task = task = self._pool.submit_call(fn, *args, **kwargs)
         fut._pending = pending = self._pending
+        fut._kick = self._kick
         pending[fut] = None
         if self._shutdown:
             pending.pop(fut, None)
@@ -197,6 +228,7 @@ class PoolExecutor(Executor):
             fut = _new_future(_MizuFuture)
             fut._task = self._pool.submit(data, bufs)
             fut._pending = self._pending
+            fut._kick = self._kick
             self._pending[fut] = None
             return fut
 
@@ -234,38 +266,37 @@ class PoolExecutor(Executor):
         return results()
 
     def _collect(self) -> None:
-        """Completes futures nobody is waiting on directly (callbacks, `wait`, `as_completed`).
+        """Completes the futures somebody other than `result()` waits on: `wait`,
+        `as_completed`, done-callbacks (asyncio's `wrap_future`, `run_in_executor`, Dask,
+        joblib). Such a future has a condition (`_condition` makes it and kicks this thread).
 
-        Callers that wait on their own futures settle them in their thread; then this thread
-        finds nothing to do and backs off, so it seldom competes with them for the GIL.
+        While any is pending, this thread waits natively (GIL released) for the tasks of
+        those futures — the pool wakes it when one finishes, after a short spin — and settles
+        them at once. With none watched it sleeps on its event: nothing spins or polls while
+        nothing is pending, and callers blocked in `result()` settle their own futures.
         """
-        delay = 0.0002
-        seen: dict[_MizuFuture, float] = {}  # when this thread first saw each pending future
         while True:
+            self._collector_rounds += 1
             with self._lock:
                 pending = list(self._pending)
                 if self._shutdown and not pending:
                     return
                 closing = self._shutdown
-            progressed = False
-            now = time.monotonic()
-            seen = {f: seen.get(f, now) for f in pending}
-            for fut in pending:
-                # A caller blocked in `result()` collects its own future faster than this
-                # thread can hand it over: settle only futures someone else waits on (`wait`,
-                # `as_completed`, callbacks), old ones, or any when slots run out.
-                d = fut.__dict__
-                waited = d.get("_waiter_list") or d.get("_callback_list")
-                wanted = waited or closing or now - seen[fut] > 0.01
-                if wanted and fut._task.done():
+            watched = [f for f in pending if closing or "_cond" in f.__dict__]
+            settled = False
+            for fut in watched:
+                if fut._task.done():
                     fut._settle(fut._task._outcome(0.0))
-                    progressed = True
-            if progressed:
-                delay = 0.0002
+                    settled = True
+            if settled:
+                continue
+            if watched:
+                # Returns when one of them finishes (or after a slice: a kick for another
+                # future, or shutdown, is seen then at the latest).
+                _native.wait_any([f._task for f in watched], 0.05)
             else:
-                self._wakeup.wait(delay if pending else 0.05)
-                self._wakeup.clear()
-                delay = min(delay * 2, 0.02)
+                self._wakeup.wait()
+            self._wakeup.clear()
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:

@@ -102,12 +102,21 @@ class _Watcher:
 
 
 _watcher: _Watcher | None = None
+# Seconds `await task` looks for the outcome itself before waiting in the event loop.
+_AWAIT_SPIN = 20e-6
 _watcher_lock = threading.Lock()
 
 
 def _await_task(task: Task):
     """`Task.__await__`: waits in the event loop (the watcher thread wakes it)."""
     global _watcher
+    if not task.done():
+        # A short task's outcome arrives within microseconds: look for it (GIL held, the
+        # loop blocked for at most this long) before handing the wait to the watcher thread,
+        # whose wake-ups cost two thread switches.
+        end = time.perf_counter() + _AWAIT_SPIN
+        while not task.done() and time.perf_counter() < end:
+            pass
     if not task.done():
         loop = asyncio.get_running_loop()
         fut = loop.create_future()

@@ -1,0 +1,99 @@
+"""Every way of waiting for a PoolExecutor future or a Pool task is woken by the completion
+itself: `as_completed`, `wait`, done-callbacks, `asyncio.wrap_future`, `run_in_executor` and
+`await task` — and nothing polls while nothing is pending."""
+
+import asyncio
+import concurrent.futures as cf
+import threading
+import time
+
+import pytest
+
+import pymizu
+import tasks
+
+
+@pytest.fixture
+def ex():
+    with pymizu.PoolExecutor(1) as e:
+        yield e
+
+
+def test_an_idle_collector_makes_no_rounds(ex):
+    for i in range(20):
+        assert ex.submit(tasks.add, i, 1).result(timeout=60) == i + 1
+    f = ex.submit(tasks.add, 1, 1)
+    cf.wait([f], timeout=60)
+    time.sleep(0.05)
+    before = ex._collector_rounds
+    time.sleep(0.3)
+    # No timer: with nothing watched, the collector sleeps until it is kicked.
+    assert ex._collector_rounds == before
+
+
+def test_a_done_callback_runs_when_the_task_finishes_not_on_a_timer(ex):
+    ran = []
+    done = threading.Event()
+    f = ex.submit(tasks.sleep, 0.4)
+    before = ex._collector_rounds
+    f.add_done_callback(lambda fut: (ran.append(threading.current_thread().name), done.set()))
+    assert done.wait(60)
+    assert ran == ["pymizu-collector"]
+    # It waited for the pool's wake-up: a few bounded waits, not a polling loop (a 200 us
+    # poll would have made ~2000 rounds in 0.4 s).
+    assert ex._collector_rounds - before < 30
+
+
+def test_as_completed_and_wait_see_completions_in_order(ex):
+    slow = ex.submit(tasks.sleep, 0.5)
+    with pymizu.PoolExecutor(1) as other:
+        fast = other.submit(tasks.add, 1, 2)
+        order = [f for f in cf.as_completed([slow, fast], timeout=60)]
+        assert order[0] is fast and order[1] is slow
+    f = ex.submit(tasks.sleep, 0.2)
+    done, not_done = cf.wait([f], timeout=60, return_when=cf.FIRST_COMPLETED)
+    assert done == {f} and not not_done
+
+
+def test_short_tasks_are_already_finished_when_a_waiter_looks(ex):
+    # The first waiter other than result() looks for the outcome itself for a moment: a
+    # trivial task's future is finished by then, so as_completed needs no wake-up at all.
+    for _ in range(50):
+        f = ex.submit(tasks.add, 2, 2)
+        (got,) = list(cf.as_completed([f], timeout=60))
+        assert got.result() == 4
+
+
+def test_asyncio_paths(ex):
+    async def main():
+        loop = asyncio.get_running_loop()
+        a = await asyncio.wrap_future(ex.submit(tasks.add, 1, 1))
+        b = await loop.run_in_executor(ex, tasks.add, 2, 2)
+        slow = await asyncio.wrap_future(ex.submit(tasks.sleep, 0.2))
+        return a, b, slow
+
+    assert asyncio.run(main()) == (2, 4, 0.2)
+
+
+def test_awaiting_pool_tasks():
+    with pymizu.Pool(1) as p:
+
+        async def main():
+            quick = [await p.submit(tasks.add, i, i) for i in range(20)]
+            slow = await p.submit(tasks.sleep, 0.2)
+            both = await asyncio.gather(p.submit(tasks.add, 1, 1), p.submit(tasks.sleep, 0.1))
+            return quick, slow, both
+
+        quick, slow, both = asyncio.run(main())
+        assert quick == [2 * i for i in range(20)]
+        assert slow == 0.2 and both == [2, 0.1]
+
+
+def test_a_cancelled_future_seen_by_a_waiter(ex):
+    blocker = ex.submit(tasks.sleep, 0.3)
+    queued = ex.submit(tasks.add, 1, 1)
+    if queued.cancel():
+        done, _ = cf.wait([queued], timeout=60)
+        assert done == {queued} and queued.cancelled()
+        assert queued.cancel()  # again: still cancelled, no error
+    assert blocker.result(timeout=60) == 0.3
