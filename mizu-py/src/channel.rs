@@ -104,6 +104,31 @@ impl Channel {
 
     /// Waits at most `timeout` seconds (forever when None) for a message: `(status, pickle,
     /// buffers)` with status 0 message, 1 timeout, 2 closed, 3 peer gone.
+    /// Sends values in the cross-language format (a channel to a peer of another language),
+    /// without blocking: `(sent, status)` as `send_batch`.
+    fn send_values(&self, py: Python<'_>, objs: Vec<Bound<'_, PyAny>>) -> PyResult<(usize, u8)> {
+        forked(self.pid)?;
+        let bytes = objs
+            .iter()
+            .enumerate()
+            .map(|(i, o)| {
+                crate::xlang::at(format!("message {i}: "), || crate::xlang::value_payload(o))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let r = py.detach(|| {
+            let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            c.send_batch(bytes.iter().map(Vec::as_slice))
+        });
+        match r {
+            Ok(n) if n == bytes.len() => Ok((n, 0)),
+            Ok(n) => Ok((n, 1)),
+            Err(e) => Ok((0, send_status(&e)?)),
+        }
+    }
+
+    /// Waits for a message: `(status, data, buffers)` — status 0 a Python payload (`data` and
+    /// `buffers` to unpickle), 4 a cross-language value (`data` is the value), 1 timeout,
+    /// 2 closed, 3 peer gone.
     #[pyo3(signature = (timeout=None))]
     fn recv(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<(u8, Py<PyAny>, Py<PyList>)> {
         forked(self.pid)?;
@@ -124,6 +149,10 @@ impl Channel {
                 c.recv(Some(slice))
             });
             match r {
+                Ok(buf) if mizu_wire::envelope::is_envelope(&buf) => {
+                    let (_, v) = crate::xlang::outcome(py, &buf)?;
+                    return Ok((4, v, PyList::empty(py).unbind()));
+                }
                 Ok(buf) => {
                     let (d, b) = decode(py, buf)?;
                     return Ok((0, d, b));

@@ -377,6 +377,15 @@ pub(crate) fn task_envelope(
     Envelope::task(&value, Context { seed, index }).map_err(|e| not_portable(e.to_string()))
 }
 
+/// A value as a cross-language value payload (a channel message to a peer of another
+/// language).
+pub(crate) fn value_payload(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    let v = crate::wire::from_py(obj)?;
+    Envelope::value(&v)
+        .map(|e| e.to_vec())
+        .map_err(|e| not_portable(e.to_string()))
+}
+
 /// `(ok, value or exception)` of a cross-language outcome payload.
 pub(crate) fn outcome(py: Python<'_>, payload: &Buffer) -> PyResult<(bool, Py<PyAny>)> {
     match envelope::read(payload).map_err(crate::err)? {

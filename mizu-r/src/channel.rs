@@ -21,6 +21,8 @@ pub struct RChannel {
     /// peer belongs to the parent).
     inner: ManuallyDrop<RefCell<mizu_pool::Channel>>,
     pid: u32,
+    /// The peer is of another language (Python): messages are cross-language values.
+    foreign: std::cell::Cell<bool>,
 }
 
 impl Drop for RChannel {
@@ -36,6 +38,7 @@ fn wrap(c: mizu_pool::Channel) -> Robj {
     ExternalPtr::new(RChannel {
         inner: ManuallyDrop::new(RefCell::new(c)),
         pid: mizu_shm::current_pid(),
+        foreign: std::cell::Cell::new(false),
     })
     .into()
 }
@@ -74,10 +77,26 @@ fn channel_attach(token: &str) -> Result<Robj> {
 #[extendr]
 fn channel_send_batch(ch: Robj, payloads: List) -> Result<Vec<i32>> {
     let c = chan(&ch)?;
-    let bytes: Vec<Vec<u8>> = payloads
-        .values()
-        .map(|v| Outgoing::encode(&v).map(|o| o.to_vec()))
-        .collect::<Result<_>>()?;
+    let bytes: Vec<Vec<u8>> = if c.foreign.get() {
+        payloads
+            .values()
+            .enumerate()
+            .map(|(i, v)| {
+                // SAFETY: `v` is held by the list (protected by its Robj) for the call.
+                let value =
+                    unsafe { crate::xvalue::from_sexp(v.get(), &format!("message {}", i + 1)) }
+                        .map_err(|e| rerr(format!("mizu_error_not_portable: {e}")))?;
+                mizu_wire::envelope::Envelope::value(&value)
+                    .map(|e| e.to_vec())
+                    .map_err(rerr)
+            })
+            .collect::<Result<_>>()?
+    } else {
+        payloads
+            .values()
+            .map(|v| Outgoing::encode(&v).map(|o| o.to_vec()))
+            .collect::<Result<_>>()?
+    };
     let r = c
         .inner
         .borrow_mut()
@@ -129,6 +148,14 @@ fn channel_recv(ch: Robj, timeout: f64) -> Result<List> {
     }
 }
 
+/// Marks the channel's peer as one of another language (messages cross as cross-language
+/// values).
+#[extendr]
+fn channel_set_foreign(ch: Robj) -> Result<()> {
+    chan(&ch)?.foreign.set(true);
+    Ok(())
+}
+
 /// Closes this side: the peer reads what was sent, then sees the channel closed.
 #[extendr]
 fn channel_close(ch: Robj) -> Result<()> {
@@ -174,6 +201,7 @@ extendr_module! {
     mod channel;
     fn channel_launch;
     fn channel_attach;
+    fn channel_set_foreign;
     fn channel_send_batch;
     fn channel_recv;
     fn channel_close;

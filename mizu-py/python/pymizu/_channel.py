@@ -50,24 +50,46 @@ class Channel:
     a spawned peer.
     """
 
-    def __init__(self, native):
+    def __init__(self, native, foreign: bool = False):
         self._c = native
+        # A peer of another language: messages are cross-language values (docs/interop.md).
+        self._foreign = foreign
 
     @classmethod
-    def spawn(cls, source: str, *, capacity: int = 1024, slot_size: int = 256, timeout: float = 30.0) -> "Channel":
-        """Starts `python -m pymizu._peer` running `source` (with `channel` defined)."""
-        fd, path = tempfile.mkstemp(prefix="pymizu-peer-", suffix=".py")
+    def spawn(
+        cls,
+        source: str,
+        *,
+        capacity: int = 1024,
+        slot_size: int = 256,
+        timeout: float = 30.0,
+        language: str = "python",
+    ) -> "Channel":
+        """Starts a peer running `source` with `channel` (its end) defined: Python
+        (`python -m pymizu._peer`) or, with `language="r"`, R code in `Rscript` with the mizu R
+        package (messages then cross as `docs/interop.md` says)."""
+        if language not in ("python", "r"):
+            raise ValueError(f'language must be "python" or "r", got {language!r}')
+        suffix = ".R" if language == "r" else ".py"
+        fd, path = tempfile.mkstemp(prefix="pymizu-peer-", suffix=suffix)
         with os.fdopen(fd, "w") as f:
             f.write(source)
         try:
+            if language == "r":
+                from ._pool import _r_worker_command
+
+                rscript, _ = _r_worker_command(None)
+                args = ["--no-save", "--no-restore", "--no-echo", "-e", "mizu:::.channel_main_x()", path]
+                return cls(_native.Channel.launch(rscript, args, capacity, slot_size, timeout), True)
             return cls(_native.Channel.launch(sys.executable, ["-m", "pymizu._peer", path], capacity, slot_size, timeout))
         finally:
             os.unlink(path)  # the peer read it before attaching
 
     @classmethod
-    def attach(cls, token: str) -> "Channel":
-        """The other end of a channel whose token this process was given."""
-        return cls(_native.Channel.attach(token))
+    def attach(cls, token: str, *, language: str = "python") -> "Channel":
+        """The other end of a channel whose token this process was given (`language`: the
+        other end's)."""
+        return cls(_native.Channel.attach(token), language != "python")
 
     @property
     def token(self) -> str:
@@ -76,13 +98,19 @@ class Channel:
 
     def send(self, obj: Any):
         """Sends `obj` without blocking: True, or `FULL` / `CLOSED` / `PEER_GONE`."""
-        n, status = self._c.send_batch([_codec.dumps(obj)])
+        if self._foreign:
+            n, status = self._c.send_values([obj])
+        else:
+            n, status = self._c.send_batch([_codec.dumps(obj)])
         return True if n == 1 else _SEND[status]
 
     def send_batch(self, objs: Iterable[Any]):
         """Sends as many of `objs` as fit now, with one publication: how many were sent
         (`CLOSED` / `PEER_GONE` when none could be)."""
-        n, status = self._c.send_batch([_codec.dumps(o) for o in objs])
+        if self._foreign:
+            n, status = self._c.send_values(list(objs))
+        else:
+            n, status = self._c.send_batch([_codec.dumps(o) for o in objs])
         if n == 0 and status in (2, 3):
             return _SEND[status]
         return n
@@ -93,6 +121,8 @@ class Channel:
         status, data, bufs = self._c.recv(timeout)
         if status == 0:
             return _codec.loads(data, buffers=bufs)
+        if status == 4:
+            return data
         return _RECV[status]
 
     def recv_batch(self, max_items: int, timeout: float | None = None) -> list:

@@ -1,4 +1,5 @@
-"""A channel peer: `python -m pymizu._peer <source file> <token>` (started by `Channel.spawn`)."""
+"""A channel peer: `python -m pymizu._peer [--xlang] <source file> <token>` (started by
+`Channel.spawn`, or with --xlang by R's `mizu_channel(language = "python")`)."""
 
 import sys
 
@@ -6,11 +7,16 @@ from ._channel import Channel
 
 
 def main() -> None:
-    if len(sys.argv) != 3:
-        sys.exit("usage: python -m pymizu._peer <source file> <token>")
-    with open(sys.argv[1]) as f:
+    argv = sys.argv[1:]
+    # --xlang: the other end is R (mizu_channel(language = "python")): cross-language values.
+    foreign = bool(argv) and argv[0] == "--xlang"
+    if foreign:
+        argv = argv[1:]
+    if len(argv) != 2:
+        sys.exit("usage: python -m pymizu._peer [--xlang] <source file> <token>")
+    with open(argv[0]) as f:
         source = f.read()
-    channel = Channel.attach(sys.argv[2])
+    channel = Channel.attach(argv[1], language="r" if foreign else "python")
     try:
         exec(compile(source, "<pymizu channel peer>", "exec"), {"__name__": "__pymizu_peer__", "channel": channel})
     finally:

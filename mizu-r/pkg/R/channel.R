@@ -12,6 +12,9 @@
 #' @param .capacity Messages each direction can hold before [mizu_send()] returns
 #'   `mizu_full` (rounded up to a power of two).
 #' @param .timeout Seconds to wait for the peer to start.
+#' @param language `"r"`, or `"python"`: then `expr` is a string of Python source code, run
+#'   by `python -m pymizu._peer` (the interpreter in `MIZU_PYTHON` or `python3`) with
+#'   `channel` bound to its end (a `pymizu.Channel`); values cross as `docs/interop.md` says.
 #' @return A `mizu_channel`.
 #' @examples
 #' \donttest{
@@ -27,7 +30,10 @@
 #' mizu_close(ch)
 #' }
 #' @export
-mizu_channel <- function(expr, ..., .capacity = 1024, .timeout = 60) {
+mizu_channel <- function(expr, ..., .capacity = 1024, .timeout = 60,
+                         language = c("r", "python")) {
+  language <- match.arg(language)
+  if (language == "python") return(.python_channel(expr, .capacity, .timeout, ...))
   vars <- list(...)
   if (length(vars) && (is.null(names(vars)) || any(names(vars) == ""))) {
     stop("the values in `...` must be named: they are the bindings the expression sees",
@@ -39,6 +45,45 @@ mizu_channel <- function(expr, ..., .capacity = 1024, .timeout = 60) {
   r <- .Call(wrap__channel_send_batch, ptr, list(list(substitute(expr), vars)))
   if (r[[1]] != 1L) stop("mizu: the channel peer did not take its task", call. = FALSE)
   ch
+}
+
+# A channel to a Python peer running `source` (a string of Python code) with `channel` bound
+# to its end (`python -m pymizu._peer --xlang`); messages cross as docs/interop.md says.
+.python_channel <- function(source, capacity, timeout, ...) {
+  if (length(list(...))) {
+    stop("a Python peer gets no R bindings: put values in its source or send them",
+         call. = FALSE)
+  }
+  if (!is.character(source) || length(source) != 1L || is.na(source)) {
+    stop("for a Python peer, the first argument is its Python source code (one string)",
+         call. = FALSE)
+  }
+  f <- tempfile("mizu-peer-", fileext = ".py")
+  writeLines(source, f)
+  on.exit(unlink(f))   # the peer read it before attaching
+  ptr <- .Call(wrap__channel_launch, .python_program(),
+               c("-m", "pymizu._peer", "--xlang", f), as.numeric(capacity),
+               .secs(timeout, ".timeout"))
+  .Call(wrap__channel_set_foreign, ptr)
+  .new_channel(ptr)
+}
+
+# The peer of a Python program's channel (pymizu.Channel.spawn(source, language="r")):
+# Rscript -e "mizu:::.channel_main_x()" <source file> <token>.
+.channel_main_x <- function() {
+  a <- commandArgs(trailingOnly = TRUE)
+  n <- length(a)
+  .attach_self()
+  src <- readLines(a[[n - 1L]], warn = FALSE)
+  ptr <- .Call(wrap__channel_attach, a[[n]])
+  .Call(wrap__channel_set_foreign, ptr)
+  ch <- .new_channel(ptr)
+  env <- new.env(parent = globalenv())
+  assign("channel", ch, envir = env)
+  tryCatch({
+    for (e in parse(text = src, keep.source = FALSE)) eval(e, env)
+  }, finally = mizu_close(ch, wait = 0))
+  invisible()
 }
 
 .new_channel <- function(ptr) {

@@ -122,3 +122,54 @@ test_that("a missing Python is a clear error at pool start", {
   Sys.setenv(MIZU_PYTHON = "/nonexistent/python3")
   expect_error(mizu_pool(1, language = "python"), "pymizu")
 })
+
+test_that("a channel to a Python peer, both ways", {
+  src <- paste("import numpy as np",
+               "for m in channel:",
+               "    channel.send({'sum': float(np.sum(m['x'])), 'n': len(m['x']), 'tag': m['tag']})",
+               sep = "\n")
+  ch <- mizu_channel(src, language = "python")
+  expect_true(mizu_send(ch, list(x = c(1, 2, 3.5), tag = "a")))
+  expect_identical(mizu_recv(ch, timeout = 60), list(sum = 6.5, n = 3L, tag = "a"))
+  # (Vectors of one element are scalars in Python: these have two or more.)
+  xs <- lapply(1:3, function(i) list(x = as.numeric(seq_len(i + 1)), tag = "b"))
+  expect_identical(mizu_send_batch(ch, xs), 3L)
+  got <- lapply(1:3, function(i) mizu_recv(ch, timeout = 60)$n)
+  expect_identical(got, list(2L, 3L, 4L))
+  expect_error(mizu_send(ch, list(x = new.env())), "environment cannot cross")
+  expect_identical(mizu_close(ch, wait = 30), 0L)
+})
+
+test_that("a killed Python peer is mizu_peer_gone", {
+  ch <- mizu_channel("import os, time\nchannel.send(os.getpid())\ntime.sleep(60)", language = "python")
+  pid <- mizu_recv(ch, timeout = 60)
+  tools::pskill(pid, tools::SIGKILL)
+  expect_identical(mizu_recv(ch, timeout = 60), mizu_peer_gone)
+  mizu_close(ch, wait = 0)
+})
+
+test_that("random data frames cross R -> Python (pyarrow) -> R unchanged", {
+  set.seed(2026)
+  with_pool(1, language = "python", function(pool) {
+    via <- mizu_call(source = "import pyarrow as pa\npa.table(x)")
+    for (k in 1:25) {
+      n <- sample(c(1L, 2L, 17L, 1000L, 5000L), 1L)
+      na <- function(v) { v[runif(n) < 0.1] <- NA; v }
+      cols <- list()
+      for (j in seq_len(sample(1:6, 1L))) {
+        cols[[paste0("c", j)]] <- switch(sample(1:7, 1L),
+          na(rnorm(n)),
+          na(sample.int(1e6, n, replace = TRUE)),
+          na(runif(n) < 0.5),
+          na(sample(c("a", "b\u00e9", "", "\u6c34"), n, replace = TRUE)),
+          na(factor(sample(c("x", "y", "z"), n, replace = TRUE), levels = c("z", "y", "x"))),
+          na(as.Date("1960-01-01") + sample(-5000:40000, n, replace = TRUE)),
+          na(as.POSIXct(round(runif(n, -1e9, 2e9)), origin = "1970-01-01", tz = "UTC")))
+      }
+      df <- as.data.frame(cols, stringsAsFactors = FALSE)
+      mizu_submit(pool, via, x = df) -> t
+      back <- mizu_collect(t)
+      expect_identical(back, df)
+    }
+  })
+})
