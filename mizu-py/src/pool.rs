@@ -188,20 +188,22 @@ impl Pool {
     /// `Task` objects to make room (or it waits for a task to finish).
     #[pyo3(signature = (pickle, buffers=None))]
     fn submit(
-        &self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         pickle: &[u8],
         buffers: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Task> {
+        let py = slf.py();
+        let this = slf.get();
         let out = match buffers {
             Some(b) => Outgoing::new(py, pickle, b)?,
             None => Outgoing::new(py, pickle, &py.None().into_bound(py))?,
         };
-        self.with(|pool| {
-            submit_draining(py, &self.tasks, false, out.size(), |t| {
+        this.with(|pool| {
+            submit_draining(py, &this.tasks, false, out.size(), |t| {
                 pool.submit_with(&out, t)
             })
         })
+        .map(|t| t.kept(slf.as_any()))
     }
 
     /// Submits a call of the function pickled (by reference) as `head` when every argument
@@ -209,20 +211,20 @@ impl Pool {
     /// an argument is not small.
     #[pyo3(signature = (head, args, kwargs=None))]
     fn submit_small(
-        &self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         head: &[u8],
         args: &Bound<'_, PyTuple>,
         kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Option<Task>> {
+        let (py, this) = (slf.py(), slf.get());
         let Some(payload) = crate::small::encode_call(head, args, kwargs) else {
             return Ok(None);
         };
-        self.with(|pool| {
-            submit_draining(py, &self.tasks, false, payload.len(), |t| {
+        this.with(|pool| {
+            submit_draining(py, &this.tasks, false, payload.len(), |t| {
                 pool.submit_with(&payload, t)
             })
-            .map(Some)
+            .map(|t| Some(t.kept(slf.as_any())))
         })
     }
 
@@ -233,20 +235,22 @@ impl Pool {
     /// outcomes move into their `Task` objects to make room (or it waits for one).
     #[pyo3(signature = (fn_, /, *args, **kwargs))]
     fn submit_call(
-        &self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         fn_: &Bound<'_, PyAny>,
         args: &Bound<'_, PyTuple>,
         kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Task> {
+        let (py, this) = (slf.py(), slf.get());
         match crate::small::call_payload(fn_, args, kwargs)? {
-            crate::small::CallPayload::Small(payload) => self.with(|pool| {
-                submit_draining(py, &self.tasks, false, payload.len(), |t| {
-                    pool.submit_with(&payload, t)
+            crate::small::CallPayload::Small(payload) => this
+                .with(|pool| {
+                    submit_draining(py, &this.tasks, false, payload.len(), |t| {
+                        pool.submit_with(&payload, t)
+                    })
                 })
-            }),
+                .map(|t| t.kept(slf.as_any())),
             crate::small::CallPayload::Pickled(data, bufs) => {
-                self.submit(py, data.as_bytes(), Some(&bufs))
+                Pool::submit(slf, data.as_bytes(), Some(&bufs))
             }
         }
     }
@@ -255,19 +259,20 @@ impl Pool {
     /// its arguments when given (a map's element), under the random stream `(seed, index)`.
     #[pyo3(signature = (call, extra=None, seed=None, index=0))]
     fn submit_xcall(
-        &self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         call: &Bound<'_, PyAny>,
         extra: Option<&Bound<'_, PyAny>>,
         seed: Option<u64>,
         index: u64,
     ) -> PyResult<Task> {
+        let (py, this) = (slf.py(), slf.get());
         let env = crate::xlang::task_envelope(call, extra, seed, index)?;
-        self.with(|pool| {
-            submit_draining(py, &self.tasks, false, env.len(), |t| {
+        this.with(|pool| {
+            submit_draining(py, &this.tasks, false, env.len(), |t| {
                 pool.submit_with(&env, t)
             })
         })
+        .map(|t| t.kept(slf.as_any()))
     }
 
     /// Submits a cross-language task per element of `items` (each appended to `call`'s
@@ -275,8 +280,7 @@ impl Pool {
     /// per worker queue.
     #[pyo3(signature = (call, items, seed=None, offset=0))]
     fn submit_xmap(
-        &self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         call: &Bound<'_, PyAny>,
         items: Vec<Bound<'_, PyAny>>,
         seed: Option<u64>,
@@ -291,7 +295,8 @@ impl Pool {
                 })
             })
             .collect::<PyResult<Vec<_>>>()?;
-        self.with(|pool| {
+        let (py, this) = (slf.py(), slf.get());
+        this.with(|pool| {
             let mut done: Vec<Task> = Vec::with_capacity(envs.len());
             while done.len() < envs.len() {
                 let rest = &envs[done.len()..];
@@ -301,12 +306,15 @@ impl Pool {
                         Some(crate::task::SLICE),
                     )
                 });
-                done.extend(ts.into_iter().map(|t| Task::new(t, &self.tasks, false)));
+                done.extend(
+                    ts.into_iter()
+                        .map(|t| Task::new(t, &this.tasks, false).kept(slf.as_any())),
+                );
                 match r {
                     Ok(()) => {}
                     Err(PoolError::SubmitTimeout(_)) => py.check_signals()?,
                     Err(PoolError::SlotsExhausted(_)) => {
-                        py.detach(|| self.tasks.drain());
+                        py.detach(|| this.tasks.drain());
                         py.check_signals()?;
                     }
                     Err(e) => return Err(submit_error(e)),
@@ -319,16 +327,17 @@ impl Pool {
     /// Submits several pickled calls (`[(pickle, buffers), ...]`) with one publication per
     /// worker queue, making room as `submit` does.
     fn submit_batch(
-        &self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         calls: Vec<(Py<PyBytes>, Py<PyAny>)>,
     ) -> PyResult<Vec<Task>> {
+        let (py, this) = (slf.py(), slf.get());
         let outs = outgoing(py, &calls)?;
-        self.with(|pool| {
-            submit_all_draining(py, &self.tasks, false, &outs, |rest, slice| {
+        this.with(|pool| {
+            submit_all_draining(py, &this.tasks, false, &outs, |rest, slice| {
                 pool.submit_batch_with(rest.iter().map(|o| o as &dyn Fill), Some(slice))
             })
         })
+        .map(|ts| ts.into_iter().map(|t| t.kept(slf.as_any())).collect())
     }
 
     /// Per worker: (slot, pid, state, busy, tasks, steals).

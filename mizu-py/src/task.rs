@@ -208,6 +208,9 @@ pub struct Task {
     cell: Arc<Cell>,
     pid: u32,
     nested: bool,
+    /// The pool that runs it, kept alive while the task is (`Pool(2).submit(f, x).result()`
+    /// works as with `ProcessPoolExecutor`).
+    pool: Option<Py<PyAny>>,
 }
 
 impl Task {
@@ -222,7 +225,14 @@ impl Task {
             cell,
             pid: mizu_shm::current_pid(),
             nested,
+            pool: None,
         }
+    }
+
+    /// The task, keeping `pool` alive while it lives.
+    pub(crate) fn kept(mut self, pool: &Bound<'_, PyAny>) -> Task {
+        self.pool = Some(pool.clone().unbind());
+        self
     }
 
     /// The outcome `(ok, value)`, waiting at most `timeout` (None: not finished in time).

@@ -1,7 +1,8 @@
 """Pickling for payloads: protocol 5 with out-of-band buffers (numpy, pandas, pyarrow, and
 anything else exporting `PickleBuffer`s), which the native layer lays out in shared memory and
 the receiver reads in place. polars frames and series travel as Arrow (zero-copy both ways);
-what plain pickle refuses (lambdas, local functions) is retried with cloudpickle when installed.
+what plain pickle refuses (lambdas, local functions) is retried with cloudpickle, and what an
+interactive session (REPL, `python -c`, Jupyter) defines travels by value with it.
 """
 
 from __future__ import annotations
@@ -25,10 +26,21 @@ _SCALARS = frozenset((int, float, str, bool, type(None), bytes))
 _NO_BUFFERS: tuple = ()
 
 
+def interactive_main() -> bool:
+    """Whether `__main__` is an interactive session (the REPL, `python -c`, a Jupyter or
+    IPython kernel): its functions and classes cannot be found by name in a worker, which
+    imports the caller's script only when there is one."""
+    main = sys.modules.get("__main__")
+    return main is None or not getattr(main, "__file__", None) or "ipykernel" in sys.modules
+
+
 def fn_ref(fn) -> bytes | None:
     """The pickle (by reference, cached) of a module-level function or class; None for
-    anything else (closures, callables with state), which must be pickled with each call."""
+    anything else (closures, callables with state, and what an interactive session defined),
+    which must be pickled with each call."""
     if type(fn) not in _FN_TYPES:
+        return None
+    if getattr(fn, "__module__", None) == "__main__" and interactive_main():
         return None
     if type(fn) is types.BuiltinFunctionType and not isinstance(fn.__self__, (types.ModuleType, type(None))):
         return None  # a bound method of a builtin object (`d.get`) pickles its object by value
@@ -100,16 +112,33 @@ def dumps(obj) -> tuple[bytes, list]:
     """`(pickle, out-of-band buffers)` for `obj`."""
     np = sys.modules.get("numpy")
     if np is not None and _has_array(obj, np.ndarray):
-        return _dumps_arrays(obj)
-    bufs: list = []
-    try:
-        data = _dumps(obj, 5, buffer_callback=bufs.append)
-    except Exception as e:
-        return _dumps_fallback(obj, e)
-    # polars pickles frames as in-band IPC bytes; its module name in the pickle says so.
-    if b"polars" in data and "polars" in sys.modules:
-        return _dumps_with_arrow(obj)
+        data, bufs = _dumps_arrays(obj)
+    else:
+        bufs = []
+        try:
+            data = _dumps(obj, 5, buffer_callback=bufs.append)
+        except Exception as e:
+            return _dumps_fallback(obj, e)
+        # polars pickles frames as in-band IPC bytes; its module name in the pickle says so.
+        if b"polars" in data and "polars" in sys.modules:
+            data, bufs = _dumps_with_arrow(obj)
+    # Functions, classes and instances an interactive session defined travel by value (a
+    # worker cannot import them by name), as loky does.
+    if b"__main__" in data and interactive_main():
+        return _dumps_by_value(obj)
     return data, bufs
+
+
+def _dumps_by_value(obj) -> tuple[bytes, list]:
+    try:
+        import cloudpickle
+    except ImportError:
+        raise pickle.PicklingError(
+            "functions and classes defined in an interactive session (REPL, python -c, Jupyter) "
+            "travel by value with cloudpickle: pip install cloudpickle"
+        ) from None
+    bufs: list = []
+    return cloudpickle.dumps(obj, 5, buffer_callback=bufs.append), bufs
 
 
 def _has_array(obj, ndarray) -> bool:
