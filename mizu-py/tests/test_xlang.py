@@ -283,3 +283,43 @@ def test_random_frames_python_to_r_and_back(rpool):
                 assert np.array_equal(x, y, equal_nan=True)
             else:
                 assert b.to_pylist() == a.to_pylist(), name
+
+
+def test_more_rows_of_the_mapping(rpool):
+    ident = pymizu.call("identity")
+    # uint32 and uint64 become doubles; float32 widens exactly.
+    got = rpool.submit(pymizu.call(source="typeof(x)", x=np.array([1, 2], dtype=np.uint32))).result()
+    assert got == "double"
+    assert rpool.submit(ident, np.array([2**40, 7], dtype=np.uint64)).result().tolist() == [2.0**40, 7.0]
+    # NaN payloads survive both ways (R's NA_real_ is one).
+    na_bits = rpool.submit(pymizu.call(source="NA_real_")).result()
+    assert np.float64(na_bits).view(np.uint64) == 0x7FF00000000007A2
+    weird = np.array([0x7FF8DEADBEEF0001, 0], dtype=np.uint64).view(np.float64)
+    assert rpool.submit(ident, weird).result().view(np.uint64)[0] == 0x7FF8DEADBEEF0001
+    assert np.float64(rpool.submit(ident, float(weird[0])).result()).view(np.uint64) == 0x7FF8DEADBEEF0001
+    # int64 NA is R's integer64 NA, and back.
+    a = np.array([5, np.iinfo(np.int64).min, -7], dtype=np.int64)
+    assert rpool.submit(pymizu.call(source="class(x)", x=a)).result() == "integer64"
+    back = pa.array(rpool.submit(ident, a).result())
+    assert back.to_pylist() == [5, None, -7]
+    # Time zones, ordered factors and difftime units come back as they were.
+    ts = pa.array([0, 1_700_000_000_000_000], type=pa.timestamp("us", tz="America/New_York"))
+    got = pa.array(rpool.submit(ident, ts).result())
+    assert got.type == pa.timestamp("us", tz="America/New_York") and got.to_pylist() == ts.to_pylist()
+    assert rpool.submit(pymizu.call(source='attr(x, "tzone")', x=ts)).result() == "America/New_York"
+    o = rpool.submit(pymizu.call(source='factor(c("lo", "hi", "lo"), levels = c("lo", "hi"), ordered = TRUE)')).result()
+    assert pa.array(o).to_pylist() == ["lo", "hi", "lo"]
+    assert rpool.submit(pymizu.call(source="class(x)", x=o)).result().tolist() == ["ordered", "factor"]
+    d = rpool.submit(pymizu.call(source='as.difftime(c(1.5, 3), units = "hours")')).result()
+    assert d.dtype == np.dtype("m8[us]") and d.tolist()[0].total_seconds() == 5400.0
+    # An n-dimensional array keeps every element at its index.
+    cube = np.arange(24.0).reshape(2, 3, 4)
+    assert rpool.submit(pymizu.call(source="x[2, 3, 4]", x=cube)).result() == cube[1, 2, 3]
+    assert rpool.submit(ident, cube).result().tolist() == cube.tolist()
+    # Data frames from polars and pyarrow too.
+    import polars as pl
+
+    pf = pl.DataFrame({"a": [1, 2, 3], "s": ["x", None, "z"]})
+    t = pa.table(rpool.submit(ident, pf).result())
+    assert t.column("s").to_pylist() == ["x", None, "z"]
+    assert t.column("a").to_pylist() == [1, 2, 3]

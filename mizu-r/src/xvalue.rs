@@ -445,6 +445,7 @@ pub fn to_r(v: Value) -> Result<Robj> {
 
 /// An array another writer made (pyarrow, polars, pandas) in the R mapping's types: narrower
 /// integers widen to int32, unsigned and float32 to float64, int64 becomes `integer64`,
+/// string views become utf8,
 /// dictionaries of strings become factors (int32 keys), timestamps and durations of any unit
 /// become microseconds, date64 becomes date32. `None`: no R counterpart.
 fn normalize(field: &Field, array: &ArrayRef) -> Option<(Field, ArrayRef)> {
@@ -537,7 +538,18 @@ fn normalize(field: &Field, array: &ArrayRef) -> Option<(Field, ArrayRef)> {
             };
             Arc::new(a)
         }
-        DataType::Dictionary(k, v) if matches!(**v, DataType::Utf8 | DataType::LargeUtf8) => {
+        DataType::Utf8View => Arc::new(
+            array
+                .as_string_view()
+                .iter()
+                .collect::<arrow_array::StringArray>(),
+        ),
+        DataType::Dictionary(k, v)
+            if matches!(
+                **v,
+                DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+            ) =>
+        {
             macro_rules! keys {
                 ($t:ty) => {{
                     let d = array.as_dictionary::<$t>();
@@ -556,6 +568,15 @@ fn normalize(field: &Field, array: &ArrayRef) -> Option<(Field, ArrayRef)> {
                 DataType::UInt16 => keys!(UInt16Type),
                 DataType::UInt32 => keys!(UInt32Type),
                 _ => return None,
+            };
+            let values: ArrayRef = match values.data_type() {
+                DataType::Utf8View => Arc::new(
+                    values
+                        .as_string_view()
+                        .iter()
+                        .collect::<arrow_array::StringArray>(),
+                ),
+                _ => values,
             };
             let d = DictionaryArray::<Int32Type>::try_new(keys, values).ok()?;
             meta.insert(rmeta::CLASS.into(), "factor".into());

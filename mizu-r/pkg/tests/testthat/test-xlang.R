@@ -173,3 +173,26 @@ test_that("random data frames cross R -> Python (pyarrow) -> R unchanged", {
     }
   })
 })
+
+test_that("more rows of the mapping, R -> Python -> R", {
+  with_pool(1, language = "python", function(pool) {
+    ident <- function(v) mizu_collect(mizu_submit(pool, mizu_call(source = "x", x = v)))
+    tm <- as.POSIXct(c("2024-03-10 01:30:00", NA, "2024-11-03 12:00:00"), tz = "America/New_York")
+    expect_identical(ident(tm), tm)
+    d <- as.difftime(c(1.5, NA, 3), units = "hours")
+    expect_identical(ident(d), d)
+    o <- factor(c("lo", "hi", NA, "lo"), levels = c("lo", "hi"), ordered = TRUE)
+    expect_identical(ident(o), o)
+    i64 <- structure(c(1, 2), class = "integer64")   # bit64's layout: the doubles hold int64 bits
+    expect_identical(ident(i64), i64)
+    expect_identical(ident(c(a = 1.5, b = 2)), list(a = 1.5, b = 2))   # a named vector is a dict
+    expect_identical(ident(NA_real_), NA_real_)                        # the NA payload survives
+    expect_identical(ident(NA), NULL)                                 # a logical NA is None
+    a <- array(as.numeric(1:24), dim = c(2, 3, 4))
+    expect_identical(ident(a), a)
+    expect_identical(mizu_collect(mizu_submit(pool, mizu_call(source = "float(x[1, 2, 3])", x = a))),
+                     a[2, 3, 4])
+    e <- tryCatch(mizu_submit(pool, mizu_call("builtins.len", 1:3 + 0i)), error = function(e) e)
+    expect_s3_class(e, "mizu_error_not_portable")
+  })
+})
