@@ -63,6 +63,9 @@ fn export_array<'py>(
 pub struct ArrowArray {
     field: FieldRef,
     array: ArrayRef,
+    /// Its standalone encoding in shared memory, when it was received so: sent on, it
+    /// travels as a reference.
+    src: Option<Buffer>,
 }
 
 #[pymethods]
@@ -110,6 +113,8 @@ impl ArrowArray {
 #[pyclass(module = "pymizu._native", frozen)]
 pub struct ArrowTable {
     batch: RecordBatch,
+    /// As for [`ArrowArray`].
+    src: Option<Buffer>,
 }
 
 #[pymethods]
@@ -240,9 +245,53 @@ pub(crate) fn to_py(py: Python<'_>, v: Value) -> PyResult<Py<PyAny>> {
             }
             call_class(py)?.call1((t, source, a, k))?.unbind()
         }
-        Value::Array { field, array } => Py::new(py, ArrowArray { field, array })?.into_any(),
-        Value::Table(batch) => Py::new(py, ArrowTable { batch })?.into_any(),
+        Value::Array { field, array } => Py::new(
+            py,
+            ArrowArray {
+                field,
+                array,
+                src: None,
+            },
+        )?
+        .into_any(),
+        Value::Table(batch) => Py::new(py, ArrowTable { batch, src: None })?.into_any(),
+        Value::Shared { bytes, value } => shared_to_py(py, bytes, *value)?,
     })
+}
+
+/// An array or table received in shared memory, remembering where (see [`ArrowArray`]).
+pub(crate) fn shared_to_py(py: Python<'_>, bytes: Buffer, v: Value) -> PyResult<Py<PyAny>> {
+    Ok(match v {
+        Value::Array { field, array } => Py::new(
+            py,
+            ArrowArray {
+                field,
+                array,
+                src: Some(bytes),
+            },
+        )?
+        .into_any(),
+        Value::Table(batch) => Py::new(
+            py,
+            ArrowTable {
+                batch,
+                src: Some(bytes),
+            },
+        )?
+        .into_any(),
+        v => to_py(py, v)?,
+    })
+}
+
+/// A value that was received as `src` (see [`ArrowArray`]).
+fn maybe_shared(src: &Option<Buffer>, v: Value) -> Value {
+    match src {
+        Some(bytes) => Value::Shared {
+            bytes: bytes.clone(),
+            value: Box::new(v),
+        },
+        None => v,
+    }
 }
 
 /// A Python object as a value; a clear `TypeError` for what cannot cross languages.
@@ -281,13 +330,15 @@ pub(crate) fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
     }
     if let Ok(a) = obj.cast::<ArrowArray>() {
         let a = a.get();
-        return Ok(Value::Array {
+        let v = Value::Array {
             field: a.field.clone(),
             array: a.array.clone(),
-        });
+        };
+        return Ok(maybe_shared(&a.src, v));
     }
     if let Ok(t) = obj.cast::<ArrowTable>() {
-        return Ok(Value::Table(t.get().batch.clone()));
+        let t = t.get();
+        return Ok(maybe_shared(&t.src, Value::Table(t.batch.clone())));
     }
     // Before tuples: `Call` is a named tuple.
     if obj.is_instance(&call_class(py)?)? {

@@ -208,7 +208,12 @@ fn view(
 /// numbers, dates and times without nulls (and doubles whose nulls hold NaN), a numpy copy for
 /// booleans, doubles with other nulls and strings, else the `ArrowArray` itself (factors,
 /// integers, booleans and strings with NA, zoned timestamps: any Arrow consumer takes it).
-fn array_to_py(py: Python<'_>, field: Arc<Field>, array: ArrayRef) -> PyResult<Py<PyAny>> {
+fn array_to_py(
+    py: Python<'_>,
+    field: Arc<Field>,
+    array: ArrayRef,
+    src: Option<Buffer>,
+) -> PyResult<Py<PyAny>> {
     let dim =
         mizu_wire::rmeta::dim(&field, array.len()).map_err(|e| not_portable(e.to_string()))?;
     let no_nulls = array.null_count() == 0;
@@ -291,7 +296,10 @@ fn array_to_py(py: Python<'_>, field: Arc<Field>, array: ArrayRef) -> PyResult<P
         }
         _ => {}
     }
-    crate::wire::to_py(py, Value::Array { field, array })
+    match src {
+        Some(bytes) => crate::wire::shared_to_py(py, bytes, Value::Array { field, array }),
+        None => crate::wire::to_py(py, Value::Array { field, array }),
+    }
 }
 
 /// A decoded value as the Python object users expect (see [`array_to_py`]); tables stay
@@ -312,8 +320,36 @@ pub(crate) fn to_py_natural(py: Python<'_>, v: Value) -> PyResult<Py<PyAny>> {
             }
             Ok(d.into_any().unbind())
         }
-        Value::Array { field, array } => array_to_py(py, field, array),
+        Value::Array { field, array } => array_to_py(py, field, array, None),
+        Value::Shared { bytes, value } => match *value {
+            Value::Array { field, array } => array_to_py(py, field, array, Some(bytes)),
+            v => crate::wire::shared_to_py(py, bytes, v),
+        },
         v => crate::wire::to_py(py, v),
+    }
+}
+
+/// `v` with its arrays and tables in the R mapping's types where they are not (pandas'
+/// int8-keyed categoricals, nanosecond timestamps, string views, ...; see
+/// `mizu_wire::rmeta::normalize`), so that an R receiver views them as they are and can send
+/// them back by reference.
+fn for_r(v: Value) -> Value {
+    use mizu_wire::rmeta;
+    match v {
+        Value::Table(b) => Value::Table(rmeta::normalize_batch(b)),
+        Value::Array { field, array } => match rmeta::classify(&field) {
+            Ok(_) => Value::Array { field, array },
+            Err(_) => match rmeta::normalize(&field, &array) {
+                Some((f, a)) => Value::Array {
+                    field: Arc::new(f),
+                    array: a,
+                },
+                None => Value::Array { field, array },
+            },
+        },
+        Value::List(items) => Value::List(items.into_iter().map(for_r).collect()),
+        Value::Dict(kv) => Value::Dict(kv.into_iter().map(|(k, v)| (k, for_r(v))).collect()),
+        v => v,
     }
 }
 
@@ -341,7 +377,9 @@ pub(crate) fn task_envelope(
     let mut args = Vec::new();
     for (i, a) in call.getattr("args")?.try_iter()?.enumerate() {
         let a = a?;
-        args.push(at(format!("args[{i}]"), || crate::wire::from_py(&a))?);
+        args.push(for_r(at(format!("args[{i}]"), || {
+            crate::wire::from_py(&a)
+        })?));
     }
     if let Some(x) = extra {
         if source {
@@ -350,7 +388,7 @@ pub(crate) fn task_envelope(
             ));
         }
         let i = args.len();
-        args.push(at(format!("args[{i}]"), || crate::wire::from_py(x))?);
+        args.push(for_r(at(format!("args[{i}]"), || crate::wire::from_py(x))?));
     }
     let kw = call.getattr("kwargs")?;
     let kw = kw
@@ -361,7 +399,7 @@ pub(crate) fn task_envelope(
         let k: String = k
             .extract()
             .map_err(|_| PyTypeError::new_err("argument names must be str"))?;
-        let v = at(format!("{k}="), || crate::wire::from_py(&v))?;
+        let v = for_r(at(format!("{k}="), || crate::wire::from_py(&v))?);
         kwargs.push((k, v));
     }
     let target = if source {
@@ -380,7 +418,7 @@ pub(crate) fn task_envelope(
 /// A value as a cross-language value payload (a channel message to a peer of another
 /// language).
 pub(crate) fn value_payload(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
-    let v = crate::wire::from_py(obj)?;
+    let v = for_r(crate::wire::from_py(obj)?);
     Envelope::value(&v)
         .map(|e| e.to_vec())
         .map_err(|e| not_portable(e.to_string()))
@@ -388,7 +426,7 @@ pub(crate) fn value_payload(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
 
 /// `(ok, value or exception)` of a cross-language outcome payload.
 pub(crate) fn outcome(py: Python<'_>, payload: &Buffer) -> PyResult<(bool, Py<PyAny>)> {
-    match envelope::read(payload).map_err(crate::err)? {
+    match envelope::read_with(payload, Some(&crate::ndarray::MAPPER)).map_err(crate::err)? {
         Received::Value(v) => Ok((true, to_py_natural(py, v)?)),
         Received::Error(e) => Ok((
             false,
@@ -413,16 +451,17 @@ pub(crate) fn run_task(py: Python<'_>, payload: &Buffer) -> (bool, Envelope) {
         };
         (false, error_envelope(&e))
     };
-    let (target, args, kwargs, ctx) = match envelope::read(payload) {
-        Ok(Received::Task {
-            target,
-            args,
-            kwargs,
-            ctx,
-        }) => (target, args, kwargs, ctx),
-        Ok(_) => return fail(vec!["MizuError".into()], "not a task".into(), String::new()),
-        Err(e) => return fail(vec!["MizuError".into()], e.to_string(), String::new()),
-    };
+    let (target, args, kwargs, ctx) =
+        match envelope::read_with(payload, Some(&crate::ndarray::MAPPER)) {
+            Ok(Received::Task {
+                target,
+                args,
+                kwargs,
+                ctx,
+            }) => (target, args, kwargs, ctx),
+            Ok(_) => return fail(vec!["MizuError".into()], "not a task".into(), String::new()),
+            Err(e) => return fail(vec!["MizuError".into()], e.to_string(), String::new()),
+        };
     let result = (|| -> PyResult<Bound<'_, PyAny>> {
         let (t, source) = match target {
             CallTarget::Name(n) => (n, false),
@@ -451,7 +490,7 @@ pub(crate) fn run_task(py: Python<'_>, payload: &Buffer) -> (bool, Envelope) {
             .getattr("run")?
             .call1((t, source, PyList::new(py, a)?, k, ctx.seed, ctx.index))
     })();
-    let sent = result.and_then(|v| at("result", || crate::wire::from_py(&v)));
+    let sent = result.and_then(|v| at("result", || crate::wire::from_py(&v)).map(for_r));
     match sent.and_then(|v| Envelope::value(&v).map_err(|e| not_portable(e.to_string()))) {
         Ok(env) => (true, env),
         Err(e) => {

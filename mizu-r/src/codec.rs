@@ -114,7 +114,7 @@ const FRAME: u8 = 7;
 const FRAME_COL: u8 = 8;
 
 /// Maps the regions that payloads refer to (segments stay mapped while views of them live).
-static MAPPER: std::sync::LazyLock<Mapper> = std::sync::LazyLock::new(Mapper::new);
+pub(crate) static MAPPER: std::sync::LazyLock<Mapper> = std::sync::LazyLock::new(Mapper::new);
 
 /// How to send `v` by reference, its length and type code: when it is one of our views,
 /// unmodified, of a region whose segment still has its name; else `None`.

@@ -532,6 +532,20 @@ fn view_is_shared(x: Robj) -> bool {
     }
 }
 
+/// The data segment an unmodified view reads (its name), or NULL: what tests check to see
+/// that a value crossed by reference.
+#[extendr]
+fn view_segment(x: Robj) -> Option<String> {
+    // SAFETY: `x` is live (held by R for this call); this only reads it.
+    let s = unsafe { x.get() };
+    let buf = match shared(s).or_else(|| crate::strview::shared(s))? {
+        Shared::Arrow(src) => src.bytes,
+        Shared::Elements(b) => b,
+    };
+    let (region, _) = mizu_wire::Region::containing(buf.as_ptr())?;
+    Some(region.describe().name)
+}
+
 /// Whether `x` is a mizu view.
 #[extendr]
 fn view_is_view(x: Robj) -> bool {
@@ -552,4 +566,5 @@ extendr_module! {
     fn view_live;
     fn view_is_shared;
     fn view_is_view;
+    fn view_segment;
 }

@@ -260,16 +260,17 @@ impl RExec {
             };
             (false, error_envelope(&e))
         };
-        let (target, args, kwargs, xctx) = match envelope::read(buf) {
-            Ok(Received::Task {
-                target,
-                args,
-                kwargs,
-                ctx,
-            }) => (target, args, kwargs, ctx),
-            Ok(_) => return fail(&["mizu_error"], "not a task".into()),
-            Err(e) => return fail(&["mizu_error"], format!("malformed task: {e}")),
-        };
+        let (target, args, kwargs, xctx) =
+            match envelope::read_with(buf, Some(&crate::codec::MAPPER)) {
+                Ok(Received::Task {
+                    target,
+                    args,
+                    kwargs,
+                    ctx,
+                }) => (target, args, kwargs, ctx),
+                Ok(_) => return fail(&["mizu_error"], "not a task".into()),
+                Err(e) => return fail(&["mizu_error"], format!("malformed task: {e}")),
+            };
         // A named function without a seed: the call itself, evaluated natively in the global
         // environment (no R closure in between: `.xrun` costs ~20 µs a task).
         let direct = match (&target, xctx.seed) {

@@ -142,10 +142,15 @@ pub fn from_r(x: &Robj, path: &str) -> std::result::Result<Value, NotPortable> {
                     ),
                 ));
             }
-            vector(x, path).map(|(field, array)| Value::Array {
-                field: Arc::new(field),
-                array,
-            })
+            let (field, array) = vector(x, path)?;
+            let plain = || Value::Array {
+                field: Arc::new(field.clone()),
+                array: array.clone(),
+            };
+            if let Some(v) = resend(&[(x, &field)], || Some(plain())) {
+                return Ok(v);
+            }
+            Ok(plain())
         }
         _ => Err(np(path, format!("{} cannot cross languages", describe(x)))),
     }
@@ -227,7 +232,10 @@ fn check_names(names: &[String], path: &str) -> std::result::Result<(), NotPorta
 
 fn list(x: &Robj, path: &str) -> std::result::Result<Value, NotPortable> {
     if x.inherits("data.frame") {
-        return frame(x, path).map(Value::Table);
+        return frame(x, path).map(|f| match f {
+            FrameOut::Batch(b) => Value::Table(b),
+            FrameOut::Shared(bytes, value) => Value::Shared { bytes, value },
+        });
     }
     if x.class().is_some() || !other_attrs(x).is_empty() {
         let cls: Vec<String> = x
@@ -319,7 +327,7 @@ fn strings(x: &Robj, name: &str) -> Option<(Field, ArrayRef)> {
     Some((Field::new(name, DataType::Utf8, true), a))
 }
 
-fn frame(x: &Robj, path: &str) -> std::result::Result<RecordBatch, NotPortable> {
+fn frame(x: &Robj, path: &str) -> std::result::Result<FrameOut, NotPortable> {
     let l = x.as_list().expect("a data frame is a list");
     let names: Vec<String> = x
         .names()
@@ -336,9 +344,94 @@ fn frame(x: &Robj, path: &str) -> std::result::Result<RecordBatch, NotPortable> 
         {
             return Err(np(&p, "this column cannot cross languages"));
         }
-        cols.push(vector_named(&c, &name, &p)?);
+        let fa = vector_named(&c, &name, &p)?;
+        cols.push((c, fa));
     }
-    rmeta::data_frame(cols).map_err(|e| np(path, e.to_string()))
+    let fields: Vec<(&Robj, &Field)> = cols.iter().map(|(c, (f, _))| (c, f)).collect();
+    let built = || {
+        rmeta::data_frame(cols.iter().map(|(_, fa)| fa.clone()).collect())
+            .ok()
+            .map(Value::Table)
+    };
+    if let Some(Value::Shared { bytes, value }) = resend(&fields, built) {
+        return Ok(FrameOut::Shared(bytes, value));
+    }
+    rmeta::data_frame(cols.into_iter().map(|(_, fa)| fa).collect())
+        .map(FrameOut::Batch)
+        .map_err(|e| np(path, e.to_string()))
+}
+
+/// A data frame as a value: a record batch, or the one it came in, unchanged.
+enum FrameOut {
+    Batch(RecordBatch),
+    Shared(Buffer, Box<Value>),
+}
+
+/// When `cols` (R vectors, each with the field it would be sent with) are unmodified views of
+/// one received value — a vector of an array value, or every column of a table value, in
+/// order — that value as a [`Value::Shared`], which is sent on by reference. `None` when any
+/// was modified or converted, or its fields (names, types, R metadata) differ from the
+/// received ones (new attributes, renamed columns).
+fn resend(cols: &[(&Robj, &Field)], built: impl FnOnce() -> Option<Value>) -> Option<Value> {
+    use crate::view::Shared;
+    let mut bytes: Option<Buffer> = None;
+    for (j, (x, _)) in cols.iter().enumerate() {
+        // SAFETY: `x` is live (held by its Robj); this only reads it.
+        let s = unsafe { x.get() };
+        let src = match crate::view::shared(s).or_else(|| crate::strview::shared(s))? {
+            Shared::Arrow(src) => src,
+            Shared::Elements(_) => return None,
+        };
+        let want_col = (cols.len() > 1 || src.col.is_some()).then_some(j as u32);
+        if src.col != want_col {
+            return None;
+        }
+        match &bytes {
+            None => bytes = Some(src.bytes),
+            Some(b) if b.as_ptr() == src.bytes.as_ptr() && b.len() == src.bytes.len() => {}
+            Some(_) => return None,
+        }
+    }
+    let bytes = bytes?;
+    mizu_wire::Region::containing(bytes.as_ptr())?;
+    // The schema alone (the data were checked when they came, and are immutable since).
+    let schema = mizu_wire::arrow_schema(&bytes).ok()?;
+    // What an R reader makes of them is the same (strings of either offset width; R metadata).
+    fn equiv(a: &DataType, b: &DataType) -> bool {
+        use DataType::{Dictionary, LargeUtf8, Utf8};
+        match (a, b) {
+            (Utf8 | LargeUtf8, Utf8 | LargeUtf8) => true,
+            (Dictionary(k1, v1), Dictionary(k2, v2)) => k1 == k2 && equiv(v1, v2),
+            (a, b) => a == b,
+        }
+    }
+    let r_meta = |f: &Field| -> Vec<(String, String)> {
+        let mut m: Vec<(String, String)> = f
+            .metadata()
+            .iter()
+            // (A time zone is in the type too; compared there.)
+            .filter(|(k, _)| k.starts_with("mizu.r.") && k.as_str() != rmeta::TZ)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        m.sort();
+        m
+    };
+    let same = |a: &Field, b: &Field| {
+        a.name() == b.name() && equiv(a.data_type(), b.data_type()) && r_meta(a) == r_meta(b)
+    };
+    let ok = schema.fields().len() == cols.len()
+        && schema
+            .fields()
+            .iter()
+            .zip(cols)
+            .all(|(a, (_, b))| same(a, b));
+    // What is sent should the reference be refused (the segment gone): the same data, as the
+    // views give them (zero-copy).
+    let value = if ok { built()? } else { return None };
+    Some(Value::Shared {
+        bytes,
+        value: Box::new(value),
+    })
 }
 
 // -- values to R ----------------------------------------------------------------------------
@@ -352,7 +445,7 @@ fn rerr(e: impl std::fmt::Display) -> Error {
 /// `error`, `condition`; fields `type`, `classes`, `traceback`).
 pub fn received(payload: &Buffer) -> Result<Robj> {
     use mizu_wire::envelope::{self, Received};
-    match envelope::read(payload).map_err(rerr)? {
+    match envelope::read_with(payload, Some(&crate::codec::MAPPER)).map_err(rerr)? {
         Received::Value(v) => to_r(v),
         Received::Error(e) => {
             let lang = if e.language == "python" {
@@ -425,8 +518,13 @@ pub fn to_r(v: Value) -> Result<Robj> {
             l.set_names(names)?;
             l
         }
-        Value::Array { field, array } => column(&field, &array)?,
-        Value::Table(batch) => data_frame(&batch)?,
+        Value::Array { field, array } => column(&field, &array, None)?,
+        Value::Table(batch) => data_frame(&batch, None)?,
+        Value::Shared { bytes, value } => match *value {
+            Value::Array { field, array } => column(&field, &array, Some((bytes, None)))?,
+            Value::Table(batch) => data_frame(&batch, Some(bytes))?,
+            v => to_r(v)?,
+        },
         Value::Error {
             type_name,
             message,
@@ -443,165 +541,24 @@ pub fn to_r(v: Value) -> Result<Robj> {
     })
 }
 
-/// An array another writer made (pyarrow, polars, pandas) in the R mapping's types: narrower
-/// integers widen to int32, unsigned and float32 to float64, int64 becomes `integer64`,
-/// string views become utf8,
-/// dictionaries of strings become factors (int32 keys), timestamps and durations of any unit
-/// become microseconds, date64 becomes date32. `None`: no R counterpart.
-fn normalize(field: &Field, array: &ArrayRef) -> Option<(Field, ArrayRef)> {
-    use arrow_array::types::*;
-    use arrow_array::{DictionaryArray, PrimitiveArray};
-    use arrow_schema::TimeUnit;
-    use std::collections::HashMap;
-    let mut meta: HashMap<String, String> = field.metadata().clone().into();
-    meta.remove(rmeta::CLASS);
-    let out: ArrayRef = match array.data_type() {
-        DataType::Int8 => Arc::new(
-            array
-                .as_primitive::<Int8Type>()
-                .unary::<_, Int32Type>(i32::from),
-        ),
-        DataType::Int16 => Arc::new(
-            array
-                .as_primitive::<Int16Type>()
-                .unary::<_, Int32Type>(i32::from),
-        ),
-        DataType::UInt16 => Arc::new(
-            array
-                .as_primitive::<UInt16Type>()
-                .unary::<_, Int32Type>(i32::from),
-        ),
-        DataType::UInt32 => Arc::new(
-            array
-                .as_primitive::<UInt32Type>()
-                .unary::<_, Float64Type>(f64::from),
-        ),
-        DataType::UInt64 => Arc::new(
-            array
-                .as_primitive::<UInt64Type>()
-                .unary::<_, Float64Type>(|v| v as f64),
-        ),
-        DataType::Float32 => Arc::new(
-            array
-                .as_primitive::<Float32Type>()
-                .unary::<_, Float64Type>(f64::from),
-        ),
-        DataType::Int64 => {
-            meta.insert(rmeta::CLASS.into(), "integer64".into());
-            array.clone()
-        }
-        DataType::Date64 => Arc::new(
-            array
-                .as_primitive::<Date64Type>()
-                .unary::<_, Date32Type>(|ms| ms.div_euclid(86_400_000) as i32),
-        ),
-        DataType::Timestamp(unit, tz) => {
-            let per_us = |v: i64| match unit {
-                TimeUnit::Second => v.saturating_mul(1_000_000),
-                TimeUnit::Millisecond => v.saturating_mul(1_000),
-                TimeUnit::Microsecond => v,
-                TimeUnit::Nanosecond => v.div_euclid(1_000),
-            };
-            let a: PrimitiveArray<TimestampMicrosecondType> = match unit {
-                TimeUnit::Second => array.as_primitive::<TimestampSecondType>().unary(per_us),
-                TimeUnit::Millisecond => array
-                    .as_primitive::<TimestampMillisecondType>()
-                    .unary(per_us),
-                TimeUnit::Microsecond => array
-                    .as_primitive::<TimestampMicrosecondType>()
-                    .unary(per_us),
-                TimeUnit::Nanosecond => array
-                    .as_primitive::<TimestampNanosecondType>()
-                    .unary(per_us),
-            };
-            meta.remove(rmeta::TZ);
-            Arc::new(a.with_timezone_opt(tz.clone()))
-        }
-        DataType::Duration(unit) => {
-            let per_us = |v: i64| match unit {
-                TimeUnit::Second => v.saturating_mul(1_000_000),
-                TimeUnit::Millisecond => v.saturating_mul(1_000),
-                TimeUnit::Microsecond => v,
-                TimeUnit::Nanosecond => v.div_euclid(1_000),
-            };
-            let a: PrimitiveArray<DurationMicrosecondType> = match unit {
-                TimeUnit::Second => array.as_primitive::<DurationSecondType>().unary(per_us),
-                TimeUnit::Millisecond => array
-                    .as_primitive::<DurationMillisecondType>()
-                    .unary(per_us),
-                TimeUnit::Microsecond => array
-                    .as_primitive::<DurationMicrosecondType>()
-                    .unary(per_us),
-                TimeUnit::Nanosecond => {
-                    array.as_primitive::<DurationNanosecondType>().unary(per_us)
-                }
-            };
-            Arc::new(a)
-        }
-        DataType::Utf8View => Arc::new(
-            array
-                .as_string_view()
-                .iter()
-                .collect::<arrow_array::StringArray>(),
-        ),
-        DataType::Dictionary(k, v)
-            if matches!(
-                **v,
-                DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
-            ) =>
-        {
-            macro_rules! keys {
-                ($t:ty) => {{
-                    let d = array.as_dictionary::<$t>();
-                    (
-                        d.keys().unary::<_, Int32Type>(|k| k as i32),
-                        d.values().clone(),
-                    )
-                }};
-            }
-            let (keys, values) = match **k {
-                DataType::Int8 => keys!(Int8Type),
-                DataType::Int16 => keys!(Int16Type),
-                DataType::Int32 => keys!(Int32Type),
-                DataType::Int64 => keys!(Int64Type),
-                DataType::UInt8 => keys!(UInt8Type),
-                DataType::UInt16 => keys!(UInt16Type),
-                DataType::UInt32 => keys!(UInt32Type),
-                _ => return None,
-            };
-            let values: ArrayRef = match values.data_type() {
-                DataType::Utf8View => Arc::new(
-                    values
-                        .as_string_view()
-                        .iter()
-                        .collect::<arrow_array::StringArray>(),
-                ),
-                _ => values,
-            };
-            let d = DictionaryArray::<Int32Type>::try_new(keys, values).ok()?;
-            meta.insert(rmeta::CLASS.into(), "factor".into());
-            Arc::new(d)
-        }
-        _ => return None,
-    };
-    let f = Field::new(field.name(), out.data_type().clone(), true).with_metadata(meta);
-    rmeta::classify(&f).ok()?;
-    Some((f, out))
-}
-
-/// One received array as an R vector with its attributes.
-fn column(field: &Field, array: &ArrayRef) -> Result<Robj> {
+/// One received array as an R vector with its attributes; `shared`: the standalone encoding
+/// it came in (and its column in a table), so that the view is sent on by reference.
+fn column(field: &Field, array: &ArrayRef, shared: Option<(Buffer, Option<u32>)>) -> Result<Robj> {
     if rmeta::classify(field).is_err()
-        && let Some((f, a)) = normalize(field, array)
+        && let Some((f, a)) = rmeta::normalize(field, array)
     {
-        return column(&f, &a);
+        // (Converted: not the bytes that came.)
+        return column(&f, &a, None);
     }
     let t = rmeta::classify(field).map_err(rerr)?;
     let dim = rmeta::dim(field, array.len()).map_err(rerr)?;
-    let src = Source {
-        // Not the payload's bytes: a view made here is sent on by copying, not by reference.
-        bytes: Buffer::from_vec(Vec::<u8>::new()),
-        col: None,
+    let src = match shared {
+        Some((bytes, col)) => Source { bytes, col },
+        // Not an encoding of its own: a view made here is sent on by copying.
+        None => Source {
+            bytes: Buffer::from_vec(Vec::<u8>::new()),
+            col: None,
+        },
     };
     let mut x = match &t {
         RType::Difftime { .. } => {
@@ -677,11 +634,12 @@ fn unit_seconds(t: &RType) -> f64 {
     }
 }
 
-fn data_frame(batch: &RecordBatch) -> Result<Robj> {
+fn data_frame(batch: &RecordBatch, shared: Option<Buffer>) -> Result<Robj> {
     let schema = batch.schema();
     let mut cols = Vec::with_capacity(batch.num_columns());
     for (j, f) in schema.fields().iter().enumerate() {
-        cols.push(column(f, batch.column(j))?);
+        let s = shared.as_ref().map(|b| (b.clone(), Some(j as u32)));
+        cols.push(column(f, batch.column(j), s)?);
     }
     let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
     let mut df: Robj = List::from_values(cols).into();

@@ -6,12 +6,15 @@
 //! reader makes of an inline payload): Arrow bodies inside it are read in place.
 //!
 //! Both bindings build this payload with the functions here and only convert their own
-//! language's objects to and from [`Value`]; neither parses the header itself.
+//! language's objects to and from [`Value`]; neither parses the header itself. Values are
+//! written with [`crate::value::encode_aligned`]: a received array or table sent on unmodified
+//! ([`Value::Shared`]) travels as a reference to where it already is.
 
 use arrow_buffer::{Buffer, MutableBuffer};
 
 use crate::error::{Result, WireError, malformed};
-use crate::value::{CallTarget, Encoded, Value, decode, encode};
+use crate::store::Mapper;
+use crate::value::{CallTarget, Encoded, Value, decode_in, encode_aligned};
 
 /// First byte of every cross-language payload (no same-language payload of either binding
 /// starts with it).
@@ -127,7 +130,7 @@ impl Envelope {
         header[16..24].copy_from_slice(&ctx.index.to_le_bytes());
         Ok(Envelope {
             header,
-            body: encode(v)?,
+            body: encode_aligned(v)?,
         })
     }
 
@@ -211,8 +214,14 @@ pub enum Received {
 
 /// Reads a payload. Arrow data and large byte strings are views into `payload` when it is
 /// 64-byte aligned in memory (region payloads are); else it is copied once into an aligned
-/// buffer first.
+/// buffer first. Arrays and tables come as [`Value::Shared`] (so they can be sent on by
+/// reference); a payload that refers to values in other regions needs [`read_with`].
 pub fn read(payload: &Buffer) -> Result<Received> {
+    read_with(payload, None)
+}
+
+/// [`read`], adopting the regions that shared values refer to with `mapper`.
+pub fn read_with(payload: &Buffer, mapper: Option<&Mapper>) -> Result<Received> {
     if payload.len() < HEADER_LEN {
         return Err(WireError::Truncated {
             what: "cross-language header",
@@ -255,7 +264,7 @@ pub fn read(payload: &Buffer) -> Result<Received> {
         m.extend_from_slice(body.as_slice());
         m.into()
     };
-    let v = decode(&body)?;
+    let v = decode_in(&body, mapper, true)?;
     match kind {
         1 => match v {
             Value::Call {

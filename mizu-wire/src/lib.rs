@@ -31,5 +31,8 @@ pub use {
     error::{Result, WireError},
     frame::{Received, read_value, write_region, write_value},
     store::{DataPool, Mapper, Region, RegionDesc},
-    value::{CallTarget, Encoded, PrimitiveLayout, Value, decode, decode_slice, encode},
+    value::{
+        CallTarget, Encoded, PrimitiveLayout, Value, arrow_schema, decode, decode_shared,
+        decode_slice, encode, encode_aligned,
+    },
 };

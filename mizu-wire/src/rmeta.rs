@@ -329,3 +329,175 @@ pub fn double_value(a: &Float64Array, i: usize) -> f64 {
         v
     }
 }
+
+/// An array another writer made (pyarrow, polars, pandas) in the R mapping's types: narrower
+/// integers widen to int32, unsigned and float32 to float64, int64 becomes `integer64`,
+/// string views become utf8,
+/// dictionaries of strings become factors (int32 keys), timestamps and durations of any unit
+/// become microseconds, date64 becomes date32. `None`: no R counterpart.
+pub fn normalize(field: &Field, array: &ArrayRef) -> Option<(Field, ArrayRef)> {
+    use arrow_array::PrimitiveArray;
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::*;
+    let mut meta: HashMap<String, String> = field.metadata().clone().into();
+    meta.remove(CLASS);
+    let out: ArrayRef = match array.data_type() {
+        DataType::Int8 => Arc::new(
+            array
+                .as_primitive::<Int8Type>()
+                .unary::<_, Int32Type>(i32::from),
+        ),
+        DataType::Int16 => Arc::new(
+            array
+                .as_primitive::<Int16Type>()
+                .unary::<_, Int32Type>(i32::from),
+        ),
+        DataType::UInt16 => Arc::new(
+            array
+                .as_primitive::<UInt16Type>()
+                .unary::<_, Int32Type>(i32::from),
+        ),
+        DataType::UInt32 => Arc::new(
+            array
+                .as_primitive::<UInt32Type>()
+                .unary::<_, Float64Type>(f64::from),
+        ),
+        DataType::UInt64 => Arc::new(
+            array
+                .as_primitive::<UInt64Type>()
+                .unary::<_, Float64Type>(|v| v as f64),
+        ),
+        DataType::Float32 => Arc::new(
+            array
+                .as_primitive::<Float32Type>()
+                .unary::<_, Float64Type>(f64::from),
+        ),
+        DataType::Int64 => {
+            meta.insert(CLASS.into(), "integer64".into());
+            array.clone()
+        }
+        DataType::Date64 => Arc::new(
+            array
+                .as_primitive::<Date64Type>()
+                .unary::<_, Date32Type>(|ms| ms.div_euclid(86_400_000) as i32),
+        ),
+        DataType::Timestamp(unit, tz) => {
+            let per_us = |v: i64| match unit {
+                TimeUnit::Second => v.saturating_mul(1_000_000),
+                TimeUnit::Millisecond => v.saturating_mul(1_000),
+                TimeUnit::Microsecond => v,
+                TimeUnit::Nanosecond => v.div_euclid(1_000),
+            };
+            let a: PrimitiveArray<TimestampMicrosecondType> = match unit {
+                TimeUnit::Second => array.as_primitive::<TimestampSecondType>().unary(per_us),
+                TimeUnit::Millisecond => array
+                    .as_primitive::<TimestampMillisecondType>()
+                    .unary(per_us),
+                TimeUnit::Microsecond => array
+                    .as_primitive::<TimestampMicrosecondType>()
+                    .unary(per_us),
+                TimeUnit::Nanosecond => array
+                    .as_primitive::<TimestampNanosecondType>()
+                    .unary(per_us),
+            };
+            meta.remove(TZ);
+            Arc::new(a.with_timezone_opt(tz.clone()))
+        }
+        DataType::Duration(unit) => {
+            let per_us = |v: i64| match unit {
+                TimeUnit::Second => v.saturating_mul(1_000_000),
+                TimeUnit::Millisecond => v.saturating_mul(1_000),
+                TimeUnit::Microsecond => v,
+                TimeUnit::Nanosecond => v.div_euclid(1_000),
+            };
+            let a: PrimitiveArray<DurationMicrosecondType> = match unit {
+                TimeUnit::Second => array.as_primitive::<DurationSecondType>().unary(per_us),
+                TimeUnit::Millisecond => array
+                    .as_primitive::<DurationMillisecondType>()
+                    .unary(per_us),
+                TimeUnit::Microsecond => array
+                    .as_primitive::<DurationMicrosecondType>()
+                    .unary(per_us),
+                TimeUnit::Nanosecond => {
+                    array.as_primitive::<DurationNanosecondType>().unary(per_us)
+                }
+            };
+            Arc::new(a)
+        }
+        DataType::Utf8View => Arc::new(
+            array
+                .as_string_view()
+                .iter()
+                .collect::<arrow_array::StringArray>(),
+        ),
+        DataType::Dictionary(k, v)
+            if matches!(
+                **v,
+                DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+            ) =>
+        {
+            macro_rules! keys {
+                ($t:ty) => {{
+                    let d = array.as_dictionary::<$t>();
+                    (
+                        d.keys().unary::<_, Int32Type>(|k| k as i32),
+                        d.values().clone(),
+                    )
+                }};
+            }
+            let (keys, values) = match **k {
+                DataType::Int8 => keys!(Int8Type),
+                DataType::Int16 => keys!(Int16Type),
+                DataType::Int32 => keys!(Int32Type),
+                DataType::Int64 => keys!(Int64Type),
+                DataType::UInt8 => keys!(UInt8Type),
+                DataType::UInt16 => keys!(UInt16Type),
+                DataType::UInt32 => keys!(UInt32Type),
+                _ => return None,
+            };
+            let values: ArrayRef = match values.data_type() {
+                DataType::Utf8View => Arc::new(
+                    values
+                        .as_string_view()
+                        .iter()
+                        .collect::<arrow_array::StringArray>(),
+                ),
+                _ => values,
+            };
+            let d = DictionaryArray::<Int32Type>::try_new(keys, values).ok()?;
+            meta.insert(CLASS.into(), "factor".into());
+            Arc::new(d)
+        }
+        _ => return None,
+    };
+    let f = Field::new(field.name(), out.data_type().clone(), true).with_metadata(meta);
+    classify(&f).ok()?;
+    Some((f, out))
+}
+
+/// [`normalize`] for every column of `batch` that has no R mapping as it is (columns that have
+/// one, or that cannot be normalized, stay as they are).
+pub fn normalize_batch(batch: RecordBatch) -> RecordBatch {
+    let schema = batch.schema();
+    let mut changed = false;
+    let (fields, cols): (Vec<Field>, Vec<ArrayRef>) = schema
+        .fields()
+        .iter()
+        .zip(batch.columns())
+        .map(|(f, a)| match classify(f) {
+            Ok(_) => (f.as_ref().clone(), a.clone()),
+            Err(_) => match normalize(f, a) {
+                Some(fa) => {
+                    changed = true;
+                    fa
+                }
+                None => (f.as_ref().clone(), a.clone()),
+            },
+        })
+        .unzip();
+    if !changed {
+        return batch;
+    }
+    let schema = Schema::new(fields).with_metadata(schema.metadata().clone());
+    RecordBatch::try_new(Arc::new(schema), cols).unwrap_or(batch)
+}

@@ -36,6 +36,8 @@ mod tag {
     pub const CALL: u8 = 0x0B;
     pub const ARRAY: u8 = 0x0C;
     pub const TABLE: u8 = 0x0D;
+    pub const SHARED: u8 = 0x0E;
+    pub const ALIGNED: u8 = 0x0F;
 }
 
 /// How a call names its function.
@@ -95,6 +97,26 @@ pub enum Value {
     },
     /// An Arrow record batch (a data frame).
     Table(RecordBatch),
+    /// An array or table that is also a standalone encoded value in shared memory (`bytes`,
+    /// 64-byte aligned): what [`decode_shared`] gives for one received in a region, and what
+    /// a binding sends back unmodified. [`encode_aligned`] writes a reference to `bytes` (a
+    /// region descriptor, no data) while its region can still be adopted, else `value`.
+    Shared {
+        /// The standalone encoding, inside a received region.
+        bytes: Buffer,
+        /// The decoded [`Value::Array`] or [`Value::Table`].
+        value: Box<Value>,
+    },
+}
+
+impl Value {
+    /// The value itself, whether or not it is [`Value::Shared`].
+    pub fn unshared(&self) -> &Value {
+        match self {
+            Value::Shared { value, .. } => value,
+            v => v,
+        }
+    }
 }
 
 impl PartialEq for Value {
@@ -141,6 +163,8 @@ impl PartialEq for Value {
                 a == c && b.to_data() == d.to_data()
             }
             (Table(a), Table(b)) => a == b,
+            (Shared { value, .. }, b) => **value == *b,
+            (a, Shared { value, .. }) => *a == **value,
             _ => false,
         }
     }
@@ -378,14 +402,54 @@ pub struct PrimitiveLayout {
     pub values: std::ops::Range<usize>,
 }
 
-/// Encodes `v`.
+/// Encodes `v` (a [`Value::Shared`] as its value).
 pub fn encode(v: &Value) -> Result<Encoded> {
     let mut e = Encoded::default();
-    encode_into(&mut e, v, 0)?;
+    encode_into(&mut e, v, 0, false)?;
     Ok(e.finish())
 }
 
-fn encode_into(e: &mut Encoded, v: &Value, depth: usize) -> Result<()> {
+/// Encodes `v` for a payload in shared memory: every array and table starts 64-byte aligned
+/// (after an `0F` padding item where needed), so that a receiver can send it on by reference,
+/// and a [`Value::Shared`] whose region can still be adopted is written as a reference to it
+/// (tag `0E`: a region descriptor carrying one counted reference, which the reader adopts).
+pub fn encode_aligned(v: &Value) -> Result<Encoded> {
+    let mut e = Encoded::default();
+    encode_into(&mut e, v, 0, true)?;
+    Ok(e.finish())
+}
+
+/// Pads with an `0F` item so that the next item starts 64-byte aligned.
+fn align_item(e: &mut Encoded) {
+    if e.len.is_multiple_of(64) {
+        return;
+    }
+    // Tag and one varint byte (the padding is under 64 bytes), then the zeros.
+    let n = (64 - (e.len + 2) % 64) % 64;
+    e.byte(tag::ALIGNED);
+    e.varint(n as u64);
+    e.put(&[0u8; 64][..n]);
+}
+
+/// A reference to `bytes` (a standalone value inside a region this process holds), when the
+/// region can still be adopted by another process.
+fn write_reference(e: &mut Encoded, bytes: &Buffer) -> bool {
+    let Some((region, at)) = crate::store::Region::containing(bytes.as_ptr()) else {
+        return false;
+    };
+    if !at.is_multiple_of(64) || at + bytes.len() > region.len() || !region.still_named() {
+        return false;
+    }
+    let mut d = [0u8; 64];
+    region.share().write_to(&mut d);
+    e.byte(tag::SHARED);
+    e.put(&d);
+    e.put(&(at as u64).to_le_bytes());
+    e.put(&(bytes.len() as u64).to_le_bytes());
+    true
+}
+
+fn encode_into(e: &mut Encoded, v: &Value, depth: usize, aligned: bool) -> Result<()> {
     if depth > MAX_DEPTH {
         return Err(WireError::Unsupported(format!(
             "nesting deeper than {MAX_DEPTH} levels"
@@ -423,12 +487,12 @@ fn encode_into(e: &mut Encoded, v: &Value, depth: usize) -> Result<()> {
             e.byte(tag::LIST);
             e.varint(items.len() as u64);
             for it in items {
-                encode_into(e, it, depth + 1)?;
+                encode_into(e, it, depth + 1, aligned)?;
             }
         }
         Value::Dict(items) => {
             e.byte(tag::DICT);
-            encode_pairs(e, items, depth)?;
+            encode_pairs(e, items, depth, aligned)?;
         }
         Value::Error {
             type_name,
@@ -454,9 +518,9 @@ fn encode_into(e: &mut Encoded, v: &Value, depth: usize) -> Result<()> {
             e.string(text);
             e.varint(args.len() as u64);
             for a in args {
-                encode_into(e, a, depth + 1)?;
+                encode_into(e, a, depth + 1, aligned)?;
             }
-            encode_pairs(e, kwargs, depth)?;
+            encode_pairs(e, kwargs, depth, aligned)?;
         }
         Value::Array { field, array } => {
             if field.data_type() != array.data_type() {
@@ -468,18 +532,41 @@ fn encode_into(e: &mut Encoded, v: &Value, depth: usize) -> Result<()> {
             }
             let schema = Arc::new(Schema::new(vec![field.clone()]));
             let batch = RecordBatch::try_new(schema, vec![array.clone()])?;
+            if aligned {
+                align_item(e);
+            }
             encode_arrow(e, tag::ARRAY, &batch)?;
         }
-        Value::Table(batch) => encode_arrow(e, tag::TABLE, batch)?,
+        Value::Table(batch) => {
+            if aligned {
+                align_item(e);
+            }
+            encode_arrow(e, tag::TABLE, batch)?
+        }
+        Value::Shared { bytes, value } => {
+            if !matches!(**value, Value::Array { .. } | Value::Table(_)) {
+                return Err(WireError::Unsupported(
+                    "a shared value is an array or a table".into(),
+                ));
+            }
+            if !(aligned && write_reference(e, bytes)) {
+                encode_into(e, value, depth, aligned)?;
+            }
+        }
     }
     Ok(())
 }
 
-fn encode_pairs(e: &mut Encoded, items: &[(String, Value)], depth: usize) -> Result<()> {
+fn encode_pairs(
+    e: &mut Encoded,
+    items: &[(String, Value)],
+    depth: usize,
+    aligned: bool,
+) -> Result<()> {
     e.varint(items.len() as u64);
     for (k, v) in items {
         e.string(k);
-        encode_into(e, v, depth + 1)?;
+        encode_into(e, v, depth + 1, aligned)?;
     }
     Ok(())
 }
@@ -508,7 +595,28 @@ fn encode_arrow(e: &mut Encoded, t: u8, batch: &RecordBatch) -> Result<()> {
 /// Arrow data in a misaligned `buf` is refused (copy it into an aligned buffer first, as
 /// [`decode_slice`] does).
 pub fn decode(buf: &Buffer) -> Result<Value> {
-    let mut d = Decoder { buf, pos: 0 };
+    decode_in(buf, None, false)
+}
+
+/// [`decode`] for a payload in shared memory: references to values in other regions (tag
+/// `0E`) are adopted with `mapper` (their arrays view that region), and every array or table
+/// that starts 64-byte aligned is a [`Value::Shared`] of its standalone encoding, which can
+/// be sent on by reference.
+pub fn decode_shared(buf: &Buffer, mapper: &crate::store::Mapper) -> Result<Value> {
+    decode_in(buf, Some(mapper), true)
+}
+
+pub(crate) fn decode_in(
+    buf: &Buffer,
+    mapper: Option<&crate::store::Mapper>,
+    shared: bool,
+) -> Result<Value> {
+    let mut d = Decoder {
+        buf,
+        pos: 0,
+        mapper,
+        shared,
+    };
     let v = d.value(0)?;
     if d.pos != buf.len() {
         return Err(malformed(
@@ -530,6 +638,10 @@ pub fn decode_slice(bytes: &[u8]) -> Result<Value> {
 struct Decoder<'a> {
     buf: &'a Buffer,
     pos: usize,
+    /// Adopts the regions that references name (none: references are refused).
+    mapper: Option<&'a crate::store::Mapper>,
+    /// Aligned arrays and tables are returned as [`Value::Shared`].
+    shared: bool,
 }
 
 impl Decoder<'_> {
@@ -694,7 +806,7 @@ impl Decoder<'_> {
                 let stream = self.buf.slice_with_length(self.pos, n);
                 let batch = decode_arrow(stream, self.pos)?;
                 self.pos += n;
-                if t == tag::TABLE {
+                let v = if t == tag::TABLE {
                     Value::Table(batch)
                 } else {
                     if batch.num_columns() != 1 {
@@ -707,6 +819,72 @@ impl Decoder<'_> {
                         field: batch.schema().field(0).clone().into(),
                         array: batch.column(0).clone(),
                     }
+                };
+                if self.shared && at.is_multiple_of(64) {
+                    Value::Shared {
+                        bytes: self.buf.slice_with_length(at, self.pos - at),
+                        value: Box::new(v),
+                    }
+                } else {
+                    v
+                }
+            }
+            tag::ALIGNED => {
+                let n = self.len("alignment length")?;
+                if n >= 64 {
+                    return Err(malformed(at, "alignment padding of 64 bytes or more"));
+                }
+                let pad_at = self.pos;
+                if self.take("alignment padding", n)?.iter().any(|&b| b != 0) {
+                    return Err(malformed(pad_at, "non-zero alignment padding"));
+                }
+                if !matches!(self.buf.get(self.pos), Some(&(tag::ARRAY | tag::TABLE))) {
+                    return Err(malformed(
+                        self.pos,
+                        "alignment padding before a non-Arrow value",
+                    ));
+                }
+                return self.value(depth);
+            }
+            tag::SHARED => {
+                let Some(mapper) = self.mapper else {
+                    return Err(malformed(
+                        at,
+                        "a shared value outside a pool or channel payload",
+                    ));
+                };
+                let d = self.take("shared region descriptor", 64)?;
+                let desc = crate::store::RegionDesc::read_from(d)
+                    .map_err(|why| malformed(at + 1, format!("shared value: {why}")))?;
+                let vat = self.u64("shared value offset")?;
+                let vlen = self.u64("shared value length")?;
+                // Adopting validates the descriptor and takes its reference over.
+                let region = Arc::new(mapper.adopt(&desc)?);
+                let whole = crate::store::Region::buffer(&region);
+                let end = vat.checked_add(vlen).filter(|&e| e <= whole.len() as u64);
+                if !vat.is_multiple_of(64) || end.is_none() || vlen == 0 {
+                    return Err(malformed(
+                        at,
+                        format!("shared value {vat}+{vlen} is not an aligned range of its region"),
+                    ));
+                }
+                let bytes = whole.slice_with_length(vat as usize, vlen as usize);
+                let mut inner = Decoder {
+                    buf: &bytes,
+                    pos: 0,
+                    mapper: None,
+                    shared: false,
+                };
+                let v = inner.value(depth + 1)?;
+                if inner.pos != bytes.len() || !matches!(v, Value::Array { .. } | Value::Table(_)) {
+                    return Err(malformed(
+                        at,
+                        "a shared value that is not one array or table",
+                    ));
+                }
+                Value::Shared {
+                    bytes,
+                    value: Box::new(v),
                 }
             }
             t => return Err(malformed(at, format!("unknown tag {t:#04x}"))),
@@ -722,6 +900,45 @@ impl Decoder<'_> {
         }
         Ok(items)
     }
+}
+
+/// The schema of an encoded array (`0C`) or table (`0D`) value, read from its first IPC
+/// message alone (no data is decoded or validated): for a binding that checks that what it
+/// would send on is still what it received.
+pub fn arrow_schema(bytes: &[u8]) -> Result<Arc<Schema>> {
+    if !matches!(bytes.first(), Some(&(tag::ARRAY | tag::TABLE))) {
+        return Err(malformed(0, "not an array or table value"));
+    }
+    let buf = Buffer::from_slice_ref(&bytes[..bytes.len().min(1 << 20)]);
+    let mut d = Decoder {
+        buf: &buf,
+        pos: 1,
+        mapper: None,
+        shared: false,
+    };
+    d.varint("arrow stream length")?;
+    d.skip_padding()?;
+    let at = d.pos;
+    let b = &buf.as_slice()[at..];
+    let head = b
+        .get(..8)
+        .ok_or_else(|| malformed(at, "arrow stream: truncated"))?;
+    if head[..4] != [0xff; 4] {
+        return Err(malformed(
+            at,
+            "arrow stream: message without continuation marker",
+        ));
+    }
+    let meta_len = usize::try_from(i32::from_le_bytes(head[4..8].try_into().expect("4 bytes")))
+        .ok()
+        .filter(|&m| 8 + m <= b.len())
+        .ok_or_else(|| malformed(at, "arrow stream: metadata length out of range"))?;
+    let msg = arrow_ipc::root_as_message(&b[8..8 + meta_len])
+        .map_err(|e| malformed(at, format!("arrow stream: {e}")))?;
+    let s = msg
+        .header_as_schema()
+        .ok_or_else(|| malformed(at, "arrow stream: no schema first"))?;
+    Ok(Arc::new(arrow_ipc::convert::try_fb_to_schema(s)?))
 }
 
 /// Decodes an IPC stream holding exactly one record batch, zero-copy, requiring alignment.

@@ -134,3 +134,84 @@ proptest! {
         let _ = envelope::read(&aligned(&h));
     }
 }
+
+fn table() -> arrow_array::RecordBatch {
+    use arrow_array::{ArrayRef, Float64Array, RecordBatch, StringArray};
+    use std::sync::Arc;
+    let a: ArrayRef = Arc::new(Float64Array::from(
+        (0..1000).map(f64::from).collect::<Vec<_>>(),
+    ));
+    let s: ArrayRef = Arc::new(StringArray::from(
+        (0..1000).map(|i| format!("s{i}")).collect::<Vec<_>>(),
+    ));
+    RecordBatch::try_from_iter([("a", a), ("s", s)]).unwrap()
+}
+
+#[test]
+fn arrays_in_payloads_start_aligned_and_plain_readers_skip_the_padding() {
+    let v = Value::List(vec![
+        Value::Int(1),
+        Value::Table(table()),
+        Value::Str("x".into()),
+    ]);
+    let enc = mizu_wire::encode_aligned(&v).unwrap().to_vec();
+    // The table's tag sits at a multiple of 64 after an 0F padding item.
+    let plain = mizu_wire::encode(&v).unwrap().to_vec();
+    assert_ne!(enc, plain);
+    assert_eq!(mizu_wire::decode(&aligned(&enc)).unwrap(), v);
+    // Padding rules: under 64 zero bytes, and only before an array or a table.
+    let pad_at = enc.iter().position(|&b| b == 0x0F).unwrap();
+    let mut bad = enc.clone();
+    bad[pad_at + 2] = 1; // a non-zero padding byte
+    assert!(mizu_wire::decode(&aligned(&bad)).is_err());
+    let mut not_arrow = vec![0x0F, 3, 0, 0, 0, 0x00];
+    assert!(mizu_wire::decode(&aligned(&not_arrow)).is_err());
+    not_arrow = vec![0x0F, 64];
+    not_arrow.extend([0u8; 64]);
+    not_arrow.push(0x00);
+    assert!(mizu_wire::decode(&aligned(&not_arrow)).is_err());
+}
+
+#[test]
+fn a_shared_table_is_sent_on_as_a_reference_to_its_region() {
+    use mizu_wire::{DataPool, Mapper, Region};
+    use std::sync::Arc;
+    // A payload holding a table arrives in a region (here: stored by this process).
+    let pool = DataPool::new(1 << 22);
+    let first = Envelope::value(&Value::Table(table())).unwrap().to_vec();
+    let region = pool.store(&first).unwrap();
+    let mapper = Mapper::new();
+    let adopted = Arc::new(mapper.adopt(&region.share()).unwrap());
+    let got = match envelope::read_with(&Region::buffer(&adopted), Some(&mapper)).unwrap() {
+        Received::Value(v) => v,
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        matches!(got, Value::Shared { .. }),
+        "an aligned table is shared"
+    );
+    assert_eq!(got, Value::Table(table()));
+    // Sent on unmodified, it is a reference (a few dozen bytes), not the table.
+    let again = Envelope::value(&got).unwrap().to_vec();
+    assert!(again.len() < 256, "{} bytes", again.len());
+    assert_eq!(again[envelope::HEADER_LEN], 0x0E);
+    // A reader adopts the reference and reads the same table, in the same region.
+    let back = match envelope::read_with(&aligned(&again), Some(&mapper)).unwrap() {
+        Received::Value(v) => v,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(back, Value::Table(table()));
+    let Value::Shared { bytes, .. } = &back else {
+        panic!("not shared")
+    };
+    let (r, _) = Region::containing(bytes.as_ptr()).expect("inside an adopted region");
+    assert_eq!(r.describe().name, region.describe().name);
+    // Without a mapper (a plain frame, say) a reference is refused, not followed.
+    assert!(envelope::read(&aligned(&again)).is_err());
+    assert!(mizu_wire::decode(&aligned(&again[envelope::HEADER_LEN..])).is_err());
+    // A reference to a range that is not an aligned value of its region is refused.
+    let mut off = again.clone();
+    let at = envelope::HEADER_LEN + 1 + 64;
+    off[at] = off[at].wrapping_add(8);
+    assert!(envelope::read_with(&aligned(&off), Some(&mapper)).is_err());
+}
