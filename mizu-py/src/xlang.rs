@@ -428,6 +428,11 @@ pub(crate) fn value_payload(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
 pub(crate) fn outcome(py: Python<'_>, payload: &Buffer) -> PyResult<(bool, Py<PyAny>)> {
     match envelope::read_with(payload, Some(&crate::ndarray::MAPPER)).map_err(crate::err)? {
         Received::Value(v) => Ok((true, to_py_natural(py, v)?)),
+        Received::Warned { value, warnings } => {
+            let v = to_py_natural(py, value)?;
+            helper(py)?.getattr("warn_r")?.call1((warnings,))?;
+            Ok((true, v))
+        }
         Received::Error(e) => Ok((
             false,
             helper(py)?

@@ -351,3 +351,17 @@ def test_a_frame_relayed_unmodified_comes_back_by_reference(rpool):
     # A computed result is new data.
     t3 = rpool.submit(pymizu.call("transform", t1, b=1)).result()
     assert pa.table(t3).column("a").chunks[0].buffers()[1].address != addr
+
+
+def test_r_warnings_are_warned_again_in_python(rpool):
+    with pytest.warns(pymizu.RWarning, match="careful"):
+        assert rpool.submit(pymizu.call(source='warning("careful"); 1')).result() == 1.0
+    with pytest.warns(pymizu.RWarning) as got:
+        assert rpool.submit(pymizu.call(source='warning("a"); warning("b"); 2')).result() == 2.0
+    assert [str(w.message) for w in got] == ["a", "b"]
+    # The next task starts without them.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert rpool.submit(pymizu.call("sum", 1)).result() == 1

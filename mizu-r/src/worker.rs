@@ -33,6 +33,8 @@ struct RExec {
     with_warnings: Function,
     /// `.xerror_parts(condition)`: what a caller of another language gets of an R error.
     xerror_parts: Function,
+    /// `.xwarning_messages(with_warnings(NULL))`: the messages of a task's warnings.
+    xwarning_messages: Function,
     /// The environment where the handlers record conditions (`.worker_state`).
     state: Robj,
     /// The symbol `warnings` (where the handlers keep a task's warnings; symbols are never
@@ -363,12 +365,19 @@ impl RExec {
             match evaluated {
                 Ok(v) => {
                     let _value = Unprotect(1);
-                    if self.warned() {
-                        // Not relayed across languages: reset what the handlers recorded.
-                        let _ = call1(&self.with_warnings, &Robj::from(()));
-                    }
+                    // The warnings the task raised go back with its value (the caller warns
+                    // again); reading them resets what the handlers recorded.
+                    let warnings: Vec<String> = if self.warned() {
+                        call1(&self.with_warnings, &Robj::from(()))
+                            .ok()
+                            .and_then(|w| call1(&self.xwarning_messages, &w).ok())
+                            .and_then(|m| m.as_str_iter().map(|it| it.map(str::to_owned).collect()))
+                            .unwrap_or_default()
+                    } else {
+                        Vec::new()
+                    };
                     match crate::xvalue::from_sexp(v, "the result") {
-                        Ok(value) => match Envelope::value(&value) {
+                        Ok(value) => match Envelope::value_warned(&value, &warnings) {
                             Ok(env) => (true, env),
                             Err(e) => {
                                 fail(&["mizu_error_not_portable", "mizu_error"], e.to_string())
@@ -647,6 +656,7 @@ fn run_worker(
     state: Robj,
     max_tasks: f64,
     xerror_parts: Function,
+    xwarning_messages: Function,
 ) -> Result<()> {
     let slot = usize::try_from(slot).map_err(|_| rerr("bad worker slot"))?;
     let calls: Vec<Robj> = hands
@@ -663,6 +673,7 @@ fn run_worker(
         failed,
         with_warnings,
         xerror_parts,
+        xwarning_messages,
         state,
         // SAFETY: R's main thread; installing a symbol only reads or extends the symbol table.
         warnings: unsafe { extendr_ffi::Rf_install(c"warnings".as_ptr()) },

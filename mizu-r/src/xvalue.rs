@@ -446,7 +446,7 @@ fn rerr(e: impl std::fmt::Display) -> Error {
 pub fn received(payload: &Buffer) -> Result<Robj> {
     use mizu_wire::envelope::{self, Received};
     match envelope::read_with(payload, Some(&crate::codec::MAPPER)).map_err(rerr)? {
-        Received::Value(v) => to_r(v),
+        Received::Value(v) | Received::Warned { value: v, .. } => to_r(v),
         Received::Error(e) => {
             let lang = if e.language == "python" {
                 "python"

@@ -26,6 +26,8 @@ pub const VERSION: u8 = 1;
 
 const MAGIC: [u8; 3] = [TAG, b'M', b'Z'];
 const SEEDED: u8 = 1;
+/// A return value with the warnings the task raised: the value is `[value, [message, ...]]`.
+const WARNED: u8 = 2;
 
 /// What a payload holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,6 +160,22 @@ impl Envelope {
         Envelope::new(Kind::Value, Context::default(), v)
     }
 
+    /// A task's return value and the messages of the warnings it raised (R's warnings, which
+    /// the caller signals again).
+    pub fn value_warned(v: &Value, warnings: &[String]) -> Result<Envelope> {
+        if warnings.is_empty() {
+            return Envelope::value(v);
+        }
+        let w = Value::List(warnings.iter().map(|m| Value::Str(m.clone())).collect());
+        let mut e = Envelope::new(
+            Kind::Value,
+            Context::default(),
+            &Value::List(vec![v.clone(), w]),
+        )?;
+        e.header[5] = WARNED;
+        Ok(e)
+    }
+
     /// A task's failure.
     pub fn error(e: &RemoteError) -> Result<Envelope> {
         Envelope::new(Kind::Error, Context::default(), &e.to_value())
@@ -208,6 +226,13 @@ pub enum Received {
     },
     /// A return value.
     Value(Value),
+    /// A return value with the messages of the warnings the task raised.
+    Warned {
+        /// The value.
+        value: Value,
+        /// The warnings' messages, in order.
+        warnings: Vec<String>,
+    },
     /// A failure.
     Error(RemoteError),
 }
@@ -243,8 +268,15 @@ pub fn read_with(payload: &Buffer, mapper: Option<&Mapper>) -> Result<Received> 
             ),
         ));
     }
-    if h[5] & !SEEDED != 0 || h[6..8] != [0, 0] || h[24..].iter().any(|&b| b != 0) {
+    if h[5] & !(SEEDED | WARNED) != 0 || h[6..8] != [0, 0] || h[24..].iter().any(|&b| b != 0) {
         return Err(malformed(5, "reserved header bytes are not zero"));
+    }
+    let warned = h[5] & WARNED != 0;
+    if warned && (h[4] != Kind::Value as u8 || h[5] & SEEDED != 0) {
+        return Err(malformed(
+            5,
+            "warnings on a payload that is not a return value",
+        ));
     }
     let seeded = h[5] & SEEDED != 0;
     let word = |at: usize| u64::from_le_bytes(h[at..at + 8].try_into().expect("8 bytes"));
@@ -287,6 +319,29 @@ pub fn read_with(payload: &Buffer, mapper: Option<&Mapper>) -> Result<Received> 
             }
             _ => Err(malformed(HEADER_LEN, "a task that is not a call")),
         },
+        2 if warned => {
+            let bad = || malformed(HEADER_LEN, "a warned value that is not [value, [messages]]");
+            let Value::List(mut parts) = v else {
+                return Err(bad());
+            };
+            if parts.len() != 2 {
+                return Err(bad());
+            }
+            let Value::List(ws) = parts.pop().expect("two") else {
+                return Err(bad());
+            };
+            let warnings = ws
+                .into_iter()
+                .map(|w| match w {
+                    Value::Str(s) => Ok(s),
+                    _ => Err(bad()),
+                })
+                .collect::<Result<_>>()?;
+            Ok(Received::Warned {
+                value: parts.pop().expect("one"),
+                warnings,
+            })
+        }
         2 => Ok(Received::Value(v)),
         3 => RemoteError::from_value(v).map(Received::Error),
         k => Err(malformed(4, format!("unknown payload kind {k}"))),

@@ -215,3 +215,29 @@ fn a_shared_table_is_sent_on_as_a_reference_to_its_region() {
     off[at] = off[at].wrapping_add(8);
     assert!(envelope::read_with(&aligned(&off), Some(&mapper)).is_err());
 }
+
+#[test]
+fn warnings_ride_with_a_value() {
+    let w = vec!["careful".to_string(), "twice".to_string()];
+    let bytes = Envelope::value_warned(&Value::Float(1.0), &w).unwrap().to_vec();
+    match envelope::read(&aligned(&bytes)).unwrap() {
+        Received::Warned { value, warnings } => {
+            assert_eq!(value, Value::Float(1.0));
+            assert_eq!(warnings, w);
+        }
+        other => panic!("{other:?}"),
+    }
+    // No warnings: a plain value.
+    let plain = Envelope::value_warned(&Value::Int(2), &[]).unwrap().to_vec();
+    assert!(matches!(
+        envelope::read(&aligned(&plain)).unwrap(),
+        Received::Value(Value::Int(2))
+    ));
+    // The flag on anything but a value, or over a value of another shape, is refused.
+    let mut bad = Envelope::error(&RemoteError::default()).unwrap().to_vec();
+    bad[5] = 2;
+    assert!(envelope::read(&aligned(&bad)).is_err());
+    let mut bad = Envelope::value(&Value::Int(3)).unwrap().to_vec();
+    bad[5] = 2;
+    assert!(envelope::read(&aligned(&bad)).is_err());
+}

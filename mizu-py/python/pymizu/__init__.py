@@ -33,7 +33,7 @@ from ._channel import CLOSED, FULL, PEER_GONE, TIMEOUT, Channel
 from ._executor import PoolExecutor
 from ._pool import Pool, Task, current_pool
 from ._rng import current_rng
-from ._xlang import PythonTaskError, RError, call
+from ._xlang import PythonTaskError, RError, RWarning, call
 from .wire import ArrowArray, ArrowTable
 
 __all__ = [
@@ -59,6 +59,7 @@ __all__ = [
     "WorkerDiedError",
     "PythonTaskError",
     "RError",
+    "RWarning",
     "call",
     "current_pool",
     "current_rng",

@@ -13,7 +13,7 @@ from . import _rng
 from ._errors import TaskError
 from .wire import Call
 
-__all__ = ["call", "RError", "PythonTaskError"]
+__all__ = ["call", "RError", "RWarning", "PythonTaskError"]
 
 
 def call(target: str | None = None, /, *args, source: str | None = None, **kwargs) -> Call:
@@ -54,6 +54,17 @@ class RError(TaskError):
 
     def __reduce__(self):
         return (type(self), (self.classes, self.message, self.call, self.traceback))
+
+
+class RWarning(UserWarning):
+    """A warning an R task raised (issued again in the caller when its value is collected)."""
+
+
+def warn_r(messages: list) -> None:
+    import warnings
+
+    for m in messages:
+        warnings.warn(RWarning(m), stacklevel=3)
 
 
 class PythonTaskError(TaskError):

@@ -19,7 +19,8 @@
     eval(init, globalenv())
   }
   .Call(wrap__run_worker, a[[n - 1L]], as.integer(a[[n]]), .handlers_call(), .dispatch,
-        .task_failed, .with_warnings, .worker_state, max_tasks, .xerror_parts)
+        .task_failed, .with_warnings, .worker_state, max_tasks, .xerror_parts,
+        .xwarning_messages)
   invisible()
 }
 
@@ -109,6 +110,11 @@
   }
   if (!is.function(f)) stop(sprintf("`%s` is not a function", target), call. = FALSE)
   do.call(f, c(args, kwargs), quote = TRUE)
+}
+
+# The messages of the warnings in .with_warnings()'s value (for a caller of another language).
+.xwarning_messages <- function(w) {
+  vapply(w[[2]], function(c) paste(conditionMessage(c), collapse = "\n"), "")
 }
 
 # What a Python caller gets of an R error: list(classes, message, call, traceback), each text.
