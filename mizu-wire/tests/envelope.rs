@@ -219,7 +219,9 @@ fn a_shared_table_is_sent_on_as_a_reference_to_its_region() {
 #[test]
 fn warnings_ride_with_a_value() {
     let w = vec!["careful".to_string(), "twice".to_string()];
-    let bytes = Envelope::value_warned(&Value::Float(1.0), &w).unwrap().to_vec();
+    let bytes = Envelope::value_warned(&Value::Float(1.0), &w)
+        .unwrap()
+        .to_vec();
     match envelope::read(&aligned(&bytes)).unwrap() {
         Received::Warned { value, warnings } => {
             assert_eq!(value, Value::Float(1.0));
@@ -228,7 +230,9 @@ fn warnings_ride_with_a_value() {
         other => panic!("{other:?}"),
     }
     // No warnings: a plain value.
-    let plain = Envelope::value_warned(&Value::Int(2), &[]).unwrap().to_vec();
+    let plain = Envelope::value_warned(&Value::Int(2), &[])
+        .unwrap()
+        .to_vec();
     assert!(matches!(
         envelope::read(&aligned(&plain)).unwrap(),
         Received::Value(Value::Int(2))
