@@ -616,6 +616,7 @@ pub(crate) fn decode_in(
         pos: 0,
         mapper,
         shared,
+        trusted: false,
     };
     let v = d.value(0)?;
     if d.pos != buf.len() {
@@ -642,6 +643,9 @@ struct Decoder<'a> {
     mapper: Option<&'a crate::store::Mapper>,
     /// Aligned arrays and tables are returned as [`Value::Shared`].
     shared: bool,
+    /// The bytes were decoded and validated by this process before (see [`validated`]): the
+    /// arrays' contents are not checked again.
+    trusted: bool,
 }
 
 impl Decoder<'_> {
@@ -804,7 +808,7 @@ impl Decoder<'_> {
                 self.skip_padding()?;
                 self.need("arrow stream", n)?;
                 let stream = self.buf.slice_with_length(self.pos, n);
-                let batch = decode_arrow(stream, self.pos)?;
+                let batch = decode_arrow(stream, self.pos, self.trusted)?;
                 self.pos += n;
                 let v = if t == tag::TABLE {
                     Value::Table(batch)
@@ -821,6 +825,12 @@ impl Decoder<'_> {
                     }
                 };
                 if self.shared && at.is_multiple_of(64) {
+                    // Sent on by reference, these bytes come back: they are known good.
+                    if let Some((r, off)) =
+                        crate::store::Region::containing(self.buf.as_ptr().wrapping_add(at))
+                    {
+                        validated::insert(validated::key(&r.describe(), off, self.pos - at));
+                    }
                     Value::Shared {
                         bytes: self.buf.slice_with_length(at, self.pos - at),
                         value: Box::new(v),
@@ -869,11 +879,13 @@ impl Decoder<'_> {
                     ));
                 }
                 let bytes = whole.slice_with_length(vat as usize, vlen as usize);
+                let key = validated::key(&region.describe(), vat as usize, vlen as usize);
                 let mut inner = Decoder {
                     buf: &bytes,
                     pos: 0,
                     mapper: None,
                     shared: false,
+                    trusted: validated::contains(&key),
                 };
                 let v = inner.value(depth + 1)?;
                 if inner.pos != bytes.len() || !matches!(v, Value::Array { .. } | Value::Table(_)) {
@@ -882,6 +894,7 @@ impl Decoder<'_> {
                         "a shared value that is not one array or table",
                     ));
                 }
+                validated::insert(key);
                 Value::Shared {
                     bytes,
                     value: Box::new(v),
@@ -915,6 +928,7 @@ pub fn arrow_schema(bytes: &[u8]) -> Result<Arc<Schema>> {
         pos: 1,
         mapper: None,
         shared: false,
+        trusted: false,
     };
     d.varint("arrow stream length")?;
     d.skip_padding()?;
@@ -941,8 +955,56 @@ pub fn arrow_schema(bytes: &[u8]) -> Result<Arc<Schema>> {
     Ok(Arc::new(arrow_ipc::convert::try_fb_to_schema(s)?))
 }
 
+/// Arrow values in shared memory this process has decoded and validated: a region's bytes
+/// never change while it is referenced, and a segment's space is reused only in a new lap (a
+/// new generation), so the same (segment, generation, region, offset, length) names the same
+/// bytes — a value relayed back and forth is validated once per process, not per trip.
+mod validated {
+    use std::collections::{HashSet, VecDeque};
+    use std::sync::Mutex;
+
+    use crate::store::RegionDesc;
+
+    /// Segment name, generation, region offset in the segment, offset in the region, length.
+    pub(super) type Key = (String, u64, u64, usize, usize);
+
+    const MAX: usize = 4096;
+
+    type Seen = (Option<HashSet<Key>>, VecDeque<Key>);
+    static SEEN: Mutex<Seen> = Mutex::new((None, VecDeque::new()));
+
+    pub(super) fn key(region: &RegionDesc, at: usize, len: usize) -> Key {
+        (
+            region.name.clone(),
+            region.generation,
+            region.offset,
+            at,
+            len,
+        )
+    }
+
+    pub(super) fn contains(k: &Key) -> bool {
+        let g = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+        g.0.as_ref().is_some_and(|s| s.contains(k))
+    }
+
+    pub(super) fn insert(k: Key) {
+        let mut g = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+        let (set, order) = &mut *g;
+        let set = set.get_or_insert_with(HashSet::new);
+        if set.insert(k.clone()) {
+            order.push_back(k);
+            if order.len() > MAX
+                && let Some(old) = order.pop_front()
+            {
+                set.remove(&old);
+            }
+        }
+    }
+}
+
 /// Decodes an IPC stream holding exactly one record batch, zero-copy, requiring alignment.
-fn decode_arrow(stream: Buffer, at: usize) -> Result<RecordBatch> {
+fn decode_arrow(stream: Buffer, at: usize, trusted: bool) -> Result<RecordBatch> {
     // Arrow only checks each buffer's natural alignment; the format promises 64 so receivers
     // get SIMD-friendly views, and a value placed otherwise is a misuse worth an error.
     if !(stream.as_ptr() as usize).is_multiple_of(64) {
@@ -955,7 +1017,7 @@ fn decode_arrow(stream: Buffer, at: usize) -> Result<RecordBatch> {
     // arrow-data 60.1 still asserts (panics) on some malformed bodies, e.g. an offsets buffer
     // whose length is not a whole number of offsets. Contain that here, on local state only,
     // so hostile bytes are an error and never a panic that could cross an FFI boundary.
-    let decoded = quietly(move || read_ipc_stream(&stream));
+    let decoded = quietly(move || read_ipc_stream(&stream, trusted));
     let (batch, extra) = match decoded {
         Ok(r) => r?,
         Err(p) => {
@@ -1011,6 +1073,7 @@ fn quietly<T>(f: impl FnOnce() -> T) -> std::thread::Result<T> {
 /// before it is returned.
 fn read_ipc_stream(
     stream: &Buffer,
+    trusted: bool,
 ) -> std::result::Result<(Option<RecordBatch>, bool), arrow_schema::ArrowError> {
     use arrow_ipc::MessageHeader;
     use arrow_schema::ArrowError;
@@ -1075,8 +1138,10 @@ fn read_ipc_stream(
                 .with_require_alignment(true)
                 .with_skip_validation(skip.clone())
                 .read_record_batch()?;
-                for c in read.columns() {
-                    validate_array(&c.to_data())?;
+                if !trusted {
+                    for c in read.columns() {
+                        validate_array(&c.to_data())?;
+                    }
                 }
                 extra |= batch.replace(read).is_some();
             }

@@ -245,3 +245,37 @@ fn warnings_ride_with_a_value() {
     bad[5] = 2;
     assert!(envelope::read(&aligned(&bad)).is_err());
 }
+
+#[test]
+fn a_referenced_value_decoded_once_is_not_validated_again_but_still_checked() {
+    use mizu_wire::{DataPool, Mapper, Region};
+    use std::sync::Arc;
+    let pool = DataPool::new(1 << 22);
+    let region = pool
+        .store(&Envelope::value(&Value::Table(table())).unwrap().to_vec())
+        .unwrap();
+    let mapper = Mapper::new();
+    let adopted = Arc::new(mapper.adopt(&region.share()).unwrap());
+    let Received::Value(got) =
+        envelope::read_with(&Region::buffer(&adopted), Some(&mapper)).unwrap()
+    else {
+        panic!("not a value")
+    };
+    // Two trips by reference: the second reads bytes this process validated in the first.
+    for _ in 0..2 {
+        let again = Envelope::value(&got).unwrap().to_vec();
+        let Received::Value(back) = envelope::read_with(&aligned(&again), Some(&mapper)).unwrap()
+        else {
+            panic!("not a value")
+        };
+        assert_eq!(back, Value::Table(table()));
+    }
+    // The structure of trusted bytes is still checked: a reference to a range that is not the
+    // value (shorter) is an error, not a read past it.
+    let again = Envelope::value(&got).unwrap().to_vec();
+    let mut cut = again.clone();
+    let len_at = envelope::HEADER_LEN + 1 + 64 + 8;
+    let len = u64::from_le_bytes(cut[len_at..len_at + 8].try_into().unwrap());
+    cut[len_at..len_at + 8].copy_from_slice(&(len - 64).to_le_bytes());
+    assert!(envelope::read_with(&aligned(&cut), Some(&mapper)).is_err());
+}
