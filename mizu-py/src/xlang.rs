@@ -454,7 +454,7 @@ pub(crate) fn run_task(py: Python<'_>, payload: &Buffer) -> (bool, Envelope) {
             call: String::new(),
             traceback,
         };
-        (false, error_envelope(&e))
+        (false, Envelope::failure_of(&e))
     };
     let (target, args, kwargs, ctx) =
         match envelope::read_with(payload, Some(&crate::ndarray::MAPPER)) {
@@ -531,16 +531,4 @@ fn function<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
     let f = helper(py)?.getattr("resolve")?.call1((name,))?;
     LAST_FN.with(|c| *c.borrow_mut() = Some((name.to_owned(), f.clone().unbind())));
     Ok(f)
-}
-
-fn error_envelope(e: &RemoteError) -> Envelope {
-    Envelope::error(e).unwrap_or_else(|_| {
-        Envelope::error(&RemoteError {
-            language: e.language.clone(),
-            classes: vec!["Exception".into()],
-            message: "the task's error could not be encoded".into(),
-            ..Default::default()
-        })
-        .expect("a plain error encodes")
-    })
 }

@@ -230,20 +230,7 @@ impl RExec {
                     return Err(text(&why));
                 }
             };
-            // Write straight into the result slot/region; fall back to bytes where that is
-            // not possible (inside a map element).
-            let mut replied = ctx.reply(ok, &out as &dyn mizu_pool::Fill);
-            if matches!(&replied, Err(mizu_pool::PoolError::Wire(w)) if w.is_no_space()) {
-                // `/dev/shm` is full: views this worker no longer uses may hold it (the inputs
-                // of earlier tasks, promoted by a collection while they were in use).
-                crate::view::collect_under_pressure();
-                replied = ctx.reply(ok, &out as &dyn mizu_pool::Fill);
-            }
-            if replied.is_ok() {
-                return Ok(Vec::new());
-            }
-            let v = out.to_vec();
-            if ok { Ok(v) } else { Err(v) }
+            reply(ctx, ok, &out)
         }
     }
 }
@@ -253,15 +240,6 @@ impl RExec {
     /// payload. The call runs through `.dispatch` (kind `"x"`) in the task's top-level context,
     /// with the worker's handlers, as an R task does.
     fn run_xlang(&self, buf: &arrow_buffer::Buffer) -> (bool, Envelope) {
-        let fail = |classes: &[&str], message: String| {
-            let e = RemoteError {
-                language: "r".into(),
-                classes: classes.iter().map(|c| (*c).to_owned()).collect(),
-                message,
-                ..Default::default()
-            };
-            (false, error_envelope(&e))
-        };
         let (target, args, kwargs, xctx) =
             match envelope::read_with(buf, Some(&crate::codec::MAPPER)) {
                 Ok(Received::Task {
@@ -351,15 +329,6 @@ impl RExec {
     /// R's main thread; `evaluated` is what [`RExec::eval_task`] returned (a value protected
     /// once), which stays protected until its payload is made (arrays lend its memory).
     unsafe fn finish_xlang(&self, evaluated: std::result::Result<SEXP, ()>) -> (bool, Envelope) {
-        let fail = |classes: &[&str], message: String| {
-            let e = RemoteError {
-                language: "r".into(),
-                classes: classes.iter().map(|c| (*c).to_owned()).collect(),
-                message,
-                ..Default::default()
-            };
-            (false, error_envelope(&e))
-        };
         // SAFETY: the caller's contract.
         unsafe {
             match evaluated {
@@ -408,7 +377,7 @@ impl RExec {
                                 call: call.concat(),
                                 traceback: traceback.concat(),
                             };
-                            (false, error_envelope(&e))
+                            (false, Envelope::failure_of(&e))
                         }
                         None => fail(&["error"], "the task failed and so did reporting it".into()),
                     }
@@ -418,16 +387,9 @@ impl RExec {
     }
 }
 
-fn error_envelope(e: &RemoteError) -> Envelope {
-    Envelope::error(e).unwrap_or_else(|_| {
-        Envelope::error(&RemoteError {
-            language: e.language.clone(),
-            classes: vec!["error".into()],
-            message: "the task's error could not be encoded".into(),
-            ..Default::default()
-        })
-        .expect("a plain error encodes")
-    })
+/// A failed cross-language task of this (R) worker.
+fn fail(classes: &[&str], message: String) -> (bool, Envelope) {
+    (false, Envelope::failure("r", classes, message))
 }
 
 /// `list("e", <call>, globalenv())` (unprotected): an expression task calling the function
@@ -477,7 +439,8 @@ unsafe fn call_message(name: &str, parts: &[(Option<String>, SEXP)]) -> SEXP {
     }
 }
 
-/// Writes an outcome straight into the result slot/region; bytes where that is not possible.
+/// Writes an outcome straight into the result slot/region; bytes where that is not possible
+/// (inside a map element).
 fn reply(
     ctx: &TaskContext<'_>,
     ok: bool,
@@ -485,6 +448,8 @@ fn reply(
 ) -> std::result::Result<Vec<u8>, Vec<u8>> {
     let mut replied = ctx.reply(ok, out);
     if matches!(&replied, Err(mizu_pool::PoolError::Wire(w)) if w.is_no_space()) {
+        // `/dev/shm` is full: views this worker no longer uses may hold it (the inputs of
+        // earlier tasks, promoted by a collection while they were in use).
         crate::view::collect_under_pressure();
         replied = ctx.reply(ok, out);
     }

@@ -181,6 +181,30 @@ impl Envelope {
         Envelope::new(Kind::Error, Context::default(), &e.to_value())
     }
 
+    /// A task's failure in `language` with these classes and message (what a worker reports
+    /// when it cannot run or answer a task): never fails to encode.
+    pub fn failure(language: &str, classes: &[&str], message: String) -> Envelope {
+        Envelope::failure_of(&RemoteError {
+            language: language.into(),
+            classes: classes.iter().map(|c| (*c).to_owned()).collect(),
+            message,
+            ..Default::default()
+        })
+    }
+
+    /// [`Envelope::error`], or a plain error saying that `e` could not be encoded.
+    pub fn failure_of(e: &RemoteError) -> Envelope {
+        Envelope::error(e).unwrap_or_else(|_| {
+            Envelope::error(&RemoteError {
+                language: e.language.clone(),
+                classes: vec!["error".into()],
+                message: "the task's error could not be encoded".into(),
+                ..Default::default()
+            })
+            .expect("a plain error encodes")
+        })
+    }
+
     /// Total length in bytes.
     pub fn len(&self) -> usize {
         HEADER_LEN + self.body.len()
