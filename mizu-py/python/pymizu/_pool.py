@@ -499,11 +499,14 @@ class Pool(_Submitter):
     """A pool of worker processes (fresh interpreters, never forks of the caller).
 
     `Pool(workers=None, *, initializer=None, initargs=(), max_tasks_per_child=None,
-    exec_timeout=None, slots=4096)`: `workers` defaults to the usable CPU count;
+    exec_timeout=None, slots=4096, language="python")`: `workers` defaults to the usable CPU count;
     `initializer(*initargs)` runs in every worker before its first task;
     `max_tasks_per_child` replaces a worker after that many tasks; `exec_timeout` kills and
     replaces a worker whose task runs longer (the task fails with `ExecTimeoutError`);
     `slots` bounds the tasks in flight (submission waits when all are taken).
+    `language="r"` starts R workers (the mizu R package, through `Rscript`) that run
+    `pymizu.call(...)` tasks: `submit(pymizu.call("stats::median", x))`, `map(call, xs)`
+    (each element appended to the call's arguments); values cross as `docs/interop.md` says.
     A context manager: leaving it stops the pool.
     """
 
