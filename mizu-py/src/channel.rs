@@ -37,6 +37,20 @@ pub struct Channel {
 }
 
 impl Channel {
+    /// Sends encoded messages without blocking: `(sent, status)` (0 all sent, 1 full, 2
+    /// closed, 3 peer gone).
+    fn send_payloads(&self, py: Python<'_>, bytes: &[Vec<u8>]) -> PyResult<(usize, u8)> {
+        let r = py.detach(|| {
+            let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            c.send_batch(bytes.iter().map(Vec::as_slice))
+        });
+        match r {
+            Ok(n) if n == bytes.len() => Ok((n, 0)),
+            Ok(n) => Ok((n, 1)),
+            Err(e) => Ok((0, send_status(&e)?)),
+        }
+    }
+
     fn new(c: mizu_pool::Channel) -> Channel {
         Channel {
             token: c.token().to_owned(),
@@ -91,19 +105,9 @@ impl Channel {
             .iter()
             .map(|(p, b)| Outgoing::new(py, p.as_bytes(py), b.bind(py)).map(|o| encode_vec(&o)))
             .collect::<PyResult<Vec<_>>>()?;
-        let r = py.detach(|| {
-            let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            c.send_batch(bytes.iter().map(Vec::as_slice))
-        });
-        match r {
-            Ok(n) if n == bytes.len() => Ok((n, 0)),
-            Ok(n) => Ok((n, 1)),
-            Err(e) => Ok((0, send_status(&e)?)),
-        }
+        self.send_payloads(py, &bytes)
     }
 
-    /// Waits at most `timeout` seconds (forever when None) for a message: `(status, pickle,
-    /// buffers)` with status 0 message, 1 timeout, 2 closed, 3 peer gone.
     /// Sends values in the cross-language format (a channel to a peer of another language),
     /// without blocking: `(sent, status)` as `send_batch`.
     fn send_values(&self, py: Python<'_>, objs: Vec<Bound<'_, PyAny>>) -> PyResult<(usize, u8)> {
@@ -115,15 +119,7 @@ impl Channel {
                 crate::xlang::at(format!("message {i}: "), || crate::xlang::value_payload(o))
             })
             .collect::<PyResult<Vec<_>>>()?;
-        let r = py.detach(|| {
-            let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            c.send_batch(bytes.iter().map(Vec::as_slice))
-        });
-        match r {
-            Ok(n) if n == bytes.len() => Ok((n, 0)),
-            Ok(n) => Ok((n, 1)),
-            Err(e) => Ok((0, send_status(&e)?)),
-        }
+        self.send_payloads(py, &bytes)
     }
 
     /// Waits for a message: `(status, data, buffers)` — status 0 a Python payload (`data` and

@@ -456,17 +456,15 @@ pub(crate) fn run_task(py: Python<'_>, payload: &Buffer) -> (bool, Envelope) {
         };
         (false, Envelope::failure_of(&e))
     };
-    let (target, args, kwargs, ctx) =
-        match envelope::read_with(payload, Some(&crate::ndarray::MAPPER)) {
-            Ok(Received::Task {
-                target,
-                args,
-                kwargs,
-                ctx,
-            }) => (target, args, kwargs, ctx),
-            Ok(_) => return fail(vec!["MizuError".into()], "not a task".into(), String::new()),
-            Err(e) => return fail(vec!["MizuError".into()], e.to_string(), String::new()),
-        };
+    let envelope::Task {
+        target,
+        args,
+        kwargs,
+        ctx,
+    } = match envelope::read_task(payload, Some(&crate::ndarray::MAPPER)) {
+        Ok(t) => t,
+        Err(e) => return fail(vec!["MizuError".into()], e.to_string(), String::new()),
+    };
     let result = (|| -> PyResult<Bound<'_, PyAny>> {
         let (t, source) = match target {
             CallTarget::Name(n) => (n, false),

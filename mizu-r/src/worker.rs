@@ -8,7 +8,7 @@ use extendr_api::Result;
 use extendr_api::prelude::*;
 use extendr_ffi::{Rf_protect, Rf_unprotect, SEXP};
 use mizu_pool::{Executor, TaskContext};
-use mizu_wire::envelope::{self, Envelope, Received, RemoteError};
+use mizu_wire::envelope::{self, Envelope, RemoteError};
 
 use crate::codec::{Decoded, Outgoing, decode, decode_small, text};
 use crate::ffi;
@@ -240,17 +240,15 @@ impl RExec {
     /// payload. The call runs through `.dispatch` (kind `"x"`) in the task's top-level context,
     /// with the worker's handlers, as an R task does.
     fn run_xlang(&self, buf: &arrow_buffer::Buffer) -> (bool, Envelope) {
-        let (target, args, kwargs, xctx) =
-            match envelope::read_with(buf, Some(&crate::codec::MAPPER)) {
-                Ok(Received::Task {
-                    target,
-                    args,
-                    kwargs,
-                    ctx,
-                }) => (target, args, kwargs, ctx),
-                Ok(_) => return fail(&["mizu_error"], "not a task".into()),
-                Err(e) => return fail(&["mizu_error"], format!("malformed task: {e}")),
-            };
+        let envelope::Task {
+            target,
+            args,
+            kwargs,
+            ctx: xctx,
+        } = match envelope::read_task(buf, Some(&crate::codec::MAPPER)) {
+            Ok(t) => t,
+            Err(e) => return fail(&["mizu_error"], format!("malformed task: {e}")),
+        };
         // A named function without a seed: the call itself, evaluated natively in the global
         // environment (no R closure in between: `.xrun` costs ~20 µs a task).
         let direct = match (&target, xctx.seed) {

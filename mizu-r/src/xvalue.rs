@@ -62,6 +62,13 @@ fn other_attrs(x: &Robj) -> Vec<String> {
     out
 }
 
+/// The class attribute of `x` (empty without one).
+fn classes(x: &Robj) -> Vec<String> {
+    x.class()
+        .map(|c| c.map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
 fn describe(x: &Robj) -> &'static str {
     match x.rtype() {
         Rtype::Environment => "an environment",
@@ -125,10 +132,7 @@ pub fn from_r(x: &Robj, path: &str) -> std::result::Result<Value, NotPortable> {
                 return Ok(scalar(x, 0));
             }
             if mapped_class(x).is_none() {
-                let cls: Vec<String> = x
-                    .class()
-                    .map(|c| c.map(str::to_owned).collect())
-                    .unwrap_or_default();
+                let cls = classes(x);
                 return Err(np(
                     path,
                     format!(
@@ -238,10 +242,7 @@ fn list(x: &Robj, path: &str) -> std::result::Result<Value, NotPortable> {
         });
     }
     if x.class().is_some() || !other_attrs(x).is_empty() {
-        let cls: Vec<String> = x
-            .class()
-            .map(|c| c.map(str::to_owned).collect())
-            .unwrap_or_default();
+        let cls = classes(x);
         return Err(np(
             path,
             format!(

@@ -269,6 +269,37 @@ pub fn read(payload: &Buffer) -> Result<Received> {
     read_with(payload, None)
 }
 
+/// A task's parts, as a worker runs it.
+#[derive(Debug)]
+pub struct Task {
+    /// What to call.
+    pub target: CallTarget,
+    /// Positional arguments.
+    pub args: Vec<Value>,
+    /// Named arguments.
+    pub kwargs: Vec<(String, Value)>,
+    /// Seed and element index.
+    pub ctx: Context,
+}
+
+/// [`read_with`] for a worker: the task, or an error for a payload that is not one.
+pub fn read_task(payload: &Buffer, mapper: Option<&Mapper>) -> Result<Task> {
+    match read_with(payload, mapper)? {
+        Received::Task {
+            target,
+            args,
+            kwargs,
+            ctx,
+        } => Ok(Task {
+            target,
+            args,
+            kwargs,
+            ctx,
+        }),
+        _ => Err(malformed(4, "a result where a task was expected")),
+    }
+}
+
 /// [`read`], adopting the regions that shared values refer to with `mapper`.
 pub fn read_with(payload: &Buffer, mapper: Option<&Mapper>) -> Result<Received> {
     if payload.len() < HEADER_LEN {
