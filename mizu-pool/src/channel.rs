@@ -248,7 +248,7 @@ impl Drop for Channel {
         if let Some(mut c) = self.child.take() {
             let t0 = Instant::now();
             let exited = loop {
-                if let Ok(Some(_)) = c.try_wait() {
+                if crate::pool::exited(&mut c) {
                     break true;
                 }
                 if t0.elapsed() >= Duration::from_secs(2) {

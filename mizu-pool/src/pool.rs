@@ -3,7 +3,7 @@
 
 use std::ffi::OsString;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -189,6 +189,8 @@ pub struct Pool {
     children: Arc<Mutex<Children>>,
     launcher: Launcher,
     stopping: Arc<AtomicBool>,
+    /// Workers that died on their own (not retired, recycled, timed out or stopped).
+    deaths: Arc<AtomicU64>,
     monitor: Option<JoinHandle<()>>,
     cfg: PoolConfig,
 }
@@ -247,6 +249,7 @@ impl Pool {
             children,
             launcher,
             stopping: Arc::new(AtomicBool::new(false)),
+            deaths: Arc::new(AtomicU64::new(0)),
             monitor: None,
             cfg,
         };
@@ -284,7 +287,11 @@ impl Pool {
                 }
                 let mut ch = self.children.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(c) = ch.procs[slot].as_mut()
-                    && let Ok(Some(st)) = c.try_wait()
+                    && let Some(st) = match c.try_wait() {
+                        Ok(Some(st)) => Some(st.to_string()),
+                        Ok(None) => None,
+                        Err(e) => Some(format!("its status was collected elsewhere ({e})")),
+                    }
                 {
                     return Err(PoolError::Launch {
                         slot,
@@ -312,10 +319,17 @@ impl Pool {
             self.stopping.clone(),
             self.cfg.clone(),
         );
+        let deaths = self.deaths.clone();
         self.monitor = Some(
             std::thread::Builder::new()
                 .name("mizu-pool-monitor".into())
-                .spawn(move || monitor(&shared, &children, &launcher, &stopping, &cfg))
+                .spawn(move || {
+                    let watch = Watch {
+                        stopping: &stopping,
+                        deaths: &deaths,
+                    };
+                    monitor(&shared, &children, &launcher, watch, &cfg)
+                })
                 .expect("spawn the pool monitor thread"),
         );
     }
@@ -461,6 +475,14 @@ impl Pool {
         }
     }
 
+    /// How many workers died on their own so far: killed, crashed or exited while serving —
+    /// not retired, recycled after their task quota, killed for the execution timeout or
+    /// stopped. A binding that treats a death as fatal (as `ProcessPoolExecutor` does) compares
+    /// it with the count it saw before.
+    pub fn deaths(&self) -> u64 {
+        self.deaths.load(Ordering::Acquire)
+    }
+
     /// The pids of every worker process this pool launched (replacements included).
     pub fn launched_pids(&self) -> Vec<u32> {
         self.children
@@ -548,7 +570,7 @@ impl Pool {
         for (w, c) in ch.procs.iter_mut().enumerate() {
             let Some(child) = c.as_mut() else { continue };
             loop {
-                if let Ok(Some(_)) = child.try_wait() {
+                if exited(child) {
                     break;
                 }
                 if Instant::now() >= deadline {
@@ -578,6 +600,13 @@ impl Drop for Pool {
     }
 }
 
+/// Whether `child` has exited: reaped now, or reaped already by someone else in this process
+/// (a `waitpid(-1, …)` elsewhere — a test harness, a SIGCHLD handler — makes `try_wait` fail
+/// with ECHILD; taking that for "still running" would leave its task waiting forever).
+pub(crate) fn exited(child: &mut Child) -> bool {
+    !matches!(child.try_wait(), Ok(None))
+}
+
 fn launch(
     shared: &Shared,
     children: &Mutex<Children>,
@@ -602,14 +631,22 @@ fn launch(
     Ok(())
 }
 
+/// The monitor's flags: the pool is stopping; workers that died on their own.
+#[derive(Clone, Copy)]
+struct Watch<'a> {
+    stopping: &'a AtomicBool,
+    deaths: &'a AtomicU64,
+}
+
 /// Watches the workers: reaps and replaces dead ones, kills those over the execution timeout.
 fn monitor(
     shared: &Shared,
     children: &Mutex<Children>,
     launcher: &Launcher,
-    stopping: &AtomicBool,
+    watch: Watch<'_>,
     cfg: &PoolConfig,
 ) {
+    let Watch { stopping, deaths } = watch;
     let v = shared.view();
     while !stopping.load(Ordering::SeqCst) {
         let mut relaunch = Vec::new();
@@ -621,7 +658,7 @@ fn monitor(
                     continue;
                 };
                 let rec = &v.worker(w).rec;
-                if let Ok(Some(_status)) = child.try_wait() {
+                if exited(child) {
                     let pid = child.id();
                     let was = rec.state.swap(wstate::DEAD, Ordering::AcqRel);
                     let why = if ch.kill_reason[w] != 0 {
@@ -629,6 +666,10 @@ fn monitor(
                     } else {
                         reason::DIED
                     };
+                    // Counted before its task fails: whoever sees that failure sees the death.
+                    if why == reason::DIED && was == wstate::READY {
+                        deaths.fetch_add(1, Ordering::AcqRel);
+                    }
                     reap_worker(shared, w, pid, why);
                     ch.procs[w] = None;
                     // Replace workers that died serving or left after their task quota; not

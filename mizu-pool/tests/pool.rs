@@ -108,6 +108,7 @@ fn kill_9_of_a_worker_mid_task_fails_that_task_and_the_pool_replaces_the_worker(
         p.status().workers[0].state == "ready" && p.status().workers[0].pid != victim
     });
     assert_eq!(p.status().respawns, 1);
+    assert_eq!(p.deaths(), 1, "a killed worker is a death");
     assert_eq!(text(&p.call(b"echo:still here").unwrap()), "still here");
 }
 
@@ -187,6 +188,7 @@ fn a_task_over_the_execution_timeout_fails_and_its_worker_is_replaced() {
         "{e:?}"
     );
     assert_eq!(text(&p.call(b"echo:ok").unwrap()), "ok");
+    assert_eq!(p.deaths(), 0, "a worker killed for the timeout is not a death");
 }
 
 #[test]
@@ -732,6 +734,7 @@ fn a_recycled_worker_leaves_after_its_task_and_is_replaced() {
         next != first
     });
     assert_eq!(p.status().respawns, 1);
+    assert_eq!(p.deaths(), 0, "a recycled worker is not a death");
     assert_eq!(
         text(&p.submit(b"echo:on").unwrap().result(GUARD).unwrap()),
         "on"

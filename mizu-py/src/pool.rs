@@ -364,6 +364,14 @@ impl Pool {
             .collect())
     }
 
+    /// How many workers died on their own so far (not retired, recycled, timed out or
+    /// stopped); 0 once the pool stopped.
+    fn deaths(&self) -> PyResult<u64> {
+        forked(self.pid)?;
+        let g = self.inner.read().map_err(err)?;
+        Ok(g.as_ref().map_or(0, |p| p.deaths()))
+    }
+
     /// Stops the pool (queued tasks are cancelled, running ones fail, results not collected
     /// yet are dropped); idempotent. What the pool's workers left in shared memory is removed.
     #[pyo3(signature = (grace=5.0))]

@@ -167,3 +167,69 @@ def ones_after(n):
         return np.ones(n)
     finally:
         gc.enable()
+
+
+def fail_with(msg):
+    raise ValueError(msg)
+
+
+_global = None
+
+
+def set_global(v):
+    global _global
+    _global = v
+
+
+def get_global():
+    return _global
+
+
+def divide(a, b):
+    return a / b
+
+
+def put(q, x):
+    q.put(x)
+
+
+def locked_increment(lock, value):
+    with lock:
+        value.value += 1
+        return value.value
+
+
+def store(d, k, v):
+    d[k] = v
+
+
+def announce(q):
+    q.put(os.getpid())
+
+
+def fail_initializer(q):
+    import logging
+    from logging.handlers import QueueHandler
+
+    logger = logging.getLogger("concurrent.futures")
+    logger.addHandler(QueueHandler(q))
+    logger.propagate = False
+    raise ValueError("initializer failed on purpose")
+
+
+class Thing:
+    pass
+
+
+def make_object(_):
+    return Thing()
+
+
+def sleep_and_print(s, msg):
+    time.sleep(s)
+    print(msg, flush=True)
+
+
+def die_after(s):
+    time.sleep(s)
+    os._exit(3)

@@ -3,6 +3,7 @@
 import asyncio
 import concurrent.futures as cf
 import os
+import time
 from concurrent.futures.process import BrokenProcessPool
 
 import pytest
@@ -44,11 +45,12 @@ def test_an_unpicklable_exception_becomes_a_task_error(ex):
         ex.submit(tasks.raise_unpicklable).result(timeout=60)
 
 
-def test_unpicklable_arguments_raise_at_submit_never_hang(ex):
+def test_unpicklable_arguments_fail_their_future_never_hang(ex):
     import threading
 
+    f = ex.submit(tasks.add, threading.Lock(), 2)
     with pytest.raises(TypeError, match="pickle"):
-        ex.submit(tasks.add, threading.Lock(), 2)
+        f.result(timeout=60)
     assert ex.submit(tasks.add, 1, 2).result(timeout=60) == 3
 
 
@@ -74,13 +76,42 @@ def test_wait_as_completed_and_asyncio(ex):
     assert asyncio.run(main()) == 42
 
 
-def test_a_dead_worker_fails_its_future_as_broken_process_pool_and_the_pool_goes_on():
-    with pymizu.PoolExecutor(1) as e:
+def test_a_dead_worker_breaks_the_executor_as_with_process_pool_executor():
+    with pymizu.PoolExecutor(2) as e:
+        assert e._broken is False
+        queued = [e.submit(tasks.sleep, 30) for _ in range(4)]
         with pytest.raises(BrokenProcessPool) as info:
             e.submit(tasks.die).result(timeout=60)
         assert isinstance(info.value, pymizu.WorkerDiedError)
-        assert info.value.slot == 0 and info.value.pid > 0
-        assert e.submit(tasks.add, 2, 2).result(timeout=60) == 4, "replaced, still serving"
+        assert info.value.pid > 0
+        assert e._broken
+        for f in queued:  # pending work fails too; nothing waits 30 s
+            with pytest.raises(BrokenProcessPool):
+                f.result(timeout=60)
+        with pytest.raises(BrokenProcessPool):
+            e.submit(tasks.add, 2, 2)
+
+
+def test_an_idle_worker_that_dies_breaks_the_executor_while_someone_waits():
+    import signal
+
+    with pymizu.PoolExecutor(2) as e:
+        busy = e.submit(tasks.sleep, 30)
+        deadline = time.monotonic() + 60
+        while not any(row[3] for row in e._status()):
+            assert time.monotonic() < deadline, "hang guard"
+            time.sleep(0.001)
+        idle = [row[1] for row in e._status() if not row[3]]
+        os.kill(idle[0], signal.SIGKILL)
+        with pytest.raises(BrokenProcessPool):
+            busy.result(timeout=60)
+
+
+def test_a_plain_pool_replaces_a_dead_worker_and_goes_on():
+    with pymizu.Pool(1) as p:
+        with pytest.raises(pymizu.WorkerDiedError):
+            p.submit(tasks.die).result(timeout=60)
+        assert p.submit(tasks.add, 2, 2).result(timeout=60) == 4, "replaced, still serving"
 
 
 def test_execution_timeout_kills_and_replaces_the_worker():
@@ -221,3 +252,20 @@ def test_submits_racing_shutdown_either_complete_or_are_refused():
         done, not_done = wait([f for _, f in accepted], timeout=60)
         assert not not_done
         assert all(f.result() == i + 1 for i, f in accepted)
+
+
+def test_a_worker_whose_exit_status_someone_else_collected_still_fails_its_task():
+    # Test harnesses (CPython's `support.reap_children`) and SIGCHLD handlers call
+    # `waitpid(-1)`, which can take a worker's exit status before the pool sees it.
+    with pymizu.Pool(1) as p:
+        t = p.submit(tasks.die_after, 0.2)
+        deadline = time.monotonic() + 60
+        while not t.done() and time.monotonic() < deadline:
+            try:
+                os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            time.sleep(0.0005)
+        with pytest.raises(pymizu.WorkerDiedError):
+            t.result(timeout=60)
+        assert p.submit(tasks.add, 1, 1).result(timeout=60) == 2

@@ -1,4 +1,4 @@
-//! Developer tasks for mizu: `cargo xtask test | loom | bench | demo | wheel | rpkg`.
+//! Developer tasks for mizu: `cargo xtask test | loom | bench | demo | wheel | rpkg | futures`.
 //!
 //! Each task prints the commands it runs, so a failure can be reproduced by hand.
 
@@ -19,6 +19,7 @@ fn main() -> ExitCode {
         "demo" => demo(&root),
         "wheel" => wheel(&root),
         "rpkg" => r::rpkg(&root),
+        "futures" => venv(&root).and_then(|py| stdlib_futures_tests(&root, &py)),
         _ => {
             eprintln!(
                 "usage: cargo xtask <task>\n\n\
@@ -28,7 +29,9 @@ fn main() -> ExitCode {
                  bench  every benchmark, each side by side with its peers, as ratios\n  \
                  demo   the headline comparison: mizu against the peers users run today\n  \
                  wheel  build the pymizu wheel into target/wheels (maturin)\n  \
-                 rpkg   build and install the mizu R package into target/rlib"
+                 rpkg   build and install the mizu R package into target/rlib\n  \
+                 futures  CPython's concurrent.futures tests against pymizu.PoolExecutor\n           \
+                 (part of `test`; uses the pymizu installed in .venv)"
             );
             return if task == "help" {
                 ExitCode::SUCCESS
@@ -108,6 +111,7 @@ fn test(root: &Path) -> Res {
     )?;
     fuzz(root)?;
     python_tests(root, &py)?;
+    stdlib_futures_tests(root, &py)?;
     r::r_tests(root)?;
     r::r_check(root)?;
     loom(root)?;
@@ -150,6 +154,72 @@ fn python_tests(root: &Path, py: &Path) -> Res {
             .args(["-m", "pytest", "-q", "mizu-py/tests"])
             .env("R_LIBS", r::rlib(root)),
     )
+}
+
+/// CPython's own `concurrent.futures` process-pool tests, run against `pymizu.PoolExecutor`
+/// (mizu-py/tests/stdlib_futures.py). The test file is Debian's (`libpython3.11-testsuite`):
+/// the installed one, else the package fetched with `apt-get download` and unpacked into
+/// `target/`. When neither works the step fails; it never skips.
+fn stdlib_futures_tests(root: &Path, py: &Path) -> Res {
+    const FILE: &str = "usr/lib/python3.11/test/test_concurrent_futures.py";
+    let installed = Path::new("/").join(FILE);
+    let unpacked = root.join("target/cpython-tests");
+    let file = if installed.is_file() {
+        installed
+    } else {
+        if !unpacked.join(FILE).is_file() {
+            fetch_debian_package(root, "libpython3.11-testsuite", &unpacked)?;
+        }
+        unpacked.join(FILE)
+    };
+    if !file.is_file() {
+        return Err(format!(
+            "{} is missing: CPython's concurrent.futures tests come from Debian's \
+             libpython3.11-testsuite package",
+            file.display()
+        ));
+    }
+    run(
+        root,
+        Command::new(py)
+            .arg("mizu-py/tests/stdlib_futures.py")
+            .arg(&file)
+            .env("PYTHONPATH", root.join("mizu-py/tests")),
+    )
+}
+
+/// `apt-get download <package>` and `dpkg-deb -x` it into `into` (no installation, no root
+/// needed while the package lists are there; as root they are refreshed when the first try
+/// fails).
+fn fetch_debian_package(root: &Path, package: &str, into: &Path) -> Res {
+    let debs = root.join("target/debs");
+    std::fs::create_dir_all(&debs).map_err(|e| format!("{}: {e}", debs.display()))?;
+    let download = || {
+        run(
+            &debs,
+            Command::new("apt-get").args(["download", "-q", package]),
+        )
+    };
+    if download().is_err() {
+        if !r::is_root() {
+            return Err(format!(
+                "cannot fetch Debian's {package} (apt-get download failed); install it: \
+                 sudo apt-get install {package}"
+            ));
+        }
+        run(root, Command::new("apt-get").args(["update", "-q"]))?;
+        download()?;
+    }
+    let deb = std::fs::read_dir(&debs)
+        .map_err(|e| format!("{}: {e}", debs.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(package) && n.ends_with(".deb"))
+        })
+        .ok_or_else(|| format!("apt-get download left no {package} .deb"))?;
+    run(root, Command::new("dpkg-deb").arg("-x").arg(&deb).arg(into))
 }
 
 /// Builds the pymizu wheel and installs it into the venv (what users get, stubs included).

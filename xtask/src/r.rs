@@ -41,7 +41,8 @@ fn r_ready() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-fn is_root() -> bool {
+/// Whether this process runs as root (then missing Debian packages are installed).
+pub fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()

@@ -224,7 +224,66 @@ def _dumps_with_arrow(obj) -> tuple[bytes, list]:
     return f.getvalue(), bufs
 
 
+class _Sharing:
+    """Stands in for a process being started while an object pickles, so that
+    `multiprocessing`'s queues, locks, events, shared values and connections can travel to
+    pymizu workers (they refuse to pickle otherwise): semaphores travel by name, file
+    descriptors through multiprocessing's resource sharer (each pickle read once: a task's
+    arguments) or, with `inherit`, by inheritance into workers started afterwards (a pool's
+    initializer arguments, read by every worker)."""
+
+    def __init__(self, inherit: bool):
+        self.inherit = inherit
+
+    def duplicate_for_child(self, fd: int) -> int:
+        if self.inherit:
+            import os
+
+            os.set_inheritable(fd, True)
+        return fd
+
+    def DupFd(self, fd: int):  # noqa: N802 (multiprocessing's name)
+        if self.inherit:
+            return _InheritedFd(fd)
+        from multiprocessing import resource_sharer
+
+        return resource_sharer.DupFd(fd)
+
+
+class _InheritedFd:
+    """A file descriptor the worker inherited from the pool's owner, under the same number."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def detach(self) -> int:
+        return self.fd
+
+
+def dumps_sharing(obj, inherit: bool = False) -> tuple[bytes, list]:
+    """`dumps(obj)` where multiprocessing objects may travel (see `_Sharing`)."""
+    from multiprocessing import context, reduction
+
+    context.set_spawning_popen(_Sharing(inherit))
+    try:
+        # multiprocessing's pickler: it knows how connections and sockets reduce.
+        bufs: list = []
+        f = io.BytesIO()
+        reduction.ForkingPickler(f, 5, True, bufs.append).dump(obj)
+        data = f.getvalue()
+    finally:
+        context.set_spawning_popen(None)
+    if b"__main__" in data and interactive_main():
+        return _dumps_by_value(obj)
+    return data, bufs
+
+
 def _dumps_fallback(obj, error: Exception) -> tuple[bytes, list]:
+    if isinstance(error, RuntimeError) and "through inheritance" in str(error):
+        from multiprocessing import context
+
+        if context.get_spawning_popen() is None:
+            return dumps_sharing(obj)
     try:
         import cloudpickle
     except ImportError:

@@ -4,6 +4,11 @@ exception, which is re-raised as itself."""
 from concurrent.futures import CancelledError
 from concurrent.futures.process import BrokenProcessPool
 
+# The `__cause__` of a re-raised task exception, carrying the worker-side traceback in `.tb`:
+# the standard library's own class, so that code written for `ProcessPoolExecutor` (and its
+# tests) recognises it.
+from concurrent.futures.process import _RemoteTraceback as RemoteTraceback
+
 from ._native import ForkedError, MizuError, SlotsFull, StoppedError
 
 __all__ = [
@@ -12,6 +17,7 @@ __all__ = [
     "ForkedError",
     "InitializerError",
     "MizuError",
+    "PayloadError",
     "RemoteTraceback",
     "SlotsFull",
     "StoppedError",
@@ -62,12 +68,8 @@ class InitializerError(MizuError, BrokenProcessPool):
     """The pool's `initializer` raised in a worker; every task sent to that worker fails so."""
 
 
-class RemoteTraceback(Exception):
-    """Carries the worker-side traceback as the `__cause__` of a re-raised task exception."""
+class PayloadError(MizuError, BrokenProcessPool):
+    """A task's call could not be unpickled in the worker, or its result in the caller (what
+    `ProcessPoolExecutor` reports as a broken pool); the message names the original error and
+    the remote traceback, when there is one, is the `__cause__`."""
 
-    def __init__(self, tb: str):
-        super().__init__(tb)
-        self.tb = tb
-
-    def __str__(self) -> str:
-        return self.tb

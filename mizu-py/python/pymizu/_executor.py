@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import select
+import signal
 import threading
 import time
+import weakref
 from concurrent.futures import Executor, Future
+from concurrent.futures.process import BrokenProcessPool
 
 from . import _codec, _native
-from ._errors import CancelledError
+from ._errors import CancelledError, InitializerError, MizuError, WorkerDiedError
 from ._pool import Pool, _run_chunk
 
 
 _PENDING, _FINISHED = "PENDING", "FINISHED"
 # Seconds a future's first waiter other than `result()` looks for the outcome itself.
 _WATCH_SPIN = 20e-6
+# A waiter longer than this looks, once per slice, whether a worker died (which breaks the
+# executor, as it breaks a ProcessPoolExecutor); a short task never reaches it.
+_SLICE = 0.1
 
 
 def _lazy_list(key: str) -> property:
@@ -37,16 +46,15 @@ class _MizuFuture(Future):
     the thread that waits on them and never need them. Settling writes the outcome first and
     then looks for a condition: a thread that made one before that look is notified under it;
     one that makes it later finds the future finished when it checks, under it, as the base
-    class does. The notification happens once (`_notified`), whoever of the caller and the
-    collector thread settles too.
+    class does. The notification happens once (`_notified`), whoever of the caller, the
+    collector thread and a breaking executor settles.
     """
 
     _state = _PENDING
     _result = None
     _exception = None
     _task = None
-    _pending = None
-    _kick = None
+    _owner = None  # the executor's `_State`
 
     @property
     def _condition(self):
@@ -69,9 +77,8 @@ class _MizuFuture(Future):
                         self._settle(outcome)
             c = d.setdefault("_cond", threading.Condition())
             # Else the collector thread watches it from now on.
-            kick = self._kick
-            if kick is not None and self._state == _PENDING:
-                kick()
+            if self._owner is not None and self._state == _PENDING:
+                self._owner.kick()
         return c
 
     _waiters = _lazy_list("_waiter_list")
@@ -82,13 +89,24 @@ class _MizuFuture(Future):
         may both do it, with the same outcome)."""
         if outcome is None or self._state != _PENDING:
             return
-        self._pending.pop(self, None)
         ok, value = outcome
+        if not ok:
+            if isinstance(value, CancelledError):
+                self._owner.pending.pop(self, None)
+                self.cancel()
+                return
+            if isinstance(value, (WorkerDiedError, InitializerError)):
+                self._finish(ok, value)
+                self._owner.breaks(value)
+                return
+        self._finish(ok, value)
+
+    def _finish(self, ok: bool, value) -> None:
+        if self._state != _PENDING:
+            return
+        self._owner.pending.pop(self, None)
         if ok:
             self._result = value
-        elif isinstance(value, CancelledError):
-            self.cancel()
-            return
         else:
             self._exception = value
         self._state = _FINISHED
@@ -111,14 +129,37 @@ class _MizuFuture(Future):
         if self._done_callbacks:
             self._invoke_callbacks()
 
+    def _outcome(self, timeout):
+        """The task's outcome; None when the future was settled meanwhile (the executor
+        broke); `TimeoutError` after `timeout` seconds."""
+        if timeout is not None and timeout <= _SLICE:
+            outcome = self._task._outcome(timeout)
+            if outcome is None:
+                raise TimeoutError()
+            return outcome
+        outcome = self._task._outcome(_SLICE)
+        if outcome is not None:
+            return outcome
+        end = None if timeout is None else time.monotonic() + timeout - _SLICE
+        owner = self._owner
+        while self._state == _PENDING:
+            owner.look_for_deaths()
+            if self._state != _PENDING:
+                break
+            left = _SLICE if end is None else min(_SLICE, end - time.monotonic())
+            if left <= 0:
+                raise TimeoutError()
+            outcome = self._task._outcome(left)
+            if outcome is not None:
+                return outcome
+        return None
+
     def result(self, timeout=None):
         if self._state == _PENDING:
-            outcome = self._task._outcome(timeout)
-            if outcome is None:  # not within `timeout` (waiting again would double it)
-                raise TimeoutError()
-            if outcome[0] and self._state == _PENDING:
+            outcome = self._outcome(timeout)
+            if outcome is not None and outcome[0] and self._state == _PENDING:
                 # `_settle` of a value, inline: the round trip's hot path.
-                self._pending.pop(self, None)
+                self._owner.pending.pop(self, None)
                 self._result = value = outcome[1]
                 self._state = _FINISHED
                 if "_cond" in self.__dict__:
@@ -131,9 +172,7 @@ class _MizuFuture(Future):
 
     def exception(self, timeout=None):
         if self._state == _PENDING:
-            self._settle(self._task._outcome(timeout))
-            if self._state == _PENDING:
-                raise TimeoutError()
+            self._settle(self._outcome(timeout))
         return super().exception(0)
 
     def done(self) -> bool:
@@ -145,7 +184,7 @@ class _MizuFuture(Future):
         with self._condition:
             if self._state == _PENDING and not self._task.cancel():
                 return False
-        self._pending.pop(self, None)
+        self._owner.pending.pop(self, None)
         if not super().cancel():
             return False
         # The task will never run: what ProcessPoolExecutor does when it drops a cancelled
@@ -158,28 +197,241 @@ class _MizuFuture(Future):
 _new_future = object.__new__
 
 
+class _State:
+    """What an executor's futures, its collector thread and its finalizer share — not the
+    executor itself, so that an executor nobody references any more is collected, and then
+    finishes its work and releases its workers as `shutdown(wait=False)` would."""
+
+    def __init__(self, mpool: Pool):
+        self.mpool = mpool
+        self.pool = mpool._pool
+        self.lock = threading.Lock()
+        # Futures not settled yet (settling removes them): what the collector looks at.
+        self.pending: dict[_MizuFuture, None] = {}
+        self.wakeup = threading.Event()
+        self.kick = self.wakeup.set
+        self.closing = False
+        # Why the executor broke (a worker died, or an initializer failed), else None.
+        self.broken: str | None = None
+        self.deaths = 0
+        self.stopped = threading.Event()
+        # Rounds the collector thread made (tests: it waits for events, it does not poll).
+        self.rounds = 0
+        self.collector: threading.Thread | None = None
+
+    def close(self, cancel_futures: bool = False) -> None:
+        with self.lock:
+            self.closing = True
+            pending = list(self.pending)
+        if cancel_futures:
+            for fut in pending:
+                fut.cancel()
+        self.kick()
+
+    def look_for_deaths(self) -> None:
+        """Breaks the executor when a worker died since it started (even an idle one: what
+        a ProcessPoolExecutor's manager thread does)."""
+        if self.broken is None and not self.stopped.is_set():
+            try:
+                died = self.pool.deaths() != self.deaths
+            except MizuError:  # a forked child's copy
+                return
+            if died:
+                self.breaks(BrokenProcessPool("a worker process died"))
+
+    def breaks(self, why: BaseException) -> None:
+        """Marks the executor broken: every pending future fails with `BrokenProcessPool`
+        and `submit` raises it, as with ProcessPoolExecutor (a `pymizu.Pool` replaces the
+        worker and serves on instead)."""
+        with self.lock:
+            if self.broken is not None:
+                return
+            self.broken = (
+                f"the pool is broken ({type(why).__name__}: {str(why).partition(chr(10))[0]}); "
+                "pending futures failed and "
+                "no more work is accepted, as with ProcessPoolExecutor"
+            )
+            pending = list(self.pending)
+        for fut in pending:
+            fut._task.cancel()
+            err = BrokenProcessPool(
+                "a worker process died or its initializer failed while the future was running or pending"
+            )
+            err.__cause__ = why
+            fut._finish(False, err)
+        self.kick()
+
+    def refuse(self):
+        """The error `submit` raises once the executor no longer accepts work."""
+        if self.broken is not None:
+            return BrokenProcessPool(self.broken)
+        if _exiting:
+            return RuntimeError("cannot schedule new futures after interpreter shutdown")
+        return RuntimeError("cannot schedule new futures after shutdown")
+
+    def collect(self) -> None:
+        """The collector thread. It completes the futures somebody other than `result()`
+        waits on: `wait`, `as_completed`, done-callbacks (asyncio's `wrap_future`,
+        `run_in_executor`, Dask, joblib). Such a future has a condition (`_condition` makes
+        it and kicks this thread).
+
+        While any is pending, this thread waits natively (GIL released) for the tasks of
+        those futures — the pool wakes it when one finishes, after a short spin — and settles
+        them at once. With none watched it sleeps on its event: nothing spins or polls while
+        nothing is pending, and callers blocked in `result()` settle their own futures.
+        Once the executor closes, it settles every pending future, then stops the pool.
+        """
+        try:
+            while True:
+                self.rounds += 1
+                with self.lock:
+                    pending = list(self.pending)
+                    closing = self.closing
+                if closing and not pending:
+                    return
+                watched = [f for f in pending if closing or "_cond" in f.__dict__]
+                settled = False
+                for fut in watched:
+                    if fut._task.done():
+                        fut._settle(fut._task._outcome(0.0))
+                        settled = True
+                if settled:
+                    continue
+                if watched:
+                    # Returns when one of them finishes (or after a slice: a kick for another
+                    # future, shutdown or a dead worker is seen then at the latest).
+                    _native.wait_any([f._task for f in watched], 0.05)
+                    self.look_for_deaths()
+                else:
+                    self.wakeup.wait()
+                self.wakeup.clear()
+        finally:
+            try:
+                self.mpool.stop(5.0)
+            finally:
+                self.stopped.set()
+                _running.discard(self)
+
+
+# Executors whose collector runs (their work is finished at interpreter exit).
+_running: set[_State] = set()
+_exiting = False
+
+
+def _at_exit() -> None:
+    """At interpreter exit, before `atexit` hooks: pending work is finished (never dropped),
+    workers are released and later submissions raise, as with ProcessPoolExecutor."""
+    global _exiting
+    _exiting = True
+    for st in list(_running):
+        st.close()
+    for st in list(_running):
+        if st.collector is not None:
+            st.collector.join()
+
+
+try:  # what concurrent.futures itself uses: runs before atexit hooks and non-daemon joins
+    threading._register_atexit(_at_exit)
+except (AttributeError, RuntimeError):  # pragma: no cover
+    import atexit
+
+    atexit.register(_at_exit)
+
+
+class _WorkerProcess:
+    """A worker as `ProcessPoolExecutor._processes` shows it: `pid`, `is_alive()`,
+    `terminate()`, `kill()` and `join(timeout)`."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def _exited(self, timeout: float | None) -> bool:
+        try:
+            fd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            return True
+        try:
+            p = select.poll()
+            p.register(fd, select.POLLIN)
+            return bool(p.poll(None if timeout is None else int(timeout * 1000)))
+        finally:
+            os.close(fd)
+
+    def is_alive(self) -> bool:
+        return not self._exited(0)
+
+    def join(self, timeout: float | None = None) -> None:
+        self._exited(timeout)
+
+    def _signal(self, sig) -> None:
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def __repr__(self) -> str:
+        return f"<pymizu worker pid={self.pid}>"
+
+
+class _CallQueue:
+    """`ProcessPoolExecutor._call_queue`'s one public duty after shutdown: `join_thread()`
+    returns once the executor has released its workers."""
+
+    def __init__(self, state: _State):
+        self._state = state
+
+    def join_thread(self) -> None:
+        self._state.stopped.wait()
+
+
+def _spawn_context(mp_context):
+    if mp_context is None:
+        return multiprocessing.get_context("spawn")
+    method = mp_context.get_start_method(allow_none=False)
+    if method != "spawn":
+        raise ValueError(
+            f"PoolExecutor starts fresh interpreters (the 'spawn' start method); a {method!r} "
+            "context cannot be used: pass mp_context=None or multiprocessing.get_context('spawn')"
+        )
+    return mp_context
+
+
 class PoolExecutor(Executor):
     """A process pool executor over shared memory.
 
-    Behaves as `ProcessPoolExecutor`: `submit` returns a real `concurrent.futures.Future` (so
-    `wait`, `as_completed` and `asyncio.wrap_future` work), `map` and
-    `shutdown(wait, cancel_futures=...)` work as documented there, an exception raised in a task
-    is re-raised as the same type with the remote traceback as its `__cause__`, and a worker
-    that dies fails its future with `WorkerDiedError` (a `BrokenProcessPool`) — but the pool
-    replaces the worker and keeps serving.
+    `PoolExecutor(max_workers=None, mp_context=None, initializer=None, initargs=(), *,
+    max_tasks_per_child=None, exec_timeout=None)` behaves as `ProcessPoolExecutor`: `submit`
+    returns a real `concurrent.futures.Future` (so `wait`, `as_completed` and
+    `asyncio.wrap_future` work), `map` and `shutdown(wait, cancel_futures=...)` work as
+    documented there, an exception raised in a task is re-raised as the same type with the
+    remote traceback as its `__cause__`, an argument that cannot be pickled fails its future,
+    and a worker that dies (or an initializer that fails) breaks the executor: pending futures
+    fail with `BrokenProcessPool` and `submit` raises it. Workers are fresh interpreters
+    (`mp_context` may be None or a spawn context) that share this process's authentication
+    key, so `multiprocessing` managers, queues and locks work as arguments and in `initargs`.
+    An executor dropped without `shutdown()` finishes its work and releases its workers; so
+    does one still open at interpreter exit.
     """
 
     def __init__(
         self,
         max_workers: int | None = None,
-        *,
+        mp_context=None,
         initializer=None,
         initargs: tuple = (),
+        *,
         max_tasks_per_child: int | None = None,
         exec_timeout: float | None = None,
     ):
         if max_workers is not None and (not isinstance(max_workers, int) or max_workers <= 0):
             raise ValueError("max_workers must be greater than 0")
+        self._mp_context = _spawn_context(mp_context)
         self._mpool = Pool(
             max_workers,
             initializer=initializer,
@@ -187,135 +439,133 @@ class PoolExecutor(Executor):
             max_tasks_per_child=max_tasks_per_child,
             exec_timeout=exec_timeout,
         )
+        self._max_workers = self._mpool.workers
         self._pool = self._mpool._pool
-        self._lock = threading.Lock()
-        # Futures not settled yet (settling removes them): what the collector looks at.
-        self._pending: dict[_MizuFuture, None] = {}
-        self._wakeup = threading.Event()
-        self._kick = self._wakeup.set
-        # Rounds the collector thread made (tests: it waits for events, it does not poll).
-        self._collector_rounds = 0
-        self._shutdown = False
-        self._collector = threading.Thread(target=self._collect, name="pymizu-collector", daemon=True)
-        self._collector.start()
+        self._state = st = _State(self._mpool)
+        st.collector = threading.Thread(target=st.collect, name="pymizu-collector", daemon=True)
+        _running.add(st)
+        st.collector.start()
+        weakref.finalize(self, st.close)
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
         # No lock on this hot path: a submit racing `shutdown` looks at the flag again once
         # its future is registered (where shutdown and the collector find it), and withdraws
         # it if shutdown began meanwhile.
-        if self._shutdown:
-            raise RuntimeError("cannot schedule new futures after shutdown")
-        # Pickling happens here, in the caller: an unpicklable call raises now, never hangs
-        # (small calls are written natively). The native submit refuses a forked child's copy
-        # of the pool. When every task slot holds an uncollected result (e.g. a large `map`),
-        # it moves finished outcomes into their tasks to make room.
+        st = self._state
+        if st.closing or st.broken is not None:
+            raise st.refuse()
         fut = _new_future(_MizuFuture)
-        fut._task = task = self._pool.submit_call(fn, *args, **kwargs)
-        fut._pending = pending = self._pending
-        fut._kick = self._kick
-        pending[fut] = None
-        if self._shutdown:
-            pending.pop(fut, None)
+        try:
+            # Pickling happens here, in the caller (small calls are written natively). The
+            # native submit refuses a forked child's copy of the pool. When every task slot
+            # holds an uncollected result (e.g. a large `map`), it moves finished outcomes
+            # into their tasks to make room.
+            fut._task = task = self._pool.submit_call(fn, *args, **kwargs)
+        except MizuError:
+            if st.broken is not None:
+                raise st.refuse() from None
+            raise
+        except Exception as e:
+            # A call that cannot be pickled fails through its future, as with
+            # ProcessPoolExecutor.
+            failed = Future()
+            failed.set_exception(e)
+            return failed
+        fut._owner = st
+        st.pending[fut] = None
+        if st.closing or st.broken is not None:
+            st.pending.pop(fut, None)
             task.cancel()
-            raise RuntimeError("cannot schedule new futures after shutdown")
+            raise st.refuse()
         return fut
 
     def _submit_payload(self, data, bufs) -> _MizuFuture:
         self._mpool._check()
-        with self._lock:
-            if self._shutdown:
-                raise RuntimeError("cannot schedule new futures after shutdown")
+        st = self._state
+        with st.lock:
+            if st.closing or st.broken is not None:
+                raise st.refuse()
             fut = _new_future(_MizuFuture)
             fut._task = self._pool.submit(data, bufs)
-            fut._pending = self._pending
-            fut._kick = self._kick
-            self._pending[fut] = None
+            fut._owner = st
+            st.pending[fut] = None
             return fut
 
     def map(self, fn, *iterables, timeout: float | None = None, chunksize: int | None = None):
         """As `ProcessPoolExecutor.map`: an iterator of `fn(*xs)` in input order, raising
         `TimeoutError` when a result is not ready `timeout` seconds after the call. Elements
-        travel in chunks of `chunksize` (default: about four chunks per worker)."""
+        travel in chunks of `chunksize` (default: about four chunks per worker). The iterator
+        holds no reference to a result it has yielded."""
         if chunksize is not None and (not isinstance(chunksize, int) or chunksize < 1):
             raise ValueError("chunksize must be >= 1.")
         items = list(zip(*iterables))
         n = len(items)
         if chunksize is None:
-            chunksize = max(1, -(-n // (4 * self._mpool.workers)))
+            chunksize = max(1, -(-n // (4 * self._max_workers)))
         deadline = None if timeout is None else time.monotonic() + timeout
-        futs = [
-            self._submit_payload(*_codec.dumps_call(_run_chunk, (fn, s, items[s : s + chunksize], True, None, 0), {}))
-            for s in range(0, n, chunksize)
-        ]
+        futs = []
+        for s in range(0, n, chunksize):
+            try:
+                payload = _codec.dumps_call(_run_chunk, (fn, s, items[s : s + chunksize], True, None, 0), {})
+            except Exception as e:
+                failed = Future()
+                failed.set_exception(e)
+                futs.append(failed)
+                continue
+            futs.append(self._submit_payload(*payload))
+        del items
 
         def results():
             try:
                 futs.reverse()
                 while futs:
-                    f = futs[-1]
                     if deadline is None:
-                        chunk = f.result()
+                        chunk = futs[-1].result()
                     else:
-                        chunk = f.result(deadline - time.monotonic())
+                        chunk = futs[-1].result(deadline - time.monotonic())
                     futs.pop()
-                    yield from chunk
+                    chunk.reverse()
+                    while chunk:
+                        yield chunk.pop()
             finally:
                 for f in futs:
                     f.cancel()
 
         return results()
 
-    def _collect(self) -> None:
-        """Completes the futures somebody other than `result()` waits on: `wait`,
-        `as_completed`, done-callbacks (asyncio's `wrap_future`, `run_in_executor`, Dask,
-        joblib). Such a future has a condition (`_condition` makes it and kicks this thread).
-
-        While any is pending, this thread waits natively (GIL released) for the tasks of
-        those futures — the pool wakes it when one finishes, after a short spin — and settles
-        them at once. With none watched it sleeps on its event: nothing spins or polls while
-        nothing is pending, and callers blocked in `result()` settle their own futures.
-        """
-        while True:
-            self._collector_rounds += 1
-            with self._lock:
-                pending = list(self._pending)
-                if self._shutdown and not pending:
-                    return
-                closing = self._shutdown
-            watched = [f for f in pending if closing or "_cond" in f.__dict__]
-            settled = False
-            for fut in watched:
-                if fut._task.done():
-                    fut._settle(fut._task._outcome(0.0))
-                    settled = True
-            if settled:
-                continue
-            if watched:
-                # Returns when one of them finishes (or after a slice: a kick for another
-                # future, or shutdown, is seen then at the latest).
-                _native.wait_any([f._task for f in watched], 0.05)
-            else:
-                self._wakeup.wait()
-            self._wakeup.clear()
-
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        with self._lock:
-            self._shutdown = True
-            pending = list(self._pending)
-        if cancel_futures:
-            for fut in pending:
-                fut.cancel()
-        self._wakeup.set()
-        if wait:
-            self._collector.join()
-            self._mpool.stop(5.0)
-        else:
-            # As ProcessPoolExecutor: return now, release the workers once the work is done.
-            def finish():
-                self._collector.join()
-                self._mpool.stop(5.0)
+        st = self._state
+        st.close(cancel_futures)
+        if wait and threading.current_thread() is not st.collector:
+            st.collector.join()
+        # Else, as ProcessPoolExecutor: return now; the collector releases the workers once
+        # the work is done.
 
-            threading.Thread(target=finish, name="pymizu-shutdown", daemon=True).start()
+    @property
+    def _broken(self):
+        """False, or why the executor broke (ProcessPoolExecutor's attribute)."""
+        return self._state.broken or False
+
+    @property
+    def _processes(self) -> dict:
+        """pid -> worker process, for the workers running now (ProcessPoolExecutor's
+        attribute)."""
+        if self._state.stopped.is_set():
+            return {}
+        return {pid: _WorkerProcess(pid) for _, pid, state, *_ in self._pool.status() if pid and state == "ready"}
+
+    @property
+    def _executor_manager_thread(self) -> threading.Thread:
+        """The thread that finishes the work after shutdown and releases the workers."""
+        return self._state.collector
+
+    @property
+    def _call_queue(self) -> _CallQueue:
+        return _CallQueue(self._state)
+
+    @property
+    def _collector_rounds(self) -> int:
+        return self._state.rounds
 
     def _status(self):
         """Per worker: (slot, pid, state, busy, tasks) — for tests and diagnostics."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import pickle
 import sys
@@ -17,6 +18,7 @@ from ._errors import (
     CancelledError,
     ExecTimeoutError,
     MizuError,
+    PayloadError,
     RemoteTraceback,
     StoppedError,
     TaskError,
@@ -34,7 +36,14 @@ def decode(status: int, data, bufs, slot: int, pid: int) -> tuple[bool, Any]:
     pickled result, 1 a pickled exception and traceback, 2 worker died, 3 execution timeout,
     4 cancelled, 5 pool stopped."""
     if status == 0:
-        return True, _codec.loads(data, buffers=bufs)
+        try:
+            return True, _codec.loads(data, buffers=bufs)
+        except BaseException as e:  # unpickling runs arbitrary code, even `sys.exit()`
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            err = PayloadError(f"the task's result could not be unpickled: {e!r}")
+            err.__cause__ = e
+            return False, err
     if status == 1:
         if slot == _MAX_SLOT:  # the runtime's own text, not a pickled exception
             return False, TaskError("RemoteError", bytes(data).decode("utf-8", "replace"))
@@ -424,11 +433,15 @@ def _worker_args(workers, initializer, initargs, max_tasks_per_child) -> tuple[l
     spec = getattr(main, "__spec__", None)
     main_path = getattr(main, "__file__", None) if spec is None else None
     main_module = spec.name if spec is not None and spec.name != "pymizu.worker" else None
+    if main_module is not None and (main_module == "__main__" or main_module.endswith(".__main__")):
+        # `python -m package` (`python -m unittest`, `-m pytest`): importing the package's
+        # `__main__` would run the program again in the worker; multiprocessing skips it too.
+        main_module = None
     init = None
     if initializer is not None:
         if not callable(initializer):
             raise TypeError("initializer must be callable")
-        init, _ = _codec.dumps((initializer, tuple(initargs)))
+        init, _ = _codec.dumps_sharing((initializer, tuple(initargs)), inherit=True)
     state = {
         "sys_path": list(sys.path),
         "sys_argv": list(sys.argv),
@@ -436,6 +449,8 @@ def _worker_args(workers, initializer, initargs, max_tasks_per_child) -> tuple[l
         "main_module": main_module,
         "cwd": os.getcwd(),
         "init": init,
+        # Workers share it, so that multiprocessing managers' proxies connect from them.
+        "authkey": bytes(multiprocessing.current_process().authkey),
     }
     _remove_stale_start_files()
     fd, path = tempfile.mkstemp(prefix=f"pymizu-{os.getpid()}-", suffix=".start")

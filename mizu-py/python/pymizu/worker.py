@@ -9,7 +9,7 @@ import sys
 import traceback
 
 from . import _codec, _native
-from ._errors import InitializerError, TaskError
+from ._errors import InitializerError, PayloadError, TaskError
 
 _init_error: BaseException | None = None
 _loads_call = _codec.loads_call
@@ -45,6 +45,10 @@ def _run(data, bufs) -> tuple:
             return _fail(e)
     try:
         fn, args, kwargs = _loads_call(data, bufs)
+    except BaseException as e:  # unpickling runs arbitrary code, even `sys.exit()`
+        tb = traceback.format_exc()
+        return _fail(PayloadError(f"the task's call could not be unpickled in the worker: {e!r}"), tb)
+    try:
         del data, bufs
         result = fn(*args, **kwargs)
         # The native layer sends the value (pickling it through `_result_native` when it is
@@ -59,6 +63,10 @@ def _start(path: str) -> None:
     global _init_error
     with open(path, "rb") as f:
         state = pickle.load(f)
+    if state.get("authkey"):
+        import multiprocessing
+
+        multiprocessing.current_process().authkey = state["authkey"]
     for p in reversed(state["sys_path"]):
         if p not in sys.path:
             sys.path.insert(0, p)
@@ -99,6 +107,17 @@ def _start(path: str) -> None:
             _init_error = InitializerError(
                 f"the pool's initializer raised {e!r}\n{traceback.format_exc()}"
             )
+            # Where ProcessPoolExecutor's workers report it.
+            import logging
+
+            logging.getLogger("concurrent.futures").critical("Exception in initializer:", exc_info=True)
+            # This worker only fails tasks from now on: release the multiprocessing objects
+            # it holds as an exiting worker would (flushing queues, so that what the
+            # initializer logged through one arrives before its tasks' errors).
+            if "multiprocessing" in sys.modules:
+                from multiprocessing import util
+
+                util._run_finalizers(0)
 
 
 def main() -> None:
