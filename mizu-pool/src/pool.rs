@@ -666,12 +666,13 @@ fn monitor(
                     } else {
                         reason::DIED
                     };
-                    // Counted before its task fails: whoever sees that failure sees the death.
+                    reap_worker(shared, w, pid, why);
+                    ch.procs[w] = None;
+                    // Counted once its task failed: whoever sees the count sees that failure
+                    // (and can tell the task that died from the others).
                     if why == reason::DIED && was == wstate::READY {
                         deaths.fetch_add(1, Ordering::AcqRel);
                     }
-                    reap_worker(shared, w, pid, why);
-                    ch.procs[w] = None;
                     // Replace workers that died serving or left after their task quota; not
                     // retired ones, nor ones that never managed to join (a broken launcher
                     // would loop forever).

@@ -351,10 +351,13 @@ impl Runtime<'_> {
         // The claim record goes first: if we die between it and the CAS, the reaper sees a
         // Pending task (someone else runs it); after the CAS it sees ours and fails it. The
         // CAS releases the record to whoever reads the state it writes.
-        rec.current.store(word, Ordering::Release);
+        // The start time goes before the record that publishes it: the monitor reads the
+        // record first (acquire), and a stale start time beside a new record would look like
+        // a task over the execution timeout.
         if v.params.timed != 0 {
             rec.started_ns.store(now_ns(), Ordering::Relaxed);
         }
+        rec.current.store(word, Ordering::Release);
         // One CAS, without reading the state first: the collector polls that line, and every
         // access of ours between two of its reads is another transfer of it. The id carries
         // the generation's low 32 bits; a higher generation costs one more try.

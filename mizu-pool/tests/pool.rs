@@ -188,7 +188,11 @@ fn a_task_over_the_execution_timeout_fails_and_its_worker_is_replaced() {
         "{e:?}"
     );
     assert_eq!(text(&p.call(b"echo:ok").unwrap()), "ok");
-    assert_eq!(p.deaths(), 0, "a worker killed for the timeout is not a death");
+    assert_eq!(
+        p.deaths(),
+        0,
+        "a worker killed for the timeout is not a death"
+    );
 }
 
 #[test]

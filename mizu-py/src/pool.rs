@@ -1,7 +1,7 @@
 //! `Pool` and `Task`: the caller's side. Every wait releases the GIL and checks for signals
 //! (Ctrl-C) in bounded slices.
 
-use std::sync::RwLock;
+use std::sync::{OnceLock, RwLock};
 use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
@@ -26,6 +26,19 @@ pub struct Pool {
     inner: RwLock<Option<mizu_pool::Pool>>,
     pid: u32,
     tasks: Registry,
+    /// Set when a `PoolExecutor` serves through this pool (`bind_executor`).
+    executor: OnceLock<ExecutorHooks>,
+}
+
+/// What `submit_future` needs of a `PoolExecutor`: `object.__new__`, its future class, its
+/// shared state (`accepting`, `broken`, `refuse()`), the state's dict of pending futures, and
+/// the function that makes an already failed future.
+struct ExecutorHooks {
+    new: Py<PyAny>,
+    cls: Py<PyAny>,
+    state: Py<PyAny>,
+    pending: Py<PyDict>,
+    failed: Py<PyAny>,
 }
 
 /// One worker in `Pool.status()`: (slot, pid, state, busy, tasks run, steals).
@@ -90,12 +103,12 @@ pub(crate) fn collect_garbage(py: Python<'_>) {
 
 /// Submits every payload, with one publication per worker queue for each run of them, making
 /// room as [`submit_draining`] when every slot is taken.
-pub(crate) fn submit_all_draining(
+pub(crate) fn submit_all_draining<T: Sync>(
     py: Python<'_>,
     tasks: &Registry,
     nested: bool,
-    outs: &[Outgoing<'_>],
-    f: impl Fn(&[Outgoing<'_>], Duration) -> (Vec<mizu_pool::Task>, mizu_pool::Result<()>) + Sync,
+    outs: &[T],
+    f: impl Fn(&[T], Duration) -> (Vec<mizu_pool::Task>, mizu_pool::Result<()>) + Sync,
 ) -> PyResult<Vec<Task>> {
     let mut done = Vec::with_capacity(outs.len());
     let mut collected = false;
@@ -120,6 +133,31 @@ pub(crate) fn submit_all_draining(
         }
     }
     Ok(done)
+}
+
+/// Calls of a batch published together (`submit_calls`).
+const CALLS_PER_PUBLICATION: usize = 128;
+
+/// One call of a batch, written natively or pickled.
+enum CallFill<'a> {
+    Small(&'a crate::small::Payload),
+    Pickled(Outgoing<'a>),
+}
+
+impl Fill for CallFill<'_> {
+    fn size(&self) -> usize {
+        match self {
+            CallFill::Small(p) => p.size(),
+            CallFill::Pickled(o) => o.size(),
+        }
+    }
+
+    fn fill(&self, out: &mut [u8]) {
+        match self {
+            CallFill::Small(p) => p.fill(out),
+            CallFill::Pickled(o) => o.fill(out),
+        }
+    }
 }
 
 impl Pool {
@@ -180,6 +218,7 @@ impl Pool {
             inner: RwLock::new(Some(pool)),
             pid: mizu_shm::current_pid(),
             tasks: Registry::default(),
+            executor: OnceLock::new(),
         })
     }
 
@@ -253,6 +292,87 @@ impl Pool {
                 Pool::submit(slf, data.as_bytes(), Some(&bufs))
             }
         }
+    }
+
+    /// Makes this pool serve a `PoolExecutor` through `submit_future`: its future class
+    /// `cls`, its shared `state` (with `accepting`, `broken`, `pending` and `refuse()`) and
+    /// `failed(exc)`, which returns a future that already failed with `exc`.
+    fn bind_executor(
+        &self,
+        py: Python<'_>,
+        cls: Py<PyAny>,
+        state: &Bound<'_, PyAny>,
+        failed: Py<PyAny>,
+    ) -> PyResult<()> {
+        let hooks = ExecutorHooks {
+            new: py
+                .get_type::<pyo3::types::PyAny>()
+                .getattr("__new__")?
+                .unbind(),
+            cls,
+            pending: state.getattr("pending")?.cast_into::<PyDict>()?.unbind(),
+            state: state.clone().unbind(),
+            failed,
+        };
+        self.executor
+            .set(hooks)
+            .map_err(|_| crate::MizuError::new_err("this pool already serves an executor"))
+    }
+
+    /// `PoolExecutor.submit`, natively (the Python method documents it): one call instead of
+    /// a Python frame that repacks the arguments. The future is the executor's class, made
+    /// without `__init__`, holding the task and the executor's state; a call that cannot be
+    /// pickled gives an already failed future; a refused submission raises what the state's
+    /// `refuse()` says.
+    #[pyo3(signature = (fn_, /, *args, **kwargs))]
+    fn submit_future(
+        slf: &Bound<'_, Self>,
+        fn_: &Bound<'_, PyAny>,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
+        let h = slf
+            .get()
+            .executor
+            .get()
+            .ok_or_else(|| crate::MizuError::new_err("this pool serves no executor"))?;
+        let st = h.state.bind(py);
+        let accepting = pyo3::intern!(py, "accepting");
+        let refuse = || match st.call_method0(pyo3::intern!(py, "refuse")) {
+            Ok(e) => PyErr::from_value(e),
+            Err(e) => e,
+        };
+        if !st.getattr(accepting)?.is_truthy()? {
+            return Err(refuse());
+        }
+        let task = match Pool::submit_call(slf, fn_, args, kwargs) {
+            Ok(t) => Bound::new(py, t)?,
+            Err(e) if e.is_instance_of::<crate::MizuError>(py) => {
+                if !st.getattr(pyo3::intern!(py, "broken"))?.is_none() {
+                    return Err(refuse());
+                }
+                return Err(e);
+            }
+            // Not picklable: fails through its future, as with ProcessPoolExecutor.
+            Err(e) if e.is_instance_of::<pyo3::exceptions::PyException>(py) => {
+                return h.failed.call1(py, (e.into_value(py),));
+            }
+            Err(e) => return Err(e),
+        };
+        let fut = h.new.bind(py).call1((h.cls.bind(py),))?;
+        fut.setattr(pyo3::intern!(py, "_task"), &task)?;
+        fut.setattr(pyo3::intern!(py, "_owner"), st)?;
+        let pending = h.pending.bind(py);
+        pending.set_item(&fut, py.None())?;
+        // A shutdown that began meanwhile either saw the future (and settles it) or is seen
+        // here (and the submission is withdrawn).
+        if !st.getattr(accepting)?.is_truthy()? {
+            pending.del_item(&fut)?;
+            task.call_method0(pyo3::intern!(py, "cancel"))?;
+            return Err(refuse());
+        }
+        Ok(fut.unbind())
     }
 
     /// Submits a cross-language task: `call` (a `pymizu.wire.Call`), with `extra` appended to
@@ -338,6 +458,51 @@ impl Pool {
             })
         })
         .map(|ts| ts.into_iter().map(|t| t.kept(slf.as_any())).collect())
+    }
+
+    /// Submits `fn_(*args)` for every tuple of `argss` (`pymizu.Pool.submit_batch`) with one
+    /// publication per worker queue: calls whose arguments are small values are written
+    /// natively (as `submit_call` writes them), the others pickled.
+    fn submit_calls(
+        slf: &Bound<'_, Self>,
+        fn_: &Bound<'_, PyAny>,
+        argss: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<Task>> {
+        let (py, this) = (slf.py(), slf.get());
+        let mut tasks = Vec::new();
+        let mut calls = Vec::with_capacity(CALLS_PER_PUBLICATION);
+        let mut items = argss.try_iter()?.peekable();
+        while items.peek().is_some() {
+            // A run of calls is written and published before the next is encoded: the
+            // workers start on the first while this thread encodes the rest.
+            calls.clear();
+            for args in items.by_ref().take(CALLS_PER_PUBLICATION) {
+                let args = args?;
+                let args = match args.cast::<PyTuple>() {
+                    Ok(t) => t.clone(),
+                    Err(_) => PyTuple::new(py, args.try_iter()?.collect::<PyResult<Vec<_>>>()?)?,
+                };
+                calls.push(crate::small::call_payload(fn_, &args, None)?);
+            }
+            let outs = calls
+                .iter()
+                .map(|c| {
+                    Ok(match c {
+                        crate::small::CallPayload::Small(p) => CallFill::Small(p),
+                        crate::small::CallPayload::Pickled(data, bufs) => {
+                            CallFill::Pickled(Outgoing::new(py, data.as_bytes(), bufs)?)
+                        }
+                    })
+                })
+                .collect::<PyResult<Vec<_>>>()?;
+            let run = this.with(|pool| {
+                submit_all_draining(py, &this.tasks, false, &outs, |rest, slice| {
+                    pool.submit_batch_with(rest.iter().map(|o| o as &dyn Fill), Some(slice))
+                })
+            })?;
+            tasks.extend(run.into_iter().map(|t| t.kept(slf.as_any())));
+        }
+        Ok(tasks)
     }
 
     /// Per worker: (slot, pid, state, busy, tasks, steals).

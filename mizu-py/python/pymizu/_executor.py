@@ -132,14 +132,15 @@ class _MizuFuture(Future):
     def _outcome(self, timeout):
         """The task's outcome; None when the future was settled meanwhile (the executor
         broke); `TimeoutError` after `timeout` seconds."""
+        outcome = self._task._outcome(_SLICE if timeout is None or timeout > _SLICE else timeout)
+        if outcome is None:
+            return self._wait_on(timeout)
+        return outcome
+
+    def _wait_on(self, timeout):
+        """`_outcome` after its first slice: once per slice, looks whether a worker died."""
         if timeout is not None and timeout <= _SLICE:
-            outcome = self._task._outcome(timeout)
-            if outcome is None:
-                raise TimeoutError()
-            return outcome
-        outcome = self._task._outcome(_SLICE)
-        if outcome is not None:
-            return outcome
+            raise TimeoutError()
         end = None if timeout is None else time.monotonic() + timeout - _SLICE
         owner = self._owner
         while self._state == _PENDING:
@@ -156,7 +157,10 @@ class _MizuFuture(Future):
 
     def result(self, timeout=None):
         if self._state == _PENDING:
-            outcome = self._outcome(timeout)
+            # `_outcome`, inline: the round trip's hot path.
+            outcome = self._task._outcome(_SLICE if timeout is None or timeout > _SLICE else timeout)
+            if outcome is None:
+                outcome = self._wait_on(timeout)
             if outcome is not None and outcome[0] and self._state == _PENDING:
                 # `_settle` of a value, inline: the round trip's hot path.
                 self._owner.pending.pop(self, None)
@@ -211,6 +215,8 @@ class _State:
         self.wakeup = threading.Event()
         self.kick = self.wakeup.set
         self.closing = False
+        # Neither closing nor broken: `submit`'s one check.
+        self.accepting = True
         # Why the executor broke (a worker died, or an initializer failed), else None.
         self.broken: str | None = None
         self.deaths = 0
@@ -222,6 +228,7 @@ class _State:
     def close(self, cancel_futures: bool = False) -> None:
         with self.lock:
             self.closing = True
+            self.accepting = False
             pending = list(self.pending)
         if cancel_futures:
             for fut in pending:
@@ -246,6 +253,7 @@ class _State:
         with self.lock:
             if self.broken is not None:
                 return
+            self.accepting = False
             self.broken = (
                 f"the pool is broken ({type(why).__name__}: {str(why).partition(chr(10))[0]}); "
                 "pending futures failed and "
@@ -253,6 +261,11 @@ class _State:
             )
             pending = list(self.pending)
         for fut in pending:
+            if fut._task.done():  # its own outcome (the task that died fails as itself)
+                outcome = fut._task._outcome(0.0)
+                if outcome is not None and not isinstance(outcome[1], CancelledError):
+                    fut._finish(*outcome)
+                    continue
             fut._task.cancel()
             err = BrokenProcessPool(
                 "a worker process died or its initializer failed while the future was running or pending"
@@ -307,7 +320,9 @@ class _State:
                 self.wakeup.clear()
         finally:
             try:
-                self.mpool.stop(5.0)
+                # A broken executor's running tasks have failed already: nothing to wait for
+                # (ProcessPoolExecutor terminates its workers then, too).
+                self.mpool.stop(0.0 if self.broken is not None else 5.0)
             finally:
                 self.stopped.set()
                 _running.discard(self)
@@ -390,6 +405,13 @@ class _CallQueue:
         self._state.stopped.wait()
 
 
+def _failed(exc: BaseException) -> Future:
+    """A future that already failed with `exc` (a call that could not be pickled)."""
+    fut = Future()
+    fut.set_exception(exc)
+    return fut
+
+
 def _spawn_context(mp_context):
     if mp_context is None:
         return multiprocessing.get_context("spawn")
@@ -446,13 +468,18 @@ class PoolExecutor(Executor):
         _running.add(st)
         st.collector.start()
         weakref.finalize(self, st.close)
+        # `submit` itself, natively (the method below documents it) — unless a subclass
+        # overrides it.
+        self._pool.bind_executor(_MizuFuture, st, _failed)
+        if type(self).submit is PoolExecutor.submit:
+            self.submit = self._pool.submit_future
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
         # No lock on this hot path: a submit racing `shutdown` looks at the flag again once
         # its future is registered (where shutdown and the collector find it), and withdraws
         # it if shutdown began meanwhile.
         st = self._state
-        if st.closing or st.broken is not None:
+        if not st.accepting:
             raise st.refuse()
         fut = _new_future(_MizuFuture)
         try:
@@ -468,12 +495,10 @@ class PoolExecutor(Executor):
         except Exception as e:
             # A call that cannot be pickled fails through its future, as with
             # ProcessPoolExecutor.
-            failed = Future()
-            failed.set_exception(e)
-            return failed
+            return _failed(e)
         fut._owner = st
         st.pending[fut] = None
-        if st.closing or st.broken is not None:
+        if not st.accepting:
             st.pending.pop(fut, None)
             task.cancel()
             raise st.refuse()
@@ -483,7 +508,7 @@ class PoolExecutor(Executor):
         self._mpool._check()
         st = self._state
         with st.lock:
-            if st.closing or st.broken is not None:
+            if not st.accepting:
                 raise st.refuse()
             fut = _new_future(_MizuFuture)
             fut._task = self._pool.submit(data, bufs)
@@ -508,9 +533,7 @@ class PoolExecutor(Executor):
             try:
                 payload = _codec.dumps_call(_run_chunk, (fn, s, items[s : s + chunksize], True, None, 0), {})
             except Exception as e:
-                failed = Future()
-                failed.set_exception(e)
-                futs.append(failed)
+                futs.append(_failed(e))
                 continue
             futs.append(self._submit_payload(*payload))
         del items

@@ -247,6 +247,9 @@ class _Submitter:
         one wake) per worker for the whole batch."""
         if self._language != "python":
             return [self._xsubmit(fn, *a) for a in argss]
+        calls = getattr(self, "_submit_calls", None)
+        if calls is not None:
+            return calls(fn, argss)
         return self._submit_all([_codec.dumps_call(fn, tuple(a), {}) for a in argss])
 
     def collect_any(self, tasks: list[Task], timeout: float | None = None) -> Task:
@@ -568,6 +571,7 @@ class Pool(_Submitter):
         self._submit_raw = self._pool.submit
         self._submit_small = self._pool.submit_small
         self._submit_all = self._pool.submit_batch
+        self._submit_calls = self._pool.submit_calls
         # `submit` itself, natively (the method documents it): one call instead of three
         # Python frames on the hot path — unless a subclass overrides `submit`.
         if type(self).submit is _Submitter.submit:
