@@ -34,3 +34,8 @@ def arrow_relay(src, dst):
     with ipc.new_file(dst, t.schema) as w:
         w.write_table(t)
     return t.num_rows
+
+
+def first(a, i=0):
+    """Reads one element of a big input: the cost is the input's trip, not the work."""
+    return float(a[i])

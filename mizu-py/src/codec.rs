@@ -7,18 +7,32 @@
 //! * `B`, 3 zero bytes, `u32` buffer count `n`, `u64` pickle length, then `n` pairs of `u64`
 //!   (offset from the payload start, length), then the pickle, then each buffer at its
 //!   offset, 64-byte aligned. All integers little-endian.
+//!
+//! A buffer that views a region this process holds (a shared object, an array received from
+//! another process) travels by reference: its offset has the top bit set, and at that offset
+//! is the region's 64-byte descriptor (carrying a counted reference, which the receiver
+//! adopts) and the `u64` offset of the buffer in the region.
 
 use std::ffi::c_int;
 
+use std::sync::Arc;
+
 use arrow_buffer::Buffer;
 use mizu_pool::Fill;
+use mizu_wire::{Region, RegionDesc};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
 const TAG_PLAIN: u8 = b'P';
-const TAG_BUFFERS: u8 = b'B';
+pub(crate) const TAG_BUFFERS: u8 = b'B';
+/// In a buffer's offset: the buffer travels by reference.
+const BY_REF: u64 = 1 << 63;
+/// A buffer by reference: the region's descriptor and the buffer's offset in it.
+const REF_RECORD: usize = 64 + 8;
+/// Buffers at least this large that view a region this process holds go by reference.
+const REF_MIN: usize = 4096;
 const ALIGN: usize = 64;
 /// Pickles up to this size are handed to Python as `bytes`; larger ones as views.
 const COPY_PICKLE_MAX: usize = 4096;
@@ -94,6 +108,8 @@ pub struct Outgoing<'a> {
     size: usize,
     /// Offsets of the buffers in the payload.
     at: Vec<usize>,
+    /// Per buffer: the region it views and where in it, when it goes by reference.
+    refs: Vec<Option<(Arc<Region>, usize)>>,
 }
 
 impl<'a> Outgoing<'a> {
@@ -104,6 +120,7 @@ impl<'a> Outgoing<'a> {
             bufs: Vec::new(),
             size: 1 + pickle.len(),
             at: Vec::new(),
+            refs: Vec::new(),
         };
         if bufs.is_none() {
             return Ok(out);
@@ -128,9 +145,15 @@ impl<'a> Outgoing<'a> {
         }
         let mut at = 16 + 16 * out.bufs.len() + pickle.len();
         for b in &out.bufs {
+            let n = b.len_bytes();
+            let by_ref = (n >= REF_MIN)
+                .then(|| Region::containing(b.buf_ptr().cast_const().cast::<u8>()))
+                .flatten()
+                .filter(|(r, off)| off + n <= r.len() && r.still_named());
             at = at.next_multiple_of(ALIGN);
             out.at.push(at);
-            at += b.len_bytes();
+            at += if by_ref.is_some() { REF_RECORD } else { n };
+            out.refs.push(by_ref);
         }
         out.size = at;
         Ok(out)
@@ -152,16 +175,25 @@ impl Fill for Outgoing<'_> {
         out[0] = TAG_BUFFERS;
         out[4..8].copy_from_slice(&(self.bufs.len() as u32).to_le_bytes());
         out[8..16].copy_from_slice(&(self.pickle.len() as u64).to_le_bytes());
-        for (i, (b, &at)) in self.bufs.iter().zip(&self.at).enumerate() {
+        for (i, ((b, &at), r)) in self.bufs.iter().zip(&self.at).zip(&self.refs).enumerate() {
             let e = 16 + 16 * i;
-            out[e..e + 8].copy_from_slice(&(at as u64).to_le_bytes());
+            let flag = if r.is_some() { BY_REF } else { 0 };
+            out[e..e + 8].copy_from_slice(&(at as u64 | flag).to_le_bytes());
             out[e + 8..e + 16].copy_from_slice(&(b.len_bytes() as u64).to_le_bytes());
         }
         let p = 16 + 16 * self.bufs.len();
         out[p..p + self.pickle.len()].copy_from_slice(self.pickle);
         let mut end = p + self.pickle.len();
-        for (b, &at) in self.bufs.iter().zip(&self.at) {
+        for ((b, &at), r) in self.bufs.iter().zip(&self.at).zip(&self.refs) {
             out[end..at].fill(0);
+            if let Some((region, off)) = r {
+                // Each fill takes a new reference: adopted by the receiver, or given back by
+                // `release_refs` when the runtime discards the payload.
+                region.share().write_to(&mut out[at..at + 64]);
+                out[at + 64..at + REF_RECORD].copy_from_slice(&(*off as u64).to_le_bytes());
+                end = at + REF_RECORD;
+                continue;
+            }
             let n = b.len_bytes();
             // SAFETY: the exporter keeps buf_ptr..+len_bytes valid while the PyBuffer lives
             // (it does: `self` owns it); the buffer is C-contiguous (checked in `new`).
@@ -212,6 +244,14 @@ pub fn decode(py: Python<'_>, buf: Buffer) -> PyResult<(Py<PyAny>, Py<PyList>)> 
                 let e = 16 + 16 * i;
                 let at = u64::from_le_bytes(b[e..e + 8].try_into().expect("8 bytes"));
                 let len = u64::from_le_bytes(b[e + 8..e + 16].try_into().expect("8 bytes"));
+                if at & BY_REF != 0 {
+                    let v = ShmBuffer {
+                        buf: by_reference(b, at & !BY_REF, len, pend)
+                            .map_err(|why| bad(format!("buffer {i}: {why}")))?,
+                    };
+                    list.append(Py::new(py, v)?)?;
+                    continue;
+                }
                 let end = at
                     .checked_add(len)
                     .filter(|&x| at >= pend as u64 && x <= b.len() as u64)
@@ -226,6 +266,103 @@ pub fn decode(py: Python<'_>, buf: Buffer) -> PyResult<(Py<PyAny>, Py<PyList>)> 
         Some(t) => Err(bad(format!("unknown tag {t:#04x}"))),
         None => Err(bad("empty")),
     }
+}
+
+/// A buffer by reference: adopts the region named by the record at `at` (after the pickle,
+/// which ends at `pend`) and views `len` bytes of it.
+fn by_reference(b: &[u8], at: u64, len: u64, pend: usize) -> Result<Buffer, String> {
+    let at = usize::try_from(at)
+        .ok()
+        .filter(|&a| a >= pend && a.checked_add(REF_RECORD).is_some_and(|e| e <= b.len()))
+        .ok_or("its reference is out of bounds")?;
+    let d = RegionDesc::read_from(&b[at..at + 64]).map_err(|e| e.to_string())?;
+    let off = u64::from_le_bytes(b[at + 64..at + REF_RECORD].try_into().expect("8 bytes"));
+    let region = Arc::new(
+        crate::ndarray::MAPPER
+            .adopt(&d)
+            .map_err(|e| format!("its region: {e}"))?,
+    );
+    let (off, len) = match (usize::try_from(off), usize::try_from(len)) {
+        (Ok(o), Ok(n)) if o.checked_add(n).is_some_and(|e| e <= region.len()) => (o, n),
+        _ => return Err("it is beyond its region".into()),
+    };
+    Ok(Region::buffer(&region).slice_with_length(off, len))
+}
+
+/// Gives back the region references of a `B` payload nobody will read (see
+/// `small::release_refs`, which calls it): runs on any thread, touches no Python object,
+/// stops at the first malformed byte.
+pub fn release_refs(b: &[u8]) {
+    let Some(h) = b.get(4..8) else { return };
+    let n = u32::from_le_bytes(h.try_into().expect("4 bytes")) as usize;
+    for i in 0..n {
+        let e = 16 + 16 * i;
+        let Some(at) = b.get(e..e + 8) else { return };
+        let at = u64::from_le_bytes(at.try_into().expect("8 bytes"));
+        if at & BY_REF == 0 {
+            continue;
+        }
+        let Some(d) = usize::try_from(at & !BY_REF)
+            .ok()
+            .and_then(|a| b.get(a..a.checked_add(64)?))
+        else {
+            return;
+        };
+        if let Ok(d) = RegionDesc::read_from(d) {
+            // Adopting takes the reference over; dropping the region gives it back.
+            drop(crate::ndarray::MAPPER.adopt(&d));
+        }
+    }
+}
+
+/// Copies `data` (a contiguous buffer) into a region of this process's store of shared
+/// objects and returns a read-only view of it: sending the view (or a slice of it) anywhere
+/// passes a reference to the region, never the bytes.
+#[pyfunction]
+pub fn share_buffer(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<ShmBuffer> {
+    let pb = PyBuffer::<u8>::get(data)?;
+    if !pb.is_c_contiguous() {
+        return Err(PyBufferError::new_err(
+            "pymizu.share: the buffer is not contiguous",
+        ));
+    }
+    let n = pb.len_bytes();
+    // SAFETY: the exporter keeps buf_ptr..+n valid and unchanged while `pb` lives (it does,
+    // to the end of this function); the buffer is contiguous (checked above).
+    let src = unsafe { std::slice::from_raw_parts(pb.buf_ptr() as *const u8, n) };
+    let region = py.detach(|| -> mizu_wire::Result<Region> {
+        let mut r =
+            mizu_wire::store::with_room(|| shared_store().alloc(n.max(1)), |e| e.is_no_space())?;
+        r.bytes_mut()[..n].copy_from_slice(src);
+        Ok(r.commit())
+    });
+    let region = Arc::new(region.map_err(crate::err)?);
+    Ok(ShmBuffer {
+        buf: Region::buffer(&region).slice_with_length(0, n),
+    })
+}
+
+/// Where `obj`'s memory lives when it is shared: (segment name, offset of its region in the
+/// segment, offset of the memory in the region); None when it is this process's own memory.
+#[pyfunction]
+pub fn shared_region(obj: &Bound<'_, PyAny>) -> PyResult<Option<(String, u64, usize)>> {
+    let addr = match pyo3::buffer::PyUntypedBuffer::get(obj) {
+        Ok(pb) => pb.buf_ptr() as usize,
+        // numpy exports no buffer of dates and times: its array interface names the address.
+        Err(e) => match obj.getattr(pyo3::intern!(obj.py(), "__array_interface__")) {
+            Ok(ai) => ai.get_item("data")?.get_item(0)?.extract::<usize>()?,
+            Err(_) => return Err(e),
+        },
+    };
+    Ok(Region::containing(addr as *const u8)
+        .map(|(r, off)| (r.segment().name().to_string(), r.offset(), off)))
+}
+
+/// The data pool holding what `share_buffer` copied (large objects get segments of their
+/// own; small ones share segments, sized as the pools' are).
+fn shared_store() -> &'static mizu_wire::DataPool {
+    static STORE: std::sync::OnceLock<mizu_wire::DataPool> = std::sync::OnceLock::new();
+    STORE.get_or_init(|| mizu_wire::DataPool::new(16 << 20))
 }
 
 /// Encodes a payload into bytes (for paths that need an owned copy, e.g. channels).

@@ -460,6 +460,7 @@ fn walk(b: &[u8], at: &mut usize, depth: u32, f: &mut impl FnMut(&[u8])) -> Opti
 /// object; stops at the first malformed byte.
 pub fn release_refs(p: &[u8]) {
     let body = match p.first() {
+        Some(&crate::codec::TAG_BUFFERS) => return crate::codec::release_refs(p),
         Some(&TAG_WIDE) => {
             let Some(m) = p.get(4..8) else { return };
             let m = u32::from_le_bytes(m.try_into().expect("4 bytes")) as usize;

@@ -233,3 +233,39 @@ def sleep_and_print(s, msg):
 def die_after(s):
     time.sleep(s)
     os._exit(3)
+
+
+def where(a):
+    """Where a received array's memory lives (segment, region offset, offset in it), and its sum."""
+    return pymizu_region(a), float(a.sum())
+
+
+def pymizu_region(a):
+    from pymizu import _native
+
+    return _native.shared_region(a)
+
+
+def where_indexed(i, a):
+    return i, pymizu_region(a)
+
+
+def frame_where(df):
+    return [pymizu_region(df[c].to_numpy()) for c in df.columns], float(df.to_numpy().sum())
+
+
+def hold_and_echo(a):
+    return a
+
+
+_kept = {}
+
+
+def keep_where(k, a):
+    """Keeps a view of `a` (so its memory stays in use) and says where it lives."""
+    _kept[k] = a
+    return pymizu_region(a)
+
+
+def forget_all():
+    _kept.clear()

@@ -429,11 +429,15 @@ fn python_bench(root: &Path, quick: bool) -> Res {
         cmd.arg("--quick");
     }
     run(root, &mut cmd)?;
-    // Every way of waiting for a completion (as_completed, callbacks, asyncio, ...).
-    let mut cmd = Command::new(&py);
-    cmd.arg("mizu-py/benchmarks/waits.py");
-    if quick {
-        cmd.arg("--quick");
+    // Every way of waiting for a completion (as_completed, callbacks, asyncio, ...), then
+    // one big input read by many tasks (shared, passed each time, joblib's memory maps).
+    for bench in ["mizu-py/benchmarks/waits.py", "mizu-py/benchmarks/share.py"] {
+        let mut cmd = Command::new(&py);
+        cmd.arg(bench);
+        if quick {
+            cmd.arg("--quick");
+        }
+        run(root, &mut cmd)?;
     }
-    run(root, &mut cmd)
+    Ok(())
 }

@@ -12,7 +12,7 @@ import weakref
 from concurrent.futures import Executor, Future
 from concurrent.futures.process import BrokenProcessPool
 
-from . import _codec, _native
+from . import _codec, _native, _share
 from ._errors import CancelledError, InitializerError, MizuError, WorkerDiedError
 from ._pool import Pool, _run_chunk
 
@@ -523,7 +523,9 @@ class PoolExecutor(Executor):
         holds no reference to a result it has yielded."""
         if chunksize is not None and (not isinstance(chunksize, int) or chunksize < 1):
             raise ValueError("chunksize must be >= 1.")
-        items = list(zip(*iterables))
+        # A large argument every element (or the function) passes goes once, shared.
+        fn = _share.share_fn(fn)
+        items = _share.share_repeated(list(zip(*iterables)), True)
         n = len(items)
         if chunksize is None:
             chunksize = max(1, -(-n // (4 * self._max_workers)))

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from . import _codec, _native, _rng, _xlang
+from . import _codec, _native, _rng, _share, _xlang
 from ._errors import (
     CancelledError,
     ExecTimeoutError,
@@ -326,6 +326,9 @@ class _Submitter:
         elif not isinstance(chunksize, int) or chunksize < 1:
             raise ValueError(f"chunksize must be a positive int, got {chunksize!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
+        # A large argument every element (or the function) passes goes once, shared.
+        fn = _share.share_fn(fn)
+        items = _share.share_repeated(items, star)
         calls = [
             _codec.dumps_call(_run_chunk, (fn, s, items[s : s + chunksize], star, seed, offset), {})
             for s in range(0, n, chunksize)

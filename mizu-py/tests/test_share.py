@@ -1,0 +1,152 @@
+"""Shared objects are copied into shared memory once and sent by reference from then on: the
+workers see the same memory (checked by where it lives, not by timings)."""
+
+import functools
+import gc
+import itertools
+import os
+import signal
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import pymizu
+import tasks
+from pymizu import _native
+
+BIG = 1 << 20  # elements: 8 MB of float64
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with pymizu.Pool(2) as p:
+        yield p
+
+
+def region(a):
+    """(segment, region offset): which shared region holds `a` (the offset inside may vary)."""
+    r = _native.shared_region(a)
+    return None if r is None else r[:2]
+
+
+def test_share_makes_a_read_only_copy_in_shared_memory():
+    a = np.arange(BIG, dtype=np.float64)
+    s = pymizu.share(a)
+    assert pymizu.is_shared(s) and not pymizu.is_shared(a)
+    assert np.array_equal(s, a) and s.dtype == a.dtype and s.shape == a.shape
+    with pytest.raises(ValueError, match="read-only"):
+        s[0] = 1.0
+    c = s.copy()  # a private, writable copy; the shared one is unchanged
+    c[0] = 42.0
+    assert s[0] == 0.0 and not pymizu.is_shared(c)
+
+
+def test_shapes_orders_and_dtypes_survive_sharing():
+    for a in (
+        np.arange(600_000, dtype=np.int32).reshape(600, 1000),
+        np.asfortranarray(np.arange(600_000, dtype=np.float32).reshape(1000, 600)),
+        np.arange(1_000_000, dtype=np.int64)[::2],  # strided: shared as a contiguous copy
+        np.array(["2020-01-01"] * 100_000, dtype="datetime64[ns]"),
+    ):
+        s = pymizu.share(a)
+        assert np.array_equal(s, a) and s.dtype == a.dtype and pymizu.is_shared(s)
+
+
+def test_a_shared_array_sent_to_many_tasks_is_never_copied_again(pool):
+    s = pymizu.share(np.arange(BIG, dtype=np.float64))
+    mine = region(s)
+    seen = {region_and_sum for region_and_sum in (pool.submit(tasks.where, s).result(timeout=60) for _ in range(20))}
+    assert {r[:2] for r, _ in seen} == {mine}, "every task viewed the caller's shared copy"
+    assert {x for _, x in seen} == {float(s.sum())}
+    # Inside a pickled call too (a keyword argument, a container), and back.
+    assert pool.submit(tasks.where_indexed, 0, a=s).result(timeout=60)[1][:2] == mine
+    r = pool.submit(tasks.hold_and_echo, {"x": s}).result(timeout=60)
+    assert region(r["x"]) == mine, "sent back by reference too"
+
+
+def test_an_unshared_array_is_copied_for_each_task_and_a_shared_one_never(pool):
+    # The workers keep what they receive, so a copy's memory cannot be reused by the next.
+    a = np.arange(BIG, dtype=np.float64)
+    copies = {pool.submit(tasks.keep_where, i, a).result(timeout=60)[:2] for i in range(6)}
+    s = pymizu.share(a)
+    views = {pool.submit(tasks.keep_where, 10 + i, s).result(timeout=60)[:2] for i in range(6)}
+    for _ in range(4):
+        pool.submit(tasks.forget_all).result(timeout=60)
+    assert len(copies) == 6
+    assert views == {region(s)}
+
+
+def test_the_executor_sends_shared_arrays_by_reference_too():
+    s = pymizu.share(np.arange(BIG, dtype=np.float64))
+    with pymizu.PoolExecutor(2) as ex:
+        got = {ex.submit(tasks.where, s).result(timeout=60)[0][:2] for _ in range(10)}
+    assert got == {region(s)}
+
+
+def test_a_shared_frame_reaches_workers_as_views_of_the_same_memory(pool):
+    df = pd.DataFrame({"a": np.arange(BIG, dtype=np.float64), "b": np.arange(BIG, dtype=np.int64)})
+    s = pymizu.share(df)
+    assert isinstance(s, pd.DataFrame) and s.equals(df)
+    mine = [region(s[c].to_numpy()) for c in s.columns]
+    assert all(m is not None for m in mine)
+    for _ in range(5):
+        theirs, total = pool.submit(tasks.frame_where, s).result(timeout=60)
+        assert [t[:2] for t in theirs] == mine
+        assert total == float(df.to_numpy().sum())
+
+
+def test_pyarrow_and_polars_objects_can_be_shared(pool):
+    pa = pytest.importorskip("pyarrow")
+    pl = pytest.importorskip("polars")
+    t = pa.table({"x": np.arange(BIG, dtype=np.float64)})
+    st = pymizu.share(t)
+    assert st.equals(t)
+    assert region(np.asarray(st.column("x").chunk(0))) is not None
+    f = pl.DataFrame({"x": np.arange(BIG, dtype=np.float64)})
+    sf = pymizu.share(f)
+    assert sf.equals(f)
+    assert region(sf["x"].to_numpy()) is not None
+
+
+def test_a_map_sends_a_repeated_big_argument_once(pool):
+    big = np.arange(BIG, dtype=np.float64)
+    out = pool.map(tasks.where_indexed, range(40), itertools.repeat(big, 40), chunksize=2)
+    assert [i for i, _ in out] == list(range(40))
+    assert len({r[:2] for _, r in out}) == 1, "one shared copy for the whole map"
+    assert not pymizu.is_shared(big), "the caller's array is left alone"
+
+
+def test_a_map_sends_a_big_argument_bound_by_partial_once(pool):
+    big = np.arange(BIG, dtype=np.float64)
+    f = functools.partial(tasks.where_indexed, a=big)
+    out = pool.map(f, range(40), chunksize=2)
+    assert len({r[:2] for _, r in out}) == 1
+    with pymizu.PoolExecutor(2) as ex:
+        out = list(ex.map(tasks.where_indexed, range(40), itertools.repeat(big, 40), chunksize=2))
+    assert len({r[:2] for _, r in out}) == 1
+
+
+def _segment_exists(name: str) -> bool:
+    return os.path.exists("/dev/shm/" + name.lstrip("/"))
+
+
+def test_shared_memory_is_freed_after_the_last_holder_even_a_killed_one():
+    # Larger than a store segment: the region gets a segment of its own, whose name goes
+    # when the region is released.
+    s = pymizu.share(np.ones(10 << 20, dtype=np.float64))
+    name = _native.shared_region(s)[0]
+    assert _segment_exists(name)
+    with pymizu.Pool(1) as p:
+        p.submit(tasks.remember, "kept", s).result(timeout=60)  # the worker holds a view
+        del s
+        gc.collect()
+        time.sleep(0.2)
+        assert _segment_exists(name), "the worker still holds it"
+        pid = p.status()["workers"][0]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while _segment_exists(name):
+            assert time.monotonic() < deadline, "a killed holder's reference was not given back"
+            time.sleep(0.05)
