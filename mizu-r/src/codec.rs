@@ -864,6 +864,33 @@ fn codec_roundtrip(value: Robj) -> Result<Robj> {
     }
 }
 
+/// `mizu_share()`: the value with every vector of 4 KiB or more (and every data frame of
+/// such columns) copied once into shared memory of this process and read through views of
+/// it, which travel by reference from then on (see `docs/r.md`, "Sharing data").
+#[extendr]
+fn share_value(value: Robj) -> Result<Robj> {
+    let out = Outgoing::encode(&value)?;
+    let n = out.size();
+    let mut r = mizu_wire::store::with_room(
+        || shared_store().alloc(n.max(1)),
+        mizu_wire::WireError::is_no_space,
+    )
+    .map_err(|e| crate::rerr(format!("mizu_share: {e}")))?;
+    out.fill(&mut r.bytes_mut()[..n]);
+    let region = Arc::new(r.commit());
+    match decode(Region::buffer(&region).slice_with_length(0, n))? {
+        Decoded::Value(v) => Ok(v),
+        Decoded::Text(t) => Err(crate::rerr(t)),
+    }
+}
+
+/// The data pool holding what `share_value` copied (an object larger than a segment gets one
+/// of its own).
+fn shared_store() -> &'static mizu_wire::DataPool {
+    static STORE: std::sync::OnceLock<mizu_wire::DataPool> = std::sync::OnceLock::new();
+    STORE.get_or_init(|| mizu_wire::DataPool::new(16 << 20))
+}
+
 /// The payload bytes of a value (tests).
 #[extendr]
 fn codec_encode(value: Robj) -> Result<Raw> {
@@ -927,6 +954,7 @@ fn codec_decode(bytes: Raw) -> Result<Robj> {
 
 extendr_module! {
     mod codec;
+    fn share_value;
     fn codec_roundtrip;
     fn codec_encode;
     fn codec_arrow_frames;

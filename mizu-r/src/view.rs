@@ -327,7 +327,8 @@ thread_local! {
 ///   last one. Views of regions re-sent by reference do not count there: the sender's own view
 ///   usually pins the same region, and collecting for each of them would put a collection on
 ///   every re-send.
-/// * Every [`budget`] bytes of views of either kind, a young collection too.
+/// * Every [`budget`] bytes of views of either kind (a view by reference counting as at most
+///   [`REF_WEIGHT`]), a young collection too.
 /// * Views alive at a young collection are promoted and wait for an older one, so when, after
 ///   a young collection, the views alive still grew by more than [`budget`] since the last
 ///   full collection (promoted garbage may be holding that much), a full one follows (tens of
@@ -356,9 +357,15 @@ pub fn collect_under_pressure() {
     collect_all_garbage_now();
 }
 
+/// What a view of a region re-sent by reference counts against the budget, whatever its size:
+/// the sender's own view (a shared object, say) pins the region anyway, so collecting for its
+/// size would put a collection on every few tasks reading a large shared object, and freeing
+/// such views frees little; an idle worker's full collection reclaims them.
+const REF_WEIGHT: usize = 64 << 10;
+
 fn collect_garbage_now_and_then(bytes: usize, copy: bool) {
     let young = SINCE_GC.with(Cell::get) + if copy { bytes } else { 0 };
-    let any = SINCE_ANY.with(Cell::get) + bytes;
+    let any = SINCE_ANY.with(Cell::get) + if copy { bytes } else { bytes.min(REF_WEIGHT) };
     SINCE_GC.with(|c| c.set(young));
     SINCE_ANY.with(|c| c.set(any));
     if young >= young_every() || (any as u64) >= budget() {
@@ -546,6 +553,21 @@ fn view_segment(x: Robj) -> Option<String> {
     Some(region.describe().name)
 }
 
+/// Where a view's shared pages are: `"<segment>+<region offset>"` (tests: two views of the
+/// same region name the same place, two copies do not); NULL for anything else.
+#[extendr]
+fn view_region(x: Robj) -> Option<String> {
+    // SAFETY: `x` is live (held by R for this call); this only reads it.
+    let s = unsafe { x.get() };
+    let buf = match shared(s).or_else(|| crate::strview::shared(s))? {
+        Shared::Arrow(src) => src.bytes,
+        Shared::Elements(b) => b,
+    };
+    let (region, _) = mizu_wire::Region::containing(buf.as_ptr())?;
+    let d = region.describe();
+    Some(format!("{}+{}", d.name, d.offset))
+}
+
 /// Whether `x` is a mizu view.
 #[extendr]
 fn view_is_view(x: Robj) -> bool {
@@ -567,4 +589,5 @@ extendr_module! {
     fn view_is_shared;
     fn view_is_view;
     fn view_segment;
+    fn view_region;
 }

@@ -86,6 +86,10 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
   } else {
     .f
   }
+  # A large extra argument goes to the workers once for the whole map, shared, instead of
+  # with every chunk (after `.f` is serialized: that may have copied a shared vector its
+  # environment holds out of shared memory).
+  if (length(chunks) > 1L) dots <- lapply(dots, .share_if_large)
   msgs <- lapply(chunks, function(ix) {
     list("m", fun, dots, unname(xs[ix]), seed, ix[[1]], .ptype, spec)
   })
@@ -239,4 +243,12 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
   if (!is.null(bar)) close(bar)
   names(out) <- names(.x)
   out
+}
+
+# `x` shared (see mizu_share) when it is a vector or data frame of 1 MiB or more not shared
+# already; else `x`.
+.share_if_large <- function(x) {
+  if (!(is.atomic(x) || is.data.frame(x)) || utils::object.size(x) < 2^20) return(x)
+  probe <- if (is.data.frame(x)) x[[1L]] else x
+  if (!is.null(probe) && mizu_is_shared(probe)) x else mizu_share(x)
 }

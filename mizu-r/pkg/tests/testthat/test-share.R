@@ -1,0 +1,77 @@
+# mizu_share(): copied into shared memory once, then sent by reference (checked by where the
+# workers' views live, not by timings).
+
+# Defined here, not inside a test: a closure made where a shared vector lives would carry
+# that environment, and serializing it copies the vector (see docs/r.md).
+region <- function(v) .Call(mizu:::wrap__view_region, v)
+regions <- function(d) vapply(d, function(v) .Call(mizu:::wrap__view_region, v), "")
+region_of_arg <- function(i, v) .Call(mizu:::wrap__view_region, v)
+
+test_that("mizu_share returns the same value over shared memory", {
+  x <- runif(1e5)
+  s <- mizu_share(x)
+  expect_true(mizu_is_shared(s))
+  expect_false(is.null(region(s)))
+  expect_equal(sum(s), sum(x))
+  m <- mizu_share(matrix(as.double(1:20000), 100))
+  expect_equal(dim(m), c(100L, 200L))
+  expect_true(mizu_is_shared(m))
+  small <- mizu_share(1:10)  # below 4 KiB: a plain copy
+  expect_identical(small, 1:10)
+  l <- mizu_share(list(a = runif(1e4), b = "x", c = letters))
+  expect_true(mizu_is_shared(l$a))
+  expect_identical(l$b, "x")
+})
+
+test_that("a shared vector sent to many tasks is never copied again", {
+  with_pool(2, function(pool) {
+    s <- mizu_share(runif(1e6))
+    mine <- region(s)
+    seen <- vapply(1:12, function(i) mizu_collect(mizu_submit(pool, where(v), v = s, where = region)), "")
+    expect_identical(unique(seen), mine)
+    expect_true(mizu_is_shared(s))
+    got <- mizu_map(pool, 1:8, region_of_arg, v = s)
+    expect_identical(unique(unlist(got)), mine)
+  })
+})
+
+test_that("a map sends a large extra argument once, shared, for all its chunks", {
+  with_pool(2, function(pool) {
+    big <- runif(2e5)  # 1.6 MB, not shared by the caller
+    got <- mizu_map(pool, 1:16, region_of_arg, v = big, .chunk_size = 2)
+    expect_length(unique(unlist(got)), 1L)
+    expect_false(mizu_is_view(big))
+  })
+})
+
+test_that("a shared data frame reaches workers as views of the same memory", {
+  with_pool(2, function(pool) {
+    df <- mizu_share(data.frame(a = runif(1e5), b = seq_len(1e5)))
+    expect_true(all(vapply(df, mizu_is_shared, NA)))
+    mine <- regions(df)
+    theirs <- mizu_collect(mizu_submit(pool, where(d), d = df, where = regions))
+    expect_identical(theirs, mine)
+    expect_equal(mizu_collect(mizu_submit(pool, sum(d$b), d = df)), sum(as.double(seq_len(1e5))))
+  })
+})
+
+test_that("modifying a shared value gives a private copy and changes nothing others see", {
+  x <- runif(1e5)
+  s <- mizu_share(x)
+  s2 <- s
+  s2[1] <- -1
+  expect_true(mizu_is_shared(s))
+  expect_false(mizu_is_shared(s2))
+  expect_identical(s[1], x[1])
+  with_pool(1, function(pool) {
+    expect_identical(mizu_collect(mizu_submit(pool, v[1], v = s)), x[1])
+  })
+})
+
+test_that("Python workers read an R-shared vector in place", {
+  with_pool(1, language = "python", function(pool) {
+    s <- mizu_share(runif(1e5))
+    got <- mizu_collect(mizu_submit(pool, mizu_call("pymizu._native.shared_region", s)))
+    expect_identical(paste0(got[[1]], "+", got[[2]]), region(s))
+  })
+})
