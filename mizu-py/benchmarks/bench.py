@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -25,6 +24,7 @@ import pandas as pd  # noqa: E402
 
 import pymizu  # noqa: E402
 import work  # noqa: E402
+from timing import timed  # noqa: E402
 
 
 class Peer:
@@ -80,14 +80,6 @@ class Peer:
             self.pool.shutdown()
 
 
-def timed(f, reps, per=1):
-    f()  # warm-up
-    runs = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        f()
-        runs.append((time.perf_counter() - t) / per)
-    return statistics.median(runs)
 
 
 def _array_rt(arr, k, q):

@@ -22,11 +22,9 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -39,18 +37,11 @@ import pyarrow.ipc as ipc  # noqa: E402
 
 import pymizu  # noqa: E402
 import work  # noqa: E402
+from timing import timed  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
-def timed(f, reps):
-    f()  # warm-up
-    runs = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        f()
-        runs.append(time.perf_counter() - t)
-    return statistics.median(runs)
 
 
 def frame(n: int) -> pd.DataFrame:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -23,16 +22,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import pymizu  # noqa: E402
 import work  # noqa: E402
+from timing import timed  # noqa: E402
 
 
-def timed(f, reps):
-    f()  # warm-up
-    runs = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        f()
-        runs.append(time.perf_counter() - t)
-    return statistics.median(runs)
 
 
 def main():

@@ -361,8 +361,19 @@ pub fn shared_region(obj: &Bound<'_, PyAny>) -> PyResult<Option<(String, u64, us
 /// The data pool holding what `share_buffer` copied (large objects get segments of their
 /// own; small ones share segments, sized as the pools' are).
 fn shared_store() -> &'static mizu_wire::DataPool {
-    static STORE: std::sync::OnceLock<mizu_wire::DataPool> = std::sync::OnceLock::new();
-    STORE.get_or_init(|| mizu_wire::DataPool::new(16 << 20))
+    SHARED_STORE.get_or_init(|| mizu_wire::DataPool::new(16 << 20))
+}
+
+static SHARED_STORE: std::sync::OnceLock<mizu_wire::DataPool> = std::sync::OnceLock::new();
+
+/// At interpreter exit (`atexit`, registered by the first `share()`): the names of the
+/// segments holding shared objects go (processes still reading them keep their mappings), so
+/// that nothing of this process's is left in /dev/shm by objects never freed.
+#[pyfunction]
+pub fn release_shared() {
+    if let Some(store) = SHARED_STORE.get() {
+        store.unlink_all();
+    }
 }
 
 /// Encodes a payload into bytes (for paths that need an owned copy, e.g. channels).

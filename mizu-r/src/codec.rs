@@ -887,8 +887,19 @@ fn share_value(value: Robj) -> Result<Robj> {
 /// The data pool holding what `share_value` copied (an object larger than a segment gets one
 /// of its own).
 fn shared_store() -> &'static mizu_wire::DataPool {
-    static STORE: std::sync::OnceLock<mizu_wire::DataPool> = std::sync::OnceLock::new();
-    STORE.get_or_init(|| mizu_wire::DataPool::new(16 << 20))
+    SHARED_STORE.get_or_init(|| mizu_wire::DataPool::new(16 << 20))
+}
+
+static SHARED_STORE: std::sync::OnceLock<mizu_wire::DataPool> = std::sync::OnceLock::new();
+
+/// When R exits: the names of the segments holding shared values go (processes still
+/// reading them keep their mappings), so that nothing of this session's is left in /dev/shm
+/// by values R never freed.
+#[extendr]
+fn release_shared() {
+    if let Some(store) = SHARED_STORE.get() {
+        store.unlink_all();
+    }
 }
 
 /// The payload bytes of a value (tests).
@@ -955,6 +966,7 @@ fn codec_decode(bytes: Raw) -> Result<Robj> {
 extendr_module! {
     mod codec;
     fn share_value;
+    fn release_shared;
     fn codec_roundtrip;
     fn codec_encode;
     fn codec_arrow_frames;

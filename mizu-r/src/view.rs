@@ -543,29 +543,26 @@ fn view_is_shared(x: Robj) -> bool {
 /// that a value crossed by reference.
 #[extendr]
 fn view_segment(x: Robj) -> Option<String> {
-    // SAFETY: `x` is live (held by R for this call); this only reads it.
-    let s = unsafe { x.get() };
-    let buf = match shared(s).or_else(|| crate::strview::shared(s))? {
-        Shared::Arrow(src) => src.bytes,
-        Shared::Elements(b) => b,
-    };
-    let (region, _) = mizu_wire::Region::containing(buf.as_ptr())?;
-    Some(region.describe().name)
+    Some(region_of(&x)?.describe().name)
 }
 
 /// Where a view's shared pages are: `"<segment>+<region offset>"` (tests: two views of the
 /// same region name the same place, two copies do not); NULL for anything else.
 #[extendr]
 fn view_region(x: Robj) -> Option<String> {
+    let d = region_of(&x)?.describe();
+    Some(format!("{}+{}", d.name, d.offset))
+}
+
+/// The region an unmodified view's elements are in.
+fn region_of(x: &Robj) -> Option<std::sync::Arc<mizu_wire::Region>> {
     // SAFETY: `x` is live (held by R for this call); this only reads it.
     let s = unsafe { x.get() };
     let buf = match shared(s).or_else(|| crate::strview::shared(s))? {
         Shared::Arrow(src) => src.bytes,
         Shared::Elements(b) => b,
     };
-    let (region, _) = mizu_wire::Region::containing(buf.as_ptr())?;
-    let d = region.describe();
-    Some(format!("{}+{}", d.name, d.offset))
+    Some(mizu_wire::Region::containing(buf.as_ptr())?.0)
 }
 
 /// Whether `x` is a mizu view.

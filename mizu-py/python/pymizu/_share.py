@@ -11,6 +11,7 @@ from . import _native
 # Arrays at least this large that several elements of one map pass are shared once for the
 # map (smaller ones cost less to copy than to share).
 MAP_SHARE_MIN = 1 << 20
+_exit_registered = False
 
 
 def share(obj: Any) -> Any:
@@ -25,6 +26,12 @@ def share(obj: Any) -> Any:
     are copied with the rest of the pickle. The copy is read-only: modifying it raises (numpy:
     "assignment destination is read-only"); make a private copy (`.copy()`) to modify.
     """
+    global _exit_registered
+    if not _exit_registered:
+        import atexit
+
+        atexit.register(_native.release_shared)
+        _exit_registered = True
     mod = type(obj).__module__.partition(".")[0]
     if mod == "polars":
         import polars

@@ -19,11 +19,13 @@
   list2env(routines, .native)
   ns <- topenv()
   for (n in names(routines)) assign(paste0(".native_", n), routines[[n]], envir = ns)
-  # When R exits: collect garbage (views and handles nobody holds release their shared memory)
-  # and unmap the segments kept mapped for reuse, so that nothing of this process's is left in
-  # /dev/shm (its lock file goes with the last mapping).
+  # When R exits: collect garbage (views and handles nobody holds release their shared memory),
+  # remove the names of the segments holding mizu_share() values, and unmap the segments kept
+  # mapped for reuse, so that nothing of this process's is left in /dev/shm (its lock file
+  # goes with the last mapping).
   reg.finalizer(.exit_hook, function(e) {
     gc()
+    .Call(wrap__release_shared)
     .Call(wrap__release_mappings)
   }, onexit = TRUE)
 }
