@@ -68,10 +68,15 @@ def is_shared(obj: Any) -> bool:
 
 def share_repeated(items: list, star: bool) -> list:
     """A map's elements (argument tuples when `star`, else single arguments) with every large
-    array or frame that more than one element passes (`itertools.repeat(big)`, the same object
-    in each tuple) replaced by one shared copy, so that it is copied once for the map instead
-    of once per element or chunk."""
+    array or frame that the first element and others pass (`itertools.repeat(big)`, the same
+    object in each tuple) replaced by one shared copy, so that it is copied once for the map
+    instead of once per element or chunk."""
     if len(items) < 2:
+        return items
+    # An argument every element passes is in the first one: looking there first keeps the
+    # common map (of numbers, of distinct arrays) free of a scan.
+    first = items[0]
+    if not any(_worth_sharing(a) for a in (first if star else (first,))):
         return items
     seen: dict[int, int] = {}
     for x in items:
