@@ -382,12 +382,8 @@ pub fn normalize(field: &Field, array: &ArrayRef) -> Option<(Field, ArrayRef)> {
                 .unary::<_, Date32Type>(|ms| ms.div_euclid(86_400_000) as i32),
         ),
         DataType::Timestamp(unit, tz) => {
-            let per_us = |v: i64| match unit {
-                TimeUnit::Second => v.saturating_mul(1_000_000),
-                TimeUnit::Millisecond => v.saturating_mul(1_000),
-                TimeUnit::Microsecond => v,
-                TimeUnit::Nanosecond => v.div_euclid(1_000),
-            };
+            let unit = *unit;
+            let per_us = |v: i64| micros(unit, v);
             let a: PrimitiveArray<TimestampMicrosecondType> = match unit {
                 TimeUnit::Second => array.as_primitive::<TimestampSecondType>().unary(per_us),
                 TimeUnit::Millisecond => array
@@ -404,12 +400,8 @@ pub fn normalize(field: &Field, array: &ArrayRef) -> Option<(Field, ArrayRef)> {
             Arc::new(a.with_timezone_opt(tz.clone()))
         }
         DataType::Duration(unit) => {
-            let per_us = |v: i64| match unit {
-                TimeUnit::Second => v.saturating_mul(1_000_000),
-                TimeUnit::Millisecond => v.saturating_mul(1_000),
-                TimeUnit::Microsecond => v,
-                TimeUnit::Nanosecond => v.div_euclid(1_000),
-            };
+            let unit = *unit;
+            let per_us = |v: i64| micros(unit, v);
             let a: PrimitiveArray<DurationMicrosecondType> = match unit {
                 TimeUnit::Second => array.as_primitive::<DurationSecondType>().unary(per_us),
                 TimeUnit::Millisecond => array
@@ -500,4 +492,14 @@ pub fn normalize_batch(batch: RecordBatch) -> RecordBatch {
     }
     let schema = Schema::new(fields).with_metadata(schema.metadata().clone());
     RecordBatch::try_new(Arc::new(schema), cols).unwrap_or(batch)
+}
+
+/// `v` in `unit`s as microseconds (R's resolution for times and durations), saturating.
+fn micros(unit: TimeUnit, v: i64) -> i64 {
+    match unit {
+        TimeUnit::Second => v.saturating_mul(1_000_000),
+        TimeUnit::Millisecond => v.saturating_mul(1_000),
+        TimeUnit::Microsecond => v,
+        TimeUnit::Nanosecond => v.div_euclid(1_000),
+    }
 }
