@@ -233,11 +233,19 @@ impl Channel {
         }
     }
 
+    /// Whether a message is waiting to be received.
+    pub fn has_pending(&mut self) -> bool {
+        self.rx.poll()
+    }
+
     /// Closes this side: the peer reads what was sent, then `Closed`.
     pub fn close(&mut self) {
         if !self.closed {
             self.closed = true;
             self.tx.close();
+            // Nothing more is sent from this end: its data segments go as soon as the peer has
+            // read what is in flight (at once if it has), not when this end is dropped.
+            self.pool.detach();
         }
     }
 }

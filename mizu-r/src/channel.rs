@@ -18,8 +18,9 @@ const SLICE: Duration = Duration::from_millis(50);
 /// One end of a channel.
 pub struct RChannel {
     /// Dropped only in the process that made it (a forked child's copy is forgotten: the
-    /// peer belongs to the parent).
-    inner: ManuallyDrop<RefCell<mizu_pool::Channel>>,
+    /// peer belongs to the parent). `None` once finished: closed, its launched peer exited
+    /// and nothing left to receive (its shared memory is gone then, not at garbage collection).
+    inner: ManuallyDrop<RefCell<Option<mizu_pool::Channel>>>,
     pid: u32,
     /// The peer is of another language (Python): messages are cross-language values.
     foreign: std::cell::Cell<bool>,
@@ -36,7 +37,7 @@ impl Drop for RChannel {
 
 fn wrap(c: mizu_pool::Channel) -> Robj {
     ExternalPtr::new(RChannel {
-        inner: ManuallyDrop::new(RefCell::new(c)),
+        inner: ManuallyDrop::new(RefCell::new(Some(c))),
         pid: mizu_shm::current_pid(),
         foreign: std::cell::Cell::new(false),
     })
@@ -97,10 +98,10 @@ fn channel_send_batch(ch: Robj, payloads: List) -> Result<Vec<i32>> {
             .map(|v| Outgoing::encode(&v).map(|o| o.to_vec()))
             .collect::<Result<_>>()?
     };
-    let r = c
-        .inner
-        .borrow_mut()
-        .send_batch(bytes.iter().map(Vec::as_slice));
+    let r = match c.inner.borrow_mut().as_mut() {
+        Some(ch) => ch.send_batch(bytes.iter().map(Vec::as_slice)),
+        None => Err(ChannelSendError::Closed),
+    };
     Ok(match r {
         Ok(n) if n == bytes.len() => vec![n as i32, 0],
         Ok(n) => vec![n as i32, 1],
@@ -126,7 +127,10 @@ fn channel_recv(ch: Robj, timeout: f64) -> Result<List> {
     loop {
         let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
         let slice = left.map_or(SLICE, |l| l.min(SLICE));
-        let r = c.inner.borrow_mut().recv(Some(slice));
+        let r = match c.inner.borrow_mut().as_mut() {
+            Some(ch) => ch.recv(Some(slice)),
+            None => Err(RecvError::Closed),
+        };
         match r {
             Ok(buf) => {
                 return Ok(match decode(buf)? {
@@ -159,7 +163,9 @@ fn channel_set_foreign(ch: Robj) -> Result<()> {
 /// Closes this side: the peer reads what was sent, then sees the channel closed.
 #[extendr]
 fn channel_close(ch: Robj) -> Result<()> {
-    chan(&ch)?.inner.borrow_mut().close();
+    if let Some(c) = chan(&ch)?.inner.borrow_mut().as_mut() {
+        c.close();
+    }
     Ok(())
 }
 
@@ -169,22 +175,31 @@ fn channel_close(ch: Robj) -> Result<()> {
 fn channel_finish(ch: Robj, timeout: f64) -> Result<Option<i32>> {
     let c = chan(&ch)?;
     let mut g = c.inner.borrow_mut();
-    g.close();
-    let Some(child) = g.child() else {
+    let Some(chl) = g.as_mut() else {
+        return Ok(None);
+    };
+    chl.close();
+    let Some(child) = chl.child() else {
         return Ok(None);
     };
     let t0 = Instant::now();
-    loop {
+    let code = loop {
         if let Ok(Some(st)) = child.try_wait() {
-            return Ok(st.code());
+            break st.code();
         }
         if t0.elapsed().as_secs_f64() >= timeout {
             let _ = child.kill();
             let _ = child.wait();
-            return Ok(None);
+            break None;
         }
         std::thread::sleep(Duration::from_millis(1));
+    };
+    // The peer is gone: with nothing left to read, the channel's shared memory goes now.
+    if !chl.has_pending() {
+        *g = None;
+        mizu_wire::store::give_back_idle_now();
     }
+    Ok(code)
 }
 
 /// The launched peer's process id (NA when this end attached).
@@ -193,7 +208,8 @@ fn channel_peer_pid(ch: Robj) -> Result<Option<f64>> {
     Ok(chan(&ch)?
         .inner
         .borrow_mut()
-        .child()
+        .as_mut()
+        .and_then(|c| c.child())
         .map(|c| f64::from(c.id())))
 }
 

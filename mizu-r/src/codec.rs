@@ -526,12 +526,23 @@ impl Drop for Outgoing {
     }
 }
 
+/// Payload bytes this process has written for others to read (tasks, results, messages,
+/// shared values): what crossed, for the benchmarks.
+static WRITTEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// [`WRITTEN`], in bytes (as a double: R has no 64-bit integers).
+#[extendr]
+fn payload_bytes_written() -> f64 {
+    WRITTEN.load(std::sync::atomic::Ordering::Relaxed) as f64
+}
+
 impl Fill for Outgoing {
     fn size(&self) -> usize {
         self.size
     }
 
     fn fill(&self, out: &mut [u8]) {
+        WRITTEN.fetch_add(self.size as u64, std::sync::atomic::Ordering::Relaxed);
         let skel = &self.skel;
         if self.bufs.is_empty() {
             out[0] = self.tag;
@@ -948,6 +959,13 @@ fn release_mappings() {
     MAPPER.release_unused();
 }
 
+/// Gives back now the data segments and mappings this process keeps only for reuse (they
+/// would go after a few idle seconds).
+#[extendr]
+fn give_back_idle() {
+    mizu_wire::store::give_back_idle_now();
+}
+
 /// The size of a value's payload (tests; nothing is shared).
 #[extendr]
 fn codec_size(value: Robj) -> Result<f64> {
@@ -966,6 +984,7 @@ fn codec_decode(bytes: Raw) -> Result<Robj> {
 extendr_module! {
     mod codec;
     fn share_value;
+    fn payload_bytes_written;
     fn release_shared;
     fn codec_roundtrip;
     fn codec_encode;
@@ -973,5 +992,6 @@ extendr_module! {
     fn codec_arrow_read;
     fn codec_size;
     fn release_mappings;
+    fn give_back_idle;
     fn codec_decode;
 }

@@ -17,8 +17,8 @@ use extendr_ffi::{R_NilValue, Rf_protect, Rf_unprotect, SEXP};
 use crate::codec::Outgoing;
 use crate::handle::mk_string;
 use crate::pool::{
-    Collected, check_msg_sexp, check_vars_sexp, collect_protected, pool_at, submit_encoded,
-    task_at, timeout_sexp,
+    Collected, Unsendable, check_msg_sexp, check_vars_sexp, collect_protected, pool_at,
+    submit_encoded, task_at, timeout_sexp,
 };
 
 /// The message of an error for R, without the `mizu: ` prefix the R side adds.
@@ -28,9 +28,21 @@ fn message(e: impl std::fmt::Display) -> String {
 }
 
 /// `f()`, with a panic turned into a message (none may unwind into R).
-fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
-    catch_unwind(AssertUnwindSafe(f))
-        .unwrap_or_else(|_| Err("internal error (see the panic message above)".to_string()))
+fn guarded<T, E: From<String>>(f: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        Err(E::from(
+            "internal error (see the panic message above)".into(),
+        ))
+    })
+}
+
+impl From<String> for Unsendable {
+    fn from(message: String) -> Unsendable {
+        Unsendable {
+            class: "mizu_error",
+            message,
+        }
+    }
 }
 
 /// Submits `msg` (`list(kind, expr, vars)`) to `pool`: the task handle, or `c(class,
@@ -39,8 +51,8 @@ unsafe extern "C" fn submit(pool: SEXP, msg: SEXP) -> SEXP {
     // SAFETY: R's main thread (`.Call`); `msg` is protected by R (or by the caller) meanwhile.
     unsafe {
         submit_with(pool, || {
-            check_msg_sexp(msg).map_err(|e| format!("mizu: {e}"))?;
-            Outgoing::encode_sexp(msg).map_err(|e| e.to_string())
+            check_msg_sexp(msg)?;
+            Outgoing::encode_sexp(msg).map_err(|e| Unsendable::from(e.to_string()))
         })
     }
 }
@@ -49,19 +61,20 @@ unsafe extern "C" fn submit(pool: SEXP, msg: SEXP) -> SEXP {
 ///
 /// # Safety
 /// R's main thread; `pool` and whatever `encode` reads are protected meanwhile.
-unsafe fn submit_with(pool: SEXP, encode: impl FnOnce() -> Result<Outgoing, String>) -> SEXP {
+unsafe fn submit_with(pool: SEXP, encode: impl FnOnce() -> Result<Outgoing, Unsendable>) -> SEXP {
     let r = guarded(|| {
         // SAFETY: R's main thread (`.Call`); `pool` is protected by R for the call.
         unsafe {
-            let p = pool_at(pool).map_err(|e| e.to_string())?;
+            let p = pool_at(pool).map_err(|e| Unsendable::from(e.to_string()))?;
             if p.foreign {
-                return Err("a pool of Python workers runs mizu_call() tasks \
-                            (see mizu_submit())"
-                    .into());
+                return Err(Unsendable::from(
+                    "a pool of Python workers runs mizu_call() tasks (see mizu_submit())"
+                        .to_string(),
+                ));
             }
             let out = encode()?;
             Ok(
-                match submit_encoded(pool, p, &out).map_err(|e| e.to_string())? {
+                match submit_encoded(pool, p, &out).map_err(|e| Unsendable::from(e.to_string()))? {
                     Ok(t) => crate::handle::task_handle(pool, &p.batch, t),
                     // The failure's Robj is released here; nothing allocates before R has it.
                     Err(f) => f.get(),
@@ -69,20 +82,10 @@ unsafe fn submit_with(pool: SEXP, encode: impl FnOnce() -> Result<Outgoing, Stri
             )
         }
     });
-    let why = match r {
-        Ok(x) => return x,
-        Err(m) => m,
-    };
-    // SAFETY: R's main thread; the vector is protected while its second element is made.
-    unsafe {
-        let v = Rf_protect(extendr_ffi::Rf_allocVector(
-            extendr_ffi::SEXPTYPE::STRSXP,
-            2,
-        ));
-        extendr_ffi::SET_STRING_ELT(v, 0, extendr_ffi::STRING_ELT(mk_string("mizu_error"), 0));
-        extendr_ffi::SET_STRING_ELT(v, 1, extendr_ffi::STRING_ELT(mk_string(&why), 0));
-        Rf_unprotect(1);
-        v
+    match r {
+        Ok(x) => x,
+        // SAFETY: R's main thread.
+        Err(u) => unsafe { failure_sexp(u.class, &u.message) },
     }
 }
 
@@ -241,7 +244,7 @@ unsafe extern "C" fn tasks_ok(tasks: SEXP) -> SEXP {
 /// Submits `call` (a `mizu_call()`) with the further keyword arguments `vars` to a pool of
 /// Python workers: the task handle, or `c(class, message)` for the R wrapper to raise.
 unsafe extern "C" fn submit_xcall(pool: SEXP, call: SEXP, vars: SEXP) -> SEXP {
-    let r = guarded(|| {
+    let r = guarded::<_, String>(|| {
         // SAFETY: R's main thread (`.Call`); the arguments are protected by R for the call.
         unsafe {
             let p = pool_at(pool).map_err(|e| e.to_string())?;

@@ -87,6 +87,18 @@ impl BatchSlot {
         all.iter().filter_map(Weak::upgrade).collect()
     }
 
+    /// After the pool stopped: every task still pending lets go of the pool's shared memory
+    /// now (collecting it raises `mizu_error_stopped`), rather than when R collects its
+    /// handle.
+    pub(crate) fn abandon_pending(&self) {
+        let live: Vec<Rc<Batch>> = self.all.borrow().iter().filter_map(Weak::upgrade).collect();
+        for b in live {
+            for t in b.tasks() {
+                t.abandon();
+            }
+        }
+    }
+
     fn push(&self, b: &Rc<Batch>) {
         let mut all = self.all.borrow_mut();
         if all.len() >= 8 && all.len().is_power_of_two() {

@@ -54,6 +54,9 @@ fn stop_pool(mut p: mizu_pool::Pool, grace: Duration) {
     // Only our own workers' leftovers: other programs may have data in flight.
     mizu_wire::ledger::release_dead(Some(&workers));
     let _ = mizu_shm::prune_of(&workers);
+    // What this process kept mapped only for reuse goes now, not a few seconds later: after
+    // a stop, nothing of the pool's is left in /dev/shm (what views still read stays).
+    mizu_wire::store::give_back_idle_now();
 }
 
 /// Where a task is.
@@ -94,6 +97,15 @@ impl RTask {
         RTask {
             cell: RefCell::new(TaskState::Pending(t)),
             pid: mizu_shm::current_pid(),
+        }
+    }
+
+    /// A pending task of a stopped pool: its outcome is "stopped" (see
+    /// `BatchSlot::abandon_pending`).
+    pub(crate) fn abandon(&self) {
+        let mut c = self.cell.borrow_mut();
+        if matches!(*c, TaskState::Pending(_)) {
+            *c = TaskState::Finished(Err(CollectError::Task(TaskError::Stopped)));
         }
     }
 
@@ -396,17 +408,17 @@ fn R_NilValue_sexp() -> SEXP {
     unsafe { extendr_ffi::R_NilValue }
 }
 
-/// Checks a task message `list(kind, expr, vars)`: every binding is named.
-fn check_msg(msg: &Robj) -> Result<()> {
+/// Checks a task message `list(kind, expr, vars)`: as [`check_vars_sexp`].
+fn check_msg(msg: &Robj) -> std::result::Result<(), Unsendable> {
     // SAFETY: `msg` is protected by its handle for the call.
-    unsafe { check_msg_sexp(msg.get()) }.map_err(rerr)
+    unsafe { check_msg_sexp(msg.get()) }
 }
 
 /// [`check_msg`] on a raw value (no R handles: it runs on every submit).
 ///
 /// # Safety
 /// `msg` is a live SEXP; this only reads it.
-pub(crate) unsafe fn check_msg_sexp(msg: SEXP) -> std::result::Result<(), &'static str> {
+pub(crate) unsafe fn check_msg_sexp(msg: SEXP) -> std::result::Result<(), Unsendable> {
     use extendr_ffi::{TYPEOF, VECTOR_ELT, XLENGTH};
     // SAFETY: reads of live objects (the caller's contract).
     unsafe {
@@ -417,15 +429,40 @@ pub(crate) unsafe fn check_msg_sexp(msg: SEXP) -> std::result::Result<(), &'stat
     }
 }
 
-/// [`check_msg_sexp`] of a message's bindings `vars`: every value of a non-empty list is named.
+/// Why a task cannot be submitted: the class of the R condition and its message.
+#[derive(Debug)]
+pub(crate) struct Unsendable {
+    /// The condition's class (it inherits `mizu_error`).
+    pub class: &'static str,
+    /// The condition's message.
+    pub message: String,
+}
+
+impl Unsendable {
+    fn plain(message: &str) -> Unsendable {
+        Unsendable {
+            class: "mizu_error",
+            message: message.to_owned(),
+        }
+    }
+
+    /// The failure `c(class, message)` the R wrappers raise.
+    pub(crate) fn failure(&self) -> Robj {
+        failure(self.class, &self.message)
+    }
+}
+
+/// [`check_msg_sexp`] of a message's bindings `vars`: every value of a non-empty list is
+/// named, and none is (or holds in a list) an environment or an external pointer, unless the
+/// list is marked `mizu_copy` (the future backend's globals, sent as copies as `future`'s
+/// other backends send them).
 ///
 /// # Safety
-/// `vars` is a live SEXP; this only reads it.
-pub(crate) unsafe fn check_vars_sexp(vars: SEXP) -> std::result::Result<(), &'static str> {
+/// `vars` is a live SEXP; this only reads it (and allocates only to describe a failure).
+pub(crate) unsafe fn check_vars_sexp(vars: SEXP) -> std::result::Result<(), Unsendable> {
     use extendr_ffi::{R_NaString, R_NamesSymbol, Rf_getAttrib, STRING_ELT, TYPEOF, XLENGTH};
     const BAD: &str = "the values in `...` must be named: they are the bindings the expression \
-                       sees (a binding named as a prefix of `pool` or `expr`, such as `e` or \
-                       `p`, is taken as that argument by R's partial matching: rename it)";
+                       sees";
     // SAFETY: reads of a live object (the caller's contract); `Rf_getAttrib` of `names` on a
     // list does not allocate.
     unsafe {
@@ -434,16 +471,131 @@ pub(crate) unsafe fn check_vars_sexp(vars: SEXP) -> std::result::Result<(), &'st
         }
         let names = Rf_getAttrib(vars, R_NamesSymbol);
         if TYPEOF(names) != SEXPTYPE::STRSXP || XLENGTH(names) != XLENGTH(vars) {
-            return Err(BAD);
+            return Err(Unsendable::plain(BAD));
         }
         for i in 0..XLENGTH(names) {
             let n = STRING_ELT(names, i);
             if n == R_NaString || extendr_ffi::LENGTH(n) == 0 {
-                return Err(BAD);
+                return Err(Unsendable::plain(BAD));
+            }
+        }
+        match portability(vars, "argument ") {
+            Some(u) if !copies_allowed(vars) => Err(u),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Whether `vars` carries the `mizu_copy` mark (looked up only when a check failed).
+///
+/// # Safety
+/// `vars` is a live SEXP.
+unsafe fn copies_allowed(vars: SEXP) -> bool {
+    // SAFETY: reads of a live object; `Rf_install` of an ASCII name.
+    unsafe {
+        let mark = extendr_ffi::Rf_install(c"mizu_copy".as_ptr());
+        extendr_ffi::TYPEOF(extendr_ffi::Rf_getAttrib(vars, mark)) != SEXPTYPE::NILSXP
+    }
+}
+
+/// One step into a list: by name (`$a`) or position (`[[2]]`).
+enum Step {
+    Name(String),
+    Index(isize),
+}
+
+/// An environment or external pointer in `x`, the elements of a list `x` (recursively) — the
+/// values R's serialization would send as a copy or as a null pointer — as an error naming
+/// where it sits: `{prefix}`, then the first step as `` `name` `` or its position, then the
+/// further steps as R would index them. Environments that travel by name (the global, base
+/// and empty environments, namespaces, attached packages) pass. A function's environment is
+/// not looked into: a closure travels with its environment, as R sends it.
+///
+/// # Safety
+/// `x` is a live SEXP; this only reads it until it has found something to report.
+pub(crate) unsafe fn portability(x: SEXP, prefix: &str) -> Option<Unsendable> {
+    /// What was found, and the steps to it (innermost first).
+    unsafe fn find(x: SEXP, depth: usize) -> Option<(bool, Vec<Step>)> {
+        use extendr_ffi::{
+            R_BaseEnv, R_EmptyEnv, R_GlobalEnv, R_IsNamespaceEnv, R_IsPackageEnv, R_NamesSymbol,
+            Rf_getAttrib, STRING_ELT, TYPEOF, VECTOR_ELT, XLENGTH,
+        };
+        // SAFETY: reads of live objects (the caller's contract; list elements are kept alive
+        // by their list).
+        unsafe {
+            match TYPEOF(x) {
+                SEXPTYPE::ENVSXP => {
+                    let by_name = x == R_GlobalEnv
+                        || x == R_BaseEnv
+                        || x == R_EmptyEnv
+                        || R_IsNamespaceEnv(x) != extendr_ffi::Rboolean::FALSE
+                        || R_IsPackageEnv(x) != extendr_ffi::Rboolean::FALSE;
+                    (!by_name).then(|| (true, Vec::new()))
+                }
+                SEXPTYPE::EXTPTRSXP => Some((false, Vec::new())),
+                // Deeper lists than this are left to the serializer (no stack overflow here).
+                SEXPTYPE::VECSXP if depth < 64 => {
+                    for i in 0..XLENGTH(x) {
+                        if let Some((env, mut steps)) = find(VECTOR_ELT(x, i), depth + 1) {
+                            let names = Rf_getAttrib(x, R_NamesSymbol);
+                            let name = (TYPEOF(names) == SEXPTYPE::STRSXP).then(|| {
+                                let c = STRING_ELT(names, i);
+                                std::ffi::CStr::from_ptr(extendr_ffi::R_CHAR(c))
+                                    .to_string_lossy()
+                                    .into_owned()
+                            });
+                            steps.push(match name {
+                                Some(n) if !n.is_empty() => Step::Name(n),
+                                _ => Step::Index(i + 1),
+                            });
+                            return Some((env, steps));
+                        }
+                    }
+                    None
+                }
+                _ => None,
             }
         }
     }
-    Ok(())
+    // SAFETY: the caller's contract.
+    let (env, steps) = unsafe { find(x, 0) }?;
+    let mut at = prefix.to_owned();
+    for (k, step) in steps.iter().rev().enumerate() {
+        match (k, step) {
+            (0, Step::Name(n)) => at.push_str(&format!("`{n}`")),
+            (0, Step::Index(i)) => at.push_str(&i.to_string()),
+            (_, Step::Name(n)) => at.push_str(&format!("${n}")),
+            (_, Step::Index(i)) => at.push_str(&format!("[[{i}]]")),
+        }
+    }
+    let message = if env {
+        format!(
+            "{at}: an environment cannot be sent to a worker (it would arrive as a copy, and \
+             changes made there would not come back); send the values it holds instead, \
+             e.g. as.list()"
+        )
+    } else {
+        format!(
+            "{at}: an external pointer cannot be sent to another process (it would arrive as \
+             a null pointer)"
+        )
+    };
+    Some(Unsendable {
+        class: "mizu_error_not_portable",
+        message,
+    })
+}
+
+/// `NULL` when nothing in `x` is an environment or external pointer (see [`portability`]),
+/// else the failure `c("mizu_error_not_portable", message)`, its place named after `what`
+/// (e.g. "argument " or "`.x` element ").
+#[extendr]
+fn check_portable(x: Robj, what: &str) -> Robj {
+    // SAFETY: `x` is protected by its handle for the call.
+    match unsafe { portability(x.get(), what) } {
+        Some(u) => u.failure(),
+        None => ().into(),
+    }
 }
 
 /// Submits a task message: the task (class `mizu_task`), or `c(class, message)` when it
@@ -452,7 +604,9 @@ pub(crate) unsafe fn check_vars_sexp(vars: SEXP) -> std::result::Result<(), &'st
 #[extendr]
 fn pool_submit(pool: Robj, msg: Robj) -> Result<Robj> {
     let p = pool_ref(&pool)?;
-    check_msg(&msg)?;
+    if let Err(u) = check_msg(&msg) {
+        return Ok(u.failure());
+    }
     // SAFETY: `msg` is protected by its handle for the call.
     let out = Outgoing::encode_sexp(unsafe { msg.get() })?;
     // SAFETY: R's main thread; `pool` is the live handle of `p`.
@@ -546,7 +700,9 @@ fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
     // As in `submit_encoded`: before the handles exist.
     crate::view::collect_garbage_if_due();
     for m in msgs.values() {
-        check_msg(&m)?;
+        if let Err(u) = check_msg(&m) {
+            return Ok(batch_list(Vec::new(), Some(u.failure())));
+        }
     }
     let outs: Vec<Outgoing> = msgs
         .values()
@@ -1028,6 +1184,8 @@ fn pool_stop(pool: Robj, grace: f64) -> Result<()> {
     let taken = p.inner.borrow_mut().take();
     if let Some(pl) = taken {
         stop_pool(pl, Duration::from_secs_f64(grace.clamp(0.0, 3600.0)));
+        p.batch.abandon_pending();
+        mizu_wire::store::give_back_idle_now();
     }
     Ok(())
 }
@@ -1038,6 +1196,7 @@ extendr_module! {
     fn pool_nested;
     fn pool_info;
     fn pool_submit_xcall;
+    fn check_portable;
     fn pool_submit;
     fn pool_submit_batch;
     fn pool_status;

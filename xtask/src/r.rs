@@ -7,16 +7,29 @@ use std::process::Command;
 use crate::{Res, run, which};
 
 /// Debian packages the R side needs: R itself (with headers, for building the package), the
-/// test framework, and the peers the benchmarks compare against (`parallel` ships with R;
-/// `data.table` reads and writes the CSV files of the cross-language benchmark's peer).
+/// test framework, the peers the benchmarks compare against (`parallel` ships with R;
+/// `data.table` reads and writes the CSV files of the cross-language benchmark's peer), and
+/// the `future` ecosystem the future backend is tested with.
 const DEBIAN_PACKAGES: &[&str] = &[
     "r-base-dev",
     "r-cran-testthat",
     "r-cran-future",
+    "r-cran-future.apply",
+    "r-cran-furrr",
+    "r-cran-purrr",
+    "r-cran-progressr",
     "r-cran-data.table",
 ];
 /// R packages that must load for the tests and benchmarks.
-const R_PACKAGES: &[&str] = &["testthat", "future", "data.table"];
+const R_PACKAGES: &[&str] = &[
+    "testthat",
+    "future",
+    "future.apply",
+    "furrr",
+    "purrr",
+    "progressr",
+    "data.table",
+];
 
 /// Where `cargo xtask rpkg` installs the package (kept out of the system library).
 pub fn rlib(root: &Path) -> PathBuf {
@@ -164,14 +177,18 @@ pub fn r_check(root: &Path) -> Res {
     }
 }
 
-/// The R benchmarks: mizu against parallel (PSOCK, mclapply) and future (`quick`: fewer
-/// repetitions, for the demo).
+/// The R benchmarks: mizu against parallel (PSOCK, mclapply) and future, then the future
+/// backend against future's multisession and cluster backends (`quick`: fewer repetitions,
+/// for the demo).
 pub fn r_bench(root: &Path, quick: bool) -> Res {
     rpkg(root)?;
-    let mut cmd = r_command(root, "Rscript");
-    cmd.arg("mizu-r/benchmarks/bench.R");
-    if quick {
-        cmd.arg("--quick");
+    for script in ["mizu-r/benchmarks/bench.R", "mizu-r/benchmarks/future.R"] {
+        let mut cmd = r_command(root, "Rscript");
+        cmd.arg(script);
+        if quick {
+            cmd.arg("--quick");
+        }
+        run(root, &mut cmd)?;
     }
-    run(root, &mut cmd)
+    Ok(())
 }

@@ -7,7 +7,8 @@
 #' Messages are R values (vectors and data frames of 4 KiB or more arrive as views of shared
 #' memory). When `expr` finishes, the peer closes its end and exits.
 #'
-#' @param expr An expression, evaluated in the peer process.
+#' @param .expr An expression, evaluated in the peer process (the dot keeps it apart from
+#'   the bindings in `...`).
 #' @param ... Named values the expression sees.
 #' @param .capacity Messages each direction can hold before [mizu_send()] returns
 #'   `mizu_full` (rounded up to a power of two).
@@ -30,10 +31,10 @@
 #' mizu_close(ch)
 #' }
 #' @export
-mizu_channel <- function(expr, ..., .capacity = 1024, .timeout = 60,
+mizu_channel <- function(.expr, ..., .capacity = 1024, .timeout = 60,
                          language = c("r", "python")) {
   language <- match.arg(language)
-  if (language == "python") return(.python_channel(expr, .capacity, .timeout, ...))
+  if (language == "python") return(.python_channel(.expr, .capacity, .timeout, ...))
   vars <- list(...)
   if (length(vars) && (is.null(names(vars)) || any(names(vars) == ""))) {
     stop("the values in `...` must be named: they are the bindings the expression sees",
@@ -42,7 +43,7 @@ mizu_channel <- function(expr, ..., .capacity = 1024, .timeout = 60,
   ptr <- .Call(wrap__channel_launch, .rscript(), .worker_args(".channel_main"),
                as.numeric(.capacity), .secs(.timeout, ".timeout"))
   ch <- .new_channel(ptr)
-  r <- .Call(wrap__channel_send_batch, ptr, list(list(substitute(expr), vars)))
+  r <- .Call(wrap__channel_send_batch, ptr, list(list(substitute(.expr), vars)))
   if (r[[1]] != 1L) stop("mizu: the channel peer did not take its task", call. = FALSE)
   ch
 }

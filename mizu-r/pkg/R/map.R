@@ -24,7 +24,7 @@
 #' The first error, by position, stops the elements not started yet and is raised here with
 #' its original class and message; its field `index` is the failing element's position.
 #'
-#' @param pool A [mizu_pool()] (or [mizu_current_pool()] inside a task).
+#' @param .pool A [mizu_pool()] (or [mizu_current_pool()] inside a task).
 #' @param .x A vector or list.
 #' @param .f A function, called as `.f(.x[[i]], ...)`. Its environment travels with it (a
 #'   function defined at top level refers to the worker's global environment). It is sent once
@@ -51,8 +51,9 @@
 #' mizu_pool_stop(pool)
 #' }
 #' @export
-mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress = FALSE,
+mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress = FALSE,
                      .chunk_size = NULL) {
+  pool <- .pool
   info <- .Call(wrap__pool_info, pool)
   if (isTRUE(info[[4]])) return(.xmap(pool, .x, .f, list(...), .check_seed(.seed), .progress))
   .f <- match.fun(.f)
@@ -67,6 +68,8 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
   n <- length(.x)
   dots <- list(...)
   xs <- if (is.list(.x)) .x else as.list(.x)
+  .check_sendable(dots, "argument ")
+  .check_sendable(xs, "`.x` element ")
   workers <- if (info[[2]]) 2L else info[[1]]
   chunks <- .chunks(n, workers, if (!is.null(.chunk_size)) as.integer(.chunk_size))
   # Every chunk carries its own copy of `.f`; a closure R has not compiled yet would be
@@ -247,6 +250,12 @@ mizu_map <- function(pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress =
 
 # `x` shared (see mizu_share) when it is a vector or data frame of 1 MiB or more not shared
 # already; else `x`.
+# Environments and external pointers fail here, naming where they sit (see src/pool.rs).
+.check_sendable <- function(x, what) {
+  f <- .Call(wrap__check_portable, x, what)
+  if (!is.null(f)) .raise_failure(f)
+}
+
 .share_if_large <- function(x) {
   if (!(is.atomic(x) || is.data.frame(x)) || utils::object.size(x) < 2^20) return(x)
   probe <- if (is.data.frame(x)) x[[1L]] else x

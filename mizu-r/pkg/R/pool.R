@@ -208,7 +208,7 @@ print.mizu_pool <- function(x, ...) {
 #' pointers) fail at submit with class `mizu_error_not_portable`, naming where they sit.
 #' In [mizu_map()], each element is appended to the arguments.
 #'
-#' @param target A function's qualified name (`NULL` with `source`).
+#' @param .target A function's qualified name (`NULL` with `source`).
 #' @param ... Arguments (named ones are keyword arguments).
 #' @param source Source text to run instead of a named function.
 #' @return A `mizu_call`.
@@ -216,12 +216,14 @@ print.mizu_pool <- function(x, ...) {
 #' mizu_call("statistics.fmean", c(1, 2, 3))
 #' mizu_call(source = "x * 2", x = 21)
 #' @export
-mizu_call <- function(target = NULL, ..., source = NULL) {
+mizu_call <- function(.target = NULL, ..., source = NULL) {
+  target <- .target
   args <- list(...)
   nm <- names(args)
   named <- if (is.null(nm)) rep(FALSE, length(args)) else nzchar(nm)
   if (is.null(source) == is.null(target)) {
-    stop("mizu_call() needs either a target name or `source`, not both", call. = FALSE)
+    stop("mizu_call() needs either a target name (`.target`) or `source`, not both",
+         call. = FALSE)
   }
   if (!is.null(source)) {
     if (!is.character(source) || length(source) != 1L || is.na(source)) {
@@ -232,7 +234,7 @@ mizu_call <- function(target = NULL, ..., source = NULL) {
                      class = "mizu_call"))
   }
   if (!is.character(target) || length(target) != 1L || is.na(target) || !nzchar(target)) {
-    stop("`target` must be one non-empty string", call. = FALSE)
+    stop("`.target` must be one non-empty string", call. = FALSE)
   }
   structure(list(target = target, source = FALSE, args = unname(args[!named]),
                  kwargs = args[named]), class = "mizu_call")
@@ -245,10 +247,10 @@ print.mizu_call <- function(x, ...) {
 }
 
 # Called by the native submit (src/shims.c) for mizu_submit() to a pool of another language's
-# workers: the frame below this one is mizu_submit's, whose `expr` (a promise of the caller's
+# workers: the frame below this one is mizu_submit's, whose `.expr` (a promise of the caller's
 # mizu_call()) is forced there; `vars` are further keyword arguments.
 .xsubmit_caller <- function(pool, vars) {
-  r <- .Call(.native_submit_xcall, pool, eval(quote(expr), sys.frame(-1L)), vars)
+  r <- .Call(.native_submit_xcall, pool, eval(quote(.expr), sys.frame(-1L)), vars)
   if (is.character(r)) .raise_failure(r)
   r
 }
@@ -263,15 +265,20 @@ print.mizu_call <- function(x, ...) {
 
 #' Submit a task
 #'
-#' `expr` is captured unevaluated and evaluated on a worker, in a new environment whose
+#' `.expr` is captured unevaluated and evaluated on a worker, in a new environment whose
 #' bindings are the named values in `...` and whose parent is the worker's global
 #' environment. Values travel through shared memory: vectors and data frames of 4 KiB or
-#' more are copied once and arrive as views.
+#' more are copied once and arrive as views. The function's own arguments start with a dot
+#' so that no binding is taken for one of them (R matches a named argument to a formal it
+#' is a prefix of: a binding `e` would otherwise be taken as `expr`). An environment or an
+#' external pointer cannot be a binding (nor sit in a list that is one): the worker would get
+#' a copy or a null pointer, so the submit fails with class `mizu_error_not_portable`, naming
+#' the binding.
 #'
-#' @param pool A [mizu_pool()] (or [mizu_current_pool()] inside a task).
-#' @param expr An expression, evaluated on a worker. For a pool of Python workers, a
+#' @param .pool A [mizu_pool()] (or [mizu_current_pool()] inside a task).
+#' @param .expr An expression, evaluated on a worker. For a pool of Python workers, a
 #'   [mizu_call()] (evaluated here).
-#' @param ... Named values: the bindings `expr` sees (for a Python pool, further keyword
+#' @param ... Named values: the bindings `.expr` sees (for a Python pool, further keyword
 #'   arguments of the call).
 #' @return A `mizu_task`: collect it with [mizu_collect()].
 #' @examples
@@ -282,20 +289,20 @@ print.mizu_call <- function(x, ...) {
 #' mizu_pool_stop(pool)
 #' }
 #' @export
-mizu_submit <- function(pool, expr, ...) {
+mizu_submit <- function(.pool, .expr, ...) {
   # (The native routine raises its failures itself: see src/shims.c.)
-  .Call(.native_submit_expr, pool, substitute(expr), list(...))
+  .Call(.native_submit_expr, .pool, substitute(.expr), list(...))
 }
 
 #' Submit several tasks at once
 #'
 #' One publication per worker queue for the whole batch (cheaper than submitting one by one).
 #'
-#' @param pool A [mizu_pool()].
-#' @param exprs A list of quoted expressions (e.g. from `quote()`, `bquote()` or
+#' @param .pool A [mizu_pool()].
+#' @param .exprs A list of quoted expressions (e.g. from `quote()`, `bquote()` or
 #'   `lapply(1:3, function(i) bquote(sqrt(.(i))))`).
 #' @param ... Named values: the bindings every expression sees.
-#' @return A list of `mizu_task`s (with the names of `exprs`).
+#' @return A list of `mizu_task`s (with the names of `.exprs`).
 #' @examples
 #' \donttest{
 #' pool <- mizu_pool(2)
@@ -304,11 +311,11 @@ mizu_submit <- function(pool, expr, ...) {
 #' mizu_pool_stop(pool)
 #' }
 #' @export
-mizu_submit_batch <- function(pool, exprs, ...) {
-  if (!is.list(exprs)) stop("`exprs` must be a list of quoted expressions", call. = FALSE)
+mizu_submit_batch <- function(.pool, .exprs, ...) {
+  if (!is.list(.exprs)) stop("`.exprs` must be a list of quoted expressions", call. = FALSE)
   vars <- list(...)
-  msgs <- lapply(exprs, function(e) list("e", e, vars))
-  .submit_many(pool, msgs, names(exprs))
+  msgs <- lapply(.exprs, function(e) list("e", e, vars))
+  .submit_many(.pool, msgs, names(.exprs))
 }
 
 .submit_many <- function(pool, msgs, nms = NULL) {

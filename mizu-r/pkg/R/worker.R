@@ -73,6 +73,7 @@
   }
   e$traceback <- .traceback(trace)
   if (!is.null(element)) e$index <- element
+  class(e) <- unique(c("mizu_error_task", class(e)))
   e
 }
 
