@@ -430,8 +430,13 @@ fn python_bench(root: &Path, quick: bool) -> Res {
     }
     run(root, &mut cmd)?;
     // Every way of waiting for a completion (as_completed, callbacks, asyncio, ...), then
-    // one big input read by many tasks (shared, passed each time, joblib's memory maps).
-    for bench in ["mizu-py/benchmarks/waits.py", "mizu-py/benchmarks/share.py"] {
+    // one big input read by many tasks (shared, passed each time, joblib's memory maps),
+    // then joblib, Dask and Dask distributed on pymizu beside their own process backends.
+    for bench in [
+        "mizu-py/benchmarks/waits.py",
+        "mizu-py/benchmarks/share.py",
+        "mizu-py/benchmarks/ecosystem.py",
+    ] {
         let mut cmd = Command::new(&py);
         cmd.arg(bench);
         if quick {

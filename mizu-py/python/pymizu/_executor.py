@@ -220,6 +220,9 @@ class _State:
         # Why the executor broke (a worker died, or an initializer failed), else None.
         self.broken: str | None = None
         self.deaths = 0
+        # A worker's death fails only its task (the pool replaces the worker) instead of
+        # breaking the executor (`PoolExecutor(replace_dead_workers=True)`).
+        self.recovers = False
         self.stopped = threading.Event()
         # Rounds the collector thread made (tests: it waits for events, it does not poll).
         self.rounds = 0
@@ -238,7 +241,7 @@ class _State:
     def look_for_deaths(self) -> None:
         """Breaks the executor when a worker died since it started (even an idle one: what
         a ProcessPoolExecutor's manager thread does)."""
-        if self.broken is None and not self.stopped.is_set():
+        if self.broken is None and not self.recovers and not self.stopped.is_set():
             try:
                 died = self.pool.deaths() != self.deaths
             except MizuError:  # a forked child's copy
@@ -251,7 +254,7 @@ class _State:
         and `submit` raises it, as with ProcessPoolExecutor (a `pymizu.Pool` replaces the
         worker and serves on instead)."""
         with self.lock:
-            if self.broken is not None:
+            if self.broken is not None or self.recovers:
                 return
             self.accepting = False
             self.broken = (
@@ -439,6 +442,10 @@ class PoolExecutor(Executor):
     key, so `multiprocessing` managers, queues and locks work as arguments and in `initargs`.
     An executor dropped without `shutdown()` finishes its work and releases its workers; so
     does one still open at interpreter exit.
+
+    `replace_dead_workers=True` departs from `ProcessPoolExecutor` for long-lived services
+    (the Dask integration uses it): a worker that dies fails only the task it was running
+    (`WorkerDiedError`) and is replaced; the executor serves on.
     """
 
     def __init__(
@@ -450,6 +457,7 @@ class PoolExecutor(Executor):
         *,
         max_tasks_per_child: int | None = None,
         exec_timeout: float | None = None,
+        replace_dead_workers: bool = False,
     ):
         if max_workers is not None and (not isinstance(max_workers, int) or max_workers <= 0):
             raise ValueError("max_workers must be greater than 0")
@@ -464,6 +472,7 @@ class PoolExecutor(Executor):
         self._max_workers = self._mpool.workers
         self._pool = self._mpool._pool
         self._state = st = _State(self._mpool)
+        st.recovers = bool(replace_dead_workers)
         st.collector = threading.Thread(target=st.collect, name="pymizu-collector", daemon=True)
         _running.add(st)
         st.collector.start()

@@ -1,0 +1,170 @@
+"""A joblib parallel backend: `import pymizu.joblib`, then
+
+    with joblib.parallel_config(backend="mizu", n_jobs=2):
+        joblib.Parallel()(joblib.delayed(f)(i) for i in range(10_000))
+
+runs joblib's batches of calls on a `pymizu.PoolExecutor` — and with them scikit-learn's
+`n_jobs` estimators and everything else built on joblib. The executor is kept warm between
+`Parallel` calls (one per worker count, closed at interpreter exit). Large numpy arrays and
+pandas frames that a call passes (1 MiB or more) are copied into shared memory once per
+`Parallel` call and reach the workers as read-only views, instead of joblib's memory-mapped
+temporary files. Exceptions keep their types; `return_as="generator"`, automatic batching and
+`timeout` work as with joblib's process backends.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from typing import Any
+
+import joblib
+from joblib._parallel_backends import (
+    AutoBatchingMixin,
+    FallbackToBackend,
+    ParallelBackendBase,
+    SequentialBackend,
+)
+
+from . import _share
+from ._executor import PoolExecutor
+
+__all__ = ["MizuBackend", "NAME"]
+
+#: The name the backend is registered under.
+NAME = "mizu"
+
+_lock = threading.Lock()
+# Warm executors, by worker count: the workers of one Parallel call serve the next.
+_executors: dict[int, PoolExecutor] = {}
+
+
+def _executor(n_jobs: int) -> PoolExecutor:
+    with _lock:
+        ex = _executors.get(n_jobs)
+        if ex is None or ex._broken or not ex._state.accepting:
+            ex = _executors[n_jobs] = PoolExecutor(n_jobs)
+        return ex
+
+
+def _discard(ex: PoolExecutor) -> None:
+    """Stops `ex` now — queued calls cancelled, running ones killed — so a later call gets a
+    fresh executor (joblib's abort after an error or a timeout)."""
+    with _lock:
+        for k, v in list(_executors.items()):
+            if v is ex:
+                del _executors[k]
+    ex.shutdown(wait=False, cancel_futures=True)
+    ex._mpool.stop(grace=0)
+
+
+@atexit.register
+def _close_all() -> None:
+    with _lock:
+        executors = list(_executors.values())
+        _executors.clear()
+    for ex in executors:
+        ex.shutdown(wait=False, cancel_futures=True)
+
+
+class MizuBackend(AutoBatchingMixin, ParallelBackendBase):
+    """joblib's backend API over a `pymizu.PoolExecutor` (see the module's docstring)."""
+
+    supports_retrieve_callback = True
+    supports_inner_max_num_threads = False
+
+    def __init__(self, nesting_level=None, inner_max_num_threads=None, **kwargs):
+        super().__init__(
+            nesting_level=nesting_level, inner_max_num_threads=inner_max_num_threads, **kwargs
+        )
+        self._workers: PoolExecutor | None = None
+        self._shared: dict[int, Any] = {}
+        self._keep: list = []
+
+    def effective_n_jobs(self, n_jobs):
+        if n_jobs == 0:
+            raise ValueError("n_jobs == 0 in Parallel has no meaning")
+        if n_jobs is None:
+            return 1
+        if n_jobs < 0:
+            n_jobs = max((os.cpu_count() or 1) + 1 + n_jobs, 1)
+        return n_jobs
+
+    def configure(self, n_jobs=1, parallel=None, prefer=None, require=None, **kwargs):
+        n_jobs = self.effective_n_jobs(n_jobs)
+        if n_jobs == 1:
+            raise FallbackToBackend(SequentialBackend(nesting_level=self.nesting_level))
+        self.parallel = parallel
+        self._workers = _executor(n_jobs)
+        return n_jobs
+
+    def submit(self, func, callback=None):
+        func = self._share_large_arguments(func)
+        future = self._workers.submit(func)
+        if callback is not None:
+            future.add_done_callback(callback)
+        return future
+
+    def retrieve_result_callback(self, future):
+        return future.result()
+
+    def stop_call(self):
+        # The arrays shared for this Parallel call are let go (the workers' views keep what
+        # is still in use).
+        self._shared.clear()
+        self._keep.clear()
+
+    def terminate(self):
+        # The executor stays warm for the next Parallel call; only this call's state goes.
+        self.stop_call()
+        self._workers = None
+        self.reset_batch_stats()
+
+    def abort_everything(self, ensure_ready=True):
+        ex = self._workers
+        if ex is not None:
+            _discard(ex)
+            self._workers = None
+        if ensure_ready:
+            self.configure(n_jobs=self.parallel.n_jobs, parallel=self.parallel)
+
+    def _share_large_arguments(self, func):
+        """joblib's batch of calls with every numpy array or pandas object of 1 MiB or more
+        among the calls' arguments replaced by a shared copy, made once per Parallel call for
+        each such object (recognised by identity; the original is kept alive meanwhile so its
+        identity cannot be reused)."""
+        items = getattr(func, "items", None)
+        if not isinstance(items, list):
+            return func
+        changed = False
+        new_items = []
+        for item in items:
+            if not (isinstance(item, tuple) and len(item) == 3):
+                return func
+            f, args, kwargs = item
+            args2 = tuple(self._shared_copy(a) for a in args)
+            kwargs2 = {k: self._shared_copy(v) for k, v in kwargs.items()}
+            if any(a is not b for a, b in zip(args2, args)) or any(
+                kwargs2[k] is not kwargs[k] for k in kwargs
+            ):
+                changed = True
+                new_items.append((f, args2, kwargs2))
+            else:
+                new_items.append(item)
+        if changed:
+            func.items = new_items
+        return func
+
+    def _shared_copy(self, a):
+        s = self._shared.get(id(a))
+        if s is not None:
+            return s
+        if not _share._worth_sharing(a):
+            return a
+        s = self._shared[id(a)] = _share.share(a)
+        self._keep.append(a)
+        return s
+
+
+joblib.register_parallel_backend(NAME, MizuBackend)

@@ -1,0 +1,125 @@
+"""The joblib backend (`import pymizu.joblib`): joblib's Parallel and scikit-learn's n_jobs on
+real mizu worker processes."""
+
+import multiprocessing
+import os
+import time
+
+import numpy as np
+import pytest
+from joblib import Parallel, delayed, parallel_config
+
+import pymizu
+import pymizu.joblib  # noqa: F401  (registers the backend)
+
+
+def _pid(_):
+    return os.getpid()
+
+
+def _square(x):
+    return x * x
+
+
+def _fail_on(i, bad):
+    if i == bad:
+        raise KeyError(f"element {i}")
+    return i
+
+
+def _describe(a):
+    return (pymizu.is_shared(a), a.flags.writeable, type(a).__name__, float(a[:10].sum()))
+
+
+def _nested(i):
+    return sum(Parallel(n_jobs=2)(delayed(_square)(j) for j in range(i)))
+
+
+def test_parallel_runs_on_mizu_workers_and_stays_warm():
+    with parallel_config(backend="mizu", n_jobs=2):
+        out = Parallel()(delayed(_square)(i) for i in range(2000))
+        ex = pymizu.joblib._executors[2]
+        workers = set(ex._processes)
+        pids_a = set(Parallel()(delayed(_pid)(i) for i in range(200)))
+        pids_b = set(Parallel()(delayed(_pid)(i) for i in range(200)))
+        # Later Parallel calls ran on the same (warm) executor and worker processes.
+        assert pymizu.joblib._executors[2] is ex
+    assert out == [i * i for i in range(2000)]
+    assert len(workers) == 2 and os.getpid() not in workers
+    assert pids_a | pids_b <= workers
+
+
+def test_exceptions_keep_their_types():
+    with parallel_config(backend="mizu", n_jobs=2):
+        with pytest.raises(KeyError, match="element 7"):
+            Parallel()(delayed(_fail_on)(i, 7) for i in range(50))
+        # The backend serves on after an error.
+        assert Parallel()(delayed(_square)(i) for i in range(5)) == [0, 1, 4, 9, 16]
+
+
+def test_generators_and_batching():
+    with parallel_config(backend="mizu", n_jobs=2):
+        gen = Parallel(return_as="generator")(delayed(_square)(i) for i in range(100))
+        assert not isinstance(gen, list)
+        assert list(gen) == [i * i for i in range(100)]
+        unordered = Parallel(return_as="generator_unordered")(delayed(_square)(i) for i in range(100))
+        assert sorted(unordered) == [i * i for i in range(100)]
+        assert Parallel(batch_size=7)(delayed(_square)(i) for i in range(50)) == [i * i for i in range(50)]
+
+
+def test_timeout_stops_the_call_and_the_backend_recovers():
+    with parallel_config(backend="mizu", n_jobs=2):
+        t0 = time.monotonic()
+        with pytest.raises((TimeoutError, multiprocessing.TimeoutError)):
+            Parallel(timeout=0.5)(delayed(time.sleep)(s) for s in [0.01, 30, 30])
+        assert time.monotonic() - t0 < 20  # hang guard: the sleeping workers were stopped
+        assert Parallel()(delayed(_square)(i) for i in range(4)) == [0, 1, 4, 9]
+
+
+def test_large_arrays_cross_as_shared_views_not_memmaps():
+    big = np.arange(2_000_000, dtype=np.float64)  # 16 MB
+    with parallel_config(backend="mizu", n_jobs=2):
+        out = Parallel()(delayed(_describe)(big) for _ in range(6))
+    for shared, writeable, kind, head in out:
+        assert shared and not writeable
+        assert kind == "ndarray"  # not joblib's np.memmap
+        assert head == float(big[:10].sum())
+    # The caller's array is untouched and still its own.
+    assert big.flags.writeable and not pymizu.is_shared(big)
+
+
+def test_one_job_falls_back_to_sequential_and_nesting_works():
+    with parallel_config(backend="mizu", n_jobs=1):
+        assert set(Parallel()(delayed(_pid)(i) for i in range(3))) == {os.getpid()}
+    with parallel_config(backend="mizu", n_jobs=2):
+        assert Parallel()(delayed(_nested)(i) for i in range(5)) == [
+            sum(j * j for j in range(i)) for i in range(5)
+        ]
+
+
+def test_sharedmem_requirement_is_refused_clearly():
+    with parallel_config(backend="mizu", n_jobs=2):
+        # joblib moves a call that requires shared memory to its threading backend.
+        assert Parallel(require="sharedmem")(delayed(_square)(i) for i in range(3)) == [0, 1, 4]
+
+
+def test_scikit_learn_gives_the_results_of_the_loky_backend():
+    from sklearn.datasets import make_classification
+    from sklearn.ensemble import RandomForestClassifier
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import GridSearchCV, cross_val_score
+
+    X, y = make_classification(n_samples=300, n_features=8, random_state=0)
+    results = {}
+    for backend in ("loky", "mizu"):
+        with parallel_config(backend=backend, n_jobs=2):
+            scores = cross_val_score(LogisticRegression(max_iter=500), X, y, cv=5, n_jobs=2)
+            grid = GridSearchCV(LogisticRegression(max_iter=500), {"C": [0.1, 1.0, 10.0]}, cv=3, n_jobs=2)
+            grid.fit(X, y)
+            forest = RandomForestClassifier(n_estimators=20, random_state=0, n_jobs=2).fit(X, y)
+        results[backend] = (scores, grid.best_params_, grid.cv_results_["mean_test_score"], forest.predict(X))
+    loky, mizu = results["loky"], results["mizu"]
+    np.testing.assert_array_equal(mizu[0], loky[0])
+    assert mizu[1] == loky[1]
+    np.testing.assert_array_equal(mizu[2], loky[2])
+    np.testing.assert_array_equal(mizu[3], loky[3])
