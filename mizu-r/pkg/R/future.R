@@ -20,7 +20,7 @@
 
 # What a worker evaluates for a future (with `expr` and `globals` bound): .future_run(), found
 # in mizu's namespace.
-.FUTURE_TASK <- quote(get(".future_run", envir = asNamespace("mizu"))(expr, globals))
+.FUTURE_TASK <- quote(get(".future_run", envir = asNamespace("mizu"))(expr, globals, relay))
 
 #' A `future` backend running futures on a mizu pool
 #'
@@ -31,9 +31,9 @@
 #' future, large vectors as shared-memory views (a vector of 1 MiB or more that several
 #' futures use is copied into shared memory once, not once per future); values, conditions,
 #' captured output and errors come back as `future` specifies; seeded futures
-#' (`seed = TRUE`, `future.seed`) give the numbers `plan(sequential)` gives. Conditions,
-#' including `progressr` progress updates, are relayed when a future's result is collected,
-#' not while it runs. A worker that dies while running a future fails that future with a
+#' (`seed = TRUE`, `future.seed`) give the numbers `plan(sequential)` gives. Messages and
+#' warnings are relayed when a future's result is collected; immediate conditions
+#' (`progressr` progress updates) while it runs, whenever the caller waits for or polls it. A worker that dies while running a future fails that future with a
 #' `FutureError`; the pool replaces the worker and serves on.
 #'
 #' Past one machine, nest it under `future`'s cluster plan: each node runs its own mizu
@@ -110,6 +110,8 @@ attr(mizu_future, "tweakable") <- "workers"
   .fut$n <- NULL
   rm(list = ls(.fut$active, all.names = TRUE), envir = .fut$active)
   .fut$n_active <- 0L
+  if (!is.null(.fut$relay_dir)) unlink(.fut$relay_dir, recursive = TRUE)
+  .fut$relay_dir <- NULL
   if (length(.fut$shared)) {
     .fut$shared <- list()
     gc(verbose = FALSE)
@@ -176,10 +178,13 @@ run.MizuFuture <- function(future, ...) {
   globals <- if (length(g)) lapply(unclass(g), .future_share) else list()
   # Globals may hold environments (an R6 object, a closure's frame): like future's other
   # backends, they are sent as copies (the mark lets the submit check pass them).
-  vars <- structure(list(expr = expr, globals = globals), mizu_copy = TRUE)
-  future$task <- .Call(.native_submit_expr, pool, .FUTURE_TASK, vars)
   .fut$launched <- .fut$launched + 1
   future$mizu_key <- sprintf("%015.0f", .fut$launched)
+  future$mizu_relay <- file.path(.future_relay_dir(), future$mizu_key)
+  future$mizu_relay_at <- 0
+  vars <- structure(list(expr = expr, globals = globals, relay = future$mizu_relay),
+                    mizu_copy = TRUE)
+  future$task <- .Call(.native_submit_expr, pool, .FUTURE_TASK, vars)
   assign(future$mizu_key, future, envir = .fut$active)
   .fut$n_active <- .fut$n_active + 1L
   future$state <- "running"
@@ -198,15 +203,79 @@ run.MizuFuture <- function(future, ...) {
 # backends do (a global function defined at top level finds the other globals there), and
 # whatever an earlier future left there is removed first. The future's expression records
 # every condition for the caller to relay and lets it go on; messages and warnings stop
-# here, so that the worker does not print them as well.
-.future_run <- function(expr, globals) {
+# here, so that the worker does not print them as well. Immediate conditions (`progressr`'s
+# progress updates) are also appended to the file `relay`, which the caller reads while the
+# future runs; they are marked relayed in the result, so that collecting does not relay them
+# again.
+.future_run <- function(expr, globals, relay = NULL) {
   g <- globalenv()
   rm(list = ls(g, all.names = TRUE), envir = g)
   if (length(globals)) list2env(globals, envir = g)
   on.exit(rm(list = intersect(names(globals), ls(g, all.names = TRUE)), envir = g))
-  withCallingHandlers(eval(expr, g),
-                      message = function(m) invokeRestart("muffleMessage"),
-                      warning = function(w) invokeRestart("muffleWarning"))
+  relayed <- FALSE
+  r <- withCallingHandlers(eval(expr, g),
+    immediateCondition = function(c) {
+      if (!is.null(relay)) relayed <<- .relay_write(relay, c) || relayed
+    },
+    message = function(m) invokeRestart("muffleMessage"),
+    warning = function(w) invokeRestart("muffleWarning"))
+  if (relayed && inherits(r, "FutureResult")) {
+    for (k in seq_along(r$conditions)) {
+      if (inherits(r$conditions[[k]]$condition, "immediateCondition")) {
+        r$conditions[[k]]$signaled <- 1L
+      }
+    }
+  }
+  r
+}
+
+# One relayed condition: a record (4-byte length, then R's serialization) appended to the
+# relay file. The reader takes only whole records, so a record being written is read later.
+.relay_write <- function(path, c) {
+  bytes <- serialize(c, NULL, xdr = FALSE)
+  con <- file(path, open = "ab")
+  on.exit(close(con))
+  writeBin(c(writeBin(length(bytes), raw(), size = 4L), bytes), con)
+  TRUE
+}
+
+# The caller's side: signals the conditions a running future relayed since the last look,
+# as `future`'s cluster backends do with those their workers send.
+.relay_read <- function(future) {
+  path <- future$mizu_relay
+  if (is.null(path) || !file.exists(path)) return(invisible())
+  size <- file.size(path)
+  at <- future$mizu_relay_at
+  if (is.na(size) || size <= at) return(invisible())
+  con <- file(path, open = "rb")
+  on.exit(close(con))
+  seek(con, at)
+  buf <- readBin(con, raw(), size - at)
+  pos <- 0
+  conds <- list()
+  while (length(buf) - pos >= 4) {
+    n <- readBin(buf[pos + 1:4], integer(), size = 4L)
+    if (length(buf) - pos - 4 < n) break
+    conds[[length(conds) + 1L]] <- unserialize(buf[pos + 4 + seq_len(n)])
+    pos <- pos + 4 + n
+  }
+  future$mizu_relay_at <- at + pos
+  for (c in conds) {
+    if (inherits(c, "warning")) warning(c) else if (inherits(c, "message")) message(c)
+    else signalCondition(c)
+  }
+  invisible()
+}
+
+# The directory of the plan's relay files (removed with the pool).
+.future_relay_dir <- function() {
+  d <- .fut$relay_dir
+  if (is.null(d) || !dir.exists(d)) {
+    d <- tempfile("mizu-future-")
+    dir.create(d, mode = "0700")
+    .fut$relay_dir <- d
+  }
+  d
 }
 
 #' @exportS3Method future::resolved
@@ -216,6 +285,7 @@ resolved.MizuFuture <- function(x, run = TRUE, ...) {
       if (!run) return(FALSE)
       future::run(x)
     }
+    .relay_read(x)
     if (!.Call(wrap__task_done, x$task)) return(FALSE)
     tryCatch(future::result(x), FutureError = function(e) NULL)
   }
@@ -230,7 +300,13 @@ result.MizuFuture <- function(future, ...) {
     return(r)
   }
   if (identical(future$state, "created")) future::run(future)
-  o <- .Call(.native_collect, future$task, Inf)
+  # Waits in slices, relaying what the future signals meanwhile (progress updates).
+  repeat {
+    o <- .Call(.native_collect, future$task, 0.1)
+    .relay_read(future)
+    if (o[[1L]] != 6L) break
+  }
+  if (!is.null(future$mizu_relay)) unlink(future$mizu_relay)
   if (!is.null(future$mizu_key) && exists(future$mizu_key, envir = .fut$active,
                                           inherits = FALSE)) {
     rm(list = future$mizu_key, envir = .fut$active)

@@ -247,6 +247,23 @@ test_that("progressr: every progress update reaches the caller", {
   }, handlers = counter, enable = TRUE)
   expect_equal(unlist(r), 1:6)
   expect_equal(max(steps), 6)
+  # Live: an update made while the future still runs reaches the caller before it ends.
+  steps <- integer()
+  seen_while_running <- NA
+  with_progress({
+    p <- progressor(2)
+    f <- future({ p(); Sys.sleep(3); p(); "done" })
+    deadline <- proc.time()[[3]] + 60   # hang guard
+    while (!length(steps) && proc.time()[[3]] < deadline) {
+      done <- resolved(f)
+      Sys.sleep(0.02)
+    }
+    seen_while_running <- !done
+    v <- value(f)
+  }, handlers = counter, enable = TRUE)
+  expect_equal(v, "done")
+  expect_true(seen_while_running)
+  expect_equal(max(steps), 2)
 })
 
 test_that("switching plan() stops the pool and leaves nothing in /dev/shm", {
@@ -292,6 +309,53 @@ test_that("nested under a cluster plan, each node runs its own mizu pool", {
     expect_false(any(r$inner == Sys.getpid()))
   }
   expect_false(v[[1]]$node == Sys.getpid())
+})
+
+plan(sequential)
+
+test_that("globals given explicitly, futureCall(), %globals%, %seed%, %lazy% and labels", {
+  plan(mizu_future, workers = 2)
+  a <- 1
+  b <- 2
+  expect_equal(value(future(a + b, globals = list(a = 10, b = 20))), 30)
+  expect_equal(value(future(a + b, globals = c("a", "b"))), 3)
+  expect_error(value(future(a + b, globals = FALSE)), "not found")
+  expect_equal(value(futureCall(function(x, y) x * y, args = list(x = 6, y = 7))), 42)
+  y %<-% { a * 100 } %globals% list(a = 5)
+  expect_equal(y, 500)
+  s1 %<-% { runif(2) } %seed% 99
+  s2 %<-% { runif(2) } %seed% 99
+  expect_identical(s1, s2)
+  f <- future({ 1 }, label = "my-label")
+  expect_equal(f$label, "my-label")
+  expect_equal(value(f), 1)
+  out <- capture.output(print(f))
+  expect_true(any(grepl("MizuFuture", out)))
+  z %<-% { 3 } %lazy% TRUE
+  expect_equal(z, 3)
+})
+
+test_that("value() and resolved() of lists, environments and listenvs of futures", {
+  plan(mizu_future, workers = 2)
+  fs <- lapply(1:4, function(i) future(i * 10))
+  expect_equal(unlist(value(fs)), c(10, 20, 30, 40))
+  expect_true(all(resolved(fs)))
+  env <- new.env()
+  env$a <- future(1)
+  env$b <- future(2)
+  expect_equal(mget(c("a", "b"), envir = value(env)), list(a = 1, b = 2))
+  skip_if_not_installed("listenv")
+  x <- listenv::listenv()
+  for (i in 1:3) x[[i]] %<-% { i^2 }
+  expect_equal(unlist(as.list(x)), c(1, 4, 9))
+  res <- resolve(lapply(1:3, function(i) future(i)))
+  expect_true(all(resolved(res)))
+})
+
+test_that("an unseeded future that uses the RNG gets future's warning, as with other backends", {
+  plan(mizu_future, workers = 2)
+  f <- future(runif(1))
+  expect_warning(value(f), class = "RngFutureWarning")
 })
 
 plan(sequential)
