@@ -96,3 +96,20 @@ def test_annotate_routes_tasks_to_the_mizu_executor(cluster):
             x = delayed(_where)(1)
         pid, ppid = client.compute(x).result()
         assert ppid in dask_workers and pid not in dask_workers
+
+
+def test_preload_module_gives_each_worker_a_mizu_executor():
+    before = _shm()
+    with distributed.LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=None,
+        preload=["pymizu.dask"],
+    ) as cluster, distributed.Client(cluster) as client:
+        dask_workers = set(client.run(os.getpid).values())
+        kinds = client.run(lambda dask_worker: type(dask_worker.executors["default"]).__name__)
+        assert set(kinds.values()) == {"PoolExecutor"}
+        for pid, ppid in client.gather(client.map(_where, range(10))):
+            assert ppid in dask_workers and pid not in dask_workers
+    assert _shm() - before == set()

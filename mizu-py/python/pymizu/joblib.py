@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 from typing import Any
 
@@ -57,6 +58,19 @@ def _discard(ex: PoolExecutor) -> None:
                 del _executors[k]
     ex.shutdown(wait=False, cancel_futures=True)
     ex._mpool.stop(grace=0)
+
+
+def _array_types() -> frozenset:
+    """The types whose large instances are shared: numpy arrays and pandas frames and series
+    (of the libraries this process has imported)."""
+    types = []
+    np = sys.modules.get("numpy")
+    if np is not None:
+        types.append(np.ndarray)
+    pd = sys.modules.get("pandas")
+    if pd is not None:
+        types += [pd.DataFrame, pd.Series]
+    return frozenset(types)
 
 
 @atexit.register
@@ -133,27 +147,30 @@ class MizuBackend(AutoBatchingMixin, ParallelBackendBase):
         """joblib's batch of calls with every numpy array or pandas object of 1 MiB or more
         among the calls' arguments replaced by a shared copy, made once per Parallel call for
         each such object (recognised by identity; the original is kept alive meanwhile so its
-        identity cannot be reused)."""
+        identity cannot be reused). The common batch, of small arguments only, costs one type
+        lookup per argument."""
         items = getattr(func, "items", None)
-        if not isinstance(items, list):
+        big = _array_types()
+        if not big or not isinstance(items, list):
             return func
-        changed = False
-        new_items = []
-        for item in items:
-            if not (isinstance(item, tuple) and len(item) == 3):
+        for k, item in enumerate(items):
+            if type(item) is not tuple or len(item) != 3:
                 return func
             f, args, kwargs = item
-            args2 = tuple(self._shared_copy(a) for a in args)
-            kwargs2 = {k: self._shared_copy(v) for k, v in kwargs.items()}
-            if any(a is not b for a, b in zip(args2, args)) or any(
-                kwargs2[k] is not kwargs[k] for k in kwargs
-            ):
-                changed = True
-                new_items.append((f, args2, kwargs2))
+            for a in args:
+                if type(a) in big:
+                    break
             else:
-                new_items.append(item)
-        if changed:
-            func.items = new_items
+                if not kwargs:
+                    continue
+                for v in kwargs.values():
+                    if type(v) in big:
+                        break
+                else:
+                    continue
+            args2 = tuple(self._shared_copy(a) if type(a) in big else a for a in args)
+            kwargs2 = {k2: self._shared_copy(v) if type(v) in big else v for k2, v in kwargs.items()}
+            items[k] = (f, args2, kwargs2)
         return func
 
     def _shared_copy(self, a):
