@@ -30,8 +30,9 @@ fn send_status(e: &ChannelSendError) -> PyResult<u8> {
 #[pyclass(module = "pymizu._native", frozen)]
 pub struct Channel {
     /// Dropped only in the process that made it (a forked child's copy is forgotten: the
-    /// peer belongs to the parent).
-    inner: ManuallyDrop<Mutex<mizu_pool::Channel>>,
+    /// peer belongs to the parent). `None` once finished: closed, its launched peer exited
+    /// and nothing left to receive (its shared memory is gone then, not when this object is).
+    inner: ManuallyDrop<Mutex<Option<mizu_pool::Channel>>>,
     token: String,
     pid: u32,
 }
@@ -42,7 +43,10 @@ impl Channel {
     fn send_payloads(&self, py: Python<'_>, bytes: &[Vec<u8>]) -> PyResult<(usize, u8)> {
         let r = py.detach(|| {
             let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            c.send_batch(bytes.iter().map(Vec::as_slice))
+            match c.as_mut() {
+                Some(c) => c.send_batch(bytes.iter().map(Vec::as_slice)),
+                None => Err(ChannelSendError::Closed),
+            }
         });
         match r {
             Ok(n) if n == bytes.len() => Ok((n, 0)),
@@ -54,7 +58,7 @@ impl Channel {
     fn new(c: mizu_pool::Channel) -> Channel {
         Channel {
             token: c.token().to_owned(),
-            inner: ManuallyDrop::new(Mutex::new(c)),
+            inner: ManuallyDrop::new(Mutex::new(Some(c))),
             pid: mizu_shm::current_pid(),
         }
     }
@@ -142,7 +146,10 @@ impl Channel {
             let slice = left.map_or(SLICE, |l| l.min(SLICE));
             let r = py.detach(|| {
                 let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-                c.recv(Some(slice))
+                match c.as_mut() {
+                    Some(c) => c.recv(Some(slice)),
+                    None => Err(RecvError::Closed),
+                }
             });
             match r {
                 Ok(buf) if mizu_wire::envelope::is_envelope(&buf) => {
@@ -168,7 +175,16 @@ impl Channel {
     /// Closes this side: the peer reads what was sent, then sees the channel closed.
     fn close(&self, py: Python<'_>) {
         if self.pid == mizu_shm::current_pid() {
-            py.detach(|| self.inner.lock().unwrap_or_else(|p| p.into_inner()).close());
+            py.detach(|| {
+                if let Some(c) = self
+                    .inner
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_mut()
+                {
+                    c.close();
+                }
+            });
         }
     }
 
@@ -179,20 +195,28 @@ impl Channel {
         forked(self.pid)?;
         self.close(py);
         Ok(py.detach(|| {
-            let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let c = g.as_mut()?;
             let child = c.child()?;
             let t0 = Instant::now();
-            loop {
+            let code = loop {
                 if let Ok(Some(st)) = child.try_wait() {
-                    return st.code();
+                    break st.code();
                 }
                 if t0.elapsed().as_secs_f64() >= timeout {
                     let _ = child.kill();
                     let _ = child.wait();
-                    return None;
+                    break None;
                 }
                 std::thread::sleep(Duration::from_millis(1));
+            };
+            // The peer is gone: with nothing left to read, the channel's shared memory goes
+            // now.
+            if !c.has_pending() {
+                *g = None;
+                mizu_wire::store::give_back_idle_now();
             }
+            code
         }))
     }
 }

@@ -79,3 +79,21 @@ def test_infinite_timeouts_wait_nan_is_refused():
         assert ch.recv(timeout=1e300) == 6
         with pytest.raises(ValueError, match="NaN"):
             ch.recv(timeout=float("nan"))
+
+
+def _mizu_shm():
+    return {n for n in os.listdir("/dev/shm") if n.startswith("mizu")}
+
+
+def test_a_finished_channel_leaves_nothing_in_dev_shm_at_once():
+    before = _mizu_shm()
+    with pymizu.Channel.spawn(ECHO) as ch:
+        ch.send(np.ones(100_000))
+        got = ch.recv(timeout=60)
+        assert got.sum() == 100_000
+        del got
+    # The peer exited and nothing is left to read: the channel's segments are gone although
+    # `ch` is still referenced.
+    assert _mizu_shm() - before == set()
+    assert ch.recv(timeout=0) is pymizu.CLOSED
+    assert ch.send(1) is pymizu.CLOSED
