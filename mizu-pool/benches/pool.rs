@@ -378,6 +378,6 @@ fn main() {
         );
     }
     println!(
-        "Targets (issue #5): round trip <= 0.5 µs and >= 50x the socketpair pool; pipelined >= 2 M tasks/s."
+        "Targets: round trip <= 0.5 µs and >= 50x the socketpair pool; pipelined >= 2 M tasks/s."
     );
 }

@@ -325,6 +325,6 @@ fn main() {
     }
     println!();
     println!(
-        "ratios > 1 mean the mizu ring is faster. Targets (issue #2): round trip <= 300 ns and >= 30x the socketpair."
+        "ratios > 1 mean the mizu ring is faster. Targets: round trip <= 300 ns and >= 30x the socketpair."
     );
 }

@@ -95,9 +95,7 @@ fn main() {
                 "| f64 (random)      | {f64_ns:>19.2} | {np_f64:>28.2} | {:>12.2}x |",
                 np_f64 / f64_ns
             );
-            println!(
-                "ratios > 1 mean mizu-rng is faster. Target (issue #3): at least as fast as numpy."
-            );
+            println!("ratios > 1 mean mizu-rng is faster. Target: at least as fast as numpy.");
         }
         Err(e) => {
             println!("| u64 | {u64_ns:.2} ns/value |\n| f64 | {f64_ns:.2} ns/value |");
