@@ -38,15 +38,34 @@ def _nested(i):
 def test_parallel_runs_on_mizu_workers_and_stays_warm():
     with parallel_config(backend="mizu", n_jobs=2):
         out = Parallel()(delayed(_square)(i) for i in range(2000))
-        ex = pymizu.joblib._executors[2]
+        env = pymizu.joblib.MizuBackend()._prepare_worker_env(2)
+        ex = pymizu.joblib._executors[(2, tuple(sorted(env.items())))]
         workers = set(ex._processes)
         pids_a = set(Parallel()(delayed(_pid)(i) for i in range(200)))
         pids_b = set(Parallel()(delayed(_pid)(i) for i in range(200)))
         # Later Parallel calls ran on the same (warm) executor and worker processes.
-        assert pymizu.joblib._executors[2] is ex
+        assert pymizu.joblib._executors[(2, tuple(sorted(env.items())))] is ex
     assert out == [i * i for i in range(2000)]
     assert len(workers) == 2 and os.getpid() not in workers
     assert pids_a | pids_b <= workers
+
+
+def _thread_limits(_):
+    import numpy  # noqa: F401  (its BLAS is loaded)
+    from threadpoolctl import threadpool_info
+
+    return os.environ.get("OMP_NUM_THREADS"), sorted({p["num_threads"] for p in threadpool_info()})
+
+
+def test_workers_limit_numerical_thread_pools_as_joblib_backends_do():
+    with parallel_config(backend="mizu", n_jobs=2, inner_max_num_threads=3):
+        env, pools = Parallel()(delayed(_thread_limits)(i) for i in range(1))[0]
+    assert env == "3"
+    assert pools and set(pools) == {3}
+    with parallel_config(backend="mizu", n_jobs=2):
+        env, pools = Parallel()(delayed(_thread_limits)(i) for i in range(1))[0]
+    expected = max((os.cpu_count() or 1) // 2, 1)
+    assert env == os.environ.get("OMP_NUM_THREADS", str(expected))
 
 
 def test_exceptions_keep_their_types():

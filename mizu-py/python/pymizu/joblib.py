@@ -37,15 +37,32 @@ __all__ = ["MizuBackend", "NAME"]
 NAME = "mizu"
 
 _lock = threading.Lock()
-# Warm executors, by worker count: the workers of one Parallel call serve the next.
-_executors: dict[int, PoolExecutor] = {}
+# Warm executors, by worker count and thread limits: the workers of one Parallel call serve
+# the next.
+_executors: dict[tuple, PoolExecutor] = {}
 
 
-def _executor(n_jobs: int) -> PoolExecutor:
+def _limit_threads(env: dict) -> None:
+    """A worker's initializer: the thread pools of numerical libraries (BLAS, OpenMP) get the
+    worker's share of the CPUs, as under joblib's own process backends, so that `n_jobs`
+    processes do not oversubscribe the machine: through the environment for libraries loaded
+    later, through threadpoolctl (when installed) for those loaded already."""
+    os.environ.update(env)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return
+    threadpool_limits(limits=int(env["OMP_NUM_THREADS"]))
+
+
+def _executor(n_jobs: int, env: dict) -> PoolExecutor:
+    key = (n_jobs, tuple(sorted(env.items())))
     with _lock:
-        ex = _executors.get(n_jobs)
+        ex = _executors.get(key)
         if ex is None or ex._broken or not ex._state.accepting:
-            ex = _executors[n_jobs] = PoolExecutor(n_jobs)
+            ex = _executors[key] = PoolExecutor(
+                n_jobs, initializer=_limit_threads, initargs=(env,)
+            )
         return ex
 
 
@@ -86,7 +103,7 @@ class MizuBackend(AutoBatchingMixin, ParallelBackendBase):
     """joblib's backend API over a `pymizu.PoolExecutor` (see the module's docstring)."""
 
     supports_retrieve_callback = True
-    supports_inner_max_num_threads = False
+    supports_inner_max_num_threads = True
 
     def __init__(self, nesting_level=None, inner_max_num_threads=None, **kwargs):
         super().__init__(
@@ -110,7 +127,7 @@ class MizuBackend(AutoBatchingMixin, ParallelBackendBase):
         if n_jobs == 1:
             raise FallbackToBackend(SequentialBackend(nesting_level=self.nesting_level))
         self.parallel = parallel
-        self._workers = _executor(n_jobs)
+        self._workers = _executor(n_jobs, self._prepare_worker_env(n_jobs))
         return n_jobs
 
     def submit(self, func, callback=None):
