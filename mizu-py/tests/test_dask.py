@@ -6,14 +6,13 @@ import signal
 
 import dask
 import dask.bag as db
+import distributed
 import pytest
 from dask import delayed
 
 import pymizu
 import pymizu.dask
 from pymizu import WorkerDiedError
-
-distributed = pytest.importorskip("distributed")
 
 
 def _inc(x):

@@ -36,15 +36,6 @@ fn guarded<T, E: From<String>>(f: impl FnOnce() -> Result<T, E>) -> Result<T, E>
     })
 }
 
-impl From<String> for Unsendable {
-    fn from(message: String) -> Unsendable {
-        Unsendable {
-            class: "mizu_error",
-            message,
-        }
-    }
-}
-
 /// Submits `msg` (`list(kind, expr, vars)`) to `pool`: the task handle, or `c(class,
 /// message)` for the R wrapper to raise (messages as the other entry points word them).
 unsafe extern "C" fn submit(pool: SEXP, msg: SEXP) -> SEXP {

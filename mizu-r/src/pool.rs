@@ -438,14 +438,17 @@ pub(crate) struct Unsendable {
     pub message: String,
 }
 
-impl Unsendable {
-    fn plain(message: &str) -> Unsendable {
+/// A failure of class `mizu_error`.
+impl From<String> for Unsendable {
+    fn from(message: String) -> Unsendable {
         Unsendable {
             class: "mizu_error",
-            message: message.to_owned(),
+            message,
         }
     }
+}
 
+impl Unsendable {
     /// The failure `c(class, message)` the R wrappers raise.
     pub(crate) fn failure(&self) -> Robj {
         failure(self.class, &self.message)
@@ -471,12 +474,12 @@ pub(crate) unsafe fn check_vars_sexp(vars: SEXP) -> std::result::Result<(), Unse
         }
         let names = Rf_getAttrib(vars, R_NamesSymbol);
         if TYPEOF(names) != SEXPTYPE::STRSXP || XLENGTH(names) != XLENGTH(vars) {
-            return Err(Unsendable::plain(BAD));
+            return Err(Unsendable::from(BAD.to_owned()));
         }
         for i in 0..XLENGTH(names) {
             let n = STRING_ELT(names, i);
             if n == R_NaString || extendr_ffi::LENGTH(n) == 0 {
-                return Err(Unsendable::plain(BAD));
+                return Err(Unsendable::from(BAD.to_owned()));
             }
         }
         match portability(vars, "argument ") {

@@ -154,9 +154,7 @@ mizu_future_stop <- function() .future_stop()
 # identical() one: the same object is recognised by its address at once) get the shared
 # copy. The last few are kept (and with them their originals) until the plan's pool stops.
 .future_share <- function(x) {
-  if (!(is.atomic(x) || is.data.frame(x)) || utils::object.size(x) < 2^20) return(x)
-  probe <- if (is.data.frame(x)) x[[1L]] else x
-  if (is.null(probe) || mizu_is_shared(probe)) return(x)
+  if (!.worth_sharing(x)) return(x)
   for (hit in .fut$shared) if (identical(hit[[1L]], x)) return(hit[[2L]])
   s <- mizu_share(x)
   .fut$shared <- c(list(list(x, s)), utils::head(.fut$shared, 3L))
@@ -176,12 +174,12 @@ run.MizuFuture <- function(future, ...) {
   g <- future$globals
   # (lapply() keeps the names and drops the FutureGlobals attributes, which hold environments.)
   globals <- if (length(g)) lapply(unclass(g), .future_share) else list()
-  # Globals may hold environments (an R6 object, a closure's frame): like future's other
-  # backends, they are sent as copies (the mark lets the submit check pass them).
   .fut$launched <- .fut$launched + 1
   future$mizu_key <- sprintf("%015.0f", .fut$launched)
   future$mizu_relay <- file.path(.future_relay_dir(), future$mizu_key)
   future$mizu_relay_at <- 0
+  # Globals may hold environments (an R6 object, a closure's frame): like future's other
+  # backends, they are sent as copies (the mark lets the submit check pass them).
   vars <- structure(list(expr = expr, globals = globals, relay = future$mizu_relay),
                     mizu_copy = TRUE)
   future$task <- .Call(.native_submit_expr, pool, .FUTURE_TASK, vars)

@@ -256,8 +256,11 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   if (!is.null(f)) .raise_failure(f)
 }
 
-.share_if_large <- function(x) {
-  if (!(is.atomic(x) || is.data.frame(x)) || utils::object.size(x) < 2^20) return(x)
+# Whether `x` is worth sharing once: a vector or data frame of 1 MiB or more, not shared yet.
+.worth_sharing <- function(x) {
+  if (!(is.atomic(x) || is.data.frame(x)) || utils::object.size(x) < 2^20) return(FALSE)
   probe <- if (is.data.frame(x)) x[[1L]] else x
-  if (!is.null(probe) && mizu_is_shared(probe)) x else mizu_share(x)
+  is.null(probe) || !mizu_is_shared(probe)
 }
+
+.share_if_large <- function(x) if (.worth_sharing(x)) mizu_share(x) else x

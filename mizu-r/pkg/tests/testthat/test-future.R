@@ -2,7 +2,6 @@
 # future.apply, furrr and progressr on it, worker death, plan switching and nesting under a
 # cluster plan. Every future runs in real worker processes.
 
-skip_if_not_installed("future")
 library(future)
 
 worker_pids <- function() {
@@ -207,7 +206,6 @@ test_that("a worker killed mid-future gives a FutureError, and the plan serves o
 })
 
 test_that("future.apply: future_lapply and future_sapply with future.seed", {
-  skip_if_not_installed("future.apply")
   library(future.apply)
   expect_equal(future_lapply(1:5, function(i) i^2), as.list((1:5)^2))
   expect_equal(future_sapply(1:200, function(i) i * 2), (1:200) * 2)
@@ -221,7 +219,6 @@ test_that("future.apply: future_lapply and future_sapply with future.seed", {
 })
 
 test_that("furrr: future_map with seeds as plan(sequential)", {
-  skip_if_not_installed("furrr")
   suppressPackageStartupMessages(library(furrr))
   expect_equal(future_map_dbl(1:10, ~ .x * 3), (1:10) * 3)
   opts <- furrr_options(seed = 7)
@@ -233,7 +230,6 @@ test_that("furrr: future_map with seeds as plan(sequential)", {
 })
 
 test_that("progressr: every progress update reaches the caller", {
-  skip_if_not_installed("progressr")
   library(progressr)
   steps <- integer()
   counter <- function(...) {
@@ -293,7 +289,6 @@ test_that("switching plan() stops the pool and leaves nothing in /dev/shm", {
 })
 
 test_that("nested under a cluster plan, each node runs its own mizu pool", {
-  skip_on_os("windows")
   plan(list(tweak(cluster, workers = c("localhost", "localhost")),
             tweak(mizu_future, workers = 2)))
   on.exit(plan(mizu_future, workers = 2))
@@ -344,7 +339,6 @@ test_that("value() and resolved() of lists, environments and listenvs of futures
   env$a <- future(1)
   env$b <- future(2)
   expect_equal(mget(c("a", "b"), envir = value(env)), list(a = 1, b = 2))
-  skip_if_not_installed("listenv")
   x <- listenv::listenv()
   for (i in 1:3) x[[i]] %<-% { i^2 }
   expect_equal(unlist(as.list(x)), c(1, 4, 9))
