@@ -2,7 +2,6 @@
 //! their own (their results come back to them, not to the controller).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::error::{PoolError, Result};
@@ -23,20 +22,10 @@ impl Submitter {
         let first = 1 + v.params.max_workers as usize;
         let index = (first..v.params.submitters as usize)
             .find(|&s| {
-                let rec = &v.submitter(s).rec;
                 // A record is free when unused or when its previous holder died.
-                let stale = rec.state.load(Ordering::Acquire) == 1
-                    && !mizu_shm::ProcessId::new(
-                        rec.pid.load(Ordering::Relaxed),
-                        rec.nonce.load(Ordering::Relaxed),
-                    )
-                    .is_alive();
-                if stale {
-                    rec.state.store(0, Ordering::Release);
-                }
-                rec.state
-                    .compare_exchange(0, 2, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
+                v.submitter(s)
+                    .rec
+                    .take(|pid, nonce| mizu_shm::ProcessId::new(pid, nonce).is_alive())
             })
             .ok_or_else(|| {
                 PoolError::Config(format!(
@@ -69,7 +58,6 @@ impl Drop for Submitter {
             .view()
             .submitter(self.core.index())
             .rec
-            .state
-            .store(0, Ordering::Release);
+            .release();
     }
 }

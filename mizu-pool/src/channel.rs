@@ -53,7 +53,9 @@ pub struct Channel {
 impl Channel {
     fn wrap(duplex: Duplex, child: Option<Child>) -> Channel {
         let duplex = Box::new(duplex);
-        let (tx, rx) = (duplex.tx(), duplex.rx());
+        let (tx, rx) = duplex
+            .split()
+            .expect("a new duplex's ends are not taken yet");
         // SAFETY: the producer and consumer borrow the Duplex in the Box held by the same
         // struct, declared after them (dropped last) and never moved out; 'static never escapes.
         let (tx, rx) = unsafe {

@@ -9,15 +9,14 @@
 //! worker also owns a work-stealing deque of task ids: its nested submissions, which it pops
 //! (newest first) and any idle worker steals (oldest first).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-
 use mizu_queue::deque::DequeHeader;
 use mizu_queue::ring::{RingHeader, check_geometry};
-use mizu_queue::{Deque, Ring, StateWord};
-use mizu_shm::sync::SharedBytes;
-use mizu_shm::{CacheLine, Extent, Layout, ParkWord, ProcessId, Segment, ShmSafe};
+use mizu_queue::{Deque, Ring};
+use mizu_shm::sync::{AtomicU32, Ordering, SharedBytes};
+use mizu_shm::{CacheLine, Extent, Layout, ProcessId, Segment, ShmSafe};
 
 use crate::error::{PoolError, Result};
+pub use crate::records::{SubmitterSlot, TaskHdr, TaskId, WorkerSlot, data_kind, reason, wstate};
 
 /// Segment kind of a pool.
 pub const POOL_KIND: u32 = u32::from_le_bytes(*b"POL1");
@@ -56,146 +55,9 @@ pub struct Params {
 struct Control {
     params: Params,
     stop: AtomicU32,
-    /// Idle workers spinning right now (bounded so that spinners never outnumber the CPUs
-    /// left to the workers that have work and to the submitters). On a line of its own: the
-    /// workers change it around every wait, and every submit reads `stop`.
-    spinners: CacheLine<AtomicU32>,
 }
 // SAFETY: repr(C); params written once before sharing, the rest atomics; zero is valid.
 unsafe impl ShmSafe for Control {}
-
-/// Worker record states.
-pub mod wstate {
-    /// Never used.
-    pub const EMPTY: u32 = 0;
-    /// Launched, not yet joined.
-    pub const STARTING: u32 = 1;
-    /// Joined and taking tasks.
-    pub const READY: u32 = 2;
-    /// Leaving (retired or stopping).
-    pub const EXITING: u32 = 3;
-    /// Gone.
-    pub const DEAD: u32 = 4;
-    /// Leaving after its task quota (it asked to be replaced).
-    pub const RECYCLE: u32 = 5;
-}
-
-/// A worker's shared record.
-#[repr(C)]
-#[derive(Debug, Default)]
-pub struct WorkerRec {
-    /// See [`wstate`].
-    pub state: AtomicU32,
-    /// OS pid.
-    pub pid: AtomicU32,
-    /// Identity nonce.
-    pub nonce: AtomicU64,
-    /// 0 busy, 1 idle and spinning, 2 idle without spinning: submitters prefer idle workers,
-    /// spinning ones first (they need no wake).
-    pub idle: AtomicU32,
-    _pad: AtomicU32,
-    // Submitters read the fields above on every submit; the worker writes the ones below on
-    // every task. Separate lines keep those reads from missing.
-    _line: [AtomicU64; 5],
-    /// The claim record: the task id this worker is claiming or running (0 = none). Written
-    /// *before* the claim CAS, so a reaper can tell which task died with the worker.
-    pub current: AtomicU64,
-    /// CLOCK_MONOTONIC ns when `current` started (for execution timeouts).
-    pub started_ns: AtomicU64,
-    /// Tasks run.
-    pub tasks: AtomicU64,
-    /// Tasks taken from other workers' queues.
-    pub steals: AtomicU64,
-    /// Times this worker slept in the kernel.
-    pub parks: AtomicU64,
-}
-const _: () = assert!(std::mem::offset_of!(WorkerRec, current) == 64);
-
-/// One worker slot: record plus the word it parks on, on separate lines.
-#[repr(C)]
-#[derive(Debug, Default)]
-pub struct WorkerSlot {
-    /// The record.
-    pub rec: CacheLine<WorkerRec>,
-    /// Woken by submitters.
-    pub park: CacheLine<ParkWord>,
-}
-// SAFETY: repr(C) atomics and ParkWords; zero is valid.
-unsafe impl ShmSafe for WorkerSlot {}
-
-/// A submitter's shared record.
-#[repr(C)]
-#[derive(Debug, Default)]
-pub struct SubmitterRec {
-    /// 0 free, 1 attached.
-    pub state: AtomicU32,
-    /// OS pid.
-    pub pid: AtomicU32,
-    /// Identity nonce.
-    pub nonce: AtomicU64,
-    /// Tasks submitted.
-    pub submitted: AtomicU64,
-    /// Tasks collected.
-    pub collected: AtomicU64,
-}
-
-/// One submitter slot: record plus the word its collectors park on.
-#[repr(C)]
-#[derive(Debug, Default)]
-pub struct SubmitterSlot {
-    /// The record.
-    pub rec: CacheLine<SubmitterRec>,
-    /// Woken by workers when a task of this submitter finishes.
-    pub park: CacheLine<ParkWord>,
-}
-// SAFETY: as above.
-unsafe impl ShmSafe for SubmitterSlot {}
-
-/// Why a task ended in `Died`.
-pub mod reason {
-    /// The worker process died.
-    pub const DIED: u32 = 1;
-    /// Killed for exceeding the execution timeout.
-    pub const TIMEOUT: u32 = 2;
-    /// The pool stopped.
-    pub const STOPPED: u32 = 3;
-    /// With `Err`: the runtime's own failure (the payload is UTF-8 text), not the executor's.
-    pub const RUNTIME: u32 = 4;
-}
-
-/// How a task slot's data area is filled.
-pub mod data_kind {
-    /// `len` raw bytes.
-    pub const INLINE: u32 = 1;
-    /// A mizu-wire region frame of `len` bytes whose region holds the raw bytes.
-    pub const REGION: u32 = 2;
-}
-
-/// A task slot's header (its data area is a separate granule). Two lines: the collector spins
-/// on the first (`state`), the worker writes the second (`runner`, `kind`, `len`) while it
-/// works, so those writes do not have to pull the line away from a spinning reader.
-#[repr(C, align(128))]
-#[derive(Debug, Default)]
-pub struct TaskHdr {
-    /// The slot state machine (state + generation).
-    pub state: StateWord,
-    /// [`reason`] for `Died`.
-    pub reason: AtomicU32,
-    /// Set by a submitter that dropped the handle while the task ran: whoever sees the task
-    /// final and this set frees the slot.
-    pub abandoned: AtomicU32,
-    _pad0: [AtomicU64; 6],
-    /// Worker slot << 32 | pid of the runner.
-    pub runner: AtomicU64,
-    /// [`data_kind`] of the data area.
-    pub kind: AtomicU32,
-    /// Bytes used in the data area.
-    pub len: AtomicU32,
-    _pad1: [AtomicU64; 6],
-}
-// SAFETY: atomics only; zero is (generation 0, Free).
-unsafe impl ShmSafe for TaskHdr {}
-const _: () = assert!(std::mem::size_of::<TaskHdr>() == 128);
 
 /// A validated view of a pool segment.
 pub struct PoolView<'a> {
@@ -250,7 +112,6 @@ pub fn create(p: Params) -> Result<Segment> {
             CacheLine(Control {
                 params: Params { magic: MAGIC, ..p },
                 stop: AtomicU32::new(0),
-                spinners: CacheLine(AtomicU32::new(0)),
             }),
         )?
     };
@@ -325,11 +186,6 @@ impl<'a> PoolView<'a> {
         })
     }
 
-    /// The segment.
-    pub fn segment(&self) -> &'a Segment {
-        self.seg
-    }
-
     /// Whether the pool is stopping.
     pub fn stopped(&self) -> bool {
         self.ctl.stop.load(Ordering::Acquire) != 0
@@ -340,9 +196,9 @@ impl<'a> PoolView<'a> {
         self.ctl.stop.store(1, Ordering::Release);
     }
 
-    /// The count of idle workers spinning (see `Control::spinners`).
-    pub fn spinners(&self) -> &'a AtomicU32 {
-        &self.ctl.spinners
+    /// Every worker slot.
+    pub fn workers(&self) -> &'a [WorkerSlot] {
+        self.workers
     }
 
     /// Worker slot `w`.
@@ -387,38 +243,6 @@ impl<'a> PoolView<'a> {
         let cap = self.params.deque_capacity as usize;
         Deque::new(&self.deques[w], &self.deque_items[w * cap..(w + 1) * cap])
             .expect("validated deque")
-    }
-}
-
-/// Task ids pack a marker bit, the submitter (11 bits), the slot (20 bits) and the low 32 bits of
-/// the slot generation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TaskId {
-    /// Submitter index.
-    pub submitter: usize,
-    /// Slot index.
-    pub slot: usize,
-    /// Slot generation (full).
-    pub generation: u64,
-}
-
-impl TaskId {
-    /// Packs into a ring word.
-    pub fn pack(&self) -> u64 {
-        (1 << 63)
-            | ((self.submitter as u64) << 52)
-            | ((self.slot as u64) << 32)
-            | (self.generation & 0xffff_ffff)
-    }
-
-    /// Unpacks a ring word (generation: low 32 bits only); `None` for a word no submitter
-    /// writes.
-    pub fn unpack(w: u64) -> Option<(usize, usize, u32)> {
-        (w >> 63 == 1).then_some((
-            ((w >> 52) & 0x7ff) as usize,
-            ((w >> 32) & 0xf_ffff) as usize,
-            w as u32,
-        ))
     }
 }
 

@@ -4,24 +4,51 @@
 //! write results back into the slot; large payloads travel through `mizu-wire` data segments.
 //! See the crate README for the design and its invariants.
 
-pub mod attach;
-pub mod channel;
-pub mod error;
-pub mod layout;
-pub mod map;
-pub mod pool;
-pub mod shared;
-pub mod submitter;
-pub mod worker;
+// The atomic protocols that involve no segment: public to the loom models only
+// (`tests/loom.rs` under `--cfg mizu_loom`), which run this very code.
+#[cfg(mizu_loom)]
+pub mod claim;
+#[cfg(not(mizu_loom))]
+mod claim;
+#[cfg(mizu_loom)]
+pub mod handout;
+#[cfg(not(mizu_loom))]
+mod handout;
+#[cfg(mizu_loom)]
+pub mod records;
+#[cfg(not(mizu_loom))]
+mod records;
 
-pub use attach::Submitter;
-pub use channel::{Channel, ChannelSendError};
-pub use error::{PoolError, Result, TaskError};
-pub use map::{MapError, MapOptions, MapOutput};
-pub use mizu_queue::{RecvError, SlotState};
-pub use pool::{Launcher, Pool, PoolConfig, PoolStatus, SubmitterStatus, WorkerStatus};
-pub use shared::{Fill, set_discard_hook};
-pub use submitter::{CollectError, Task, collect_all, collect_any, wait_until};
-pub use worker::{
-    Executor, TaskContext, exit_if_orphaned_while_starting, run_worker, with_current_task,
+#[cfg(not(mizu_loom))]
+mod attach;
+#[cfg(not(mizu_loom))]
+mod channel;
+#[cfg(not(mizu_loom))]
+mod error;
+#[cfg(not(mizu_loom))]
+mod layout;
+#[cfg(not(mizu_loom))]
+mod map;
+#[cfg(not(mizu_loom))]
+mod pool;
+#[cfg(not(mizu_loom))]
+mod shared;
+#[cfg(not(mizu_loom))]
+mod submitter;
+#[cfg(not(mizu_loom))]
+mod worker;
+
+#[cfg(not(mizu_loom))]
+pub use {
+    attach::Submitter,
+    channel::{Channel, ChannelSendError},
+    error::{PoolError, Result, TaskError},
+    map::{MapError, MapOptions, MapOutput},
+    mizu_queue::{RecvError, SlotState},
+    pool::{Launcher, Pool, PoolConfig, PoolStatus, SubmitterStatus, WorkerStatus},
+    shared::{Fill, set_discard_hook},
+    submitter::{CollectError, Task, collect_all, collect_any, wait_until},
+    worker::{
+        Executor, TaskContext, exit_if_orphaned_while_starting, run_worker, with_current_task,
+    },
 };

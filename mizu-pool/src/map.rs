@@ -8,13 +8,14 @@
 //! 1 the `n + 1` input offsets, 2 the input bytes, 3 the typed output area (`n * elem` bytes).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use arrow_buffer::Buffer;
-use mizu_shm::{CacheLine, Layout, Segment, ShmSafe};
+use mizu_shm::sync::{AtomicU64, Ordering};
+use mizu_shm::{CacheLine, Layout, Segment};
 
 use crate::error::{PoolError, TaskError};
+use crate::handout::MapControl;
 use crate::layout::wstate;
 use crate::submitter::{CollectError, SubmitterCore, Task};
 use crate::worker::{Executor, TaskContext};
@@ -25,21 +26,6 @@ pub const MAP_KIND: u32 = u32::from_le_bytes(*b"MAP1");
 const STOP_POLL: Duration = Duration::from_millis(20);
 /// Payload prefix of a runner task (the runtime runs it; executors never see it).
 pub const RUNNER_MAGIC: &[u8] = b"\x00mizu-map-runner\x00";
-
-#[repr(C)]
-#[derive(Debug, Default)]
-struct MapControl {
-    cursor: AtomicU64,
-    n: AtomicU64,
-    chunk: AtomicU64,
-    elem: AtomicU64,
-    runners: AtomicU64,
-    first_error: AtomicU64,
-    cancel: AtomicU32,
-    _pad: AtomicU32,
-}
-// SAFETY: atomics only; zero is valid.
-unsafe impl ShmSafe for MapControl {}
 
 /// How a map runs.
 #[derive(Debug, Clone, Default)]
@@ -153,14 +139,12 @@ pub(crate) fn map(
     unsafe {
         seg.init_at(
             ext(0).offset,
-            CacheLine(MapControl {
-                n: AtomicU64::new(n as u64),
-                chunk: AtomicU64::new(opts.chunk.unwrap_or(0) as u64),
-                elem: AtomicU64::new(elem as u64),
-                runners: AtomicU64::new(runners as u64),
-                first_error: AtomicU64::new(u64::MAX),
-                ..Default::default()
-            }),
+            CacheLine(MapControl::new(
+                n as u64,
+                opts.chunk.unwrap_or(0) as u64,
+                elem as u64,
+                runners as u64,
+            )),
         )
         .map_err(|e| pool_err(&e))?
     };
@@ -183,7 +167,7 @@ pub(crate) fn map(
                 Err(CollectError::Timeout) if left.is_none_or(|l| l > slice) => {
                     if !stopped && stop() {
                         stopped = true;
-                        ctl.cancel.store(1, Ordering::Release);
+                        ctl.cancel();
                     }
                 }
                 other => break other,
@@ -192,11 +176,11 @@ pub(crate) fn map(
         match r {
             Ok(b) => results.push(b),
             Err(e) => {
-                ctl.cancel.store(1, Ordering::Release);
+                ctl.cancel();
                 if failure.is_none() {
                     failure = Some(match e {
                         CollectError::Task(te) => MapError::Element {
-                            index: ctl.cursor.load(Ordering::Acquire).min(n as u64) as usize,
+                            index: ctl.handed_out() as usize,
                             error: te,
                         },
                         other => MapError::Pool(other.to_string()),
@@ -277,8 +261,6 @@ pub(crate) fn run_runner(
     let ctl: &CacheLine<MapControl> = seg.get(ext(0)?.offset).map_err(|e| err(&e))?;
     let n = ctl.n.load(Ordering::Acquire);
     let elem = ctl.elem.load(Ordering::Relaxed) as usize;
-    let fixed = ctl.chunk.load(Ordering::Relaxed);
-    let runners = ctl.runners.load(Ordering::Relaxed).max(1);
     let offsets: &[AtomicU64] = seg
         .get_slice(ext(1)?.offset, n as usize + 1)
         .map_err(|e| err(&e))?;
@@ -298,26 +280,9 @@ pub(crate) fn run_runner(
         out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
         out.extend_from_slice(bytes);
     };
-    'chunks: loop {
-        if ctl.cancel.load(Ordering::Acquire) != 0 {
-            break;
-        }
-        let left = n.saturating_sub(ctl.cursor.load(Ordering::Relaxed));
-        let chunk = if fixed > 0 {
-            fixed
-        } else {
-            (left / (2 * runners)).max(1)
-        };
-        let start = ctl.cursor.fetch_add(chunk, Ordering::AcqRel);
-        if start >= n.min(ctl.first_error.load(Ordering::Acquire)) {
-            break;
-        }
-        for i in start..(start + chunk).min(n) {
-            // After a failure only the elements before it still run, so the error reported is
-            // always the smallest failing index — what a sequential run would report.
-            if ctl.cancel.load(Ordering::Acquire) != 0
-                || i > ctl.first_error.load(Ordering::Acquire)
-            {
+    'chunks: while let Some(chunk) = ctl.next_chunk() {
+        for i in chunk {
+            if !ctl.may_run(i) {
                 break 'chunks;
             }
             let (a, b) = (
@@ -342,7 +307,7 @@ pub(crate) fn run_runner(
                         unsafe { o.with_mut(i as usize, |d| d.copy_from_slice(&res)) };
                     }
                     Some(_) => {
-                        ctl.first_error.fetch_min(i, Ordering::AcqRel);
+                        ctl.fail(i);
                         let msg = format!(
                             "mizu: result of {} bytes, the typed output takes {elem}",
                             res.len()
@@ -353,7 +318,7 @@ pub(crate) fn run_runner(
                     None => push(&mut out, i, 0, &res),
                 },
                 Err(e) => {
-                    ctl.first_error.fetch_min(i, Ordering::AcqRel);
+                    ctl.fail(i);
                     push(&mut out, i, 1, &e);
                     break 'chunks;
                 }

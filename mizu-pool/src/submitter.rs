@@ -65,17 +65,17 @@ impl SubmitterCore {
         let v = shared.view();
         let producers: Vec<Producer<'static>> = (0..v.params.max_workers as usize)
             .map(|w| {
-                let p = v.ring(index, w).producer();
+                // SAFETY: ring (index, w) has one producer: the holder of submitter record
+                // `index` (taken by CAS, or held by role), which makes one SubmitterCore.
+                let p = unsafe { v.ring(index, w).producer() };
                 // SAFETY: the producer borrows the segment owned by `shared`, which this
                 // struct holds and drops after `inner` (field order), so 'static never escapes.
                 unsafe { std::mem::transmute::<Producer<'_>, Producer<'static>>(p) }
             })
             .collect();
-        let rec = &v.submitter(index).rec;
-        rec.pid.store(std::process::id(), Ordering::Relaxed);
-        rec.nonce
-            .store(shared.segment().me().nonce, Ordering::Relaxed);
-        rec.state.store(1, Ordering::Release);
+        v.submitter(index)
+            .rec
+            .hold(std::process::id(), shared.segment().me().nonce);
         Arc::new(SubmitterCore {
             inner: Mutex::new(Inner {
                 pending: vec![false; producers.len()],
@@ -245,28 +245,10 @@ impl SubmitterCore {
         }
     }
 
-    /// Tells up to `n` idle workers that our worker's deque holds work: spinning ones see it
-    /// by themselves, sleeping ones are woken.
-    fn announce(&self, mut n: usize) {
+    /// Tells up to `n` idle workers that our worker's deque holds work.
+    fn announce(&self, n: usize) {
         let v = self.shared.view();
-        let me = self.index.wrapping_sub(1);
-        for w in 0..v.params.max_workers as usize {
-            if n == 0 {
-                return;
-            }
-            let rec = &v.worker(w).rec;
-            if w == me || rec.state.load(Ordering::Acquire) != wstate::READY {
-                continue;
-            }
-            match rec.idle.load(Ordering::Acquire) {
-                0 => {}
-                1 if v.worker(w).park.sleepers() == 0 => n -= 1,
-                _ => {
-                    v.worker(w).park.wake_all();
-                    n -= 1;
-                }
-            }
-        }
+        crate::records::announce(v.workers(), self.index.checked_sub(1), n);
     }
 
     /// Puts the task id on a worker's queue: on the thread running a worker's tasks, that

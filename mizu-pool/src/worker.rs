@@ -7,11 +7,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use arrow_buffer::Buffer;
-use mizu_queue::{Consumer, Deque, SlotState, Steal, TransitionError};
+use mizu_queue::{Consumer, Deque, SlotState, Steal};
 use mizu_shm::{DeathWatch, Waiter};
 
+use crate::claim;
 use crate::error::{PoolError, Result};
 use crate::layout::{TaskId, now_ns, wstate};
+use crate::records::{self, idle};
 use crate::shared::Shared;
 use crate::submitter::{
     CollectError, SubmitterCore, Task, abandon, free_claimed, reclaim_if_abandoned,
@@ -311,7 +313,7 @@ impl Runtime<'_> {
             let rec = &v.submitter(s).rec;
             // A hint only (abandoned tasks are never counted as collected): skip submitters
             // with nothing outstanding.
-            if rec.state.load(Ordering::Relaxed) == 0
+            if !rec.is_held()
                 || rec.submitted.load(Ordering::Relaxed) == rec.collected.load(Ordering::Relaxed)
             {
                 continue;
@@ -340,7 +342,7 @@ impl Runtime<'_> {
     /// Claims (crash-safely) and runs the task `word` names; false if it is not claimable.
     fn try_run(&self, word: u64) -> bool {
         let v = self.shared.view();
-        let Some((s, k, g32)) = TaskId::unpack(word) else {
+        let Some((s, k, _)) = TaskId::unpack(word) else {
             return false;
         };
         if s >= v.params.submitters as usize || k >= v.params.slots as usize {
@@ -348,42 +350,11 @@ impl Runtime<'_> {
         }
         let hdr = v.task(s, k);
         let rec = &v.worker(self.slot).rec;
-        // The claim record goes first: if we die between it and the CAS, the reaper sees a
-        // Pending task (someone else runs it); after the CAS it sees ours and fails it. The
-        // CAS releases the record to whoever reads the state it writes.
-        // The start time goes before the record that publishes it: the monitor reads the
-        // record first (acquire), and a stale start time beside a new record would look like
-        // a task over the execution timeout.
-        if v.params.timed != 0 {
-            rec.started_ns.store(now_ns(), Ordering::Relaxed);
-        }
-        rec.current.store(word, Ordering::Release);
-        // One CAS, without reading the state first: the collector polls that line, and every
-        // access of ours between two of its reads is another transfer of it. The id carries
-        // the generation's low 32 bits; a higher generation costs one more try.
-        let mut g = u64::from(g32);
-        let claimed = loop {
-            match hdr
-                .state
-                .transition(g, SlotState::Pending, SlotState::Running)
-            {
-                Ok(()) => break true,
-                Err(TransitionError::Lost {
-                    generation,
-                    state: Some(SlotState::Pending),
-                }) if generation != g && generation as u32 == g32 => g = generation,
-                Err(_) => break false,
-            }
-        };
-        if !claimed {
-            rec.current.store(0, Ordering::Release);
+        let started = (v.params.timed != 0).then(now_ns);
+        let Some(g) = claim::claim(rec, hdr, word, started) else {
             return false;
-        }
-        // Until this is set, the reaper tells our claim from a dead worker's by our record.
-        hdr.runner.store(
-            ((self.slot as u64) << 32) | u64::from(self.pid),
-            Ordering::Release,
-        );
+        };
+        claim::set_runner(hdr, ((self.slot as u64) << 32) | u64::from(self.pid));
         let ctx = TaskContext {
             rt: self,
             element: Cell::new(None),
@@ -435,12 +406,7 @@ impl Runtime<'_> {
             hdr.reason
                 .store(crate::layout::reason::RUNTIME, Ordering::Relaxed);
         }
-        let _ = hdr.state.transition(
-            g,
-            SlotState::Running,
-            if ok { SlotState::Ok } else { SlotState::Err },
-        );
-        rec.current.store(0, Ordering::Release);
+        claim::finish(rec, hdr, g, ok);
         rec.tasks.fetch_add(1, Ordering::Relaxed);
         reclaim_if_abandoned(
             &self.shared,
@@ -551,7 +517,9 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
     deques[slot].repair();
     let consumers = (0..v.params.submitters as usize)
         .map(|s| {
-            let c = v.ring(s, slot).consumer();
+            // SAFETY: ring (s, slot) has one consumer: the worker in `slot` (this process;
+            // the controller starts one worker per slot and waits for its death to reuse it).
+            let c = unsafe { v.ring(s, slot).consumer() };
             // SAFETY: the consumer borrows the segment owned by `shared`, which the Runtime
             // holds and drops after `consumers` (field order); 'static never escapes it.
             unsafe { std::mem::transmute::<Consumer<'_>, Consumer<'static>>(c) }
@@ -583,7 +551,7 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
     let mut sleeper = Waiter::new(Duration::ZERO, Duration::from_millis(2));
     // Idle workers spinning at once, plus workers running tasks: never more than the CPUs
     // minus one (left to whoever submits), or spinning idlers would slow down the busy ones.
-    let max_spinners = (mizu_shm::affinity::available_cpus_all().len() as u32)
+    let max_active = (mizu_shm::affinity::available_cpus_all().len() as u32)
         .saturating_sub(1)
         .max(1);
     let done = || v.stopped() || controller_dead.load(Ordering::Relaxed) || rt.retired();
@@ -601,23 +569,8 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         if spinner.burst(|| rt.any_queued().then_some(())).is_some() {
             continue;
         }
-        // Busy workers count too: a spinner must not take the CPU a running task needs.
-        let busy = (0..v.params.max_workers as usize)
-            .filter(|&w| {
-                let r = &v.worker(w).rec;
-                w != slot
-                    && r.state.load(Ordering::Relaxed) == wstate::READY
-                    && r.idle.load(Ordering::Relaxed) == 0
-            })
-            .count() as u32;
-        let spins = v.spinners().fetch_add(1, Ordering::AcqRel) + busy < max_spinners;
-        if !spins {
-            v.spinners().fetch_sub(1, Ordering::AcqRel);
-        }
+        let spins = records::go_idle(v.workers(), slot, max_active);
         let waiter = if spins { &mut spinner } else { &mut sleeper };
-        ws.rec
-            .idle
-            .store(if spins { 1 } else { 2 }, Ordering::SeqCst);
         let before = waiter.parks();
         // A stream survives the spin (a task caught there continues it) and ends before the
         // worker parks: `check` runs between the two.
@@ -630,10 +583,7 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
                 Ok::<(), ()>(())
             },
         );
-        ws.rec.idle.store(0, Ordering::Relaxed);
-        if spins {
-            v.spinners().fetch_sub(1, Ordering::AcqRel);
-        }
+        ws.rec.idle.store(idle::BUSY, Ordering::Relaxed);
         if waiter.parks() != before {
             ws.rec
                 .parks
@@ -724,44 +674,26 @@ pub fn reap_worker(shared: &Shared, slot: usize, pid: u32, why: u32) {
         }
     };
     let word = rec.current.load(Ordering::SeqCst);
-    if let Some((s, k, g32)) = TaskId::unpack(word)
+    if let Some((s, k, _)) = TaskId::unpack(word)
         && s < v.params.submitters as usize
         && k < v.params.slots as usize
+        && let Some(g) = claim::dead_claim(
+            v.workers(),
+            slot,
+            runner,
+            v.task(s, k),
+            word,
+            |o| {
+                mizu_shm::ProcessId::new(
+                    o.pid.load(Ordering::Relaxed),
+                    o.nonce.load(Ordering::Relaxed),
+                )
+                .is_alive()
+            },
+            || std::thread::sleep(Duration::from_micros(20)),
+        )
     {
-        // The record is written before the claim CAS, so the task it names may have been
-        // claimed by another worker after this one died. The runner field tells, once set;
-        // until then, the claimer is whichever worker's record names the task: if a live
-        // one's does (it claims, or it failed to and is about to clear it), look again.
-        let hdr = v.task(s, k);
-        loop {
-            let (g, st) = hdr.state.load();
-            if st != Some(SlotState::Running) || g as u32 != g32 {
-                break;
-            }
-            let r = hdr.runner.load(Ordering::Acquire);
-            if r == runner {
-                fail(s, k, g);
-                break;
-            }
-            if r != 0 {
-                break;
-            }
-            let contested = (0..v.params.max_workers as usize).any(|w| {
-                let o = &v.worker(w).rec;
-                w != slot
-                    && o.current.load(Ordering::SeqCst) == word
-                    && mizu_shm::ProcessId::new(
-                        o.pid.load(Ordering::Relaxed),
-                        o.nonce.load(Ordering::Relaxed),
-                    )
-                    .is_alive()
-            });
-            if !contested {
-                fail(s, k, g);
-                break;
-            }
-            std::thread::sleep(Duration::from_micros(20));
-        }
+        fail(s, k, g);
     }
     for s in 0..v.params.submitters as usize {
         for k in 0..v.params.slots as usize {
@@ -790,10 +722,7 @@ pub fn reap_worker(shared: &Shared, slot: usize, pid: u32, why: u32) {
         }
     }
     rec.current.store(0, Ordering::Release);
-    if rec.idle.swap(0, Ordering::AcqRel) == 1 {
-        // It died counted as a spinner.
-        v.spinners().fetch_sub(1, Ordering::AcqRel);
-    }
+    rec.idle.store(idle::BUSY, Ordering::Release);
     // The survivor gives back the references the worker held (its ledger) and removes what
     // a killed worker could not: its liveness lock file.
     mizu_wire::ledger::release_dead(Some(&[pid]));

@@ -153,3 +153,59 @@ fn other_processes_attach_as_submitters() {
             .contains("invalid segment name")
     );
 }
+
+/// A submitter killed with `kill -9` leaves its record held by a dead process: attaching
+/// processes take it over, never two at once (each that gets in submits 100 tasks on the
+/// record's single-producer rings and checks every result), and the rest are told that every
+/// record is taken.
+#[test]
+fn a_dead_submitters_record_is_taken_over_by_one_process_at_a_time() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let p = Pool::new(
+        PoolConfig {
+            workers: 2,
+            extra_submitters: 1,
+            ..Default::default()
+        },
+        Launcher::new(WORKER, Vec::<String>::new()),
+    )
+    .unwrap();
+    let mut holder = Command::new(WORKER)
+        .args(["--attach-hold", p.token()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "3", "the one extra record");
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let racers: Vec<_> = (0..4)
+        .map(|_| {
+            Command::new(WORKER)
+                .args(["--submit", p.token()])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut served = 0;
+    for r in racers {
+        let o = r.wait_with_output().unwrap();
+        let (out, err) = (
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr),
+        );
+        if o.status.success() {
+            assert_eq!(out.trim(), "3 ok", "{err}");
+            served += 1;
+        } else {
+            assert!(err.contains("extra submitter records are taken"), "{err}");
+        }
+    }
+    assert!(served >= 1, "nobody took the dead submitter's record over");
+}

@@ -6,7 +6,8 @@
 //! * `P` then the pickle bytes — no out-of-band buffers;
 //! * `B`, 3 zero bytes, `u32` buffer count `n`, `u64` pickle length, then `n` pairs of `u64`
 //!   (offset from the payload start, length), then the pickle, then each buffer at its
-//!   offset, 64-byte aligned. All integers little-endian.
+//!   offset, 64-byte aligned. All integers little-endian. Receivers parse it with
+//!   `mizu_wire::oob` (fuzzed there).
 //!
 //! A buffer that views a region this process holds (a shared object, an array received from
 //! another process) travels by reference: its offset has the top bit set, and at that offset
@@ -19,6 +20,7 @@ use std::sync::Arc;
 
 use arrow_buffer::Buffer;
 use mizu_pool::Fill;
+use mizu_wire::oob::{self, Dialect, PY_BY_REF as BY_REF, Place, REF_RECORD};
 use mizu_wire::{Region, RegionDesc};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyBufferError, PyValueError};
@@ -27,10 +29,6 @@ use pyo3::types::{PyBytes, PyList};
 
 const TAG_PLAIN: u8 = b'P';
 pub(crate) const TAG_BUFFERS: u8 = b'B';
-/// In a buffer's offset: the buffer travels by reference.
-const BY_REF: u64 = 1 << 63;
-/// A buffer by reference: the region's descriptor and the buffer's offset in it.
-const REF_RECORD: usize = 64 + 8;
 /// Buffers at least this large that view a region this process holds go by reference.
 const REF_MIN: usize = 4096;
 const ALIGN: usize = 64;
@@ -225,61 +223,31 @@ pub fn decode(py: Python<'_>, buf: Buffer) -> PyResult<(Py<PyAny>, Py<PyList>)> 
     match b.first() {
         Some(&TAG_PLAIN) => Ok((view(1, b.len() - 1)?, PyList::empty(py).unbind())),
         Some(&TAG_BUFFERS) => {
-            if b.len() < 16 {
-                return Err(bad("header truncated"));
-            }
-            let n = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")) as usize;
-            let plen = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
-            let table_end = n
-                .checked_mul(16)
-                .and_then(|t| t.checked_add(16))
-                .filter(|&e| e <= b.len())
-                .ok_or_else(|| bad(format!("{n} buffers do not fit")))?;
-            let pend = (table_end as u64)
-                .checked_add(plen)
-                .filter(|&e| e <= b.len() as u64)
-                .ok_or_else(|| bad("pickle out of bounds"))? as usize;
+            let layout = oob::parse(b, Dialect::Python).map_err(|e| bad(e.to_string()))?;
             let list = PyList::empty(py);
-            for i in 0..n {
-                let e = 16 + 16 * i;
-                let at = u64::from_le_bytes(b[e..e + 8].try_into().expect("8 bytes"));
-                let len = u64::from_le_bytes(b[e + 8..e + 16].try_into().expect("8 bytes"));
-                if at & BY_REF != 0 {
-                    let v = ShmBuffer {
-                        buf: by_reference(b, at & !BY_REF, len, pend)
-                            .map_err(|why| bad(format!("buffer {i}: {why}")))?,
-                    };
-                    list.append(Py::new(py, v)?)?;
-                    continue;
-                }
-                let end = at
-                    .checked_add(len)
-                    .filter(|&x| at >= pend as u64 && x <= b.len() as u64)
-                    .ok_or_else(|| bad(format!("buffer {i} out of bounds")))?;
-                let v = ShmBuffer {
-                    buf: buf.slice_with_length(at as usize, (end - at) as usize),
+            for (i, entry) in layout.entries.into_iter().enumerate() {
+                let buf = match entry.place {
+                    Place::Inline(r) => buf.slice_with_length(r.start, r.len()),
+                    Place::Ref {
+                        desc, offset, len, ..
+                    } => by_reference(&desc, offset, len)
+                        .map_err(|why| bad(format!("buffer {i}: {why}")))?,
                 };
-                list.append(Py::new(py, v)?)?;
+                list.append(Py::new(py, ShmBuffer { buf })?)?;
             }
-            Ok((view(table_end, pend - table_end)?, list.unbind()))
+            let body = layout.body;
+            Ok((view(body.start, body.len())?, list.unbind()))
         }
         Some(t) => Err(bad(format!("unknown tag {t:#04x}"))),
         None => Err(bad("empty")),
     }
 }
 
-/// A buffer by reference: adopts the region named by the record at `at` (after the pickle,
-/// which ends at `pend`) and views `len` bytes of it.
-fn by_reference(b: &[u8], at: u64, len: u64, pend: usize) -> Result<Buffer, String> {
-    let at = usize::try_from(at)
-        .ok()
-        .filter(|&a| a >= pend && a.checked_add(REF_RECORD).is_some_and(|e| e <= b.len()))
-        .ok_or("its reference is out of bounds")?;
-    let d = RegionDesc::read_from(&b[at..at + 64]).map_err(|e| e.to_string())?;
-    let off = u64::from_le_bytes(b[at + 64..at + REF_RECORD].try_into().expect("8 bytes"));
+/// A buffer by reference: adopts the region `d` names and views `len` bytes of it at `off`.
+fn by_reference(d: &RegionDesc, off: u64, len: u64) -> Result<Buffer, String> {
     let region = Arc::new(
         crate::ndarray::MAPPER
-            .adopt(&d)
+            .adopt(d)
             .map_err(|e| format!("its region: {e}"))?,
     );
     let (off, len) = match (usize::try_from(off), usize::try_from(len)) {
@@ -293,25 +261,9 @@ fn by_reference(b: &[u8], at: u64, len: u64, pend: usize) -> Result<Buffer, Stri
 /// `small::release_refs`, which calls it): runs on any thread, touches no Python object,
 /// stops at the first malformed byte.
 pub fn release_refs(b: &[u8]) {
-    let Some(h) = b.get(4..8) else { return };
-    let n = u32::from_le_bytes(h.try_into().expect("4 bytes")) as usize;
-    for i in 0..n {
-        let e = 16 + 16 * i;
-        let Some(at) = b.get(e..e + 8) else { return };
-        let at = u64::from_le_bytes(at.try_into().expect("8 bytes"));
-        if at & BY_REF == 0 {
-            continue;
-        }
-        let Some(d) = usize::try_from(at & !BY_REF)
-            .ok()
-            .and_then(|a| b.get(a..a.checked_add(64)?))
-        else {
-            return;
-        };
-        if let Ok(d) = RegionDesc::read_from(d) {
-            // Adopting takes the reference over; dropping the region gives it back.
-            drop(crate::ndarray::MAPPER.adopt(&d));
-        }
+    for d in oob::references(b, Dialect::Python) {
+        // Adopting takes the reference over; dropping the region gives it back.
+        drop(crate::ndarray::MAPPER.adopt(&d));
     }
 }
 

@@ -311,24 +311,46 @@ def test_a_pool_used_in_a_forked_child_raises_a_clear_error(pool):
     assert pool.submit(tasks.add, 1, 1).result(timeout=60) == 2, "the parent's pool is intact"
 
 
+# For scripts that must be interrupted inside a given function (not before it is called): a
+# thread that prints `text` once the main thread runs `name` and has let go of the GIL there
+# (the waits do), so a signal sent on that line lands inside the call.
+_SAY_WHEN_INSIDE = """
+def say_when_inside(name, text):
+    import sys, threading, time
+    main = threading.main_thread().ident
+    def watch():
+        while True:
+            f = sys._current_frames().get(main)
+            while f is not None and f.f_code.co_name != name:
+                f = f.f_back
+            if f is not None:
+                print(text, flush=True)
+                return
+            time.sleep(0.001)
+    threading.Thread(target=watch, daemon=True).start()
+"""
+
+
 def test_ctrl_c_interrupts_a_blocking_result(tmp_path):
     script = tmp_path / "wait.py"
     script.write_text(textwrap.dedent("""
-        import sys, time
+        import sys
         sys.path.insert(0, %r)
         import pymizu, tasks
+        %s
+        def wait(t):
+            return t.result()
         if __name__ == "__main__":
             with pymizu.Pool(1) as p:
                 t = p.submit(tasks.sleep, 60)
-                print("waiting", flush=True)
+                say_when_inside("wait", "waiting")
                 try:
-                    t.result()
+                    wait(t)
                 except KeyboardInterrupt:
                     print("interrupted", flush=True)
-    """ % os.path.dirname(tasks.__file__)))
+    """) % (os.path.dirname(tasks.__file__), _SAY_WHEN_INSIDE))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "waiting"
-    time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert "interrupted" in out
@@ -391,18 +413,20 @@ def test_ctrl_c_interrupts_a_pool_whose_workers_are_still_starting(tmp_path):
         if os.environ.get("PYMIZU_BOOTING") == "1":
             time.sleep(600)
         import pymizu
+        %s
+        def start():
+            return pymizu.Pool(1)
         if __name__ == "__main__":
-            print("starting", flush=True)
+            say_when_inside("start", "starting")
             try:
-                pymizu.Pool(1)
+                start()
                 print("started", flush=True)
             except KeyboardInterrupt:
                 print("interrupted", flush=True)
-    """))
+    """) % _SAY_WHEN_INSIDE)
     proc, lines = _run_with_lines(script)
     try:
         assert lines.get(timeout=60) == "starting"
-        time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
         # Well before the pool's 60 s start timeout (a hang guard, not a measurement).
         assert lines.get(timeout=30) == "interrupted"

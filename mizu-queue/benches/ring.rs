@@ -81,7 +81,7 @@ fn ring_host(place: Placement, role: &str, extra: &[&str]) -> (Duplex, Child) {
 /// Median ns per round trip.
 fn ring_round_trip(place: Placement, n: u64) -> f64 {
     let (d, mut child) = ring_host(place, "echo", &[]);
-    let (mut tx, mut rx) = (d.tx(), d.rx());
+    let (mut tx, mut rx) = d.split().expect("a fresh duplex");
     let mut w = waiter();
     let mut one = |i: u64| {
         tx.try_send(&i.to_le_bytes()).unwrap();
@@ -109,7 +109,7 @@ fn ring_throughput(place: Placement, n: u64) -> f64 {
     let runs = (0..RUNS)
         .map(|_| {
             let (d, mut child) = ring_host(place, "sink", &[&n.to_string()]);
-            let (mut tx, mut rx) = (d.tx(), d.rx());
+            let (mut tx, mut rx) = d.split().expect("a fresh duplex");
             let mut w = waiter();
             let t = Instant::now();
             let mut i = 0u64;

@@ -7,26 +7,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use mizu_shm::sync::{AtomicU32, AtomicU64, Ordering};
 use mizu_shm::{
     CacheLine, DeathWatch, Layout, ParkWord, ProcessId, Segment, ShmSafe, WaitError, Waiter,
 };
 
 use crate::error::QueueError;
 use crate::layout::{add_ring, attach_ring, init_ring};
+use crate::peer::PeerSlot;
 use crate::ring::{Consumer, Producer, Ring, SendError};
 
 /// Segment kind tag of a duplex.
 pub const DUPLEX_KIND: u32 = u32::from_le_bytes(*b"DPX1");
-
-/// One end's registration: written by that end, read by the other.
-#[repr(C)]
-#[derive(Debug, Default)]
-struct PeerSlot {
-    nonce: AtomicU64,
-    pid: AtomicU32,
-    joined: AtomicU32,
-}
 
 #[repr(C)]
 #[derive(Debug, Default)]
@@ -39,20 +30,8 @@ struct Registry {
 // SAFETY: repr(C) atomics only; zero is "nobody registered".
 unsafe impl ShmSafe for Registry {}
 
-impl PeerSlot {
-    fn set(&self, id: ProcessId) {
-        self.nonce.store(id.nonce, Ordering::Relaxed);
-        self.pid.store(id.pid, Ordering::Relaxed);
-        self.joined.store(1, Ordering::Release);
-    }
-    fn get(&self) -> Option<ProcessId> {
-        (self.joined.load(Ordering::Acquire) == 1).then(|| {
-            ProcessId::new(
-                self.pid.load(Ordering::Relaxed),
-                self.nonce.load(Ordering::Relaxed),
-            )
-        })
-    }
+fn peer(slot: &PeerSlot) -> Option<ProcessId> {
+    slot.get().map(|(pid, nonce)| ProcessId::new(pid, nonce))
 }
 
 /// Which end of the duplex this process holds.
@@ -81,6 +60,8 @@ pub struct Duplex {
     watch: Option<DeathWatch>,
     seg: Arc<Segment>,
     side: Side,
+    /// Whether [`Duplex::split`] handed the ends out.
+    split: std::sync::atomic::AtomicBool,
 }
 
 impl Duplex {
@@ -98,8 +79,10 @@ impl Duplex {
             watch: None,
             seg: Arc::new(seg),
             side: Side::Host,
+            split: Default::default(),
         };
-        d.registry()?.host.set(d.seg.me());
+        let me = d.seg.me();
+        d.registry()?.host.set(me.pid, me.nonce);
         Ok(d)
     }
 
@@ -112,17 +95,18 @@ impl Duplex {
             watch: None,
             seg: Arc::new(seg),
             side: Side::Guest,
+            split: Default::default(),
         };
         let reg = d.registry()?;
-        if reg.guest.get().is_some() {
+        let me = d.seg.me();
+        if !reg.guest.claim(me.pid, me.nonce) {
             return Err(QueueError::Layout {
                 segment: token.to_owned(),
                 why: "a guest has already joined this duplex".into(),
             });
         }
-        reg.guest.set(d.seg.me());
         reg.joined.wake_all();
-        if let Some(host) = reg.host.get() {
+        if let Some(host) = peer(&reg.host) {
             d.watch_peer(host)?;
         }
         Ok(d)
@@ -165,8 +149,8 @@ impl Duplex {
     /// The other end, once it has registered.
     pub fn peer(&self) -> Option<ProcessId> {
         match self.side {
-            Side::Host => self.reg().guest.get(),
-            Side::Guest => self.reg().host.get(),
+            Side::Host => peer(&self.reg().guest),
+            Side::Guest => peer(&self.reg().host),
         }
     }
 
@@ -179,7 +163,7 @@ impl Duplex {
     ) -> Result<ProcessId, WaitError<E>> {
         let reg = self.reg();
         let mut w = Waiter::new(Duration::from_micros(50), Duration::from_millis(10));
-        let guest = w.wait(&reg.joined, || reg.guest.get(), Some(timeout), &mut check)?;
+        let guest = w.wait(&reg.joined, || peer(&reg.guest), Some(timeout), &mut check)?;
         let _ = self.seg.unlink();
         // Without a watch (no threads left, say) death is still noticed at the end of each
         // park slice, so a failure here only costs promptness.
@@ -196,14 +180,16 @@ impl Duplex {
         }
     }
 
-    /// The sending ring's producer.
-    pub fn tx(&self) -> Producer<'_> {
-        self.rings().0.producer()
-    }
-
-    /// The receiving ring's consumer.
-    pub fn rx(&self) -> Consumer<'_> {
-        self.rings().1.consumer()
+    /// This end's producer of the sending ring and consumer of the receiving ring, once per
+    /// duplex (`None` afterwards), so that they are this end's only ones.
+    pub fn split(&self) -> Option<(Producer<'_>, Consumer<'_>)> {
+        if self.split.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return None;
+        }
+        let (tx, rx) = self.rings();
+        // SAFETY: an end belongs to one process (the creator; the one guest whose claim won)
+        // and, in it, to this `Duplex`, which hands its handles out once.
+        Some(unsafe { (tx.producer(), rx.consumer()) })
     }
 
     /// Whether the peer is registered and alive.

@@ -6,6 +6,7 @@
 //! allocates inside shared memory. See the crate README for invariants and tests.
 
 pub mod deque;
+pub mod peer;
 pub mod ring;
 pub mod slot_state;
 

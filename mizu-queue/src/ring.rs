@@ -157,8 +157,14 @@ impl<'a> Ring<'a> {
         self.slots.granule() - SLOT_HEADER
     }
 
-    /// The producer's handle. There must be one producer at a time.
-    pub fn producer(&self) -> Producer<'a> {
+    /// The producer's handle.
+    ///
+    /// # Safety
+    /// No other producer of this ring may exist, in this process or any other, while the
+    /// returned one lives: two producers would write the same slot. Owners of a ring make
+    /// that true by a protocol of their own (a duplex end is claimed once; a pool's submitter
+    /// record is taken by CAS); [`HeapRing::split`] is the safe way for a ring on the heap.
+    pub unsafe fn producer(&self) -> Producer<'a> {
         let tail = self.hdr.tail.load(Ordering::Relaxed);
         Producer {
             ring: *self,
@@ -168,8 +174,12 @@ impl<'a> Ring<'a> {
         }
     }
 
-    /// The consumer's handle. There must be one consumer at a time.
-    pub fn consumer(&self) -> Consumer<'a> {
+    /// The consumer's handle.
+    ///
+    /// # Safety
+    /// No other consumer of this ring may exist, in this process or any other, while the
+    /// returned one lives (as for [`Ring::producer`]).
+    pub unsafe fn consumer(&self) -> Consumer<'a> {
         let head = self.hdr.head.load(Ordering::Relaxed);
         Consumer {
             ring: *self,
@@ -421,5 +431,14 @@ impl HeapRing {
     /// The ring view.
     pub fn ring(&self) -> Ring<'_> {
         Ring::new(&self.hdr, self.slots.view()).expect("heap ring is consistent")
+    }
+
+    /// The ring's two ends. Borrowing the ring mutably for as long as they live makes them the
+    /// only producer and consumer.
+    pub fn split(&mut self) -> (Producer<'_>, Consumer<'_>) {
+        let r = self.ring();
+        // SAFETY: `&mut self` is held while the handles live, and `ring()` (the only other way
+        // to reach this ring) cannot be called meanwhile; safe code has no other handle.
+        unsafe { (r.producer(), r.consumer()) }
     }
 }

@@ -63,7 +63,7 @@ fn a_million_messages_round_trip_in_order() {
     const N: u64 = 1_000_000;
     const WINDOW: u64 = 512;
     let (d, child) = host_with("echo", &[]);
-    let (mut tx, mut rx) = (d.tx(), d.rx());
+    let (mut tx, mut rx) = d.split().unwrap();
     let mut w = waiter();
     let (mut sent, mut got) = (0u64, 0u64);
     while got < N {
@@ -97,7 +97,7 @@ fn a_million_messages_round_trip_in_order() {
 fn a_million_messages_one_way_in_batches() {
     const N: u64 = 1_000_000;
     let (d, child) = host_with("sink", &["1000000"]);
-    let (mut tx, mut rx) = (d.tx(), d.rx());
+    let (mut tx, mut rx) = d.split().unwrap();
     let mut w = waiter();
     let mut next = 0u64;
     while next < N {
@@ -129,7 +129,8 @@ fn two_thief_processes_and_the_owner_take_each_item_exactly_once() {
     let rings: Vec<_> = (0..steal_fixture::THIEVES)
         .map(|t| steal_fixture::ring(&seg, t).unwrap())
         .collect();
-    let mut consumers: Vec<_> = rings.iter().map(|r| r.consumer()).collect();
+    // SAFETY: this process is each ring's only consumer (thief `t` is its only producer).
+    let mut consumers: Vec<_> = rings.iter().map(|r| unsafe { r.consumer() }).collect();
     let children: Vec<Child> = (0..steal_fixture::THIEVES)
         .map(|t| spawn(&["thief", seg.token(), &t.to_string()]))
         .collect();
@@ -234,7 +235,7 @@ fn guest_sees_peer_gone_when_the_host_is_killed() {
         .read_line(&mut token)
         .unwrap();
     let d = Duplex::join(token.trim()).unwrap();
-    let mut rx = d.rx();
+    let (_, mut rx) = d.split().unwrap();
     let mut w = waiter();
     assert_eq!(
         d.recv_with(&mut rx, &mut w, Some(GUARD), |m| m.to_vec()),
@@ -259,13 +260,43 @@ fn a_second_guest_and_bad_tokens_are_refused_cleanly() {
     let (d, child) = host_with("echo", &[]);
     // The host unlinked the name once the guest joined: nobody else can attach.
     assert!(Duplex::join(d.token()).is_err());
-    d.tx().close();
+    d.split().unwrap().0.close();
     finish(child);
     for t in ["nonsense", "/mizu_1_0123456789abcdef01234567"] {
         let out = Command::new(PEER).args(["echo", t]).output().unwrap();
         assert_eq!(out.status.code(), Some(1), "{t}");
         assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
     }
+}
+
+/// Four processes join one duplex at the same moment: exactly one becomes the guest.
+#[test]
+fn of_guests_joining_at_once_exactly_one_gets_in() {
+    let d = Duplex::create(8, 64).unwrap();
+    let guests: Vec<Child> = (0..4)
+        .map(|_| {
+            Command::new(PEER)
+                .args(["join", d.token()])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut said = Vec::new();
+    for mut g in guests {
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(g.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        said.push(line.trim().to_owned());
+        drop(g.stdin.take());
+        assert!(g.wait().unwrap().success());
+    }
+    said.sort();
+    assert_eq!(said, ["joined", "refused", "refused", "refused"]);
 }
 
 #[test]

@@ -4,25 +4,19 @@
 use loom::sync::Arc;
 use loom::thread;
 use mizu_queue::{HeapDeque, HeapRing, SlotState, StateWord, Steal};
-
-fn model(bound: usize, f: impl Fn() + Sync + Send + 'static) {
-    let mut b = loom::model::Builder::new();
-    if b.preemption_bound.is_none() {
-        b.preemption_bound = Some(bound);
-    }
-    b.check(f);
-}
+use mizu_shm::sync::model;
 
 /// Three messages through two slots, with batched publication (two writes, one publish) and
 /// parking on both sides: nothing lost, duplicated or reordered, and no lost wake-up.
 #[test]
 fn ring_no_loss_no_duplication_order_kept() {
-    model(2, || {
+    model("ring no loss no duplication order kept", Some(2), || {
         let ring = Arc::new(HeapRing::new(2, 16));
         let r2 = ring.clone();
         let producer = thread::spawn(move || {
             let r = r2.ring();
-            let mut p = r.producer();
+            // SAFETY: this thread is the ring's only producer.
+            let mut p = unsafe { r.producer() };
             let mut next = 0u8;
             while next < 3 {
                 // Write as many as fit, then publish once.
@@ -47,7 +41,8 @@ fn ring_no_loss_no_duplication_order_kept() {
             p.close();
         });
         let r = ring.ring();
-        let mut c = r.consumer();
+        // SAFETY: this thread is the ring's only consumer.
+        let mut c = unsafe { r.consumer() };
         let mut got = Vec::new();
         loop {
             if let Some(v) = c.try_recv_with(|m| m.to_vec()) {
@@ -72,42 +67,46 @@ fn ring_no_loss_no_duplication_order_kept() {
 /// The owner pushes two items and pops while a thief steals: each item is taken exactly once.
 #[test]
 fn deque_each_item_once_with_a_concurrent_thief() {
-    model(3, || {
-        let dq = Arc::new(HeapDeque::new(2));
-        let d2 = dq.clone();
-        let thief = thread::spawn(move || {
-            let d = d2.deque();
-            let mut got = Vec::new();
-            for _ in 0..2 {
-                match d.steal() {
-                    Steal::Success(v) => got.push(v),
-                    Steal::Retry | Steal::Empty => {}
+    model(
+        "deque each item once with a concurrent thief",
+        Some(3),
+        || {
+            let dq = Arc::new(HeapDeque::new(2));
+            let d2 = dq.clone();
+            let thief = thread::spawn(move || {
+                let d = d2.deque();
+                let mut got = Vec::new();
+                for _ in 0..2 {
+                    match d.steal() {
+                        Steal::Success(v) => got.push(v),
+                        Steal::Retry | Steal::Empty => {}
+                    }
                 }
+                got
+            });
+            let d = dq.deque();
+            d.push(1).unwrap();
+            d.push(2).unwrap();
+            let mut mine = Vec::new();
+            while let Some(v) = d.pop() {
+                mine.push(v);
             }
-            got
-        });
-        let d = dq.deque();
-        d.push(1).unwrap();
-        d.push(2).unwrap();
-        let mut mine = Vec::new();
-        while let Some(v) = d.pop() {
-            mine.push(v);
-        }
-        let mut all = thief.join().unwrap();
-        all.extend(mine);
-        // Whatever was not taken is still there for a later steal.
-        while let Steal::Success(v) = d.steal() {
-            all.push(v);
-        }
-        all.sort();
-        assert_eq!(all, vec![1, 2]);
-    });
+            let mut all = thief.join().unwrap();
+            all.extend(mine);
+            // Whatever was not taken is still there for a later steal.
+            while let Steal::Success(v) = d.steal() {
+                all.push(v);
+            }
+            all.sort();
+            assert_eq!(all, vec![1, 2]);
+        },
+    );
 }
 
 /// Two thieves and the owner race for the last item: exactly one gets it.
 #[test]
 fn deque_last_item_goes_to_exactly_one() {
-    model(3, || {
+    model("deque last item goes to exactly one", Some(3), || {
         let dq = Arc::new(HeapDeque::new(2));
         dq.deque().push(7).unwrap();
         let thieves: Vec<_> = (0..2)
@@ -130,7 +129,7 @@ fn deque_last_item_goes_to_exactly_one() {
 /// Cancel races claim: exactly one wins, and the loser sees the winner's state.
 #[test]
 fn slot_cancel_vs_claim_exactly_one_wins() {
-    model(3, || {
+    model("slot cancel vs claim exactly one wins", Some(3), || {
         let w = Arc::new(StateWord::new());
         w.transition(0, SlotState::Free, SlotState::Pending)
             .unwrap();
@@ -163,7 +162,7 @@ fn slot_cancel_vs_claim_exactly_one_wins() {
 /// A worker finishing races the reaper declaring it dead: one outcome, never both.
 #[test]
 fn slot_finish_vs_reaper_one_outcome() {
-    model(3, || {
+    model("slot finish vs reaper one outcome", Some(3), || {
         let w = Arc::new(StateWord::new());
         w.transition(0, SlotState::Free, SlotState::Pending)
             .unwrap();
@@ -183,7 +182,7 @@ fn slot_finish_vs_reaper_one_outcome() {
 /// A stale handle (old generation) cannot collect a slot that was freed and reused.
 #[test]
 fn slot_generation_stops_stale_handles() {
-    model(3, || {
+    model("slot generation stops stale handles", Some(3), || {
         let w = Arc::new(StateWord::new());
         for (a, b) in [
             (SlotState::Free, SlotState::Pending),
@@ -217,7 +216,7 @@ fn slot_generation_stops_stale_handles() {
 fn slot_abandon_vs_finish_frees_exactly_once() {
     use mizu_queue::{abandon, after_finish};
     use mizu_shm::sync::AtomicU32;
-    model(3, || {
+    model("slot abandon vs finish frees exactly once", Some(3), || {
         let w = Arc::new((StateWord::new(), AtomicU32::new(0)));
         w.0.transition(0, SlotState::Free, SlotState::Pending)
             .unwrap();
@@ -238,107 +237,29 @@ fn slot_abandon_vs_finish_frees_exactly_once() {
     });
 }
 
-/// mizu-pool's crash-safe claim. A worker writes its claim record, CASes the task to
-/// `Running`, then sets the task's runner field. After the worker died, the reaper fails the
-/// task its record names if that task still runs and its runner field names the dead worker
-/// or nobody yet — and in the latter case no live worker's record names it (one that does
-/// either claimed it or is about to clear its record after losing: the reaper looks again).
-///
-/// For a worker killed after each of its steps, with a second worker claiming the same task
-/// concurrently with it and with the reaper: the task runs exactly once, ends final (never
-/// stuck `Running` or `Pending`), and is failed as died exactly when the dead worker had
-/// claimed it and not finished it — never when the other worker ran it.
+/// Two guests join a duplex at once while the host looks for its guest: exactly one joins, and
+/// the host sees either no guest or the whole identity of the one that joined (never a mix of
+/// the two). Before joining was a claim, both could join.
 #[test]
-fn claim_record_lets_the_reaper_fail_exactly_what_died() {
-    use loom::sync::atomic::{AtomicU64, Ordering};
-    const ID: u64 = 0x8000_0000_0000_0001;
-    const DEAD: u64 = 1;
-    const OTHER: u64 = 2;
-    struct Shared {
-        state: StateWord,
-        runner: AtomicU64,
-        records: [AtomicU64; 2],
-    }
-    for steps in 0..5 {
-        model(3, move || {
-            let sh = Arc::new(Shared {
-                state: StateWord::new(),
-                runner: AtomicU64::new(0),
-                records: [AtomicU64::new(0), AtomicU64::new(0)],
-            });
-            sh.state
-                .transition(0, SlotState::Free, SlotState::Pending)
-                .unwrap();
-            // A worker's claim, run and finish as mizu-pool's `try_run` does them, stopping
-            // (killed) after `steps` steps. Returns (claimed, finished).
-            fn work(sh: &Shared, me: u64, steps: u32) -> (bool, bool) {
-                let rec = &sh.records[me as usize - 1];
-                let g = 0;
-                if steps == 0 {
-                    return (false, false);
-                }
-                rec.store(ID, Ordering::Release);
-                if steps == 1 {
-                    return (false, false);
-                }
-                if sh
-                    .state
-                    .transition(g, SlotState::Pending, SlotState::Running)
-                    .is_err()
-                {
-                    rec.store(0, Ordering::Release);
-                    return (false, false);
-                }
-                if steps == 2 {
-                    return (true, false);
-                }
-                sh.runner.store(me, Ordering::Release);
-                if steps == 3 {
-                    return (true, false);
-                }
-                sh.state
-                    .transition(g, SlotState::Running, SlotState::Ok)
-                    .unwrap();
-                rec.store(0, Ordering::Release);
-                (true, true)
-            }
-            let sh2 = sh.clone();
-            let other = thread::spawn(move || work(&sh2, OTHER, u32::MAX));
-            let (claimed, finished) = work(&sh, DEAD, steps);
-            // The reaper, after the death.
-            let mut reaped = false;
-            if sh.records[DEAD as usize - 1].load(Ordering::Acquire) == ID {
-                loop {
-                    let (g, s) = sh.state.load();
-                    if s != Some(SlotState::Running) || g != 0 {
-                        break;
-                    }
-                    let r = sh.runner.load(Ordering::Acquire);
-                    if r == OTHER {
-                        break;
-                    }
-                    if r == 0 && sh.records[OTHER as usize - 1].load(Ordering::Acquire) == ID {
-                        thread::yield_now();
-                        continue;
-                    }
-                    reaped = sh
-                        .state
-                        .transition(0, SlotState::Running, SlotState::Died)
-                        .is_ok();
-                    break;
-                }
-            }
-            let (other_ran, _) = other.join().unwrap();
-            assert!(!(claimed && other_ran), "ran twice");
-            assert!(claimed || other_ran, "nobody ran it");
-            assert_eq!(reaped, claimed && !finished);
-            let (_, s) = sh.state.load();
-            let want = if reaped {
-                SlotState::Died
-            } else {
-                SlotState::Ok
-            };
-            assert_eq!(s, Some(want));
-        });
-    }
+fn duplex_guest_joins_once() {
+    use mizu_queue::peer::PeerSlot;
+    model("duplex guest joins once", Some(3), || {
+        let slot = Arc::new(PeerSlot::default());
+        let guests: Vec<_> = [(10u32, 100u64), (11, 110)]
+            .into_iter()
+            .map(|(pid, nonce)| {
+                let slot = slot.clone();
+                thread::spawn(move || slot.claim(pid, nonce).then_some(pid))
+            })
+            .collect();
+        if let Some((pid, nonce)) = slot.get() {
+            assert_eq!(u64::from(pid) * 10, nonce, "a torn identity");
+        }
+        let won: Vec<u32> = guests
+            .into_iter()
+            .filter_map(|g| g.join().unwrap())
+            .collect();
+        assert_eq!(won.len(), 1, "guests joined: {won:?}");
+        assert_eq!(slot.get().map(|(p, _)| p), Some(won[0]));
+    });
 }

@@ -30,9 +30,8 @@ proptest! {
     #[test]
     fn ring_matches_a_vecdeque(cap_log in 0u32..4, ops in proptest::collection::vec(ring_op(), 1..200)) {
         let cap = 1u64 << cap_log;
-        let heap = HeapRing::new(cap, 64);
-        let ring = heap.ring();
-        let (mut p, mut c) = (ring.producer(), ring.consumer());
+        let mut heap = HeapRing::new(cap, 64);
+        let (mut p, mut c) = heap.split();
         let release_every = (cap / 4).max(1) as usize;
         // Model: written-unpublished, published-unread, read-unreleased count.
         let (mut pending, mut visible) = (VecDeque::new(), VecDeque::<Vec<u8>>::new());
@@ -132,23 +131,21 @@ proptest! {
 
 #[test]
 fn oversized_messages_are_refused_not_truncated() {
-    let heap = HeapRing::new(4, 32);
-    let r = heap.ring();
-    let mut p = r.producer();
-    assert_eq!(r.max_payload(), 24);
+    let mut heap = HeapRing::new(4, 32);
+    let (mut p, mut c) = heap.split();
+    assert_eq!(p.ring().max_payload(), 24);
     assert_eq!(
         p.try_send(&[0; 25]),
         Err(SendError::TooLarge { len: 25, max: 24 })
     );
     assert!(p.try_send(&[1; 24]).is_ok());
-    assert_eq!(r.consumer().try_recv_with(|m| m.len()), Some(24));
+    assert_eq!(c.try_recv_with(|m| m.len()), Some(24));
 }
 
 #[test]
 fn closed_is_reported_only_after_the_ring_drains() {
-    let heap = HeapRing::new(4, 32);
-    let r = heap.ring();
-    let (mut p, mut c) = (r.producer(), r.consumer());
+    let mut heap = HeapRing::new(4, 32);
+    let (mut p, mut c) = heap.split();
     p.try_send(b"a").unwrap();
     p.write_with(|b| {
         b[0] = b'b';

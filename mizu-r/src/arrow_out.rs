@@ -451,16 +451,15 @@ fn zeros(n: usize) -> Buffer {
     })
 }
 
-/// A validity bitmap to encode with, whose bits and count [`ArrowOut::write`] replaces: it
-/// claims one null so that the IPC writer lays a bitmap out.
+/// A validity bitmap to encode with, whose bits and count [`ArrowOut::write`] replaces: all
+/// zeros (every element null, and counted so), so that the IPC writer lays a bitmap out and
+/// the array it reads is a valid one.
 fn placeholder_nulls(n: usize) -> (NullBuffer, *const u8) {
     let b = zeros(n.div_ceil(8));
     let p = b.as_ptr();
-    // SAFETY: the count is wrong on purpose and only the IPC writer reads it (it writes it
-    // into the field node, where `ArrowOut::write` puts the real one); the array is dropped
-    // after encoding.
+    // SAFETY: the `n` bits are all zero, so `n` is their null count.
     (
-        unsafe { NullBuffer::new_unchecked(BooleanBuffer::new(b, 0, n), 1) },
+        unsafe { NullBuffer::new_unchecked(BooleanBuffer::new(b, 0, n), n) },
         p,
     )
 }

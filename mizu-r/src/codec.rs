@@ -37,7 +37,12 @@ use extendr_ffi::{
 use std::sync::Arc;
 
 use mizu_pool::Fill;
-use mizu_wire::{Mapper, Region, RegionDesc};
+// The layout's parser, its entry size, reference records and flags (see `mizu_wire::oob`).
+use mizu_wire::oob::{
+    self, Dialect, Place, R_BY_REF as BY_REF, R_ENTRY as ENTRY, R_FRAME_COL as FRAME_COL,
+    REF_RECORD as REF_BYTES,
+};
+use mizu_wire::{Mapper, Region};
 
 use crate::ffi;
 use crate::rtry::try_r;
@@ -49,7 +54,6 @@ const TAG_BUFFERS: u8 = b'V';
 /// A runtime error message (see the module docs).
 pub const TAG_TEXT: u8 = b'T';
 const ALIGN: usize = 64;
-const ENTRY: usize = 24;
 /// Vectors of at least this many bytes travel out of band (and arrive as views).
 pub const FLOOR: usize = 4096;
 /// Lists nested deeper than this are serialized whole.
@@ -101,17 +105,10 @@ impl Oob {
     }
 }
 
-/// A region reference in a payload: the 64-byte descriptor, then the `u64` offset of the
-/// view in the region (and for [`FRAME_COL`] the `u64` column).
-const REF_BYTES: usize = 72;
-/// Type code flag of a buffer sent by reference.
-const BY_REF: u8 = 0x80;
 /// Type code of a vector carried as a `mizu-wire` Arrow array value (see `arrow_out.rs`).
 const ARROW: u8 = 6;
 /// Type code of a data frame carried as a `mizu-wire` Arrow record batch value.
 const FRAME: u8 = 7;
-/// Type code of one column of a data frame value, sent on by reference.
-const FRAME_COL: u8 = 8;
 
 /// Maps the regions that payloads refer to (segments stay mapped while views of them live).
 pub(crate) static MAPPER: std::sync::LazyLock<Mapper> = std::sync::LazyLock::new(Mapper::new);
@@ -352,7 +349,8 @@ unsafe extern "C" fn in_bytes(s: *mut ffi::R_inpstream_st, buf: *mut c_void, n: 
 
 fn unserialize(bytes: &[u8]) -> Result<Robj> {
     // R's reader trusts its input (see `rser.rs`).
-    crate::rser::check(bytes).map_err(|e| bad(format!("the serialization cannot be read: {e}")))?;
+    mizu_wire::rser::check(bytes)
+        .map_err(|e| bad(format!("the serialization cannot be read: {e}")))?;
     let mut inp = Input { bytes, at: 0 };
     let data = std::ptr::from_mut(&mut inp).cast::<c_void>();
     // SAFETY: the stream lives on this frame for the call; the callbacks read `inp`.
@@ -633,19 +631,10 @@ fn fill_in(ph: SEXP, views: &[Robj]) -> Result<SEXP> {
     let v = views
         .get(k)
         .ok_or_else(|| bad(format!("placeholder {k} has no buffer")))?;
-    // SAFETY: `v` and `ph` are live (protected by the caller); the closures own nothing.
+    // SAFETY: `v` and `ph` are live (protected by the caller); the R call's closure owns
+    // nothing (SEXPs only), so R's error can jump out of it.
     unsafe {
         let vs = v.get();
-        let set_attributes = |to: SEXP, from: SEXP| -> Result<()> {
-            let mut a = ffi::ATTRIB(from);
-            while a != R_NilValue {
-                let (tag, val) = (TAG(a), CAR(a));
-                try_r(move || Rf_setAttrib(to, tag, val))
-                    .map_err(|_| bad("an attribute does not fit its vector"))?;
-                a = CDR(a);
-            }
-            Ok(())
-        };
         let carriers = extendr_ffi::R_ExternalPtrProtected(ph);
         let frame = TYPEOF(vs) == SEXPTYPE::VECSXP;
         if frame != (TYPEOF(carriers) == SEXPTYPE::VECSXP) {
@@ -655,16 +644,31 @@ fn fill_in(ph: SEXP, views: &[Robj]) -> Result<SEXP> {
             if XLENGTH(carriers) != XLENGTH(vs) {
                 return Err(bad(format!("placeholder {k}: columns do not match")));
             }
-            for j in 0..XLENGTH(vs) {
-                let c = VECTOR_ELT(carriers, j);
-                if TYPEOF(c) != SEXPTYPE::EXTPTRSXP {
-                    return Err(bad(format!("placeholder {k}: column {j} has no carrier")));
-                }
-                set_attributes(VECTOR_ELT(vs, j), c)?;
+            if let Some(j) =
+                (0..XLENGTH(vs)).find(|&j| TYPEOF(VECTOR_ELT(carriers, j)) != SEXPTYPE::EXTPTRSXP)
+            {
+                return Err(bad(format!("placeholder {k}: column {j} has no carrier")));
             }
         }
-        set_attributes(vs, ph)?;
-        Ok(vs)
+        // R checks each attribute as it is set; one that does not fit is reported as
+        // malformed input below, not also printed by R.
+        crate::rtry::try_r_quiet(move || {
+            let set_attributes = |to: SEXP, from: SEXP| {
+                let mut a = ffi::ATTRIB(from);
+                while a != R_NilValue {
+                    Rf_setAttrib(to, TAG(a), CAR(a));
+                    a = CDR(a);
+                }
+            };
+            if frame {
+                for j in 0..XLENGTH(vs) {
+                    set_attributes(VECTOR_ELT(vs, j), VECTOR_ELT(carriers, j));
+                }
+            }
+            set_attributes(vs, ph);
+            vs
+        })
+        .map_err(|_| bad("an attribute does not fit its vector"))
     }
 }
 
@@ -701,32 +705,12 @@ pub fn decode_small(buf: &Buffer) -> Option<Result<SEXP>> {
 /// the sender (`Region::share`), that only a decoder adopting it would give back. Touches no
 /// R API (it may run on the runtime's threads); malformed input releases nothing.
 pub fn release_refs(b: &[u8]) {
-    if b.first() != Some(&TAG_BUFFERS) || b.len() < 16 {
+    if b.first() != Some(&TAG_BUFFERS) {
         return;
     }
-    let n = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")) as usize;
-    let Some(table_end) = n
-        .checked_mul(ENTRY)
-        .and_then(|t| t.checked_add(16))
-        .filter(|&e| e <= b.len())
-    else {
-        return;
-    };
-    for e in (16..table_end).step_by(ENTRY) {
-        if b[e + 16] & BY_REF == 0 {
-            continue;
-        }
-        let at = u64::from_le_bytes(b[e..e + 8].try_into().expect("8 bytes"));
-        let Some(at) = usize::try_from(at)
-            .ok()
-            .filter(|&at| at >= table_end && at.checked_add(64).is_some_and(|x| x <= b.len()))
-        else {
-            continue;
-        };
-        if let Ok(d) = RegionDesc::read_from(&b[at..at + 64]) {
-            // Adopting takes the reference over; dropping the region gives it back.
-            drop(MAPPER.adopt(&d));
-        }
+    for d in oob::references(b, Dialect::R) {
+        // Adopting takes the reference over; dropping the region gives it back.
+        drop(MAPPER.adopt(&d));
     }
 }
 
@@ -742,106 +726,80 @@ pub fn decode(buf: Buffer) -> Result<Decoded> {
             Some(v) => Ok(Decoded::Value(unsafe { Robj::from_sexp(v) })),
             None => Err(bad("the compact encoding cannot be read")),
         },
-        Some(&TAG_TEXT) => Ok(Decoded::Text(String::from_utf8_lossy(&b[1..]).into_owned())),
+        // R strings cannot hold a NUL: one in a message is shown as U+FFFD, as bad UTF-8 is.
+        Some(&TAG_TEXT) => Ok(Decoded::Text(
+            String::from_utf8_lossy(&b[1..]).replace('\0', "\u{fffd}"),
+        )),
         Some(&TAG_BUFFERS) => {
-            if b.len() < 16 {
-                return Err(bad("header truncated"));
-            }
-            let n = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")) as usize;
-            let slen = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
-            let table_end = n
-                .checked_mul(ENTRY)
-                .and_then(|t| t.checked_add(16))
-                .filter(|&e| e <= b.len())
-                .ok_or_else(|| bad(format!("{n} buffers do not fit")))?;
-            let send = (table_end as u64)
-                .checked_add(slen)
-                .filter(|&e| e <= b.len() as u64)
-                .ok_or_else(|| bad("serialization out of bounds"))? as usize;
-            let mut views = Vec::with_capacity(n);
+            let layout = oob::parse(b, Dialect::R).map_err(bad)?;
+            let mut views = Vec::with_capacity(layout.entries.len());
             // Data frame values already read for a column sent on by reference (every column
             // of one frame refers to the same value).
             let mut tables: Vec<(usize, arrow_array::RecordBatch, Buffer)> = Vec::new();
-            for i in 0..n {
-                let e = 16 + ENTRY * i;
-                let at = u64::from_le_bytes(b[e..e + 8].try_into().expect("8 bytes"));
-                let len = u64::from_le_bytes(b[e + 8..e + 16].try_into().expect("8 bytes"));
-                let code = b[e + 16];
-                let by_ref = code & BY_REF != 0;
-                let kind = code & !BY_REF;
+            for (i, entry) in layout.entries.into_iter().enumerate() {
+                let kind = entry.code;
+                let by_ref = matches!(entry.place, Place::Ref { .. });
                 let t = match kind {
                     ARROW => None,
                     FRAME if !by_ref => None,
                     FRAME_COL if by_ref => None,
                     c => Some(
                         VType::from_code(c)
-                            .ok_or_else(|| bad(format!("buffer {i} has unknown type {code}")))?,
+                            .ok_or_else(|| bad(format!("buffer {i} has unknown type {kind}")))?,
                     ),
                 };
-                if by_ref {
-                    let ref_len = REF_BYTES + if kind == FRAME_COL { 8 } else { 0 };
-                    let desc = at
-                        .checked_add(ref_len as u64)
-                        .filter(|&x| at >= send as u64 && x <= b.len() as u64)
-                        .ok_or_else(|| bad(format!("reference {i} out of bounds")))?
-                        as usize;
-                    let at = at as usize;
-                    let d = RegionDesc::read_from(&b[at..at + 64])
-                        .map_err(|w| bad(format!("reference {i}: {w}")))?;
-                    let off =
-                        u64::from_le_bytes(b[at + 64..at + REF_BYTES].try_into().expect("8 bytes"));
-                    let region = Arc::new(MAPPER.adopt(&d).map_err(bad)?);
-                    let end = off
-                        .checked_add(len)
-                        .filter(|&x| x <= region.len() as u64)
-                        .ok_or_else(|| bad(format!("reference {i} beyond its region")))?;
-                    let whole = Region::buffer(&region);
-                    let bytes = whole.slice_with_length(off as usize, (end - off) as usize);
-                    views.push(match t {
-                        Some(t) => view::make(bytes, t, false)?,
-                        None if kind == ARROW => crate::arrow_in::view(bytes, false)?,
-                        None => {
-                            let col = u64::from_le_bytes(
-                                b[at + REF_BYTES..desc].try_into().expect("8 bytes"),
-                            );
-                            let key = bytes.as_ptr() as usize;
-                            let k = match tables.iter().position(|(a, ..)| *a == key) {
-                                Some(k) => k,
-                                None => {
-                                    let (batch, src) = crate::arrow_in::table(bytes)?;
-                                    tables.push((key, batch, src));
-                                    tables.len() - 1
-                                }
-                            };
-                            let (_, batch, src) = &tables[k];
-                            let j = usize::try_from(col)
-                                .ok()
-                                .filter(|&j| j < batch.num_columns())
-                                .ok_or_else(|| bad(format!("reference {i}: no column {col}")))?;
-                            let s = crate::arrow_in::Source {
-                                bytes: src.clone(),
-                                col: Some(j as u32),
-                            };
-                            crate::arrow_in::column(batch.column(j), s, false)?
-                        }
-                    });
-                    continue;
-                }
-                let end = at
-                    .checked_add(len)
-                    .filter(|&x| at >= send as u64 && x <= b.len() as u64)
-                    .ok_or_else(|| bad(format!("buffer {i} out of bounds")))?;
-                let bytes = buf.slice_with_length(at as usize, (end - at) as usize);
-                views.push(match t {
-                    Some(t) => view::make(bytes, t, true)?,
-                    None if kind == ARROW => crate::arrow_in::view(bytes, true)?,
-                    None => {
+                let (bytes, column) = match entry.place {
+                    Place::Inline(r) => (buf.slice_with_length(r.start, r.len()), None),
+                    Place::Ref {
+                        desc,
+                        offset,
+                        len,
+                        column,
+                    } => {
+                        let region = Arc::new(MAPPER.adopt(&desc).map_err(bad)?);
+                        let end = offset
+                            .checked_add(len)
+                            .filter(|&x| x <= region.len() as u64)
+                            .ok_or_else(|| bad(format!("reference {i} beyond its region")))?;
+                        let whole = Region::buffer(&region);
+                        (
+                            whole.slice_with_length(offset as usize, (end - offset) as usize),
+                            column,
+                        )
+                    }
+                };
+                let copy = !by_ref;
+                views.push(match (t, column) {
+                    (Some(t), _) => view::make(bytes, t, copy)?,
+                    (None, _) if kind == ARROW => crate::arrow_in::view(bytes, copy)?,
+                    (None, Some(col)) => {
+                        let key = bytes.as_ptr() as usize;
+                        let k = match tables.iter().position(|(a, ..)| *a == key) {
+                            Some(k) => k,
+                            None => {
+                                let (batch, src) = crate::arrow_in::table(bytes)?;
+                                tables.push((key, batch, src));
+                                tables.len() - 1
+                            }
+                        };
+                        let (_, batch, src) = &tables[k];
+                        let j = usize::try_from(col)
+                            .ok()
+                            .filter(|&j| j < batch.num_columns())
+                            .ok_or_else(|| bad(format!("reference {i}: no column {col}")))?;
+                        let s = crate::arrow_in::Source {
+                            bytes: src.clone(),
+                            col: Some(j as u32),
+                        };
+                        crate::arrow_in::column(batch.column(j), s, false)?
+                    }
+                    (None, None) => {
                         let cols = crate::arrow_in::frame(bytes, true)?;
                         Robj::from(List::from_values(cols))
                     }
                 });
             }
-            let value = unserialize(&b[table_end..send])?;
+            let value = unserialize(&b[layout.body])?;
             // SAFETY: `value` is protected by its Robj.
             let root = unsafe { value.get() };
             if placeholder_index(root).is_some() {

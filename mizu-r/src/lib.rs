@@ -24,7 +24,6 @@ mod ntcopy;
 mod outvec;
 mod pool;
 mod rng;
-mod rser;
 mod rtry;
 mod small;
 mod strview;

@@ -351,7 +351,12 @@ impl Reader {
                     Some(v)
                 }
                 8 => {
-                    let c = Rf_protect(self.charsxp(false)?);
+                    let c = self.charsxp(false)?;
+                    // R has no symbol without a name (installing one is an R error).
+                    if extendr_ffi::LENGTH(c) == 0 {
+                        return None;
+                    }
+                    let c = Rf_protect(c);
                     let s = ffi::Rf_installChar(c);
                     Rf_unprotect(1);
                     Some(s)
@@ -409,9 +414,10 @@ impl Reader {
                         return None;
                     };
                     let v = Rf_protect(v);
+                    // Names only on vectors (XLENGTH of anything else is an R error).
                     let ok = TYPEOF(names) == SEXPTYPE::STRSXP
-                        && XLENGTH(names) == XLENGTH(v)
-                        && TYPEOF(v) != SEXPTYPE::NILSXP;
+                        && extendr_ffi::Rf_isVector(v) == extendr_ffi::Rboolean::TRUE
+                        && XLENGTH(names) == XLENGTH(v);
                     if ok {
                         extendr_ffi::Rf_setAttrib(v, R_NamesSymbol, names);
                     }
@@ -441,7 +447,14 @@ impl Reader {
         let n = self.count(1)?;
         let len = c_int::try_from(n).ok()?;
         let p = self.bytes(n)?;
-        // SAFETY: `p` points to `n` readable bytes; R copies them (and checks for NULs).
+        // SAFETY: `bytes` checked that `n` bytes from `p` lie inside the input.
+        let s = unsafe { std::slice::from_raw_parts(p, n) };
+        // R refuses a NUL inside a string with an error of its own: refuse it here instead,
+        // as malformed input (an encoder never writes one).
+        if s.contains(&0) {
+            return None;
+        }
+        // SAFETY: `p` points to `n` readable bytes; R copies them.
         Some(unsafe { Rf_mkCharLenCE(p.cast::<c_char>(), len, ce) })
     }
 }

@@ -9,6 +9,30 @@ pub use core::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering, fence};
 #[cfg(mizu_loom)]
 pub use loom::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering, fence};
 
+/// Runs a loom model of `f` with preemption bound `bound` (`None`: every interleaving; a set
+/// `LOOM_MAX_PREEMPTIONS` wins) and prints how many interleavings it explored under `name`.
+#[cfg(mizu_loom)]
+pub fn model(name: &str, bound: Option<usize>, f: impl Fn() + Sync + Send + 'static) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let runs = std::sync::Arc::new(AtomicUsize::new(0));
+    let mut b = loom::model::Builder::new();
+    if b.preemption_bound.is_none() {
+        b.preemption_bound = bound;
+    }
+    let shown = b
+        .preemption_bound
+        .map_or("none".to_owned(), |n| n.to_string());
+    let counted = runs.clone();
+    b.check(move || {
+        counted.fetch_add(1, Ordering::Relaxed);
+        f();
+    });
+    println!(
+        "loom model {name}: {} interleavings (preemption bound {shown})",
+        runs.load(Ordering::Relaxed)
+    );
+}
+
 /// Tells the CPU (or loom's scheduler) that we are busy-waiting.
 #[inline]
 pub fn spin_loop() {

@@ -4,13 +4,13 @@
 use loom::sync::Arc;
 use loom::thread;
 use mizu_shm::ParkWord;
-use mizu_shm::sync::{AtomicU32, Ordering};
+use mizu_shm::sync::{AtomicU32, Ordering, model};
 
 /// A waiter that parks until a flag is set never sleeps through the waker's wake_all: if the
 /// handshake lost a wake-up, the loom futex emulation would block forever (a loom deadlock).
 #[test]
 fn parker_no_lost_wakeup() {
-    loom::model(|| {
+    model("parker: no lost wake-up", None, || {
         let s = Arc::new((ParkWord::new(), AtomicU32::new(0)));
         let s2 = s.clone();
         let waker = thread::spawn(move || {
@@ -26,9 +26,7 @@ fn parker_no_lost_wakeup() {
 /// Two waiters, one waker: both get out.
 #[test]
 fn parker_wakes_every_sleeper() {
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(3);
-    b.check(|| {
+    model("parker: every sleeper woken", Some(3), || {
         let s = Arc::new((ParkWord::new(), AtomicU32::new(0)));
         let waiters: Vec<_> = (0..2)
             .map(|_| {

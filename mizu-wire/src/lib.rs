@@ -1,6 +1,7 @@
 //! How values travel in mizu: frames for ring slots, shared data segments for large payloads
 //! (read in place by the receiver), the compact tagged value encoding, Arrow IPC for columnar
-//! data (zero-copy views over the mapping) and the R-semantics metadata.
+//! data (zero-copy views over the mapping), the R-semantics metadata, and the check R's own
+//! serialization passes before R reads it.
 //!
 //! The normative format is `docs/wire-format.md`. This crate does not depend on Python or R.
 //! Under `--cfg mizu_loom` only the atomic protocols (`refs`, `ledger_entry`) are built, on
@@ -20,7 +21,11 @@ mod janitor;
 #[cfg(not(mizu_loom))]
 pub mod ledger;
 #[cfg(not(mizu_loom))]
+pub mod oob;
+#[cfg(not(mizu_loom))]
 pub mod rmeta;
+#[cfg(not(mizu_loom))]
+pub mod rser;
 #[cfg(not(mizu_loom))]
 pub mod store;
 #[cfg(not(mizu_loom))]

@@ -1,4 +1,5 @@
-//! Developer tasks for mizu: `cargo xtask test | loom | bench | demo | wheel | rpkg | futures`.
+//! Developer tasks for mizu: `cargo xtask test | loom | fuzz | asan | bench | demo | wheel | rpkg |
+//! futures`.
 //!
 //! Each task prints the commands it runs, so a failure can be reproduced by hand.
 
@@ -20,6 +21,8 @@ fn main() -> ExitCode {
         "wheel" => wheel(&root),
         "rpkg" => r::rpkg(&root),
         "futures" => venv(&root).and_then(|py| stdlib_futures_tests(&root, &py)),
+        "asan" => asan(&root),
+        "fuzz" => fuzz_all(&root, args.iter().any(|a| a == "--long")),
         _ => {
             eprintln!(
                 "usage: cargo xtask <task>\n\n\
@@ -31,7 +34,11 @@ fn main() -> ExitCode {
                  wheel  build the pymizu wheel into target/wheels (maturin)\n  \
                  rpkg   build and install the mizu R package into target/rlib\n  \
                  futures  CPython's concurrent.futures tests against pymizu.PoolExecutor\n           \
-                 (part of `test`; uses the pymizu installed in .venv)"
+                 (part of `test`; uses the pymizu installed in .venv)\n  \
+                 fuzz   every decoder's structure-aware fuzz harness (Rust, Python, R),\n           \
+                 100 000 cases each (part of `test`); --long: ten million each\n  \
+                 asan   the Rust tests of mizu-shm, mizu-queue, mizu-wire and mizu-pool (real\n           \
+                 processes included) under AddressSanitizer (needs a nightly toolchain)"
             );
             return if task == "help" {
                 ExitCode::SUCCESS
@@ -109,10 +116,12 @@ fn test(root: &Path) -> Res {
             "mizu-rng/tests/data/numpy_philox.txt",
         ]),
     )?;
-    fuzz(root)?;
+    fuzz_rust(root, FUZZ_CASES)?;
     python_tests(root, &py)?;
+    fuzz_python(root, &py, FUZZ_CASES)?;
     stdlib_futures_tests(root, &py)?;
     r::r_tests(root)?;
+    r::fuzz_r(root, FUZZ_CASES)?;
     r::r_check(root)?;
     loom(root)?;
     leak_check()?;
@@ -123,9 +132,26 @@ fn test(root: &Path) -> Res {
     Ok(())
 }
 
-/// The decoders' fuzz harness (proptest over arbitrary and mutated bytes), with many more cases
-/// than the quick run inside `cargo test`; bounded: seconds to a minute on the CI machine.
-fn fuzz(root: &Path) -> Res {
+/// Cases per fuzz harness in `cargo xtask test` and `cargo xtask fuzz`.
+const FUZZ_CASES: u64 = 100_000;
+/// Cases per harness in `cargo xtask fuzz --long` (before a release).
+const FUZZ_CASES_LONG: u64 = 10_000_000;
+
+/// `cargo xtask fuzz [--long]`: every decoder's harness — Rust's, then the Python binding's,
+/// then the R binding's (each binding installed first).
+fn fuzz_all(root: &Path, long: bool) -> Res {
+    let cases = if long { FUZZ_CASES_LONG } else { FUZZ_CASES };
+    fuzz_rust(root, cases)?;
+    let py = venv(root)?;
+    install_wheel(root, &py)?;
+    fuzz_python(root, &py, cases)?;
+    r::rpkg(root)?;
+    r::fuzz_r(root, cases)
+}
+
+/// The Rust harnesses (proptest, structure-aware: `mizu-wire/tests/fuzz.rs`, and the value
+/// decoder's in `values.rs`), `cases` each.
+fn fuzz_rust(root: &Path, cases: u64) -> Res {
     let mut cmd = Command::new(cargo());
     cmd.args([
         "test",
@@ -133,16 +159,27 @@ fn fuzz(root: &Path) -> Res {
         "-p",
         "mizu-wire",
         "--test",
+        "fuzz",
+        "--test",
         "values",
         "--",
         "never_panic",
     ])
-    .env("PROPTEST_CASES", "100000");
+    .env("PROPTEST_CASES", cases.to_string());
     run(root, &mut cmd)
 }
 
-/// Builds the extension into the project's venv and runs the pytest suite against real worker
-/// processes.
+/// The Python binding's decoders (`mizu-py/tests/fuzz_codecs.py`), `cases` each; needs pymizu
+/// installed in the venv.
+fn fuzz_python(root: &Path, py: &Path, cases: u64) -> Res {
+    run(
+        root,
+        Command::new(py)
+            .arg("mizu-py/tests/fuzz_codecs.py")
+            .arg(cases.to_string()),
+    )
+}
+
 fn python_tests(root: &Path, py: &Path) -> Res {
     install_wheel(root, py)?;
     // Cross-language tests start R workers: the mizu R package must be installed (in
@@ -289,12 +326,54 @@ fn loom(root: &Path) -> Res {
         "mizu-queue",
         "-p",
         "mizu-wire",
+        "-p",
+        "mizu-pool",
         "--test",
         "loom",
+        "--",
+        "--nocapture",
     ])
     .env("RUSTFLAGS", "--cfg mizu_loom")
     .env("CARGO_TARGET_DIR", root.join("target-loom"));
     run(root, &mut cmd)
+}
+
+/// The Rust tests of the crates that own shared memory, real-process tests included (their
+/// helper binaries are built with the sanitizer too), under AddressSanitizer. ASan needs a
+/// nightly compiler and an explicit `--target`, so that build scripts and proc macros are
+/// built without it.
+fn asan(root: &Path) -> Res {
+    let nightly = Command::new("rustup")
+        .args(["run", "nightly", "rustc", "--version"])
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .output();
+    match nightly {
+        Ok(o) if o.status.success() => {
+            eprintln!("asan: {}", String::from_utf8_lossy(&o.stdout).trim());
+        }
+        _ => {
+            return Err(
+                "AddressSanitizer needs a nightly toolchain, and none is installed: \
+                 run `rustup toolchain install nightly` (the sanitizer itself ships with it)"
+                    .into(),
+            );
+        }
+    }
+    let target = "x86_64-unknown-linux-gnu";
+    let mut cmd = Command::new("rustup");
+    cmd.args(["run", "nightly", "cargo", "test", "--target", target]);
+    for p in ["mizu-shm", "mizu-queue", "mizu-wire", "mizu-pool"] {
+        cmd.args(["-p", p]);
+    }
+    cmd.env_remove("RUSTUP_TOOLCHAIN")
+        .env_remove("RUSTC")
+        .env_remove("CARGO")
+        .env("RUSTFLAGS", "-Zsanitizer=address")
+        .env("RUSTDOCFLAGS", "-Zsanitizer=address")
+        .env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=1")
+        .env("CARGO_TARGET_DIR", root.join("target-asan"));
+    run(root, &mut cmd)?;
+    leak_check()
 }
 
 /// After every test process has exited, nothing of ours may remain in /dev/shm.

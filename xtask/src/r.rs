@@ -180,6 +180,32 @@ pub fn r_check(root: &Path) -> Res {
 /// The R benchmarks: mizu against parallel (PSOCK, mclapply) and future, then the future
 /// backend against future's multisession and cluster backends (`quick`: fewer repetitions,
 /// for the demo).
+/// The R binding's decoder under structure-aware fuzzing (`mizu-r/fuzz/codecs.R`), `cases`
+/// cases, with the package installed. R printing an error of its own (its default handler
+/// reporting an error mizu did not catch first) fails the run too.
+pub fn fuzz_r(root: &Path, cases: u64) -> Res {
+    let mut cmd = r_command(root, "Rscript");
+    cmd.arg("mizu-r/fuzz/codecs.R")
+        .arg(cases.to_string())
+        .current_dir(root);
+    eprintln!("\n==> Rscript mizu-r/fuzz/codecs.R {cases}");
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot start Rscript: {e}"))?;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    eprint!("{stdout}");
+    if !out.status.success() || stderr.contains("Error") {
+        return Err(format!(
+            "the R fuzz harness failed ({}):\n{stderr}",
+            out.status
+        ));
+    }
+    Ok(())
+}
+
 pub fn r_bench(root: &Path, quick: bool) -> Res {
     rpkg(root)?;
     for script in ["mizu-r/benchmarks/bench.R", "mizu-r/benchmarks/future.R"] {

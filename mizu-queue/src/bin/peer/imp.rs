@@ -28,6 +28,7 @@ pub fn main() {
         "thief" => thief(arg(1), num(2) as usize),
         "survivor" => survivor(arg(1)),
         "host-hold" => host_hold(),
+        "join" => join(arg(1)),
         "sock-echo" => sock_echo(num(1) as i32),
         "sock-sink" => sock_sink(num(1) as i32, num(2)),
         _ => usage(),
@@ -40,7 +41,7 @@ pub fn main() {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: mizu-queue-peer echo|sink|stream|hold|thief|survivor|host-hold|sock-echo|sock-sink ARGS"
+        "usage: mizu-queue-peer echo|sink|stream|hold|thief|survivor|host-hold|join|sock-echo|sock-sink ARGS"
     );
     std::process::exit(2)
 }
@@ -51,10 +52,25 @@ fn waiter() -> Waiter {
     Waiter::new(Duration::from_micros(50), Duration::from_millis(20))
 }
 
+/// Joins as the guest and says whether it got in ("joined") or found the guest's place taken
+/// ("refused"), then stays joined until stdin closes (so a racing joiner sees it).
+fn join(token: &str) -> Res {
+    match Duplex::join(token) {
+        Ok(_d) => {
+            println!("joined");
+            std::io::stdout().flush()?;
+            let _ = std::io::stdin().read_to_end(&mut Vec::new());
+        }
+        Err(e) if e.to_string().contains("already joined") => println!("refused"),
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
+}
+
 /// Returns every message to the sender until the sender closes its ring.
 fn echo(token: &str) -> Res {
     let d = Duplex::join(token)?;
-    let (mut rx, mut tx) = (d.rx(), d.tx());
+    let (mut tx, mut rx) = d.split().ok_or("ends taken")?;
     let mut w = waiter();
     let mut buf = Vec::new();
     loop {
@@ -76,7 +92,7 @@ fn echo(token: &str) -> Res {
 /// Receives `n` little-endian sequence numbers, checks 0..n in order, replies with n.
 fn sink(token: &str, n: u64) -> Res {
     let d = Duplex::join(token)?;
-    let (mut rx, mut tx) = (d.rx(), d.tx());
+    let (mut tx, mut rx) = d.split().ok_or("ends taken")?;
     let mut w = waiter();
     for expect in 0..n {
         let got = d
@@ -97,7 +113,7 @@ fn sink(token: &str, n: u64) -> Res {
 /// Sends 0, 1, 2, … until the host is gone.
 fn stream(token: &str) -> Res {
     let d = Duplex::join(token)?;
-    let mut tx = d.tx();
+    let (mut tx, _) = d.split().ok_or("ends taken")?;
     let mut w = waiter();
     for i in 0u64.. {
         if d.send(&mut tx, &mut w, None, &i.to_le_bytes()).is_err() {
@@ -110,7 +126,11 @@ fn stream(token: &str) -> Res {
 /// Joins, says hello, then sleeps until killed.
 fn hold(token: &str) -> Res {
     let d = Duplex::join(token)?;
-    d.tx().try_send(b"hello").map_err(|e| format!("{e}"))?;
+    d.split()
+        .ok_or("ends taken")?
+        .0
+        .try_send(b"hello")
+        .map_err(|e| format!("{e}"))?;
     loop {
         std::thread::sleep(Duration::from_secs(3600));
     }
@@ -122,7 +142,8 @@ fn thief(token: &str, index: usize) -> Res {
     let seg = mizu_shm::Segment::open(token, steal_fixture::STEAL_KIND)?;
     let dq = steal_fixture::deque(&seg)?;
     let ring = steal_fixture::ring(&seg, index)?;
-    let mut tx = ring.producer();
+    // SAFETY: thief `index` is its ring's only producer (the test process its only consumer).
+    let mut tx = unsafe { ring.producer() };
     let done = steal_fixture::done(&seg);
     loop {
         match dq.steal() {
@@ -164,7 +185,7 @@ fn survivor(mode: &str) -> Res {
         })
         .map_err(|e| format!("{e:?}"))?;
     let mut w = waiter();
-    let (mut rx, mut tx) = (d.rx(), d.tx());
+    let (mut tx, mut rx) = d.split().ok_or("ends taken")?;
     if mode == "producer-dies" {
         for expect in 0..10_000u64 {
             let got = d
@@ -222,7 +243,11 @@ fn host_hold() -> Res {
     std::io::stdout().flush()?;
     d.wait_guest(Duration::from_secs(120), || Ok::<(), ()>(()))
         .map_err(|e| format!("{e:?}"))?;
-    d.tx().try_send(b"welcome").map_err(|e| format!("{e}"))?;
+    d.split()
+        .ok_or("ends taken")?
+        .0
+        .try_send(b"welcome")
+        .map_err(|e| format!("{e}"))?;
     loop {
         std::thread::sleep(Duration::from_secs(3600));
     }

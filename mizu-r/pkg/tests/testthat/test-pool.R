@@ -145,13 +145,23 @@ test_that("collect_any returns the first finished task; submit_batch keeps names
 
 test_that("a queued task can be cancelled; a running one cannot", {
   with_pool(1, function(pool) {
-    busy <- mizu_submit(pool, { Sys.sleep(1); "busy" })
-    Sys.sleep(0.2)   # let it start (a hang guard, not a timing assumption: see below)
+    started <- tempfile()
+    release <- tempfile()
+    busy <- mizu_submit(pool, {
+      file.create(started)
+      while (!file.exists(release)) Sys.sleep(0.01)
+      "busy"
+    }, started = started, release = release)
+    deadline <- Sys.time() + 60   # a hang guard only
+    while (!file.exists(started) && Sys.time() < deadline) Sys.sleep(0.01)
+    expect_true(file.exists(started))
     queued <- mizu_submit(pool, "never")
+    expect_false(mizu_cancel(busy))   # running now: it is not interrupted
     expect_true(mizu_cancel(queued))
+    file.create(release)
     expect_error(mizu_collect(queued), class = "mizu_error_cancelled")
     expect_equal(mizu_collect(busy), "busy")
-    expect_false(mizu_cancel(busy))
+    unlink(c(started, release))
   })
 })
 

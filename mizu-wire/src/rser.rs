@@ -276,9 +276,14 @@ impl Walk<'_> {
     }
 }
 
-/// Checks a serialization (see the module docs); `Err` says what is wrong.
-pub fn check(b: &[u8]) -> R<()> {
+/// Checks a serialization (see the module docs); the error says what is wrong, and where.
+pub fn check(b: &[u8]) -> crate::Result<()> {
     let mut w = Walk { b, at: 0, refs: 0 };
+    walk(&mut w).map_err(|why| crate::error::malformed(w.at, why))
+}
+
+fn walk(w: &mut Walk<'_>) -> R<()> {
+    let b = w.b;
     if b.get(..2) != Some(b"B\n") {
         return Err("not R's native binary format".into());
     }

@@ -1,14 +1,4 @@
-//! A Rust worker for testing and benchmarking the runtime without any language binding.
-//!
-//! `mizu-pool-testworker <token> <slot>`. Task payloads are commands:
-//! `echo:<bytes>` returns the bytes; `sleep:<ms>` sleeps then returns `slept`; `fail:<msg>`
-//! fails with the message; `abort` kills this process (SIGKILL to itself); `pid` returns the
-//! pid; `big:<n>` returns n bytes; `nested:<n>` submits n nested `echo:<i>` tasks, collects
-//! them and returns their sum; `nestedmap:<n>` maps `echo` over n nested
-//! elements; `nestedwait:<n>` submits n nested `pid` tasks and waits for them without running
-//! any itself (another worker must steal them), returning their pids; `nestedabort:<n>`
-//! submits n nested `echo` tasks and kills this process; `sum` returns the sum of the
-//! payload's remaining bytes.
+//! The test worker itself (see `main.rs`).
 
 use mizu_pool::{Executor, TaskContext, run_worker};
 
@@ -190,7 +180,7 @@ fn sock_worker(fd: i32) {
     }
 }
 
-fn main() {
+pub fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if let Some(cpu) = std::env::var("MIZU_PIN_CPU")
         .ok()
@@ -249,6 +239,14 @@ fn main() {
                 .all(|(i, b)| b.as_slice() == i.to_string().as_bytes());
             println!("{} {}", s.index(), if ok { "ok" } else { "bad" });
             return;
+        }
+        Some("--attach-hold") => {
+            // Attach as an extra submitter, say which record, and wait to be killed.
+            let s = mizu_pool::Submitter::attach(&token()).expect("attach");
+            println!("{}", s.index());
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
         }
         Some("--sock-worker") => {
             sock_worker(args.get(1).and_then(|f| f.parse().ok()).unwrap_or(-1));

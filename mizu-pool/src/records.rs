@@ -1,0 +1,375 @@
+//! The records in a pool segment that processes coordinate through, and the atomic
+//! protocols on them that involve no segment: which worker may spin, who holds a submitter
+//! record. They take their atomics from `mizu_shm::sync`, so the loom models in
+//! `tests/loom.rs` run exactly this code (see `docs/protocols.md`).
+
+use mizu_queue::StateWord;
+use mizu_shm::sync::{AtomicU32, AtomicU64, Ordering, fence};
+use mizu_shm::{CacheLine, ParkWord};
+
+/// Worker record states.
+pub mod wstate {
+    /// Never used.
+    pub const EMPTY: u32 = 0;
+    /// Launched, not yet joined.
+    pub const STARTING: u32 = 1;
+    /// Joined and taking tasks.
+    pub const READY: u32 = 2;
+    /// Leaving (retired or stopping).
+    pub const EXITING: u32 = 3;
+    /// Gone.
+    pub const DEAD: u32 = 4;
+    /// Leaving after its task quota (it asked to be replaced).
+    pub const RECYCLE: u32 = 5;
+}
+
+/// Task ids pack a marker bit, the submitter (11 bits), the slot (20 bits) and the low 32 bits of
+/// the slot generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskId {
+    /// Submitter index.
+    pub submitter: usize,
+    /// Slot index.
+    pub slot: usize,
+    /// Slot generation (full).
+    pub generation: u64,
+}
+
+impl TaskId {
+    /// Packs into a ring word.
+    pub fn pack(&self) -> u64 {
+        (1 << 63)
+            | ((self.submitter as u64) << 52)
+            | ((self.slot as u64) << 32)
+            | (self.generation & 0xffff_ffff)
+    }
+
+    /// Unpacks a ring word (generation: low 32 bits only); `None` for a word no submitter
+    /// writes.
+    pub fn unpack(w: u64) -> Option<(usize, usize, u32)> {
+        (w >> 63 == 1).then_some((
+            ((w >> 52) & 0x7ff) as usize,
+            ((w >> 32) & 0xf_ffff) as usize,
+            w as u32,
+        ))
+    }
+}
+
+/// A worker's `idle` field.
+pub mod idle {
+    /// Running a task, or between two.
+    pub const BUSY: u32 = 0;
+    /// Idle and spinning: it sees new work by itself.
+    pub const SPINNING: u32 = 1;
+    /// Idle without spinning: it parks, and a submitter must wake it.
+    pub const SLEEPING: u32 = 2;
+}
+
+/// A worker's shared record.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct WorkerRec {
+    /// See [`wstate`].
+    pub state: AtomicU32,
+    /// OS pid.
+    pub pid: AtomicU32,
+    /// Identity nonce.
+    pub nonce: AtomicU64,
+    /// [`idle`]: submitters prefer idle workers, spinning ones first (they need no wake).
+    pub idle: AtomicU32,
+    _pad: AtomicU32,
+    // Submitters read the fields above on every submit; the worker writes the ones below on
+    // every task. Separate lines keep those reads from missing.
+    _line: [AtomicU64; 5],
+    /// The claim record: the task id this worker is claiming or running (0 = none). Written
+    /// *before* the claim CAS, so a reaper can tell which task died with the worker.
+    pub current: AtomicU64,
+    /// CLOCK_MONOTONIC ns when `current` started (for execution timeouts).
+    pub started_ns: AtomicU64,
+    /// Tasks run.
+    pub tasks: AtomicU64,
+    /// Tasks taken from other workers' queues.
+    pub steals: AtomicU64,
+    /// Times this worker slept in the kernel.
+    pub parks: AtomicU64,
+}
+#[cfg(not(mizu_loom))]
+const _: () = assert!(std::mem::offset_of!(WorkerRec, current) == 64);
+
+/// One worker slot: record plus the word it parks on, on separate lines.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct WorkerSlot {
+    /// The record.
+    pub rec: CacheLine<WorkerRec>,
+    /// Woken by submitters.
+    pub park: CacheLine<ParkWord>,
+}
+#[cfg(not(mizu_loom))]
+// SAFETY: repr(C) atomics and ParkWords; zero is valid.
+unsafe impl mizu_shm::ShmSafe for WorkerSlot {}
+
+/// A submitter's shared record.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct SubmitterRec {
+    /// Who holds the record: [`SubmitterRec::take`] and friends (a generation count above
+    /// two state bits).
+    pub state: AtomicU32,
+    /// OS pid.
+    pub pid: AtomicU32,
+    /// Identity nonce.
+    pub nonce: AtomicU64,
+    /// Tasks submitted.
+    pub submitted: AtomicU64,
+    /// Tasks collected.
+    pub collected: AtomicU64,
+}
+
+/// One submitter slot: record plus the word its collectors park on.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct SubmitterSlot {
+    /// The record.
+    pub rec: CacheLine<SubmitterRec>,
+    /// Woken by workers when a task of this submitter finishes.
+    pub park: CacheLine<ParkWord>,
+}
+#[cfg(not(mizu_loom))]
+// SAFETY: as above.
+unsafe impl mizu_shm::ShmSafe for SubmitterSlot {}
+
+/// Why a task ended in `Died`.
+pub mod reason {
+    /// The worker process died.
+    pub const DIED: u32 = 1;
+    /// Killed for exceeding the execution timeout.
+    pub const TIMEOUT: u32 = 2;
+    /// The pool stopped.
+    pub const STOPPED: u32 = 3;
+    /// With `Err`: the runtime's own failure (the payload is UTF-8 text), not the executor's.
+    pub const RUNTIME: u32 = 4;
+}
+
+/// How a task slot's data area is filled.
+pub mod data_kind {
+    /// `len` raw bytes.
+    pub const INLINE: u32 = 1;
+    /// A mizu-wire region frame of `len` bytes whose region holds the raw bytes.
+    pub const REGION: u32 = 2;
+}
+
+/// A task slot's header (its data area is a separate granule). Two lines: the collector spins
+/// on the first (`state`), the worker writes the second (`runner`, `kind`, `len`) while it
+/// works, so those writes do not have to pull the line away from a spinning reader.
+#[repr(C, align(128))]
+#[derive(Debug, Default)]
+pub struct TaskHdr {
+    /// The slot state machine (state + generation).
+    pub state: StateWord,
+    /// [`reason`] for `Died`.
+    pub reason: AtomicU32,
+    /// Set by a submitter that dropped the handle while the task ran: whoever sees the task
+    /// final and this set frees the slot.
+    pub abandoned: AtomicU32,
+    _pad0: [AtomicU64; 6],
+    /// Worker slot << 32 | pid of the runner.
+    pub runner: AtomicU64,
+    /// [`data_kind`] of the data area.
+    pub kind: AtomicU32,
+    /// Bytes used in the data area.
+    pub len: AtomicU32,
+    _pad1: [AtomicU64; 6],
+}
+#[cfg(not(mizu_loom))]
+// SAFETY: atomics only; zero is (generation 0, Free).
+unsafe impl mizu_shm::ShmSafe for TaskHdr {}
+#[cfg(not(mizu_loom))]
+const _: () = assert!(std::mem::size_of::<TaskHdr>() == 128);
+
+/// Worker `me` runs out of work: decides whether it may spin and says so in its `idle` field
+/// ([`idle::SPINNING`] or [`idle::SLEEPING`]). Workers that spin or run tasks are kept below
+/// `max_active` (the CPUs less one for whoever submits), or spinning idlers would slow down
+/// the busy ones.
+///
+/// There is no shared count: each worker's own field is the whole truth, so a worker killed at
+/// any step leaves nothing to repair (a dead worker is not `READY` and counts for nobody).
+/// A worker that finds room claims it, then (after a SeqCst fence) looks again: of two
+/// workers claiming at once at least one sees the other's claim, so they never overshoot
+/// (both may back off, which costs a wake-up later, never a CPU). One that finds no room says
+/// it sleeps straight away: submitters prefer spinning workers, and one that only looked like
+/// it would get tasks it then has to be woken for.
+pub fn go_idle(workers: &[WorkerSlot], me: usize, max_active: u32) -> bool {
+    let rec = &workers[me].rec;
+    let room = || {
+        let active = workers
+            .iter()
+            .enumerate()
+            .filter(|&(w, s)| {
+                w != me
+                    && s.rec.state.load(Ordering::SeqCst) == wstate::READY
+                    && s.rec.idle.load(Ordering::SeqCst) != idle::SLEEPING
+            })
+            .count();
+        (active as u64) < u64::from(max_active)
+    };
+    if room() {
+        rec.idle.store(idle::SPINNING, Ordering::SeqCst);
+        // Orders the claim before the second look, as in the parking protocol (SeqCst stores
+        // and loads alone would do in C++'s model; the fence also makes loom check it).
+        fence(Ordering::SeqCst);
+        if room() {
+            return true;
+        }
+    }
+    rec.idle.store(idle::SLEEPING, Ordering::SeqCst);
+    false
+}
+
+/// Tells up to `n` idle workers (other than `me`) that work was pushed where they look for it
+/// by themselves (a worker's deque): spinning ones see it, sleeping ones are woken.
+///
+/// The fence orders the push before the reads of `idle` and of the park word, as
+/// [`ParkWord::wake_all`]'s does: without it, the reads could see a worker as busy from before
+/// it went idle while that worker, having gone idle, still sees the deque empty — and it
+/// would sleep until its park slice ends.
+pub fn announce(workers: &[WorkerSlot], me: Option<usize>, mut n: usize) {
+    if n == 0 {
+        return;
+    }
+    fence(Ordering::SeqCst);
+    for (w, slot) in workers.iter().enumerate() {
+        if n == 0 {
+            return;
+        }
+        let rec = &slot.rec;
+        if Some(w) == me || rec.state.load(Ordering::Acquire) != wstate::READY {
+            continue;
+        }
+        match rec.idle.load(Ordering::Acquire) {
+            idle::BUSY => {}
+            idle::SPINNING if slot.park.sleepers() == 0 => n -= 1,
+            _ => {
+                slot.park.wake_all();
+                n -= 1;
+            }
+        }
+    }
+}
+
+/// A submitter record's state bits (the low two of `state`; the rest count takings).
+mod held {
+    pub const FREE: u32 = 0;
+    pub const HELD: u32 = 1;
+    /// Taken by [`super::SubmitterRec::take`], its holder not yet recorded.
+    pub const TAKING: u32 = 2;
+    pub const MASK: u32 = 3;
+}
+
+impl SubmitterRec {
+    /// Takes the record for this process if it is free or its holder is dead
+    /// (`holder_alive(pid, nonce)` says). At most one of several processes racing for it wins.
+    ///
+    /// Every taking bumps the count in the state word and the winner's one CAS expects the word
+    /// it judged: a process that judged an old holder dead cannot win after another process
+    /// took the record over and recorded itself (the state bits alone would look the same).
+    pub fn take(&self, holder_alive: impl Fn(u32, u64) -> bool) -> bool {
+        let cur = self.state.load(Ordering::Acquire);
+        let free = match cur & held::MASK {
+            held::FREE => true,
+            held::HELD => !holder_alive(
+                self.pid.load(Ordering::Relaxed),
+                self.nonce.load(Ordering::Relaxed),
+            ),
+            _ => false,
+        };
+        let next = (cur & !held::MASK).wrapping_add(held::MASK + 1) | held::TAKING;
+        free && self
+            .state
+            .compare_exchange(cur, next, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Records `(pid, nonce)` as the holder (after [`SubmitterRec::take`], or for a record the
+    /// process holds by its role: the controller's, a worker's own).
+    pub fn hold(&self, pid: u32, nonce: u64) {
+        self.pid.store(pid, Ordering::Relaxed);
+        self.nonce.store(nonce, Ordering::Relaxed);
+        let cur = self.state.load(Ordering::Relaxed);
+        self.state
+            .store((cur & !held::MASK) | held::HELD, Ordering::Release);
+    }
+
+    /// Gives the record back.
+    pub fn release(&self) {
+        let cur = self.state.load(Ordering::Relaxed);
+        self.state
+            .store((cur & !held::MASK) | held::FREE, Ordering::Release);
+    }
+
+    /// Whether someone holds (or is taking) the record.
+    pub fn is_held(&self) -> bool {
+        self.state.load(Ordering::Relaxed) & held::MASK != held::FREE
+    }
+}
+
+#[cfg(all(test, not(mizu_loom)))]
+mod tests {
+    use super::*;
+
+    fn ready(n: usize) -> Vec<WorkerSlot> {
+        (0..n)
+            .map(|_| {
+                let w = WorkerSlot::default();
+                w.rec.state.store(wstate::READY, Ordering::Relaxed);
+                w
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_worker_killed_while_spinning_leaves_nothing_to_repair() {
+        let ws = ready(3);
+        for w in &ws {
+            w.rec.idle.store(idle::SLEEPING, Ordering::Relaxed);
+        }
+        assert!(go_idle(&ws, 0, 1));
+        assert!(!go_idle(&ws, 1, 1), "one spinner fills a bound of one");
+        // Worker 0 is killed while spinning: its record says so, nobody resets `idle`.
+        ws[0].rec.state.store(wstate::DEAD, Ordering::Relaxed);
+        assert!(go_idle(&ws, 2, 1), "a dead spinner still counted");
+    }
+
+    #[test]
+    fn busy_workers_count_against_the_bound_and_sleepers_do_not() {
+        let ws = ready(3);
+        ws[1].rec.idle.store(idle::SLEEPING, Ordering::Relaxed);
+        // Worker 2 is busy (idle = BUSY): with room for two, worker 0 may spin.
+        assert!(go_idle(&ws, 0, 2));
+        assert!(!go_idle(&ws, 1, 2));
+        assert_eq!(ws[1].rec.idle.load(Ordering::Relaxed), idle::SLEEPING);
+    }
+
+    #[test]
+    fn a_submitter_record_counts_its_takings() {
+        let r = SubmitterRec::default();
+        assert!(!r.is_held());
+        assert!(r.take(|_, _| true));
+        assert!(r.is_held());
+        assert!(!r.take(|_, _| false), "taken while being taken");
+        r.hold(1, 2);
+        assert!(!r.take(|_, _| true), "taken from a live holder");
+        assert!(
+            r.take(|pid, nonce| (pid, nonce) != (1, 2)),
+            "dead holder kept it"
+        );
+        r.hold(3, 4);
+        r.release();
+        assert!(!r.is_held());
+        assert_eq!(
+            r.state.load(Ordering::Relaxed) >> 2,
+            2,
+            "two takings counted"
+        );
+    }
+}

@@ -1,0 +1,250 @@
+//! Loom models of the pool runtime's atomic protocols, run on the very functions the workers,
+//! submitters and reapers call (`mizu_pool::claim`, `mizu_pool::records`). Run with
+//! `cargo xtask loom`; each model prints how many interleavings it explored.
+#![cfg(mizu_loom)]
+
+use loom::sync::Arc;
+use loom::thread;
+use mizu_pool::claim;
+use mizu_pool::records::{self, SubmitterRec, TaskHdr, WorkerSlot, idle, wstate};
+use mizu_queue::{HeapDeque, SlotState};
+use mizu_shm::sync::{Ordering, model};
+
+fn ready_workers(n: usize) -> Vec<WorkerSlot> {
+    (0..n)
+        .map(|_| {
+            let w = WorkerSlot::default();
+            w.rec.state.store(wstate::READY, Ordering::Relaxed);
+            w
+        })
+        .collect()
+}
+
+/// The claim record (`WorkerRec::current`, written before the claim CAS) lets the reaper of a
+/// dead worker fail exactly the task that died with it.
+///
+/// Worker 0 is killed after each of its steps in turn (0 = before it starts); worker 1
+/// claims the same task at the same time and runs to the end; then the reaper gives its
+/// verdict (`claim::dead_claim`) on worker 0. The task runs exactly once, ends final, and is
+/// failed as died exactly when worker 0 had claimed it and not finished it.
+#[test]
+fn claim_record_lets_the_reaper_fail_exactly_what_died() {
+    const WORD: u64 = 0x8000_0000_0000_0000; // submitter 0, slot 0, generation 0
+    const RUNNER: [u64; 2] = [1 << 32 | 10, 2 << 32 | 11];
+    struct Sh {
+        workers: Vec<WorkerSlot>,
+        task: TaskHdr,
+    }
+    // A worker's claim, run and finish as `try_run` does them, stopping (killed) after
+    // `steps` steps. Returns (claimed, finished).
+    fn work(sh: &Sh, me: usize, steps: u32) -> (bool, bool) {
+        let rec = &sh.workers[me].rec;
+        if steps == 0 {
+            return (false, false);
+        }
+        let Some(g) = claim::claim(rec, &sh.task, WORD, None) else {
+            return (false, false);
+        };
+        if steps == 1 {
+            return (true, false);
+        }
+        claim::set_runner(&sh.task, RUNNER[me]);
+        if steps == 2 {
+            return (true, false);
+        }
+        claim::finish(rec, &sh.task, g, true);
+        (true, true)
+    }
+    for steps in 0..4 {
+        model(
+            &format!("claim/reaper (killed after {steps} steps)"),
+            Some(3),
+            move || {
+                let sh = Arc::new(Sh {
+                    workers: ready_workers(2),
+                    task: TaskHdr::default(),
+                });
+                sh.task
+                    .state
+                    .transition(0, SlotState::Free, SlotState::Pending)
+                    .unwrap();
+                let sh2 = sh.clone();
+                let other = thread::spawn(move || work(&sh2, 1, u32::MAX));
+                let (claimed, finished) = work(&sh, 0, steps);
+                // Worker 0 is dead from here on; worker 1 lives until it is joined.
+                let word = sh.workers[0].rec.current.load(Ordering::SeqCst);
+                let verdict = (word == WORD)
+                    .then(|| {
+                        claim::dead_claim(
+                            &sh.workers,
+                            0,
+                            RUNNER[0],
+                            &sh.task,
+                            word,
+                            |r| std::ptr::eq(r, &*sh.workers[1].rec),
+                            thread::yield_now,
+                        )
+                    })
+                    .flatten();
+                let reaped = verdict.is_some_and(|g| {
+                    sh.task
+                        .state
+                        .transition(g, SlotState::Running, SlotState::Died)
+                        .is_ok()
+                });
+                let (other_ran, _) = other.join().unwrap();
+                assert!(!(claimed && other_ran), "the task ran twice");
+                assert!(claimed || other_ran, "nobody ran the task");
+                assert_eq!(reaped, claimed && !finished, "wrong verdict");
+                let want = if reaped {
+                    SlotState::Died
+                } else {
+                    SlotState::Ok
+                };
+                assert_eq!(sh.task.state.load().1, Some(want));
+            },
+        );
+    }
+}
+
+/// Two processes attaching at once both find a submitter record whose holder died: exactly one
+/// takes it over. (Before the state word counted takings, the one that judged the dead holder
+/// first could still win after the other had taken the record and recorded itself, leaving two
+/// producers on single-producer rings.)
+#[test]
+fn dead_submitter_record_is_taken_over_once() {
+    const DEAD_PID: u32 = 5;
+    model("submitter record takeover", Some(3), || {
+        let rec = Arc::new(SubmitterRec::default());
+        rec.hold(DEAD_PID, 1);
+        let alive = |pid: u32, _nonce: u64| pid != DEAD_PID;
+        let wins = Arc::new(loom::sync::atomic::AtomicU32::new(0));
+        let spawn = |pid: u32| {
+            let (rec, wins) = (rec.clone(), wins.clone());
+            thread::spawn(move || {
+                if rec.take(alive) {
+                    rec.hold(pid, 2);
+                    wins.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        };
+        let a = spawn(10);
+        let b = spawn(11);
+        a.join().unwrap();
+        b.join().unwrap();
+        assert_eq!(wins.load(Ordering::Relaxed), 1, "taken over twice");
+        assert!(rec.is_held());
+    });
+}
+
+/// A record given back is taken again; a held record of a live process is not.
+#[test]
+fn live_submitter_record_is_not_taken() {
+    model("submitter record release", Some(3), || {
+        let rec = Arc::new(SubmitterRec::default());
+        rec.hold(7, 1);
+        let r2 = rec.clone();
+        let t = thread::spawn(move || r2.take(|_, _| true));
+        let took = t.join().unwrap();
+        assert!(!took, "a live holder's record was taken");
+        rec.release();
+        assert!(rec.take(|_, _| true));
+    });
+}
+
+/// Two sleeping workers wake at once (for their housekeeping) and go idle again with room for
+/// one active worker: both find room, both claim it, and never both spin.
+#[test]
+fn idle_workers_never_overshoot_the_spinner_bound() {
+    model("idle spinner bound", Some(3), || {
+        let workers = Arc::new(ready_workers(2));
+        for w in workers.iter() {
+            w.rec.idle.store(idle::SLEEPING, Ordering::Relaxed);
+        }
+        let w2 = workers.clone();
+        let t = thread::spawn(move || records::go_idle(&w2, 1, 1));
+        let a = records::go_idle(&workers, 0, 1);
+        let b = t.join().unwrap();
+        assert!(!(a && b), "two spinners with room for one");
+        for (w, spins) in [a, b].into_iter().enumerate() {
+            let want = if spins {
+                idle::SPINNING
+            } else {
+                idle::SLEEPING
+            };
+            assert_eq!(workers[w].rec.idle.load(Ordering::Relaxed), want);
+        }
+    });
+}
+
+/// A nested task pushed onto a worker's deque and announced reaches an idle worker that went to
+/// sleep at the same moment: no lost wake-up (loom reports one as a deadlock, its futex
+/// emulation ignoring park timeouts).
+#[test]
+fn announced_nested_task_wakes_an_idle_worker() {
+    model("nested announce vs idle worker", Some(2), || {
+        let workers = Arc::new(ready_workers(2));
+        workers[0].rec.idle.store(idle::BUSY, Ordering::Relaxed);
+        let deque = Arc::new(HeapDeque::new(4));
+        let (w2, d2) = (workers.clone(), deque.clone());
+        // Worker 1 runs out of work and waits for a stealable task (as its wait loop does,
+        // minus the spin: a spin ends in the same park).
+        let idler = thread::spawn(move || {
+            records::go_idle(&w2, 1, 2);
+            let mut poll = || (!d2.deque().is_empty()).then_some(());
+            while w2[1].park.park(&mut poll, None).is_none() {}
+            w2[1].rec.idle.store(idle::BUSY, Ordering::Relaxed);
+        });
+        // Worker 0 submits a nested task to its own deque and announces it.
+        deque.deque().push(7).unwrap();
+        records::announce(&workers, Some(0), 1);
+        idler.join().unwrap();
+    });
+}
+
+/// Two runners share a map of five elements through the cursor (adaptive chunks), with and
+/// without a failing element: no element runs twice, and every element up to the failure (all
+/// of them without one) runs.
+#[test]
+fn map_handout_runs_each_element_once() {
+    use mizu_pool::handout::MapControl;
+    const N: u64 = 5;
+    for failing in [None, Some(1)] {
+        model(
+            &format!("map hand-out (failing {failing:?})"),
+            Some(2),
+            move || {
+                let ctl = Arc::new(MapControl::new(N, 0, 0, 2));
+                let run = move |ctl: &MapControl| {
+                    let mut ran = Vec::new();
+                    'chunks: while let Some(chunk) = ctl.next_chunk() {
+                        for i in chunk {
+                            if !ctl.may_run(i) {
+                                break 'chunks;
+                            }
+                            ran.push(i);
+                            if Some(i) == failing {
+                                ctl.fail(i);
+                                break 'chunks;
+                            }
+                        }
+                    }
+                    ran
+                };
+                let c2 = ctl.clone();
+                let other = thread::spawn(move || run(&c2));
+                let mut ran = run(&ctl);
+                ran.extend(other.join().unwrap());
+                ran.sort_unstable();
+                let unique = ran.len();
+                ran.dedup();
+                assert_eq!(unique, ran.len(), "an element ran twice: {ran:?}");
+                let must = failing.map_or(N, |f| f + 1);
+                assert!(
+                    (0..must).all(|i| ran.contains(&i)),
+                    "an element before the failure did not run: {ran:?}"
+                );
+            },
+        );
+    }
+}
