@@ -3,6 +3,34 @@
 //! tasks by CAS (crash-safely, with a claim record), run them through an [`Executor`] and
 //! write results back into the slot; large payloads travel through `mizu-wire` data segments.
 //! See the crate README for the design and its invariants.
+//!
+//! # Example
+//!
+//! One program as controller and workers (the pool starts it again with the pool's token and
+//! a slot; `examples/upper.rs` runs it):
+//!
+//! ```no_run
+//! use mizu_pool::{Executor, Launcher, Pool, PoolConfig, TaskContext, run_worker};
+//!
+//! struct Upper;
+//! impl Executor for Upper {
+//!     fn execute(&self, _: &TaskContext<'_>, input: &[u8]) -> Result<Vec<u8>, Vec<u8>> {
+//!         Ok(input.to_ascii_uppercase())
+//!     }
+//! }
+//!
+//! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let args: Vec<String> = std::env::args().collect();
+//!     if let [_, flag, token, slot] = args.as_slice() && flag == "--worker" {
+//!         return Ok(run_worker(token, slot.parse()?, &Upper)?);
+//!     }
+//!     let launcher = Launcher::new(std::env::current_exe()?, ["--worker"]);
+//!     let pool = Pool::new(PoolConfig { workers: 2, ..Default::default() }, launcher)?;
+//!     let mut task = pool.submit(b"hello")?;
+//!     assert_eq!(task.result(None)?.as_slice(), b"HELLO");
+//!     Ok(())
+//! }
+//! ```
 
 // The atomic protocols that involve no segment: public to the loom models only
 // (`tests/loom.rs` under `--cfg mizu_loom`), which run this very code.

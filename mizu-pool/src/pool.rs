@@ -119,6 +119,12 @@ impl Launcher {
             .args(&self.args)
             .arg(token)
             .arg(slot.to_string())
+            // Who the worker's parent must be: a worker whose controller died before it looked
+            // would find another parent already (see `exit_if_orphaned_while_starting`).
+            .env(
+                crate::worker::CONTROLLER_ENV,
+                std::process::id().to_string(),
+            )
             .stdin(Stdio::null())
             .spawn()
     }

@@ -457,18 +457,34 @@ impl Drop for Stream<'_> {
 /// takes over from [`exit_if_orphaned_while_starting`].
 static JOINING: AtomicBool = AtomicBool::new(false);
 
+/// The environment variable through which a [`Launcher`](crate::Launcher) tells a worker its
+/// controller's pid.
+pub(crate) const CONTROLLER_ENV: &str = "MIZU_CONTROLLER_PID";
+
 /// For a worker process with work to do before it joins (a binding loading the caller's
 /// program, which can take seconds or hang): kills this process if its parent — the
 /// controller that launched it — dies meanwhile, rather than letting it live on until that
 /// work ends. The watch (a thread looking at the parent pid every 100 ms) ends when
 /// [`run_worker`] starts; before it joins, a worker has nothing in shared memory to clean up.
+/// A controller that died before the watch began is noticed too: the launcher names it, and
+/// the watch looks for it when this process's parent is someone else already.
 pub fn exit_if_orphaned_while_starting() {
     let parent = rustix::process::getppid();
+    let controller = std::env::var(CONTROLLER_ENV)
+        .ok()
+        .and_then(|p| p.parse::<i32>().ok())
+        .and_then(rustix::process::Pid::from_raw);
+    // Our parent is not the controller the launcher named: that controller died before we
+    // looked, or a wrapper program (alive) sits between us; gone means orphaned.
+    let controller_gone = move || {
+        controller
+            .is_some_and(|c| parent != Some(c) && rustix::process::test_kill_process(c).is_err())
+    };
     let _ = std::thread::Builder::new()
         .name("mizu-orphan-watch".into())
         .spawn(move || {
             while !JOINING.load(Ordering::SeqCst) {
-                if rustix::process::getppid() != parent {
+                if rustix::process::getppid() != parent || controller_gone() {
                     let _ = rustix::process::kill_process(
                         rustix::process::getpid(),
                         rustix::process::Signal::KILL,

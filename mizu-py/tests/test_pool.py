@@ -460,8 +460,8 @@ def test_a_worker_still_starting_leaves_when_its_owner_is_killed(tmp_path):
             time.sleep(0.05)
             with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
                 children = [int(p) for p in f.read().split()]
-        # Let the worker reach its slow import.
-        time.sleep(1.0)
+        # Killed at once: whether the worker is still starting its interpreter or already in
+        # the slow import, it must not outlive its owner.
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
         for pid in children:

@@ -4,6 +4,18 @@
 //! Every structure is generic over where its memory lives: the same code runs across processes
 //! on a segment and, under `--cfg mizu_loom`, on the heap inside loom models. Nothing here
 //! allocates inside shared memory. See the crate README for invariants and tests.
+//!
+//! # Example
+//!
+//! A ring on the heap, split into its two ends (in shared memory, `layout::init_ring` and
+//! `layout::attach_ring` place it in a segment; see `examples/ring_between_processes.rs`):
+//!
+//! ```
+//! let mut heap = mizu_queue::HeapRing::new(8, 64);
+//! let (mut tx, mut rx) = heap.split();
+//! tx.try_send(b"hello").unwrap();
+//! assert_eq!(rx.try_recv_with(|m| m.to_vec()), Some(b"hello".to_vec()));
+//! ```
 
 pub mod deque;
 pub mod peer;

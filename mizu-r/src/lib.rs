@@ -99,11 +99,14 @@ fn prune() -> Result<Vec<String>> {
 /// The shared-memory names this machine has under mizu's prefix.
 #[extendr]
 fn shm_names() -> Vec<String> {
-    std::fs::read_dir("/dev/shm")
+    let Ok(place) = mizu_shm::place::current() else {
+        return Vec::new();
+    };
+    std::fs::read_dir(place.dir())
         .map(|d| {
             d.filter_map(|e| e.ok())
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with(mizu_shm::name::PREFIX))
+                .filter(|n| n.starts_with(place.prefix()))
                 .collect()
         })
         .unwrap_or_default()

@@ -80,6 +80,10 @@ pub enum HeaderFault {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ShmError {
+    /// Where shared memory lives is set wrongly (`MIZU_SHM_DIR`, `MIZU_SHM_PREFIX`,
+    /// [`crate::place::configure`]).
+    #[error("{0}")]
+    Config(String),
     /// The name or join token is not of the form mizu creates.
     #[error("invalid segment name or join token {0:?}: expected /mizu_<pid hex>_<24 hex digits>")]
     InvalidName(String),

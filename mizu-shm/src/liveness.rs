@@ -1,7 +1,7 @@
 //! Process identity and liveness: "is this peer alive" is decided by an `flock`.
 //!
 //! Each process that holds any mizu handle holds an exclusive `flock` on its own lock file,
-//! `/dev/shm/mizu_<pid hex>_<nonce hex>.lock`. The kernel drops the lock when the process dies,
+//! `/dev/shm/mizu_<pid hex>_<nonce hex>.lock` (see [`crate::place`] for the directory and prefix). The kernel drops the lock when the process dies,
 //! however it dies, so a peer is dead exactly when its lock can be taken. The random nonce makes
 //! PID reuse harmless. The lock file is created under a temporary name, locked, then renamed, so
 //! nobody ever sees an unlocked lock file of a live process.
@@ -14,7 +14,6 @@ use rustix::fs::{FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::error::{Result, ShmError};
-use crate::name::{PREFIX, SHM_DIR};
 
 /// Who a process is, as stored in shared memory: its PID and a random incarnation nonce.
 #[repr(C)]
@@ -40,9 +39,12 @@ impl ProcessId {
 
     /// Path of this process's lock file.
     pub fn lock_path(&self) -> PathBuf {
-        PathBuf::from(format!(
-            "{SHM_DIR}/{PREFIX}{:x}_{:016x}.lock",
-            self.pid, self.nonce
+        let place = crate::place::here();
+        place.path_of(&format!(
+            "{}{:x}_{:016x}.lock",
+            place.prefix(),
+            self.pid,
+            self.nonce
         ))
     }
 
@@ -104,6 +106,8 @@ static CURRENT: Mutex<Weak<Identity>> = Mutex::new(Weak::new());
 /// This process's identity, creating and locking its lock file on first use. The file is
 /// removed when the last handle that holds the identity is dropped.
 pub fn current() -> Result<Arc<Identity>> {
+    // Every segment and lock file comes after this: a wrong setting of where they go stops here.
+    crate::place::current()?;
     let mut slot = CURRENT.lock().unwrap_or_else(|p| p.into_inner());
     let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
     if let Some(id) = slot.upgrade()

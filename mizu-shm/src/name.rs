@@ -1,4 +1,5 @@
-//! Segment and lock-file names: `/mizu_<pid hex>_<process nonce 16 hex><random 8 hex>`.
+//! Segment and lock-file names: `/mizu_<pid hex>_<process nonce 16 hex><random 8 hex>` (the
+//! prefix `mizu_` unless configured, see [`crate::place`]).
 //!
 //! The 24 "random" hex digits are the creating process's 64-bit incarnation nonce followed by 32
 //! random bits. Embedding the nonce lets `prune` map a segment to its creator's lock file
@@ -7,11 +8,6 @@
 
 use crate::error::{Result, ShmError};
 use crate::liveness::ProcessId;
-
-/// Directory where POSIX shm objects appear on Linux; lock files live beside them.
-pub const SHM_DIR: &str = "/dev/shm";
-/// Prefix of every file mizu creates in [`SHM_DIR`].
-pub const PREFIX: &str = "mizu_";
 
 /// A validated segment name such as `/mizu_1a2b_0123456789abcdef01234567`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -26,7 +22,8 @@ impl SegmentName {
         let mut r = [0u8; 4];
         crate::liveness::random_bytes(&mut r)?;
         let full = format!(
-            "/{PREFIX}{:x}_{:016x}{:08x}",
+            "/{}{:x}_{:016x}{:08x}",
+            crate::place::here().prefix(),
             creator.pid,
             creator.nonce,
             u32::from_le_bytes(r)
@@ -38,7 +35,9 @@ impl SegmentName {
     pub fn parse(token: &str) -> Result<Self> {
         let bad = || ShmError::InvalidName(token.to_owned());
         let body = token.strip_prefix('/').unwrap_or(token);
-        let rest = body.strip_prefix(PREFIX).ok_or_else(bad)?;
+        let rest = body
+            .strip_prefix(crate::place::here().prefix())
+            .ok_or_else(bad)?;
         let (pid_hex, tail) = rest.split_once('_').ok_or_else(bad)?;
         let is_hex = |s: &str| {
             s.bytes()
@@ -73,9 +72,9 @@ impl SegmentName {
         self.creator
     }
 
-    /// The path of the object under [`SHM_DIR`].
+    /// The path of the object in the shared-memory directory ([`crate::place`]).
     pub fn path(&self) -> std::path::PathBuf {
-        std::path::Path::new(SHM_DIR).join(&self.full[1..])
+        crate::place::here().path_of(&self.full)
     }
 }
 

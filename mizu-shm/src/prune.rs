@@ -1,10 +1,10 @@
-//! Removal of what dead processes left in `/dev/shm`.
+//! Removal of what dead processes left in the shared-memory directory (`/dev/shm`).
 
 use rustix::io::Errno;
 
 use crate::error::{Result, ShmError};
 use crate::liveness::{ProcessId, pid_exists};
-use crate::name::{PREFIX, SHM_DIR, SegmentName};
+use crate::name::SegmentName;
 
 /// Removes every segment whose creator is dead and every lock file of a dead process;
 /// returns the names removed. A live process's files are never touched.
@@ -19,10 +19,12 @@ pub fn prune_of(pids: &[u32]) -> Result<Vec<String>> {
 }
 
 fn prune_where(wanted: impl Fn(u32) -> bool) -> Result<Vec<String>> {
-    let dir = std::fs::read_dir(SHM_DIR).map_err(|e| ShmError::io("read_dir", SHM_DIR, e))?;
+    let place = crate::place::current()?;
+    let shown = place.dir().display().to_string();
+    let dir = std::fs::read_dir(place.dir()).map_err(|e| ShmError::io("read_dir", &shown, e))?;
     let mut names: Vec<String> = dir
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with(PREFIX))
+        .filter(|n| n.starts_with(place.prefix()))
         .collect();
     // Segments first: their owner's lock file is what says the owner is dead.
     names.sort_by_key(|n| n.contains(".lock"));
@@ -42,16 +44,16 @@ fn prune_where(wanted: impl Fn(u32) -> bool) -> Result<Vec<String>> {
         } else if let Some(id) = lock_owner(&n, ".lock.tmp") {
             // A lock file is renamed into place only once locked; a temporary one whose PID
             // is gone was left by a process killed mid-creation.
-            if !pid_exists(id.pid) && rustix::fs::unlink(format!("{SHM_DIR}/{n}")).is_ok() {
+            if !pid_exists(id.pid) && rustix::fs::unlink(place.path_of(&n)).is_ok() {
                 removed.push(n);
             }
         } else if let Ok(seg) = SegmentName::parse(&n)
             && !seg.creator().is_alive()
         {
-            match rustix::shm::unlink(seg.as_str()) {
+            match rustix::fs::unlink(seg.path()) {
                 Ok(()) => removed.push(n),
                 Err(Errno::NOENT) => {}
-                Err(e) => return Err(ShmError::io("shm_unlink", seg.as_str(), e)),
+                Err(e) => return Err(ShmError::io("unlink", seg.as_str(), e)),
             }
         }
     }
@@ -59,7 +61,9 @@ fn prune_where(wanted: impl Fn(u32) -> bool) -> Result<Vec<String>> {
 }
 
 fn lock_owner(name: &str, suffix: &str) -> Option<ProcessId> {
-    let body = name.strip_prefix(PREFIX)?.strip_suffix(suffix)?;
+    let body = name
+        .strip_prefix(crate::place::here().prefix())?
+        .strip_suffix(suffix)?;
     let (pid, nonce) = body.split_once('_')?;
     if nonce.len() != 16 {
         return None;

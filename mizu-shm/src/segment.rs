@@ -7,14 +7,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use memmap2::{MmapOptions, MmapRaw};
 use rustix::fd::OwnedFd;
-use rustix::fs::{FallocateFlags, Mode};
+use rustix::fs::{FallocateFlags, Mode, OFlags};
 use rustix::io::Errno;
-use rustix::shm;
 
 use crate::error::{Result, ShmError};
 use crate::header::{EXTENT_ALIGN, Extent, HEADER_RESERVED, MAX_EXTENTS, SegmentHeader};
 use crate::liveness::{self, Identity, ProcessId};
-use crate::name::{SHM_DIR, SegmentName};
+use crate::name::SegmentName;
 use crate::sync::SharedBytes;
 
 /// Types that may be viewed in place inside a segment through a shared reference.
@@ -120,19 +119,20 @@ impl Segment {
         let size = layout.total_size();
         let (name, fd) = loop {
             let name = SegmentName::generate(identity.id())?;
-            match shm::open(
-                name.as_str(),
-                shm::OFlags::CREATE | shm::OFlags::EXCL | shm::OFlags::RDWR,
+            // What `shm_open` does on Linux, in the configured directory (`place`).
+            match rustix::fs::open(
+                name.path(),
+                OFlags::CREATE | OFlags::EXCL | OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW,
                 Mode::RUSR | Mode::WUSR,
             ) {
                 Ok(fd) => break (name, fd),
                 Err(Errno::EXIST) => continue,
-                Err(e) => return Err(ShmError::io("shm_open(O_CREAT|O_EXCL)", name.as_str(), e)),
+                Err(e) => return Err(ShmError::io("open(O_CREAT|O_EXCL)", name.as_str(), e)),
             }
         };
         // From here on every failure must unlink what we created.
         let fail = |e: ShmError| {
-            let _ = shm::unlink(name.as_str());
+            let _ = rustix::fs::unlink(name.path());
             e
         };
         reserve(&fd, &name, size).map_err(fail)?;
@@ -162,11 +162,15 @@ impl Segment {
     pub fn open(token: &str, kind: u32) -> Result<Self> {
         let name = SegmentName::parse(token)?;
         let identity = liveness::current()?;
-        let fd =
-            shm::open(name.as_str(), shm::OFlags::RDWR, Mode::empty()).map_err(|e| match e {
-                Errno::NOENT => ShmError::NotFound(name.to_string()),
-                e => ShmError::io("shm_open", name.as_str(), e),
-            })?;
+        let fd = rustix::fs::open(
+            name.path(),
+            OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            Errno::NOENT => ShmError::NotFound(name.to_string()),
+            e => ShmError::io("open", name.as_str(), e),
+        })?;
         let size = rustix::fs::fstat(&fd)
             .map_err(|e| ShmError::io("fstat", name.as_str(), e))?
             .st_size as u64;
@@ -327,9 +331,9 @@ impl Segment {
     /// peer has attached this makes leaking impossible, even on `kill -9`.
     pub fn unlink(&self) -> Result<()> {
         self.unlink_on_drop.store(false, Ordering::Relaxed);
-        match shm::unlink(self.name.as_str()) {
+        match rustix::fs::unlink(self.name.path()) {
             Ok(()) | Err(Errno::NOENT) => Ok(()),
-            Err(e) => Err(ShmError::io("shm_unlink", self.name.as_str(), e)),
+            Err(e) => Err(ShmError::io("unlink", self.name.as_str(), e)),
         }
     }
 
@@ -344,7 +348,7 @@ impl Drop for Segment {
         let me = rustix::process::getpid().as_raw_nonzero().get() as u32;
         // A forked child must not unlink what its parent still uses.
         if self.unlink_on_drop.load(Ordering::Relaxed) && me == self.identity.id().pid {
-            let _ = shm::unlink(self.name.as_str());
+            let _ = rustix::fs::unlink(self.name.path());
         }
     }
 }
@@ -365,7 +369,7 @@ fn reserve(fd: &OwnedFd, name: &SegmentName, size: u64) -> Result<()> {
             Ok(()) => return Ok(()),
             Err(Errno::INTR) => continue,
             Err(Errno::NOSPC) | Err(Errno::FBIG) => {
-                let available = rustix::fs::statvfs(SHM_DIR)
+                let available = rustix::fs::statvfs(crate::place::here().dir())
                     .map(|s| s.f_bavail.saturating_mul(s.f_frsize))
                     .unwrap_or(0);
                 return Err(ShmError::NoSpace {

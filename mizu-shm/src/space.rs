@@ -4,8 +4,6 @@
 
 use std::sync::OnceLock;
 
-use crate::name::{PREFIX, SHM_DIR};
-
 /// The `MIZU_SHM_BYTES` limit, if set to a number of bytes.
 fn limit() -> Option<u64> {
     static L: OnceLock<Option<u64>> = OnceLock::new();
@@ -15,7 +13,7 @@ fn limit() -> Option<u64> {
 /// Bytes `/dev/shm` holds in all (or the `MIZU_SHM_BYTES` limit, when smaller). Sizes of
 /// segments and budgets of memory held scale with it.
 pub fn capacity() -> u64 {
-    let total = rustix::fs::statvfs(SHM_DIR)
+    let total = rustix::fs::statvfs(crate::place::here().dir())
         .map(|s| s.f_blocks.saturating_mul(s.f_frsize))
         .unwrap_or(u64::MAX);
     limit().map_or(total, |l| l.min(total))
@@ -24,7 +22,7 @@ pub fn capacity() -> u64 {
 /// Bytes free for new segments now (the file system's, or what the `MIZU_SHM_BYTES` limit
 /// leaves, when smaller).
 pub fn available() -> u64 {
-    let free = rustix::fs::statvfs(SHM_DIR)
+    let free = rustix::fs::statvfs(crate::place::here().dir())
         .map(|s| s.f_bavail.saturating_mul(s.f_frsize))
         .unwrap_or(u64::MAX);
     left_under_limit().map_or(free, |l| l.min(free))
@@ -34,14 +32,15 @@ pub fn available() -> u64 {
 /// `mizu_*` objects hold now); `None` without a limit.
 pub(crate) fn left_under_limit() -> Option<u64> {
     let l = limit()?;
-    let used: u64 = std::fs::read_dir(SHM_DIR)
+    let place = crate::place::here();
+    let used: u64 = std::fs::read_dir(place.dir())
         .into_iter()
         .flatten()
         .filter_map(|e| e.ok())
         .filter(|e| {
             e.file_name()
                 .to_str()
-                .is_some_and(|n| n.starts_with(PREFIX))
+                .is_some_and(|n| n.starts_with(place.prefix()))
         })
         .filter_map(|e| e.metadata().ok())
         .map(|m| m.len())

@@ -407,3 +407,66 @@ fn wait_with_guard(child: &mut std::process::Child, guard: Duration) -> String {
         std::thread::sleep(Duration::from_millis(2));
     }
 }
+
+/// `MIZU_SHM_DIR` and `MIZU_SHM_PREFIX` move every file of the processes that have them: a
+/// segment and the lock file of its creator go to that directory under that prefix, another
+/// process with the same setting opens it, one with the default setting is refused the token,
+/// the files go with the creator, and a wrong setting is an error before anything is created.
+#[test]
+fn the_shared_memory_directory_and_prefix_come_from_the_environment() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let dir = std::path::Path::new("/dev/shm").join(format!("mzplace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let peer = |args: &[&str]| {
+        let mut c = Command::new(PEER);
+        c.args(args)
+            .env("MIZU_SHM_DIR", &dir)
+            .env("MIZU_SHM_PREFIX", "mzt_");
+        c
+    };
+    let mut holder = peer(&["hold"]).stdout(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let token = line.split_whitespace().next().unwrap().to_owned();
+    assert!(token.starts_with("/mzt_"), "{token}");
+    let files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(files.contains(&token[1..].to_owned()), "{files:?}");
+    assert!(files.iter().any(|f| f.ends_with(".lock")), "{files:?}");
+    assert!(!exists(&token), "nothing in /dev/shm itself");
+    let out = peer(&["open", &token]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(PEER).args(["open", &token]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid segment name"));
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    // The dead creator's files are pruned by a process with the same setting.
+    let out = peer(&["prune"]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "pruned");
+    for (var, value) in [("MIZU_SHM_PREFIX", "BAD/"), ("MIZU_SHM_DIR", "relative")] {
+        let out = Command::new(PEER)
+            .arg("hold")
+            .env(var, value)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{var}={value}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("MIZU_SHM_DIR / MIZU_SHM_PREFIX"), "{err}");
+    }
+    std::fs::remove_dir(&dir).unwrap();
+}

@@ -197,7 +197,10 @@ fn close_locked(g: &mut Option<Ledger>) {
 /// Gives back what the ledgers of dead processes list — of the processes `pids`, or of any
 /// when `None` — and removes those ledgers. Returns how many references were given back.
 pub fn release_dead(pids: Option<&[u32]>) -> usize {
-    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+    let Ok(place) = mizu_shm::place::current() else {
+        return 0;
+    };
+    let Ok(dir) = std::fs::read_dir(place.dir()) else {
         return 0;
     };
     let mut n = 0;

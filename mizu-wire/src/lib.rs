@@ -6,6 +6,20 @@
 //! The normative format is `docs/wire-format.md`. This crate does not depend on Python or R.
 //! Under `--cfg mizu_loom` only the atomic protocols (`refs`, `ledger_entry`) are built, on
 //! loom's atomics, for the models in `tests/loom.rs`.
+//!
+//! # Example
+//!
+//! A value encoded and decoded (across processes, a large one travels through a region of a
+//! data segment instead; see `examples/large_value.rs`):
+//!
+//! ```
+//! use mizu_wire::{Value, decode_slice, encode};
+//!
+//! let v = Value::List(vec![Value::Int(1), Value::Str("水".into()), Value::None]);
+//! let bytes = encode(&v)?.to_vec();
+//! assert_eq!(decode_slice(&bytes)?, v);
+//! # Ok::<(), mizu_wire::WireError>(())
+//! ```
 
 pub mod ledger_entry;
 pub mod refs;

@@ -379,9 +379,7 @@ impl Region {
     /// Whether the segment still has its name (nobody removed it: a descriptor sent now can
     /// be adopted).
     pub fn still_named(&self) -> bool {
-        std::path::Path::new("/dev/shm")
-            .join(self.seg.name().as_str().trim_start_matches('/'))
-            .exists()
+        self.seg.name().path().exists()
     }
 }
 

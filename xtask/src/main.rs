@@ -106,6 +106,7 @@ fn test(root: &Path) -> Res {
         ]),
     )?;
     run(root, Command::new(cargo()).args(["test", "--workspace"]))?;
+    examples(root)?;
     let py = venv(root)?;
     // numpy today must produce the golden vectors the Rust tests compare mizu-rng with.
     run(
@@ -129,6 +130,23 @@ fn test(root: &Path) -> Res {
         "\nxtask test: everything passed in {:.0}s",
         t.elapsed().as_secs_f64()
     );
+    Ok(())
+}
+
+/// Each library crate's example program, run (each checks what it shows and fails otherwise).
+fn examples(root: &Path) -> Res {
+    for (krate, example) in [
+        ("mizu-shm", "counter"),
+        ("mizu-queue", "ring_between_processes"),
+        ("mizu-wire", "large_value"),
+        ("mizu-rng", "parallel_draws"),
+        ("mizu-pool", "upper"),
+    ] {
+        run(
+            root,
+            Command::new(cargo()).args(["run", "-q", "-p", krate, "--example", example]),
+        )?;
+    }
     Ok(())
 }
 

@@ -18,8 +18,9 @@ pub fn main() {
             .map_err(|e| e.to_string()),
         "wake" => wake(token),
         "wait" => wait(token),
+        "prune" => mizu_shm::prune().map(|_| ()).map_err(|e| e.to_string()),
         _ => {
-            eprintln!("usage: mizu-shm-peer hold|open TOKEN|wake TOKEN|wait TOKEN");
+            eprintln!("usage: mizu-shm-peer hold|open TOKEN|wake TOKEN|wait TOKEN|prune");
             std::process::exit(2)
         }
     };
