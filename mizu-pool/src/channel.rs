@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arrow_buffer::Buffer;
-use mizu_queue::{Consumer, Duplex, Producer, RecvError, SendError};
+use mizu_queue::{Duplex, OwnedConsumer, OwnedProducer, RecvError, SendError};
 use mizu_shm::Waiter;
 use mizu_wire::{DataPool, Mapper, Value, read_value, write_value};
 
@@ -38,10 +38,9 @@ pub enum ChannelSendError {
 
 /// One end of a channel.
 pub struct Channel {
-    // Declared before `duplex`: they borrow its segment.
-    tx: Producer<'static>,
-    rx: Consumer<'static>,
-    duplex: Box<Duplex>,
+    tx: OwnedProducer,
+    rx: OwnedConsumer,
+    duplex: Duplex,
     waiter: Waiter,
     pool: Arc<DataPool>,
     mapper: Mapper,
@@ -52,18 +51,9 @@ pub struct Channel {
 
 impl Channel {
     fn wrap(duplex: Duplex, child: Option<Child>) -> Channel {
-        let duplex = Box::new(duplex);
         let (tx, rx) = duplex
-            .split()
+            .split_owned()
             .expect("a new duplex's ends are not taken yet");
-        // SAFETY: the producer and consumer borrow the Duplex in the Box held by the same
-        // struct, declared after them (dropped last) and never moved out; 'static never escapes.
-        let (tx, rx) = unsafe {
-            (
-                std::mem::transmute::<Producer<'_>, Producer<'static>>(tx),
-                std::mem::transmute::<Consumer<'_>, Consumer<'static>>(rx),
-            )
-        };
         Channel {
             tx,
             rx,
@@ -177,28 +167,30 @@ impl Channel {
         for m in msgs {
             let mut res = Ok(0);
             let pool = &self.pool;
-            let wrote = self.tx.write_with(|slot| {
-                res = if m.len() < slot.len() {
-                    slot[0] = RAW;
-                    slot[1..=m.len()].copy_from_slice(m);
-                    Ok(m.len() + 1)
-                } else {
-                    let v = Value::Bytes(Buffer::from_slice_ref(m));
-                    write_value(&v, 0, slot, pool).map_err(|e| e.to_string())
-                };
-                *res.as_ref().unwrap_or(&0)
+            let wrote = self.tx.with(|tx| {
+                tx.write_with(|slot| {
+                    res = if m.len() < slot.len() {
+                        slot[0] = RAW;
+                        slot[1..=m.len()].copy_from_slice(m);
+                        Ok(m.len() + 1)
+                    } else {
+                        let v = Value::Bytes(Buffer::from_slice_ref(m));
+                        write_value(&v, 0, slot, pool).map_err(|e| e.to_string())
+                    };
+                    *res.as_ref().unwrap_or(&0)
+                })
             });
             match (wrote, res) {
                 (Ok(()), Ok(_)) => n += 1,
                 (Err(SendError::Full), _) => break,
                 (_, Err(e)) => {
-                    self.tx.publish();
+                    self.tx.with(|tx| tx.publish());
                     return Err(ChannelSendError::Storage(e));
                 }
                 (Err(e), _) => return Err(ChannelSendError::Storage(e.to_string())),
             }
         }
-        self.tx.publish();
+        self.tx.with(|tx| tx.publish());
         if n == 0 && self.peer_dead() {
             return Err(ChannelSendError::PeerGone);
         }
@@ -209,10 +201,9 @@ impl Channel {
     /// peer closed and everything it sent was read; `PeerGone` (sticky) once it died and
     /// everything it published was read.
     pub fn recv(&mut self, timeout: Option<Duration>) -> Result<Buffer, RecvError> {
-        let mapper = &self.mapper;
-        let got = self
-            .duplex
-            .recv_with(&mut self.rx, &mut self.waiter, timeout, |m| {
+        let (mapper, duplex, waiter) = (&self.mapper, &self.duplex, &mut self.waiter);
+        let got = self.rx.with(|rx| {
+            duplex.recv_with(rx, waiter, timeout, |m| {
                 match m.split_first() {
                     // From a `Vec`: `from_slice_ref` makes a 64-byte-aligned allocation, which
                     // costs ~40 ns more (glibc's slow path) on every message.
@@ -222,7 +213,8 @@ impl Channel {
                         _ => Buffer::from_vec(Vec::<u8>::new()),
                     }),
                 }
-            });
+            })
+        });
         match got {
             Ok(Ok(b)) => Ok(b),
             Ok(Err(_)) => Err(RecvError::Closed),
@@ -237,14 +229,14 @@ impl Channel {
 
     /// Whether a message is waiting to be received.
     pub fn has_pending(&mut self) -> bool {
-        self.rx.poll()
+        self.rx.with(|rx| rx.poll())
     }
 
     /// Closes this side: the peer reads what was sent, then `Closed`.
     pub fn close(&mut self) {
         if !self.closed {
             self.closed = true;
-            self.tx.close();
+            self.tx.with(|tx| tx.close());
             // Nothing more is sent from this end: its data segments go as soon as the peer has
             // read what is in flight (at once if it has), not when this end is dropped.
             self.pool.detach();

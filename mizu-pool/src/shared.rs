@@ -69,6 +69,12 @@ impl Shared {
         &self.seg
     }
 
+    /// A share of the segment, for handles that keep it mapped themselves
+    /// (`mizu_queue::OwnedProducer` and friends).
+    pub fn segment_arc(&self) -> Arc<Segment> {
+        self.seg.clone()
+    }
+
     fn granule(&self, s: usize, k: usize) -> usize {
         s * self.view.params.slots as usize + k
     }

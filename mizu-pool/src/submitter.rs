@@ -6,11 +6,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arrow_buffer::Buffer;
-use mizu_queue::{Deque, Producer, SlotState};
+use mizu_queue::{OwnedDeque, OwnedProducer, SlotState};
 use mizu_shm::{WaitError, Waiter};
 
 use crate::error::{PoolError, Result, TaskError};
-use crate::layout::{TaskId, reason, wstate};
+use crate::layout::{PoolView, TaskId, reason, wstate};
 use crate::shared::{Fill, Shared};
 
 /// Why collecting a result did not return it.
@@ -28,7 +28,7 @@ pub enum CollectError {
 }
 
 struct Inner {
-    producers: Vec<Producer<'static>>,
+    producers: Vec<OwnedProducer>,
     /// Worker queues with written but unpublished task ids (batched submission).
     pending: Vec<bool>,
     /// The last task id pushed to each worker queue (0: none).
@@ -36,14 +36,13 @@ struct Inner {
     next_worker: usize,
     next_slot: usize,
     /// A worker's own deque, for its nested submissions (see [`SubmitterCore::for_worker`]).
-    deque: Option<Deque<'static>>,
+    deque: Option<OwnedDeque>,
     /// Task ids pushed to `deque` and not yet announced to idle workers (batches).
     deque_unannounced: usize,
 }
 
 /// One submitter of a pool in this process (thread-safe).
 pub struct SubmitterCore {
-    // Declared before `shared`: the producers borrow its segment and must drop first.
     inner: Mutex<Inner>,
     shared: Arc<Shared>,
     index: usize,
@@ -63,14 +62,16 @@ impl SubmitterCore {
     /// The submitter with record `index` of the pool in `shared`.
     pub fn new(shared: Arc<Shared>, index: usize, spin: Duration) -> Arc<Self> {
         let v = shared.view();
-        let producers: Vec<Producer<'static>> = (0..v.params.max_workers as usize)
+        let producers: Vec<OwnedProducer> = (0..v.params.max_workers as usize)
             .map(|w| {
                 // SAFETY: ring (index, w) has one producer: the holder of submitter record
                 // `index` (taken by CAS, or held by role), which makes one SubmitterCore.
-                let p = unsafe { v.ring(index, w).producer() };
-                // SAFETY: the producer borrows the segment owned by `shared`, which this
-                // struct holds and drops after `inner` (field order), so 'static never escapes.
-                unsafe { std::mem::transmute::<Producer<'_>, Producer<'static>>(p) }
+                unsafe {
+                    OwnedProducer::new(shared.segment_arc(), |s| {
+                        PoolView::new(s).map(|pv| pv.ring(index, w))
+                    })
+                }
+                .expect("a validated pool segment validates again")
             })
             .collect();
         v.submitter(index)
@@ -102,10 +103,10 @@ impl SubmitterCore {
     pub(crate) fn for_worker(shared: Arc<Shared>, slot: usize, spin: Duration) -> Arc<Self> {
         let mut core = Arc::into_inner(SubmitterCore::new(shared, 1 + slot, spin))
             .expect("a new submitter is not shared yet");
-        let d = core.shared.view().deque(slot);
-        // SAFETY: the deque borrows the segment owned by `shared`, which this struct holds and
-        // drops after `inner` (field order), as for the producers.
-        let d = unsafe { std::mem::transmute::<Deque<'_>, Deque<'static>>(d) };
+        let d = OwnedDeque::new(core.shared.segment_arc(), |s| {
+            PoolView::new(s).map(|pv| pv.deque(slot))
+        })
+        .expect("a validated pool segment validates again");
         core.inner
             .get_mut()
             .unwrap_or_else(|p| p.into_inner())
@@ -196,7 +197,7 @@ impl SubmitterCore {
         self.announce(n);
         for w in 0..g.pending.len() {
             if std::mem::take(&mut g.pending[w]) {
-                g.producers[w].publish_quiet();
+                g.producers[w].with(|p| p.publish_quiet());
                 v.worker(w).park.wake_all();
             }
         }
@@ -265,7 +266,7 @@ impl SubmitterCore {
         let word = id.pack();
         if let Some(d) = &g.deque
             && self.owner == Some(std::thread::current().id())
-            && d.push(word).is_ok()
+            && d.get().push(word).is_ok()
         {
             if defer {
                 g.deque_unannounced += 1;
@@ -313,18 +314,23 @@ impl SubmitterCore {
                     if !ok {
                         continue;
                     }
-                    let p = &mut g.producers[w];
-                    if p.write_with(|b| {
-                        b[..8].copy_from_slice(&word.to_le_bytes());
-                        8
-                    })
-                    .is_ok()
-                    {
+                    let written = g.producers[w].with(|p| {
+                        let ok = p
+                            .write_with(|b| {
+                                b[..8].copy_from_slice(&word.to_le_bytes());
+                                8
+                            })
+                            .is_ok();
+                        if ok && !defer {
+                            p.publish_quiet();
+                        }
+                        ok
+                    });
+                    if written {
                         g.last[w] = word;
                         if defer {
                             g.pending[w] = true;
                         } else {
-                            p.publish_quiet();
                             v.worker(w).park.wake_all();
                         }
                         // A single task's next search starts at this worker: round trips keep

@@ -7,12 +7,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use arrow_buffer::Buffer;
-use mizu_queue::{Consumer, Deque, SlotState, Steal};
+use mizu_queue::{OwnedConsumer, OwnedDeque, SlotState, Steal};
 use mizu_shm::{DeathWatch, Waiter};
 
 use crate::claim;
 use crate::error::{PoolError, Result};
-use crate::layout::{TaskId, now_ns, wstate};
+use crate::layout::{PoolView, TaskId, now_ns, wstate};
 use crate::records::{self, idle};
 use crate::shared::Shared;
 use crate::submitter::{
@@ -200,10 +200,9 @@ impl TaskContext<'_> {
 }
 
 struct Runtime<'e> {
-    // Declared before `shared`: the consumers borrow its segment.
-    consumers: RefCell<Vec<Consumer<'static>>>,
-    /// Every worker's deque (ours at `slot`), borrowing the segment as `consumers` do.
-    deques: Vec<Deque<'static>>,
+    consumers: RefCell<Vec<OwnedConsumer>>,
+    /// Every worker's deque (ours at `slot`).
+    deques: Vec<OwnedDeque>,
     sub: Arc<SubmitterCore>,
     shared: Arc<Shared>,
     exec: &'e dyn Executor,
@@ -229,7 +228,7 @@ impl Runtime<'_> {
     fn run_one(&self) -> bool {
         loop {
             // Only we push there, so "empty" is exact for us; and `pop` costs a full fence.
-            let own = &self.deques[self.slot];
+            let own = self.deques[self.slot].get();
             let popped = if own.is_empty() { None } else { own.pop() };
             let word = if popped.is_some() {
                 popped
@@ -240,9 +239,9 @@ impl Runtime<'_> {
                 let mut got = None;
                 for i in 0..n {
                     let s = (start + i) % n;
-                    if let Some(w) = cs[s]
-                        .try_recv_with(|m| u64::from_le_bytes(m[..8].try_into().unwrap_or([0; 8])))
-                    {
+                    if let Some(w) = cs[s].with(|c| {
+                        c.try_recv_with(|m| u64::from_le_bytes(m[..8].try_into().unwrap_or([0; 8])))
+                    }) {
                         self.next_ring.set(s + 1);
                         got = Some(w);
                         break;
@@ -272,7 +271,7 @@ impl Runtime<'_> {
                 continue;
             }
             loop {
-                match self.deques[w].steal() {
+                match self.deques[w].get().steal() {
                     Steal::Empty => break,
                     Steal::Retry => std::hint::spin_loop(),
                     Steal::Success(word) => {
@@ -296,7 +295,7 @@ impl Runtime<'_> {
 
     /// Whether a deque (ours or another worker's) holds task ids.
     fn nested_queued(&self) -> bool {
-        self.deques.iter().any(|d| !d.is_empty())
+        self.deques.iter().any(|d| !d.get().is_empty())
     }
 
     /// Steals from another worker's deque, else runs a `Pending` task found by scanning every
@@ -421,7 +420,11 @@ impl Runtime<'_> {
     }
 
     fn any_queued(&self) -> bool {
-        self.consumers.borrow_mut().iter_mut().any(|c| c.poll()) || self.nested_queued()
+        self.consumers
+            .borrow_mut()
+            .iter_mut()
+            .any(|c| c.with(|c| c.poll()))
+            || self.nested_queued()
     }
 }
 
@@ -525,22 +528,24 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
     let sub = SubmitterCore::for_worker(shared.clone(), slot, spin);
     let deques = (0..v.params.max_workers as usize)
         .map(|w| {
-            // SAFETY: as for the consumers below.
-            unsafe { std::mem::transmute::<Deque<'_>, Deque<'static>>(v.deque(w)) }
+            OwnedDeque::new(shared.segment_arc(), |s| {
+                PoolView::new(s).map(|pv| pv.deque(w))
+            })
         })
-        .collect::<Vec<_>>();
+        .collect::<Result<Vec<_>>>()?;
     // Our predecessor in this slot may have died inside a deque operation.
-    deques[slot].repair();
+    deques[slot].get().repair();
     let consumers = (0..v.params.submitters as usize)
         .map(|s| {
             // SAFETY: ring (s, slot) has one consumer: the worker in `slot` (this process;
             // the controller starts one worker per slot and waits for its death to reuse it).
-            let c = unsafe { v.ring(s, slot).consumer() };
-            // SAFETY: the consumer borrows the segment owned by `shared`, which the Runtime
-            // holds and drops after `consumers` (field order); 'static never escapes it.
-            unsafe { std::mem::transmute::<Consumer<'_>, Consumer<'static>>(c) }
+            unsafe {
+                OwnedConsumer::new(shared.segment_arc(), |seg| {
+                    PoolView::new(seg).map(|pv| pv.ring(s, slot))
+                })
+            }
         })
-        .collect();
+        .collect::<Result<Vec<_>>>()?;
     let controller_dead = Arc::new(AtomicBool::new(false));
     let finished = Arc::new(AtomicBool::new(false));
     let _watch = {

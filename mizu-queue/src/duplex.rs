@@ -13,6 +13,7 @@ use mizu_shm::{
 
 use crate::error::QueueError;
 use crate::layout::{add_ring, attach_ring, init_ring};
+use crate::owned::{OwnedConsumer, OwnedProducer};
 use crate::peer::PeerSlot;
 use crate::ring::{Consumer, Producer, Ring, SendError};
 
@@ -181,7 +182,8 @@ impl Duplex {
     }
 
     /// This end's producer of the sending ring and consumer of the receiving ring, once per
-    /// duplex (`None` afterwards), so that they are this end's only ones.
+    /// duplex (`None` afterwards, as after [`Duplex::split_owned`]), so that they are this
+    /// end's only ones.
     pub fn split(&self) -> Option<(Producer<'_>, Consumer<'_>)> {
         if self.split.swap(true, std::sync::atomic::Ordering::AcqRel) {
             return None;
@@ -190,6 +192,25 @@ impl Duplex {
         // SAFETY: an end belongs to one process (the creator; the one guest whose claim won)
         // and, in it, to this `Duplex`, which hands its handles out once.
         Some(unsafe { (tx.producer(), rx.consumer()) })
+    }
+
+    /// [`Duplex::split`] as handles that hold the segment themselves (to be kept beside the
+    /// duplex in one structure).
+    pub fn split_owned(&self) -> Option<(OwnedProducer, OwnedConsumer)> {
+        if self.split.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return None;
+        }
+        let (tx, rx) = match self.side {
+            Side::Host => ((1, 2), (3, 4)),
+            Side::Guest => ((3, 4), (1, 2)),
+        };
+        // SAFETY: as in `split`: this end's one producer and one consumer.
+        unsafe {
+            Some((
+                OwnedProducer::new(self.seg.clone(), |s| attach_ring(s, tx.0, tx.1)).ok()?,
+                OwnedConsumer::new(self.seg.clone(), |s| attach_ring(s, rx.0, rx.1)).ok()?,
+            ))
+        }
     }
 
     /// Whether the peer is registered and alive.

@@ -28,6 +28,8 @@ pub mod duplex;
 pub mod error;
 #[cfg(not(mizu_loom))]
 pub mod layout;
+#[cfg(not(mizu_loom))]
+pub mod owned;
 
 pub use deque::{Deque, HeapDeque, Steal};
 pub use ring::{Consumer, HeapRing, Producer, Ring, SendError};
@@ -37,4 +39,5 @@ pub use slot_state::{SlotState, StateWord, TransitionError, abandon, after_finis
 pub use {
     duplex::{Duplex, RecvError, SendBlockingError, Side},
     error::QueueError,
+    owned::{OwnedConsumer, OwnedDeque, OwnedProducer},
 };
