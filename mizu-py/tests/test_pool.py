@@ -312,10 +312,11 @@ def test_a_pool_used_in_a_forked_child_raises_a_clear_error(pool):
 
 
 # For scripts that must be interrupted inside a given function (not before it is called): a
-# thread that prints `text` once the main thread runs `name` and has let go of the GIL there
-# (the waits do), so a signal sent on that line lands inside the call.
+# thread that prints `text` once the main thread runs `name` and `ready()` holds, which it can
+# only see while the main thread has let go of the GIL (the waits do), so a signal sent then
+# lands inside the call.
 _SAY_WHEN_INSIDE = """
-def say_when_inside(name, text):
+def say_when_inside(name, text, ready=lambda: True):
     import sys, threading, time
     main = threading.main_thread().ident
     def watch():
@@ -323,7 +324,7 @@ def say_when_inside(name, text):
             f = sys._current_frames().get(main)
             while f is not None and f.f_code.co_name != name:
                 f = f.f_back
-            if f is not None:
+            if f is not None and ready():
                 print(text, flush=True)
                 return
             time.sleep(0.001)
@@ -367,36 +368,50 @@ def _run_with_lines(script):
 
 
 def test_ctrl_c_interrupts_a_submit_waiting_for_queue_space(tmp_path):
-    # The worker is stuck in a task: 2000 submissions fill its queue at once, and so does the
-    # batch after them; each wait must end at SIGINT, not when the task does (600 s: the
-    # read timeouts below are hang guards).
+    # The worker is stuck in a task: submissions fill its queue, and so does the batch after
+    # them; each wait must end at SIGINT, not when the task does (600 s: the read timeouts
+    # below are hang guards). The script says when the call that must wait has begun and let
+    # go of the GIL (the waits do): the queue is a ring of 256 ids (the default) whose
+    # consumer has read the running task's id and gives slots back in groups of 64, so the
+    # 256th submission is the first that waits.
     script = tmp_path / "fill.py"
     script.write_text(textwrap.dedent("""
         import sys
         sys.path.insert(0, %r)
         import pymizu, tasks
+        %s
+        RING = 256
+        state = {"submitted": 0, "calling": False}
+        def fill_submit(p):
+            for i in range(2000):
+                state["submitted"] = i
+                p.submit(tasks.add, i, 1)
+        def fill_batch(p):
+            args = [(i, 1) for i in range(2000)]
+            state["calling"] = True
+            p.submit_batch(tasks.add, args)
         if __name__ == "__main__":
             with pymizu.Pool(1) as p:
                 t = p.submit(tasks.sleep, 600)
-                for kind in ("submit", "batch"):
-                    print(kind, flush=True)
+                while not p.status()["workers"][0]["busy"]:
+                    pass
+                for kind, fill, ready in (
+                    ("submit", fill_submit, lambda: state["submitted"] == RING - 1),
+                    ("batch", fill_batch, lambda: state["calling"]),
+                ):
+                    say_when_inside(fill.__name__, kind, ready)
                     try:
-                        if kind == "submit":
-                            for i in range(2000):
-                                p.submit(tasks.add, i, 1)
-                        else:
-                            p.submit_batch(tasks.add, [(i, 1) for i in range(2000)])
+                        fill(p)
                         print("not interrupted", flush=True)
                     except KeyboardInterrupt:
                         print("interrupted", kind, flush=True)
                 p.stop(grace=0)
             print("stopped", flush=True)
-    """ % os.path.dirname(tasks.__file__)))
+    """) % (os.path.dirname(tasks.__file__), _SAY_WHEN_INSIDE))
     proc, lines = _run_with_lines(script)
     try:
         for kind in ("submit", "batch"):
             assert lines.get(timeout=60) == kind
-            time.sleep(0.5)  # the queue is full long before
             proc.send_signal(signal.SIGINT)
             assert lines.get(timeout=60) == f"interrupted {kind}"
         assert lines.get(timeout=60) == "stopped"
