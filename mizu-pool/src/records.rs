@@ -313,23 +313,26 @@ impl SubmitterRec {
     }
 }
 
+/// `n` worker slots whose workers have joined and are busy, for the models and tests of these
+/// protocols.
+#[cfg(any(test, mizu_loom))]
+pub fn ready_workers(n: usize) -> Vec<WorkerSlot> {
+    (0..n)
+        .map(|_| {
+            let w = WorkerSlot::default();
+            w.rec.state.store(wstate::READY, Ordering::Relaxed);
+            w
+        })
+        .collect()
+}
+
 #[cfg(all(test, not(mizu_loom)))]
 mod tests {
     use super::*;
 
-    fn ready(n: usize) -> Vec<WorkerSlot> {
-        (0..n)
-            .map(|_| {
-                let w = WorkerSlot::default();
-                w.rec.state.store(wstate::READY, Ordering::Relaxed);
-                w
-            })
-            .collect()
-    }
-
     #[test]
     fn a_worker_killed_while_spinning_leaves_nothing_to_repair() {
-        let ws = ready(3);
+        let ws = ready_workers(3);
         for w in &ws {
             w.rec.idle.store(idle::SLEEPING, Ordering::Relaxed);
         }
@@ -342,7 +345,7 @@ mod tests {
 
     #[test]
     fn busy_workers_count_against_the_bound_and_sleepers_do_not() {
-        let ws = ready(3);
+        let ws = ready_workers(3);
         ws[1].rec.idle.store(idle::SLEEPING, Ordering::Relaxed);
         // Worker 2 is busy (idle = BUSY): with room for two, worker 0 may spin.
         assert!(go_idle(&ws, 0, 2));

@@ -6,19 +6,9 @@
 use loom::sync::Arc;
 use loom::thread;
 use mizu_pool::claim;
-use mizu_pool::records::{self, SubmitterRec, TaskHdr, WorkerSlot, idle, wstate};
+use mizu_pool::records::{self, SubmitterRec, TaskHdr, WorkerSlot, idle, ready_workers};
 use mizu_queue::{HeapDeque, SlotState};
 use mizu_shm::sync::{Ordering, model};
-
-fn ready_workers(n: usize) -> Vec<WorkerSlot> {
-    (0..n)
-        .map(|_| {
-            let w = WorkerSlot::default();
-            w.rec.state.store(wstate::READY, Ordering::Relaxed);
-            w
-        })
-        .collect()
-}
 
 /// The claim record (`WorkerRec::current`, written before the claim CAS) lets the reaper of a
 /// dead worker fail exactly the task that died with it.
