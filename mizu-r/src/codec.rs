@@ -348,7 +348,7 @@ unsafe extern "C" fn in_bytes(s: *mut ffi::R_inpstream_st, buf: *mut c_void, n: 
 }
 
 fn unserialize(bytes: &[u8]) -> Result<Robj> {
-    // R's reader trusts its input (see `rser.rs`).
+    // R's reader trusts its input (see `mizu_wire::rser`).
     mizu_wire::rser::check(bytes)
         .map_err(|e| bad(format!("the serialization cannot be read: {e}")))?;
     let mut inp = Input { bytes, at: 0 };
