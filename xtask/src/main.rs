@@ -107,6 +107,7 @@ fn test(root: &Path) -> Res {
     )?;
     run(root, Command::new(cargo()).args(["test", "--workspace"]))?;
     examples(root)?;
+    package(root)?;
     let py = venv(root)?;
     // numpy today must produce the golden vectors the Rust tests compare mizu-rng with.
     run(
@@ -131,6 +132,23 @@ fn test(root: &Path) -> Res {
         t.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The library crates packaged for crates.io as they would be published, each verified by
+/// building it from its package (in dependency order, against the others' packages).
+fn package(root: &Path) -> Res {
+    let mut cmd = Command::new(cargo());
+    cmd.args(["package", "--allow-dirty"]);
+    for krate in [
+        "mizu-shm",
+        "mizu-rng",
+        "mizu-queue",
+        "mizu-wire",
+        "mizu-pool",
+    ] {
+        cmd.args(["-p", krate]);
+    }
+    run(root, &mut cmd)
 }
 
 /// Each library crate's example program, run (each checks what it shows and fails otherwise).
