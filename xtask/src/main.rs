@@ -31,7 +31,7 @@ fn main() -> ExitCode {
                  loom   the loom models of every atomic protocol (--cfg mizu_loom)\n  \
                  bench  every benchmark, each side by side with its peers, as ratios\n  \
                  demo   the headline comparison: mizu against the peers users run today\n  \
-                 wheel  build the pymizu wheel into target/wheels (maturin)\n  \
+                 wheel  build the pymizu wheel (manylinux2014) and sdist into target/wheels\n  \
                  rpkg   build and install the mizu R package into target/rlib\n  \
                  futures  CPython's concurrent.futures tests against pymizu.PoolExecutor\n           \
                  (part of `test`; uses the pymizu installed in .venv)\n  \
@@ -299,7 +299,7 @@ fn fetch_debian_package(root: &Path, package: &str, into: &Path) -> Res {
 fn install_wheel(root: &Path, py: &Path) -> Res {
     let out = root.join("target/wheels");
     let _ = std::fs::remove_dir_all(&out);
-    maturin(root, py, &["build", "--release", "--out", "target/wheels"])?;
+    build_wheel(root, py)?;
     let wheel = std::fs::read_dir(&out)
         .map_err(|e| format!("{}: {e}", out.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -344,9 +344,32 @@ fn maturin(root: &Path, py: &Path, args: &[&str]) -> Res {
     run(root, &mut cmd)
 }
 
+/// The wheel users install: `manylinux2014` (glibc 2.17 and later), linked by zig (the
+/// `ziglang` package pinned in requirements-dev.txt) against that glibc's symbols whatever
+/// this machine's glibc is; maturin refuses to tag a library that uses newer symbols. The test
+/// suite runs against exactly this wheel.
+fn build_wheel(root: &Path, py: &Path) -> Res {
+    maturin(
+        root,
+        py,
+        &[
+            "build",
+            "--release",
+            "--zig",
+            "--compatibility",
+            "manylinux2014",
+            "--out",
+            "target/wheels",
+        ],
+    )
+}
+
+/// `cargo xtask wheel`: the manylinux2014 wheel and the source distribution.
 fn wheel(root: &Path) -> Res {
     let py = venv(root)?;
-    maturin(root, &py, &["build", "--release", "--out", "target/wheels"])
+    let _ = std::fs::remove_dir_all(root.join("target/wheels"));
+    build_wheel(root, &py)?;
+    maturin(root, &py, &["sdist", "--out", "target/wheels"])
 }
 
 /// The loom build gets its own target directory so it does not invalidate the normal one.
