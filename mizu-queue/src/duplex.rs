@@ -172,13 +172,18 @@ impl Duplex {
         Ok(guest)
     }
 
-    fn rings(&self) -> (Ring<'_>, Ring<'_>) {
-        let a = attach_ring(&self.seg, 1, 2).expect("validated at create/join");
-        let b = attach_ring(&self.seg, 3, 4).expect("validated at create/join");
+    /// The extents (header, slots) of this end's sending and receiving rings.
+    fn ring_extents(&self) -> [(usize, usize); 2] {
         match self.side {
-            Side::Host => (a, b),
-            Side::Guest => (b, a),
+            Side::Host => [(1, 2), (3, 4)],
+            Side::Guest => [(3, 4), (1, 2)],
         }
+    }
+
+    fn rings(&self) -> (Ring<'_>, Ring<'_>) {
+        let [tx, rx] = self.ring_extents();
+        let ring = |(h, s)| attach_ring(&self.seg, h, s).expect("validated at create/join");
+        (ring(tx), ring(rx))
     }
 
     /// This end's producer of the sending ring and consumer of the receiving ring, once per
@@ -200,10 +205,7 @@ impl Duplex {
         if self.split.swap(true, std::sync::atomic::Ordering::AcqRel) {
             return None;
         }
-        let (tx, rx) = match self.side {
-            Side::Host => ((1, 2), (3, 4)),
-            Side::Guest => ((3, 4), (1, 2)),
-        };
+        let [tx, rx] = self.ring_extents();
         // SAFETY: as in `split`: this end's one producer and one consumer.
         unsafe {
             Some((
