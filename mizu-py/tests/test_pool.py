@@ -319,10 +319,12 @@ _SAY_WHEN_INSIDE = """
 def say_when_inside(name, text, ready=lambda: True):
     import sys, threading, time
     main = threading.main_thread().ident
+    # The function of this script (threading has methods named `wait` too).
+    here = sys._getframe().f_code.co_filename
     def watch():
         while True:
             f = sys._current_frames().get(main)
-            while f is not None and f.f_code.co_name != name:
+            while f is not None and (f.f_code.co_name, f.f_code.co_filename) != (name, here):
                 f = f.f_back
             if f is not None and ready():
                 print(text, flush=True)

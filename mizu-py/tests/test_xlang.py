@@ -286,6 +286,8 @@ def test_random_frames_python_to_r_and_back(rpool):
 
 
 def test_more_rows_of_the_mapping(rpool):
+    import pandas as pd
+
     ident = pymizu.call("identity")
     # uint32 and uint64 become doubles; float32 widens exactly.
     got = rpool.submit(pymizu.call(source="typeof(x)", x=np.array([1, 2], dtype=np.uint32))).result()
@@ -310,6 +312,11 @@ def test_more_rows_of_the_mapping(rpool):
     o = rpool.submit(pymizu.call(source='factor(c("lo", "hi", "lo"), levels = c("lo", "hi"), ordered = TRUE)')).result()
     assert pa.array(o).to_pylist() == ["lo", "hi", "lo"]
     assert rpool.submit(pymizu.call(source="class(x)", x=o)).result().tolist() == ["ordered", "factor"]
+    # ... and both ways as Arrow's ordered dictionaries (pandas' ordered categoricals).
+    assert pa.array(o).type.ordered
+    oc = pd.DataFrame({"f": pd.Categorical(["lo", "hi", "lo"], categories=["lo", "hi"], ordered=True)})
+    assert rpool.submit(pymizu.call(source="class(x$f)", x=oc)).result().tolist() == ["ordered", "factor"]
+    assert pa.table(rpool.submit(ident, oc).result()).to_pandas()["f"].cat.ordered
     d = rpool.submit(pymizu.call(source='as.difftime(c(1.5, 3), units = "hours")')).result()
     assert d.dtype == np.dtype("m8[us]") and d.tolist()[0].total_seconds() == 5400.0
     # An n-dimensional array keeps every element at its index.
@@ -351,6 +358,50 @@ def test_a_frame_relayed_unmodified_comes_back_by_reference(rpool):
     # A computed result is new data.
     t3 = rpool.submit(pymizu.call("transform", t1, b=1)).result()
     assert pa.table(t3).column("a").chunks[0].buffers()[1].address != addr
+
+
+def test_a_relayed_view_with_changed_attributes_is_sent_as_changed(rpool):
+    import pandas as pd
+
+    n = 50_000
+    df = pd.DataFrame(
+        {
+            "f": pd.Categorical(np.array(["lo", "hi"])[np.arange(n) % 2], categories=["lo", "hi"]),
+            "t": pd.Series(pd.date_range("2026-01-01", periods=n, freq="s", tz="Europe/Paris")),
+            "x": np.arange(n, dtype=np.float64),
+            "s": pd.Series([f"s{i}" for i in range(n)], dtype="str"),
+        }
+    )
+    t1 = rpool.submit(pymizu.call("identity"), df).result()
+    addr = pa.table(t1).column("x").chunks[0].buffers()[1].address
+    # The columns are R's views of what was sent; what R changes of their attributes (not of
+    # their elements) must come back changed, not as the bytes that went.
+    changes = {
+        "levels(x$f) <- toupper(levels(x$f)); x": lambda t: t.column("f").to_pylist()[:2] == ["LO", "HI"],
+        'attr(x$t, "tzone") <- "UTC"; x': lambda t: t.column("t").type.tz == "UTC",
+        'class(x$f) <- c("ordered", "factor"); x': lambda t: t.column("f").type.ordered,
+        'names(x)[3] <- "y"; x': lambda t: t.column_names == ["f", "t", "y", "s"],
+        'x$t <- as.Date(x$t); x': lambda t: pa.types.is_date32(t.column("t").type),
+    }
+    for code, ok in changes.items():
+        got = pa.table(rpool.submit(pymizu.call(source=code, x=t1)).result())
+        assert ok(got), (code, got.schema)
+        assert got.num_rows == n and got.column("s").to_pylist()[-1] == f"s{n - 1}"
+        assert np.array_equal(got.column(2).to_numpy(), np.arange(n, dtype=np.float64))
+    # Unchanged, it still travels by reference.
+    same = pa.table(rpool.submit(pymizu.call(source="y <- x; y", x=t1)).result())
+    assert same.column("x").chunks[0].buffers()[1].address == addr
+    assert same.equals(pa.table(t1))
+
+
+def test_a_nul_in_a_large_string_is_refused_every_time(rpool):
+    bad = pa.table({"s": pa.array(["ok", "a\x00b"] * 40_000, type=pa.large_string())})
+    for _ in range(2):
+        with pytest.raises(Exception, match="NUL"):
+            rpool.submit(pymizu.call("nrow"), bad).result()
+    good = pa.table({"s": pa.array(["ok", "ab"] * 40_000, type=pa.large_string())})
+    for _ in range(2):
+        assert rpool.submit(pymizu.call("nrow"), good).result() == 80_000
 
 
 def test_r_warnings_are_warned_again_in_python(rpool):

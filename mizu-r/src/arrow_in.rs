@@ -100,31 +100,6 @@ pub fn frame(src: Buffer, copy: bool) -> Result<Vec<Robj>> {
         .collect()
 }
 
-/// A large_utf8 array as utf8 over the same bytes (its offsets narrowed; R's strings and
-/// vectors are shorter than 2^31 bytes each, but the array's bytes together may not be).
-fn narrow(a: &arrow_array::LargeStringArray) -> Result<arrow_array::StringArray> {
-    let o = a.value_offsets();
-    let base = o[0];
-    let offsets = o
-        .iter()
-        .map(|&x| i32::try_from(x - base).ok())
-        .collect::<Option<Vec<i32>>>()
-        .ok_or_else(|| bad("a large_utf8 array of more than 2 GiB"))?;
-    let end = o[a.len()] as usize;
-    let values = a
-        .values()
-        .slice_with_length(base as usize, end - base as usize);
-    // SAFETY: the offsets are the array's own, shifted to start at 0 (so they still never
-    // decrease and end at the values' length), over the same UTF-8 bytes.
-    Ok(unsafe {
-        arrow_array::StringArray::new_unchecked(
-            arrow_buffer::OffsetBuffer::new_unchecked(offsets.into()),
-            values,
-            a.nulls().cloned(),
-        )
-    })
-}
-
 /// The R vector for one array (of the value `src`).
 pub fn column(array: &ArrayRef, src: Source, copy: bool) -> Result<Robj> {
     let plain =
@@ -168,7 +143,7 @@ pub fn column(array: &ArrayRef, src: Source, copy: bool) -> Result<Robj> {
         DataType::Boolean => lazy(Conv::Bool),
         DataType::Utf8 => crate::strview::make_arrow(array.as_string::<i32>().clone(), src, copy),
         DataType::LargeUtf8 => {
-            crate::strview::make_arrow(narrow(array.as_string::<i64>())?, src, copy)
+            crate::strview::make_arrow(array.as_string::<i64>().clone(), src, copy)
         }
         DataType::Date32 => lazy(Conv::Date),
         DataType::Timestamp(TimeUnit::Microsecond, _) => lazy(Conv::Micros),

@@ -201,7 +201,7 @@ unsafe fn factor(x: SEXP, codes: &[i32]) -> Option<Col> {
 /// `x` is a live character vector, protected and unmodified while the result exists.
 unsafe fn strings(x: SEXP) -> Option<ArrayRef> {
     if let Some(a) = crate::strview::unmodified_array(x) {
-        return Some(Arc::new(a));
+        return Some(a);
     }
     // SAFETY: reading a live vector; its CHARSXPs are read without allocating (a plain
     // vector, or one of our views whose strings are all made).
@@ -574,8 +574,10 @@ unsafe fn column(x: SEXP) -> Option<Col> {
 }
 
 fn field(name: &str, c: &Col) -> Field {
-    Field::new(name, c.array.data_type().clone(), true)
-        .with_metadata(c.meta.iter().cloned().collect::<HashMap<_, _>>())
+    mizu_wire::rmeta::ordered_if_so(
+        Field::new(name, c.array.data_type().clone(), true)
+            .with_metadata(c.meta.iter().cloned().collect::<HashMap<_, _>>()),
+    )
 }
 
 /// Encodes the columns (a one-array value, or with `frame` a record batch) and places their

@@ -23,7 +23,10 @@ use extendr_ffi::{
     Rf_protect, Rf_unprotect, SET_STRING_ELT, SEXP, SEXPTYPE, STRING_ELT, XLENGTH, cetype_t,
 };
 
-use arrow_array::{Array, StringArray};
+use arrow_array::cast::AsArray;
+use arrow_array::{
+    Array, ArrayRef, GenericStringArray, LargeStringArray, OffsetSizeTrait, StringArray,
+};
 
 use crate::arrow_in::Source;
 use crate::ffi;
@@ -121,8 +124,31 @@ struct State {
 enum Backing {
     /// This module's layout.
     Layout { kinds_at: usize, bytes_at: usize },
-    /// An Arrow utf8 array (see `arrow_in.rs`), and where it came from.
-    Arrow(StringArray, Source),
+    /// An Arrow utf8 or large_utf8 array (see `arrow_in.rs`), and where it came from.
+    Arrow(Strings, Source),
+}
+
+/// An Arrow string array of either offset width, read in place.
+enum Strings {
+    Utf8(StringArray),
+    Large(LargeStringArray),
+}
+
+impl Strings {
+    /// Element `i`: `None` for a null.
+    fn get(&self, i: usize) -> Option<&str> {
+        match self {
+            Strings::Utf8(a) => (!a.is_null(i)).then(|| a.value(i)),
+            Strings::Large(a) => (!a.is_null(i)).then(|| a.value(i)),
+        }
+    }
+
+    fn array(&self) -> ArrayRef {
+        match self {
+            Strings::Utf8(a) => std::sync::Arc::new(a.clone()),
+            Strings::Large(a) => std::sync::Arc::new(a.clone()),
+        }
+    }
 }
 
 impl State {
@@ -199,11 +225,10 @@ unsafe fn make_elt(st: &State, i: usize) -> SEXP {
     let (kinds_at, bytes_at) = match &st.backing {
         Backing::Layout { kinds_at, bytes_at } => (*kinds_at, *bytes_at),
         Backing::Arrow(a, _) => {
-            if a.is_null(i) {
+            let Some(v) = a.get(i) else {
                 // SAFETY: R's NA string, a constant of the running R.
                 return unsafe { R_NaString };
-            }
-            let v = a.value(i);
+            };
             // SAFETY: checked by `make_arrow`: no NUL, UTF-8 (arrow), length fits an int.
             return unsafe {
                 Rf_mkCharLenCE(
@@ -366,18 +391,43 @@ pub fn make(buf: Buffer, copy: bool) -> Result<Robj> {
     new_view(buf, n, Backing::Layout { kinds_at, bytes_at }, copy)
 }
 
-/// A character vector over an Arrow utf8 array (which came in `src`); refused when a string
-/// holds a NUL byte (R's strings cannot).
-pub fn make_arrow(a: StringArray, src: Source, copy: bool) -> Result<Robj> {
+/// A character vector over an Arrow utf8 or large_utf8 array (which came in `src`), its
+/// offsets read as they are; refused when a string holds a NUL byte (R's strings cannot) or
+/// is longer than R's strings can be.
+pub fn make_arrow<O: OffsetSizeTrait>(
+    a: GenericStringArray<O>,
+    src: Source,
+    copy: bool,
+) -> Result<Robj> {
     let offsets = a.value_offsets();
-    let (first, last) = (offsets[0] as usize, offsets[a.len()] as usize);
+    let (first, last) = (offsets[0].as_usize(), offsets[a.len()].as_usize());
+    // (Only when all of them together could: each is shorter than all.)
+    if last - first > i32::MAX as usize
+        && offsets
+            .windows(2)
+            .any(|w| (w[1] - w[0]).as_usize() > i32::MAX as usize)
+    {
+        return Err(bad("a string of 2 GiB or more"));
+    }
     let bytes = a.values().slice_with_length(first, last - first);
-    if bytes.as_slice().contains(&0) {
-        return Err(bad("a string holds a NUL byte"));
+    // (Once per received array: received again by reference, it is the same bytes.)
+    if !mizu_wire::passed_before(&bytes, NO_NUL) {
+        if bytes.as_slice().contains(&0) {
+            return Err(bad("a string holds a NUL byte"));
+        }
+        mizu_wire::passed_check(&bytes, NO_NUL);
     }
     let n = a.len();
-    new_view(bytes, n, Backing::Arrow(a, src), copy)
+    let a: ArrayRef = std::sync::Arc::new(a);
+    let strings = match a.as_string_opt::<i32>() {
+        Some(s) => Strings::Utf8(s.clone()),
+        None => Strings::Large(a.as_string::<i64>().clone()),
+    };
+    new_view(bytes, n, Backing::Arrow(strings, src), copy)
 }
+
+/// The check that no string of an array's bytes holds a NUL.
+const NO_NUL: &str = "mizu-r: no NUL";
 
 fn new_view(buf: Buffer, n: usize, backing: Backing, copy: bool) -> Result<Robj> {
     crate::view::account(buf.len(), copy);
@@ -407,13 +457,13 @@ pub fn shared(x: SEXP) -> Option<Shared> {
 }
 
 /// The Arrow array of `x` when it is one of our string views over one and was not modified.
-pub fn unmodified_array(x: SEXP) -> Option<StringArray> {
+pub fn unmodified_array(x: SEXP) -> Option<ArrayRef> {
     if string_view(x) != Some(false) {
         return None;
     }
     // SAFETY: one of our string views (checked).
     match &unsafe { state(x) }.backing {
-        Backing::Arrow(a, _) => Some(a.clone()),
+        Backing::Arrow(a, _) => Some(a.array()),
         Backing::Layout { .. } => None,
     }
 }

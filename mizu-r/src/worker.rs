@@ -240,6 +240,7 @@ impl RExec {
     /// payload. The call runs through `.dispatch` (kind `"x"`) in the task's top-level context,
     /// with the worker's handlers, as an R task does.
     fn run_xlang(&self, buf: &arrow_buffer::Buffer) -> (bool, Envelope) {
+        let _reading = crate::xvalue::Reading::payload(buf);
         let envelope::Task {
             target,
             args,

@@ -146,15 +146,14 @@ pub fn from_r(x: &Robj, path: &str) -> std::result::Result<Value, NotPortable> {
                     ),
                 ));
             }
-            let (field, array) = vector(x, path)?;
-            let plain = || Value::Array {
-                field: Arc::new(field.clone()),
-                array: array.clone(),
-            };
-            if let Some(v) = resend(&[(x, &field)], || Some(plain())) {
+            if let Some(v) = resend(&[(x, "")], false) {
                 return Ok(v);
             }
-            Ok(plain())
+            let (field, array) = vector(x, path)?;
+            Ok(Value::Array {
+                field: Arc::new(field),
+                array,
+            })
         }
         _ => Err(np(path, format!("{} cannot cross languages", describe(x)))),
     }
@@ -334,30 +333,31 @@ fn frame(x: &Robj, path: &str) -> std::result::Result<FrameOut, NotPortable> {
         .names()
         .map(|n| n.map(str::to_owned).collect())
         .unwrap_or_default();
-    let mut cols = Vec::with_capacity(l.len());
-    for (j, c) in l.values().enumerate() {
+    let cols: Vec<Robj> = l.values().collect();
+    if names.len() == cols.len() {
+        let named: Vec<(&Robj, &str)> = cols
+            .iter()
+            .zip(&names)
+            .map(|(c, n)| (c, n.as_str()))
+            .collect();
+        if let Some(Value::Shared { bytes, value }) = resend(&named, true) {
+            return Ok(FrameOut::Shared(bytes, value));
+        }
+    }
+    let mut out = Vec::with_capacity(cols.len());
+    for (j, c) in cols.iter().enumerate() {
         let name = names.get(j).cloned().unwrap_or_default();
         let p = format!("{path}${name}");
         if !matches!(
             c.rtype(),
             Rtype::Logicals | Rtype::Integers | Rtype::Doubles | Rtype::Strings | Rtype::Raw
-        ) || mapped_class(&c).is_none()
+        ) || mapped_class(c).is_none()
         {
             return Err(np(&p, "this column cannot cross languages"));
         }
-        let fa = vector_named(&c, &name, &p)?;
-        cols.push((c, fa));
+        out.push(vector_named(c, &name, &p)?);
     }
-    let fields: Vec<(&Robj, &Field)> = cols.iter().map(|(c, (f, _))| (c, f)).collect();
-    let built = || {
-        rmeta::data_frame(cols.iter().map(|(_, fa)| fa.clone()).collect())
-            .ok()
-            .map(Value::Table)
-    };
-    if let Some(Value::Shared { bytes, value }) = resend(&fields, built) {
-        return Ok(FrameOut::Shared(bytes, value));
-    }
-    rmeta::data_frame(cols.into_iter().map(|(_, fa)| fa).collect())
+    rmeta::data_frame(out)
         .map(FrameOut::Batch)
         .map_err(|e| np(path, e.to_string()))
 }
@@ -368,12 +368,13 @@ enum FrameOut {
     Shared(Buffer, Box<Value>),
 }
 
-/// When `cols` (R vectors, each with the field it would be sent with) are unmodified views of
-/// one received value — a vector of an array value, or every column of a table value, in
-/// order — that value as a [`Value::Shared`], which is sent on by reference. `None` when any
-/// was modified or converted, or its fields (names, types, R metadata) differ from the
-/// received ones (new attributes, renamed columns).
-fn resend(cols: &[(&Robj, &Field)], built: impl FnOnce() -> Option<Value>) -> Option<Value> {
+/// When `cols` (R vectors with their names) are unmodified views of one received value — the
+/// vector of an array value, or with `frame` every column of a table value, in order — and
+/// still have the names and attributes they came with, that value as a [`Value::Shared`],
+/// which is sent on by reference. Decided per column, without reading an element: the data
+/// were checked when they came and are immutable since. `None` when any was modified,
+/// converted or given other attributes (those are sent by value).
+fn resend(cols: &[(&Robj, &str)], frame: bool) -> Option<Value> {
     use crate::view::Shared;
     let mut bytes: Option<Buffer> = None;
     for (j, (x, _)) in cols.iter().enumerate() {
@@ -395,47 +396,85 @@ fn resend(cols: &[(&Robj, &Field)], built: impl FnOnce() -> Option<Value>) -> Op
     }
     let bytes = bytes?;
     mizu_wire::Region::containing(bytes.as_ptr())?;
-    // The schema alone (the data were checked when they came, and are immutable since).
-    let schema = mizu_wire::arrow_schema(&bytes).ok()?;
-    // What an R reader makes of them is the same (strings of either offset width; R metadata).
-    fn equiv(a: &DataType, b: &DataType) -> bool {
-        use DataType::{Dictionary, LargeUtf8, Utf8};
-        match (a, b) {
-            (Utf8 | LargeUtf8, Utf8 | LargeUtf8) => true,
-            (Dictionary(k1, v1), Dictionary(k2, v2)) => k1 == k2 && equiv(v1, v2),
-            (a, b) => a == b,
+    let value = mizu_wire::decode_received(&bytes).ok()?;
+    let fits = |field: &Field, array: &ArrayRef, (x, name): &(&Robj, &str)| {
+        field.name() == name
+            && rmeta::classify(field)
+                .ok()
+                .and_then(|t| attributes(field, array, &t).ok())
+                .is_some_and(|want| has_attributes(x, &want))
+    };
+    let ok = match &value {
+        Value::Array { field, array } => !frame && cols.len() == 1 && fits(field, array, &cols[0]),
+        Value::Table(b) => {
+            frame
+                && b.num_columns() == cols.len()
+                && b.schema()
+                    .fields()
+                    .iter()
+                    .zip(b.columns())
+                    .zip(cols)
+                    .all(|((f, a), c)| fits(f, a, c))
         }
-    }
-    let r_meta = |f: &Field| -> Vec<(String, String)> {
-        let mut m: Vec<(String, String)> = f
-            .metadata()
-            .iter()
-            // (A time zone is in the type too; compared there.)
-            .filter(|(k, _)| k.starts_with("mizu.r.") && k.as_str() != rmeta::TZ)
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        m.sort();
-        m
+        _ => false,
     };
-    let same = |a: &Field, b: &Field| {
-        a.name() == b.name() && equiv(a.data_type(), b.data_type()) && r_meta(a) == r_meta(b)
-    };
-    let ok = schema.fields().len() == cols.len()
-        && schema
-            .fields()
-            .iter()
-            .zip(cols)
-            .all(|(a, (_, b))| same(a, b));
-    // What is sent should the reference be refused (the segment gone): the same data, as the
-    // views give them (zero-copy).
-    let value = if ok { built()? } else { return None };
-    Some(Value::Shared {
+    ok.then(|| Value::Shared {
         bytes,
         value: Box::new(value),
     })
 }
 
+/// The attributes that decide how a vector is sent, as [`column`] sets them.
+const DECIDING: [&str; 5] = ["class", "levels", "tzone", "units", "dim"];
+
+/// Whether `x` has exactly the deciding attributes `want` (and no other deciding one).
+fn has_attributes(x: &Robj, want: &[(&str, Robj)]) -> bool {
+    DECIDING.iter().all(|k| {
+        let want = want.iter().find(|(n, _)| n == k).map(|(_, v)| v);
+        match (x.get_attrib(*k), want) {
+            (None, None) => true,
+            (Some(have), Some(want)) => have == *want,
+            _ => false,
+        }
+    })
+}
+
 // -- values to R ----------------------------------------------------------------------------
+
+thread_local! {
+    /// The address range of the payload whose values are being made (see [`Reading`]).
+    static READING: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// While it lives, views made of values are counted as new copies when their bytes are in
+/// `payload` (sent for this task or reply) and as references otherwise (a region re-sent by
+/// reference): R's collector is asked to run for the first kind (see `view::account`), so a
+/// sender's fresh payload goes back as soon as the worker is idle.
+pub struct Reading {
+    before: (usize, usize),
+}
+
+impl Reading {
+    /// Marks `payload` as the one being read.
+    pub fn payload(payload: &Buffer) -> Reading {
+        let start = payload.as_ptr() as usize;
+        let before = READING.with(|r| r.replace((start, start + payload.len())));
+        Reading { before }
+    }
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        READING.with(|r| r.set(self.before));
+    }
+}
+
+/// Whether `bytes` lie in the payload being read (see [`Reading`]).
+fn in_payload(bytes: &Buffer) -> bool {
+    let (start, end) = READING.with(std::cell::Cell::get);
+    let p = bytes.as_ptr() as usize;
+    !bytes.is_empty() && p >= start && p + bytes.len() <= end
+}
 
 fn rerr(e: impl std::fmt::Display) -> Error {
     crate::rerr(format!("cannot read a cross-language value: {e}"))
@@ -446,6 +485,7 @@ fn rerr(e: impl std::fmt::Display) -> Error {
 /// `error`, `condition`; fields `type`, `classes`, `traceback`).
 pub fn received(payload: &Buffer) -> Result<Robj> {
     use mizu_wire::envelope::{self, Received};
+    let _reading = Reading::payload(payload);
     match envelope::read_with(payload, Some(&crate::codec::MAPPER)).map_err(rerr)? {
         Received::Value(v) | Received::Warned { value: v, .. } => to_r(v),
         Received::Error(e) => {
@@ -552,7 +592,7 @@ fn column(field: &Field, array: &ArrayRef, shared: Option<(Buffer, Option<u32>)>
         return column(&f, &a, None);
     }
     let t = rmeta::classify(field).map_err(rerr)?;
-    let dim = rmeta::dim(field, array.len()).map_err(rerr)?;
+    let attrs = attributes(field, array, &t)?;
     let src = match shared {
         Some((bytes, col)) => Source { bytes, col },
         // Not an encoding of its own: a view made here is sent on by copying.
@@ -577,49 +617,61 @@ fn column(field: &Field, array: &ArrayRef, shared: Option<(Buffer, Option<u32>)>
                 .collect();
             Robj::from(v)
         }
-        _ => crate::arrow_in::column(array, src, false)?,
+        _ => {
+            let copy = in_payload(&src.bytes);
+            crate::arrow_in::column(array, src, copy)?
+        }
     };
+    for (k, v) in attrs {
+        x.set_attrib(k, v)?;
+    }
+    Ok(x)
+}
+
+/// The attributes of the R vector of a received array (`t`: its R type): its class and what
+/// goes with it (levels, time zone, units), and `dim`.
+fn attributes(field: &Field, array: &ArrayRef, t: &RType) -> Result<Vec<(&'static str, Robj)>> {
+    let mut a: Vec<(&'static str, Robj)> = Vec::new();
     match t {
         RType::Factor { ordered } => {
             let levels = array
-                .as_dictionary::<arrow_array::types::Int32Type>()
+                .as_dictionary_opt::<arrow_array::types::Int32Type>()
+                .ok_or_else(|| rerr("a factor that is not a dictionary of int32 keys"))?
                 .values();
-            let levels: Vec<Option<String>> = match levels.as_string_opt::<i32>() {
-                Some(s) => s.iter().map(|v| v.map(str::to_owned)).collect(),
+            let levels: Vec<String> = match levels.as_string_opt::<i32>() {
+                Some(s) => s.iter().map(|v| v.unwrap_or_default().to_owned()).collect(),
                 None => levels
                     .as_string::<i64>()
                     .iter()
-                    .map(|v| v.map(str::to_owned))
+                    .map(|v| v.unwrap_or_default().to_owned())
                     .collect(),
             };
-            let levels: Vec<String> = levels.into_iter().map(|v| v.unwrap_or_default()).collect();
-            x.set_attrib("levels", levels)?;
-            if ordered {
-                x.set_class(["ordered", "factor"])?;
-            } else {
-                x.set_class(["factor"])?;
-            }
+            a.push(("levels", Robj::from(levels)));
+            a.push((
+                "class",
+                if *ordered {
+                    Robj::from(["ordered", "factor"])
+                } else {
+                    Robj::from("factor")
+                },
+            ));
         }
-        RType::Date => {
-            x.set_class(["Date"])?;
-        }
+        RType::Date => a.push(("class", Robj::from("Date"))),
         RType::PosixCt { tz } => {
-            x.set_attrib("tzone", tz.as_str())?;
-            x.set_class(["POSIXct", "POSIXt"])?;
+            a.push(("tzone", Robj::from(tz.as_str())));
+            a.push(("class", Robj::from(["POSIXct", "POSIXt"])));
         }
         RType::Difftime { units } => {
-            x.set_attrib("units", units.as_str())?;
-            x.set_class(["difftime"])?;
+            a.push(("units", Robj::from(units.as_str())));
+            a.push(("class", Robj::from("difftime")));
         }
-        RType::Integer64 => {
-            x.set_class(["integer64"])?;
-        }
+        RType::Integer64 => a.push(("class", Robj::from("integer64"))),
         _ => {}
     }
-    if let Some(d) = dim {
-        x.set_attrib("dim", d)?;
+    if let Some(d) = rmeta::dim(field, array.len()).map_err(rerr)? {
+        a.push(("dim", Robj::from(d)));
     }
-    Ok(x)
+    Ok(a)
 }
 
 fn unit_seconds(t: &RType) -> f64 {

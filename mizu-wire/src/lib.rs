@@ -51,7 +51,7 @@ pub use {
     frame::{Received, read_value, write_region, write_value},
     store::{DataPool, Mapper, Region, RegionDesc},
     value::{
-        CallTarget, Encoded, PrimitiveLayout, Value, arrow_schema, decode, decode_shared,
-        decode_slice, encode, encode_aligned,
+        CallTarget, Encoded, PrimitiveLayout, Value, arrow_schema, decode, decode_received,
+        decode_shared, decode_slice, encode, encode_aligned, passed_before, passed_check,
     },
 };

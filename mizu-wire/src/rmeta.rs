@@ -93,7 +93,18 @@ fn field(name: &str, a: &ArrayRef, meta: &[(&str, String)]) -> Field {
         .iter()
         .map(|(k, v)| (k.to_string(), v.clone()))
         .collect();
-    Field::new(name, a.data_type().clone(), true).with_metadata(md)
+    ordered_if_so(Field::new(name, a.data_type().clone(), true).with_metadata(md))
+}
+
+/// `f` with Arrow's ordered-dictionary flag set when its R class is `ordered`, so that Arrow
+/// readers (pandas' ordered categoricals) see the order too.
+pub fn ordered_if_so(f: Field) -> Field {
+    let ordered = f.metadata().get(CLASS).is_some_and(|c| c == "ordered");
+    if ordered && matches!(f.data_type(), DataType::Dictionary(..)) {
+        f.with_dict_is_ordered(true)
+    } else {
+        f
+    }
 }
 
 /// An integer vector.
@@ -457,12 +468,18 @@ pub fn normalize(field: &Field, array: &ArrayRef) -> Option<(Field, ArrayRef)> {
                 _ => values,
             };
             let d = DictionaryArray::<Int32Type>::try_new(keys, values).ok()?;
-            meta.insert(CLASS.into(), "factor".into());
+            let class = if field.dict_is_ordered() == Some(true) {
+                "ordered"
+            } else {
+                "factor"
+            };
+            meta.insert(CLASS.into(), class.into());
             Arc::new(d)
         }
         _ => return None,
     };
-    let f = Field::new(field.name(), out.data_type().clone(), true).with_metadata(meta);
+    let f =
+        ordered_if_so(Field::new(field.name(), out.data_type().clone(), true).with_metadata(meta));
     classify(&f).ok()?;
     Some((f, out))
 }

@@ -428,6 +428,8 @@ impl RegionMut {
 
     /// Freezes the payload.
     pub fn commit(self) -> Region {
+        let r = &self.region;
+        crate::value::written::committed(&r.describe(), r.ptr().as_ptr(), r.len());
         self.region
     }
 }

@@ -176,6 +176,9 @@ pub struct Encoded {
     parts: Vec<Part>,
     cur: Vec<u8>,
     len: usize,
+    /// Where the aligned arrays and tables are (offset, length), made from arrays this
+    /// process holds (see [`written`]).
+    arrow: Vec<(usize, usize)>,
 }
 
 #[derive(Debug, Clone)]
@@ -266,6 +269,7 @@ impl Encoded {
             out[at..at + b.len()].copy_from_slice(b);
             at += b.len();
         }
+        written::wrote(out.as_ptr(), &self.arrow);
     }
 
     /// [`Encoded::write_to`], except the bytes of referenced buffers starting at one of the
@@ -535,13 +539,21 @@ fn encode_into(e: &mut Encoded, v: &Value, depth: usize, aligned: bool) -> Resul
             if aligned {
                 align_item(e);
             }
+            let at = e.len;
             encode_arrow(e, tag::ARRAY, &batch)?;
+            if aligned {
+                e.arrow.push((at, e.len - at));
+            }
         }
         Value::Table(batch) => {
             if aligned {
                 align_item(e);
             }
-            encode_arrow(e, tag::TABLE, batch)?
+            let at = e.len;
+            encode_arrow(e, tag::TABLE, batch)?;
+            if aligned {
+                e.arrow.push((at, e.len - at));
+            }
         }
         Value::Shared { bytes, value } => {
             if !matches!(**value, Value::Array { .. } | Value::Table(_)) {
@@ -915,6 +927,46 @@ impl Decoder<'_> {
     }
 }
 
+/// The array or table of a standalone encoding this process received in shared memory (the
+/// `bytes` of a [`Value::Shared`]), decoded again as views of those bytes: for a binding that
+/// sends a received value on by reference and needs the value beside it. Bytes this process
+/// already validated are not validated again, so this costs per column, not per element.
+pub fn decode_received(bytes: &Buffer) -> Result<Value> {
+    let trusted = crate::store::Region::containing(bytes.as_ptr()).is_some_and(|(r, at)| {
+        validated::contains(&validated::key(&r.describe(), at, bytes.len()))
+    });
+    let mut d = Decoder {
+        buf: bytes,
+        pos: 0,
+        mapper: None,
+        shared: false,
+        trusted,
+    };
+    let v = d.value(0)?;
+    if d.pos != bytes.len() || !matches!(v, Value::Array { .. } | Value::Table(_)) {
+        return Err(malformed(0, "not one array or table value"));
+    }
+    Ok(v)
+}
+
+/// Whether this process recorded (with [`passed_check`]) that `bytes`, a range of a shared
+/// region, passed `check`: a binding's own test of received data (R: no string holds a NUL)
+/// is made once per received value, not each time it is received again. Always `false`
+/// outside shared regions.
+pub fn passed_before(bytes: &[u8], check: &'static str) -> bool {
+    crate::store::Region::containing(bytes.as_ptr()).is_some_and(|(r, at)| {
+        validated::contains(&validated::checked(&r.describe(), at, bytes.len(), check))
+    })
+}
+
+/// Records that `bytes` (a range of a shared region, immutable while referenced) passed
+/// `check`; see [`passed_before`]. Nothing outside shared regions.
+pub fn passed_check(bytes: &[u8], check: &'static str) {
+    if let Some((r, at)) = crate::store::Region::containing(bytes.as_ptr()) {
+        validated::insert(validated::checked(&r.describe(), at, bytes.len(), check));
+    }
+}
+
 /// The schema of an encoded array (`0C`) or table (`0D`) value, read from its first IPC
 /// message alone (no data is decoded or validated): for a binding that checks that what it
 /// would send on is still what it received.
@@ -955,6 +1007,50 @@ pub fn arrow_schema(bytes: &[u8]) -> Result<Arc<Schema>> {
     Ok(Arc::new(arrow_ipc::convert::try_fb_to_schema(s)?))
 }
 
+/// Arrow values this process wrote into a region it is filling, known good when the region
+/// is committed: a value sent to another process and sent back by reference is then not
+/// validated by the process that made it (it came from arrays this process held).
+pub(crate) mod written {
+    use std::cell::RefCell;
+
+    /// Values written but not yet claimed by a commit: (address, length).
+    const MAX: usize = 256;
+
+    thread_local! {
+        static PENDING: RefCell<Vec<(usize, usize)>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// `values` (offsets and lengths in the bytes at `base`) were just written.
+    pub(crate) fn wrote(base: *const u8, values: &[(usize, usize)]) {
+        if values.is_empty() {
+            return;
+        }
+        PENDING.with(|p| {
+            let mut p = p.borrow_mut();
+            if p.len() + values.len() > MAX {
+                p.clear();
+            }
+            p.extend(values.iter().map(|&(at, len)| (base as usize + at, len)));
+        });
+    }
+
+    /// The region `desc`, whose payload is the `len` bytes at `start`, was committed: the
+    /// values written inside it are known good, and the ones pending elsewhere are dropped
+    /// (they went to buffers that are not regions).
+    pub(crate) fn committed(desc: &crate::store::RegionDesc, start: *const u8, len: usize) {
+        let start = start as usize;
+        let inside: Vec<(usize, usize)> = PENDING.with(|p| {
+            p.borrow_mut()
+                .drain(..)
+                .filter(|&(a, l)| a >= start && a + l <= start + len)
+                .collect()
+        });
+        for (a, l) in inside {
+            super::validated::insert(super::validated::key(desc, a - start, l));
+        }
+    }
+}
+
 /// Arrow values in shared memory this process has decoded and validated: a region's bytes
 /// never change while it is referenced, and a segment's space is reused only in a new lap (a
 /// new generation), so the same (segment, generation, region, offset, length) names the same
@@ -965,8 +1061,12 @@ mod validated {
 
     use crate::store::RegionDesc;
 
-    /// Segment name, generation, region offset in the segment, offset in the region, length.
-    pub(super) type Key = (String, u64, u64, usize, usize);
+    /// Segment name, generation, region offset in the segment, offset in the region, length,
+    /// and which check the bytes passed (`ARROW`: decoded and validated as a value).
+    pub(super) type Key = (String, u64, u64, usize, usize, &'static str);
+
+    /// The check of an encoded array or table value.
+    pub(super) const ARROW: &str = "arrow";
 
     const MAX: usize = 4096;
 
@@ -974,12 +1074,17 @@ mod validated {
     static SEEN: Mutex<Seen> = Mutex::new((None, VecDeque::new()));
 
     pub(super) fn key(region: &RegionDesc, at: usize, len: usize) -> Key {
+        checked(region, at, len, ARROW)
+    }
+
+    pub(super) fn checked(region: &RegionDesc, at: usize, len: usize, check: &'static str) -> Key {
         (
             region.name.clone(),
             region.generation,
             region.offset,
             at,
             len,
+            check,
         )
     }
 

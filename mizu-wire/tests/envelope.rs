@@ -279,3 +279,47 @@ fn a_referenced_value_decoded_once_is_not_validated_again_but_still_checked() {
     cut[len_at..len_at + 8].copy_from_slice(&(len - 64).to_le_bytes());
     assert!(envelope::read_with(&aligned(&cut), Some(&mapper)).is_err());
 }
+
+#[test]
+fn a_received_value_decodes_again_from_its_bytes_and_remembers_checks_made_on_them() {
+    use mizu_wire::{DataPool, Mapper, Region};
+    use std::sync::Arc;
+    let pool = DataPool::new(1 << 22);
+    // Written in place into a region being filled (as a pool writes a task), then committed.
+    let env = Envelope::value(&Value::Table(table())).unwrap();
+    let mut r = pool.alloc(env.len()).unwrap();
+    env.write_to(r.bytes_mut());
+    let region = r.commit();
+    let mapper = Mapper::new();
+    let adopted = Arc::new(mapper.adopt(&region.share()).unwrap());
+    let Received::Value(Value::Shared { bytes, .. }) =
+        envelope::read_with(&Region::buffer(&adopted), Some(&mapper)).unwrap()
+    else {
+        panic!("an aligned table arrives shared")
+    };
+    // The standalone encoding decodes again to the table, as views of the same bytes.
+    let again = mizu_wire::decode_received(&bytes).unwrap();
+    assert_eq!(again, Value::Table(table()));
+    let Value::Table(t) = &again else {
+        panic!("a table")
+    };
+    let col = t.column(0).to_data();
+    let p = col.buffers()[0].as_ptr();
+    assert!(p >= bytes.as_ptr() && p < bytes.as_ptr().wrapping_add(bytes.len()));
+    // Anything but one array or table is refused.
+    assert!(mizu_wire::decode_received(&bytes.slice_with_length(0, 8)).is_err());
+    // A binding's own check of received bytes is remembered for those bytes and that check.
+    let part = &bytes.as_slice()[64..128];
+    assert!(!mizu_wire::passed_before(part, "test: check"));
+    mizu_wire::passed_check(part, "test: check");
+    assert!(mizu_wire::passed_before(part, "test: check"));
+    assert!(!mizu_wire::passed_before(part, "test: another check"));
+    assert!(!mizu_wire::passed_before(
+        &bytes.as_slice()[64..127],
+        "test: check"
+    ));
+    // Outside shared regions nothing is remembered.
+    let private = aligned(&[1u8; 64]);
+    mizu_wire::passed_check(private.as_slice(), "test: check");
+    assert!(!mizu_wire::passed_before(private.as_slice(), "test: check"));
+}
