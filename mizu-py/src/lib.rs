@@ -118,6 +118,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<wire::ArrowTable>()?;
     m.add_function(wrap_pyfunction!(wire::wire_dumps, m)?)?;
     m.add_function(wrap_pyfunction!(wire::wire_loads, m)?)?;
+    m.add_function(wrap_pyfunction!(xlang::xlang_dumps, m)?)?;
+    m.add_function(wrap_pyfunction!(xlang::xlang_loads, m)?)?;
     m.add_function(wrap_pyfunction!(task::wait_any, m)?)?;
     m.add_function(wrap_pyfunction!(worker::run_worker, m)?)?;
     m.add_function(wrap_pyfunction!(worker::in_task, m)?)?;

@@ -433,6 +433,12 @@ fn import_stream(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
     let reader = ArrayStreamReader::try_new(stream).map_err(value_err)?;
     let field = reader.field().clone();
     let chunks = reader.collect::<Result<Vec<_>, _>>().map_err(value_err)?;
+    if chunks.is_empty()
+        && has_dictionary(field.data_type())
+        && let Some(v) = empty_pandas_frame(obj)?
+    {
+        return Ok(v);
+    }
     let refs: Vec<&dyn Array> = chunks.iter().map(|a| a.as_ref()).collect();
     let array = match refs.len() {
         0 => arrow_array::new_empty_array(field.data_type()),
@@ -440,6 +446,33 @@ fn import_stream(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
         _ => arrow_select::concat::concat(&refs).map_err(value_err)?,
     };
     Ok(array_value(field, array))
+}
+
+/// Whether a column of type `t` (or a field of it) is a dictionary.
+fn has_dictionary(t: &DataType) -> bool {
+    match t {
+        DataType::Dictionary(..) => true,
+        DataType::Struct(fields) => fields.iter().any(|f| has_dictionary(f.data_type())),
+        _ => false,
+    }
+}
+
+/// A 0-row pandas data frame as one empty record batch (as pandas' own stream would convert
+/// it): its stream yields no batch at all, and without one its categoricals' categories would
+/// be lost. `None` for anything else.
+fn empty_pandas_frame(obj: &Bound<'_, PyAny>) -> PyResult<Option<Value>> {
+    let py = obj.py();
+    let Ok(pd) = py.import("pandas") else {
+        return Ok(None);
+    };
+    if !obj.is_instance(&pd.getattr("DataFrame")?)? {
+        return Ok(None);
+    }
+    let batch = py
+        .import("pyarrow")?
+        .getattr("RecordBatch")?
+        .call_method1("from_pandas", (obj,))?;
+    import_array(&batch).map(Some)
 }
 
 fn import_array(obj: &Bound<'_, PyAny>) -> PyResult<Value> {

@@ -156,10 +156,11 @@ pub(crate) fn ndarray_value(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
             ScalarBuffer::new(scalar(&flat)?, 0, n),
             nulls,
         )),
-        "timestamp" => Arc::new(TimestampMicrosecondArray::new(
-            ScalarBuffer::new(scalar(&flat)?, 0, n),
-            nulls,
-        )),
+        // numpy's datetimes have no zone and count from the UTC epoch: R's POSIXct in UTC.
+        "timestamp" => Arc::new(
+            TimestampMicrosecondArray::new(ScalarBuffer::new(scalar(&flat)?, 0, n), nulls)
+                .with_timezone("UTC"),
+        ),
         "duration" => {
             meta.push((UNITS.into(), "secs".into()));
             Arc::new(DurationMicrosecondArray::new(
@@ -260,7 +261,10 @@ fn array_to_py(
                 .collect();
             return plain(&Buffer::from_vec(days), "<M8[D]");
         }
-        DataType::Timestamp(TimeUnit::Microsecond, None) if no_nulls => {
+        // No zone, or UTC: what numpy's zoneless datetimes mean.
+        DataType::Timestamp(TimeUnit::Microsecond, tz)
+            if no_nulls && tz.as_deref().is_none_or(|z| z == "UTC") =>
+        {
             return plain(
                 array
                     .as_primitive::<TimestampMicrosecondType>()
@@ -422,6 +426,26 @@ pub(crate) fn value_payload(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
     Envelope::value(&v)
         .map(|e| e.to_vec())
         .map_err(|e| not_portable(e.to_string()))
+}
+
+/// `obj` as the cross-language payload R receives (a value message), as bytes: for the
+/// cross-language golden corpus.
+#[pyfunction]
+pub fn xlang_dumps<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+    Ok(pyo3::types::PyBytes::new(obj.py(), &value_payload(obj)?))
+}
+
+/// The Python value of a cross-language value payload (bytes as R sends them), as a task's
+/// result would be: for the cross-language golden corpus. Malformed bytes are a `ValueError`.
+#[pyfunction]
+pub fn xlang_loads(py: Python<'_>, data: &[u8]) -> PyResult<Py<PyAny>> {
+    // Arrow parts are read in place from a 64-byte aligned copy, as from a region.
+    let mut m = arrow_buffer::MutableBuffer::with_capacity(data.len());
+    m.extend_from_slice(data);
+    match outcome(py, &m.into())? {
+        (true, v) => Ok(v),
+        (false, e) => Err(PyErr::from_value(e.into_bound(py))),
+    }
 }
 
 /// `(ok, value or exception)` of a cross-language outcome payload.

@@ -272,8 +272,7 @@ def test_random_frames_python_to_r_and_back(rpool):
             a, b = sent.column(name), back.column(name)
             if pa.types.is_dictionary(a.type):
                 assert b.to_pylist() == a.to_pylist()
-                if n:  # (an empty frame's Arrow stream has no batch to carry the levels)
-                    assert b.combine_chunks().dictionary.to_pylist() == a.combine_chunks().dictionary.to_pylist()
+                assert b.combine_chunks().dictionary.to_pylist() == a.combine_chunks().dictionary.to_pylist()
             elif pa.types.is_timestamp(a.type) or pa.types.is_date(a.type):
                 assert b.cast(pa.int64()).to_pylist() == a.cast(pa.timestamp("us")).cast(pa.int64()).to_pylist() or (
                     b.to_pylist() == a.to_pylist()
@@ -317,6 +316,9 @@ def test_more_rows_of_the_mapping(rpool):
     oc = pd.DataFrame({"f": pd.Categorical(["lo", "hi", "lo"], categories=["lo", "hi"], ordered=True)})
     assert rpool.submit(pymizu.call(source="class(x$f)", x=oc)).result().tolist() == ["ordered", "factor"]
     assert pa.table(rpool.submit(ident, oc).result()).to_pandas()["f"].cat.ordered
+    # A frame of no rows keeps its categories (its Arrow stream has no batch to carry them).
+    empty = pd.DataFrame({"f": pd.Categorical([], categories=["a", "b"])})
+    assert rpool.submit(pymizu.call(source="levels(x$f)", x=empty)).result().tolist() == ["a", "b"]
     d = rpool.submit(pymizu.call(source='as.difftime(c(1.5, 3), units = "hours")')).result()
     assert d.dtype == np.dtype("m8[us]") and d.tolist()[0].total_seconds() == 5400.0
     # An n-dimensional array keeps every element at its index.
@@ -402,6 +404,22 @@ def test_a_nul_in_a_large_string_is_refused_every_time(rpool):
     good = pa.table({"s": pa.array(["ok", "ab"] * 40_000, type=pa.large_string())})
     for _ in range(2):
         assert rpool.submit(pymizu.call("nrow"), good).result() == 80_000
+
+
+def test_nested_maps_inside_r_tasks_run_on_the_pools_r_workers():
+    with pymizu.Pool(2, language="r") as p:
+        pids = {w["pid"] for w in p.status()["workers"]}
+        got = p.submit(pymizu.call(
+            source="unlist(mizu::mizu_map(mizu::mizu_current_pool(), 1:6, function(i) i * 10L))")).result(timeout=60)
+        assert got.tolist() == [10, 20, 30, 40, 50, 60]
+        ran = p.submit(pymizu.call(
+            source="unlist(mizu::mizu_map(mizu::mizu_current_pool(), 1:6, function(i) Sys.getpid()))")).result(timeout=60)
+        assert set(ran.tolist()) <= pids
+        # Seeded: the same numbers as the same map submitted from Python.
+        inner = p.submit(pymizu.call(
+            source="unlist(mizu::mizu_map(mizu::mizu_current_pool(), 1:3, function(i) runif(1), .seed = 5))")).result(timeout=60)
+        outer = p.map(pymizu.call("runif"), [1, 1, 1], seed=5)
+        assert inner.tolist() == [float(x) for x in outer]
 
 
 def test_r_warnings_are_warned_again_in_python(rpool):

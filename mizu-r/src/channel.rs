@@ -82,15 +82,7 @@ fn channel_send_batch(ch: Robj, payloads: List) -> Result<Vec<i32>> {
         payloads
             .values()
             .enumerate()
-            .map(|(i, v)| {
-                // SAFETY: `v` is held by the list (protected by its Robj) for the call.
-                let value =
-                    unsafe { crate::xvalue::from_sexp(v.get(), &format!("message {}", i + 1)) }
-                        .map_err(|e| rerr(format!("mizu_error_not_portable: {e}")))?;
-                mizu_wire::envelope::Envelope::value(&value)
-                    .map(|e| e.to_vec())
-                    .map_err(rerr)
-            })
+            .map(|(i, v)| crate::xvalue::message(&v, &format!("message {}", i + 1)))
             .collect::<Result<_>>()?
     } else {
         payloads

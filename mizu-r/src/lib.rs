@@ -136,4 +136,5 @@ extendr_module! {
     use view;
     use channel;
     use outvec;
+    use xvalue;
 }

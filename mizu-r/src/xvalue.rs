@@ -870,3 +870,36 @@ pub unsafe fn to_sexp_protected(v: Value) -> Result<SEXP> {
         Ok(Rf_protect(r.get()))
     }
 }
+
+/// `x` as the payload of a cross-language value message (what a Python peer receives);
+/// `path` names it in errors (class `mizu_error_not_portable` in the message).
+pub fn message(x: &Robj, path: &str) -> Result<Vec<u8>> {
+    // SAFETY: `x` is held (protected) by its Robj for the call.
+    let value = unsafe { from_sexp(x.get(), path) }
+        .map_err(|e| crate::rerr(format!("mizu_error_not_portable: {e}")))?;
+    mizu_wire::envelope::Envelope::value(&value)
+        .map(|e| e.to_vec())
+        .map_err(crate::rerr)
+}
+
+/// `x` as the bytes of a cross-language value message (for the cross-language golden corpus).
+#[extendr]
+fn xlang_dumps(x: Robj) -> Result<Raw> {
+    Ok(Raw::from_bytes(&message(&x, "x")?))
+}
+
+/// The R value of the bytes of a cross-language value message (as Python sends them); a
+/// malformed one is an error.
+#[extendr]
+fn xlang_loads(b: Raw) -> Result<Robj> {
+    // Arrow parts are read in place from a 64-byte aligned copy, as from a region.
+    let mut m = arrow_buffer::MutableBuffer::with_capacity(b.len());
+    m.extend_from_slice(b.as_slice());
+    received(&m.into())
+}
+
+extendr_module! {
+    mod xvalue;
+    fn xlang_dumps;
+    fn xlang_loads;
+}

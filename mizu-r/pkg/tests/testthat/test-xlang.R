@@ -222,3 +222,19 @@ test_that("a data frame relayed unmodified comes back by reference", {
     expect_identical(got$s, df$s)
   })
 })
+
+test_that("nested maps inside Python tasks run on the pool's Python workers", {
+  with_pool(2, language = "python", function(pool) {
+    pids <- mizu_pool_status(pool)$pid
+    got <- mizu_collect(mizu_submit(pool, mizu_call(
+      source = "import pymizu, operator\npymizu.current_pool().map(operator.neg, [1, 2, 3])")), timeout = 60)
+    expect_identical(got, list(-1L, -2L, -3L))
+    ran <- mizu_collect(mizu_submit(pool, mizu_call(
+      source = "import pymizu, os\npymizu.current_pool().map(lambda _: os.getpid(), range(6))")), timeout = 60)
+    expect_true(all(unlist(ran) %in% pids))
+    # Seeded: element i draws from the stream (5, i), as in a map submitted from R.
+    inner <- mizu_collect(mizu_submit(pool, mizu_call(
+      source = "import pymizu\npymizu.current_pool().map(lambda _: float(pymizu.current_rng().random()), range(3), seed=5)")), timeout = 60)
+    for (i in 1:3) expect_identical(inner[[i]], mizu_stream(5, i, 1))
+  })
+})
