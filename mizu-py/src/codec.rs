@@ -40,6 +40,9 @@ const COPY_PICKLE_MAX: usize = 4096;
 #[pyclass(module = "pymizu._native", frozen)]
 pub struct ShmBuffer {
     buf: Buffer,
+    /// For the values of an array received from another language: that array as it came
+    /// (see `xlang::received_view`).
+    source: Option<crate::xlang::Source>,
 }
 
 #[pymethods]
@@ -90,7 +93,20 @@ impl ShmBuffer {
 impl ShmBuffer {
     /// A view of `buf`.
     pub fn new(buf: Buffer) -> ShmBuffer {
-        ShmBuffer { buf }
+        ShmBuffer { buf, source: None }
+    }
+
+    /// A view of the values of a received array, which remembers the array.
+    pub(crate) fn sourced(buf: Buffer, source: crate::xlang::Source) -> ShmBuffer {
+        ShmBuffer {
+            buf,
+            source: Some(source),
+        }
+    }
+
+    /// The received array these are the values of, if any.
+    pub(crate) fn source(&self) -> Option<&crate::xlang::Source> {
+        self.source.as_ref()
     }
 
     /// The bytes, sharing the same memory.
@@ -214,9 +230,7 @@ pub fn decode(py: Python<'_>, buf: Buffer) -> PyResult<(Py<PyAny>, Py<PyList>)> 
         if len <= COPY_PICKLE_MAX {
             Ok(PyBytes::new(py, &b[start..start + len]).into_any().unbind())
         } else {
-            let v = ShmBuffer {
-                buf: buf.slice_with_length(start, len),
-            };
+            let v = ShmBuffer::new(buf.slice_with_length(start, len));
             Ok(Py::new(py, v)?.into_any())
         }
     };
@@ -233,7 +247,7 @@ pub fn decode(py: Python<'_>, buf: Buffer) -> PyResult<(Py<PyAny>, Py<PyList>)> 
                     } => by_reference(&desc, offset, len)
                         .map_err(|why| bad(format!("buffer {i}: {why}")))?,
                 };
-                list.append(Py::new(py, ShmBuffer { buf })?)?;
+                list.append(Py::new(py, ShmBuffer::new(buf))?)?;
             }
             let body = layout.body;
             Ok((view(body.start, body.len())?, list.unbind()))
@@ -289,9 +303,9 @@ pub fn share_buffer(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<ShmBuff
         Ok(r.commit())
     });
     let region = Arc::new(region.map_err(crate::err)?);
-    Ok(ShmBuffer {
-        buf: Region::buffer(&region).slice_with_length(0, n),
-    })
+    Ok(ShmBuffer::new(
+        Region::buffer(&region).slice_with_length(0, n),
+    ))
 }
 
 /// Where `obj`'s memory lives when it is shared: (segment name, offset of its region in the

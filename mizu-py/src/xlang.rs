@@ -104,8 +104,63 @@ fn bits(b: &Bound<'_, PyAny>, n: usize) -> PyResult<BooleanBuffer> {
     Ok(BooleanBuffer::new(lend(b)?, 0, n))
 }
 
-/// A numpy array as an Arrow array value (see `pymizu._xlang.ndarray_parts`).
+/// The array a numpy array was received as, when it is the very view made of that array's
+/// values (same start, dtype, shape and layout; views are read-only, so unchanged): sent on,
+/// it goes by reference to where it came, not by value.
+fn received_view(obj: &Bound<'_, PyAny>) -> PyResult<Option<Value>> {
+    // numpy keeps the exporter behind the view's base arrays and their memoryview.
+    let mut base = obj.getattr("base")?;
+    for _ in 0..4 {
+        if base.is_none() {
+            return Ok(None);
+        }
+        if let Ok(b) = base.cast::<ShmBuffer>() {
+            let b = b.get();
+            let Some(src) = b.source() else {
+                return Ok(None);
+            };
+            let data: usize = obj
+                .getattr("__array_interface__")?
+                .get_item("data")?
+                .get_item(0)?
+                .extract()?;
+            let dtype: String = obj.getattr("dtype")?.getattr("str")?.extract()?;
+            let shape: Vec<usize> = obj.getattr("shape")?.extract()?;
+            let flags = obj.getattr("flags")?;
+            let layout = if shape.len() <= 1 {
+                "c_contiguous"
+            } else {
+                "f_contiguous"
+            };
+            let same = data == b.buffer().as_ptr() as usize
+                && dtype == src.dtype
+                && shape == src.shape
+                && flags.getattr(layout)?.is_truthy()?;
+            return Ok(same.then(|| Value::Shared {
+                bytes: src.bytes.clone(),
+                value: Box::new(Value::Array {
+                    field: src.field.clone(),
+                    array: src.array.clone(),
+                }),
+            }));
+        }
+        base = if base.cast::<pyo3::types::PyMemoryView>().is_ok() {
+            base.getattr("obj")?
+        } else if base.hasattr("base")? {
+            base.getattr("base")?
+        } else {
+            return Ok(None);
+        };
+    }
+    Ok(None)
+}
+
+/// A numpy array as an Arrow array value (see `pymizu._xlang.ndarray_parts`); a received view
+/// sent on unchanged, by reference.
 pub(crate) fn ndarray_value(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
+    if let Some(v) = received_view(obj)? {
+        return Ok(v);
+    }
     let py = obj.py();
     let parts = helper(py)?
         .getattr("ndarray_parts")?
@@ -192,13 +247,41 @@ pub(crate) fn ndarray_value(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
     })
 }
 
+/// A received array as it came — its standalone encoding and the decoded array — and the
+/// numpy view made of its values (dtype, shape): that view, sent on as it is, goes by reference
+/// (see [`received_view`]).
+pub(crate) struct Source {
+    bytes: Buffer,
+    field: Arc<Field>,
+    array: ArrayRef,
+    dtype: String,
+    shape: Vec<usize>,
+}
+
 fn view(
     py: Python<'_>,
     values: Buffer,
     dtype: &str,
     dim: &Option<Vec<i32>>,
+    source: Option<(Buffer, &Arc<Field>, &ArrayRef)>,
 ) -> PyResult<Py<PyAny>> {
-    let buf = Py::new(py, ShmBuffer::new(values))?;
+    let buf = match source {
+        Some((bytes, field, array)) => {
+            let shape = match dim {
+                Some(d) => d.iter().map(|&x| x as usize).collect(),
+                None => vec![array.len()],
+            };
+            let src = Source {
+                bytes,
+                field: field.clone(),
+                array: array.clone(),
+                dtype: dtype.to_owned(),
+                shape,
+            };
+            Py::new(py, ShmBuffer::sourced(values, src))?
+        }
+        None => Py::new(py, ShmBuffer::new(values))?,
+    };
     Ok(helper(py)?
         .getattr("view")?
         .call1((buf, dtype, dim.clone()))?
@@ -218,7 +301,13 @@ fn array_to_py(
     let dim =
         mizu_wire::rmeta::dim(&field, array.len()).map_err(|e| not_portable(e.to_string()))?;
     let no_nulls = array.null_count() == 0;
-    let plain = |b: &Buffer, dtype: &str| view(py, b.clone(), dtype, &dim);
+    // A view of a copy or conversion, and a view of the array's own values (sent on by
+    // reference while unchanged).
+    let plain = |b: &Buffer, dtype: &str| view(py, b.clone(), dtype, &dim, None);
+    let own = |b: &Buffer, dtype: &str| {
+        let source = src.clone().map(|bytes| (bytes, &field, &array));
+        view(py, b.clone(), dtype, &dim, source)
+    };
     match array.data_type() {
         DataType::Float64 => {
             let a = array.as_primitive::<Float64Type>();
@@ -235,17 +324,17 @@ fn array_to_py(
                         .collect();
                     return plain(&Buffer::from_vec(filled), "<f8");
                 }
-                _ => return plain(v.inner(), "<f8"),
+                _ => return own(v.inner(), "<f8"),
             }
         }
         DataType::Int32 if no_nulls => {
-            return plain(array.as_primitive::<Int32Type>().values().inner(), "<i4");
+            return own(array.as_primitive::<Int32Type>().values().inner(), "<i4");
         }
         DataType::Int64 if no_nulls => {
-            return plain(array.as_primitive::<Int64Type>().values().inner(), "<i8");
+            return own(array.as_primitive::<Int64Type>().values().inner(), "<i8");
         }
         DataType::UInt8 if no_nulls => {
-            return plain(array.as_primitive::<UInt8Type>().values().inner(), "u1");
+            return own(array.as_primitive::<UInt8Type>().values().inner(), "u1");
         }
         DataType::Boolean if no_nulls => {
             let a = array.as_boolean();
@@ -265,7 +354,7 @@ fn array_to_py(
         DataType::Timestamp(TimeUnit::Microsecond, tz)
             if no_nulls && tz.as_deref().is_none_or(|z| z == "UTC") =>
         {
-            return plain(
+            return own(
                 array
                     .as_primitive::<TimestampMicrosecondType>()
                     .values()
@@ -274,7 +363,7 @@ fn array_to_py(
             );
         }
         DataType::Duration(TimeUnit::Microsecond) if no_nulls => {
-            return plain(
+            return own(
                 array
                     .as_primitive::<DurationMicrosecondType>()
                     .values()

@@ -422,6 +422,26 @@ def test_nested_maps_inside_r_tasks_run_on_the_pools_r_workers():
         assert inner.tolist() == [float(x) for x in outer]
 
 
+def test_a_received_numpy_view_sent_on_goes_by_reference(rpool):
+    ident = pymizu.call("identity")
+    addr = lambda a: a.__array_interface__["data"][0]  # noqa: E731
+    x = rpool.submit(ident, np.arange(1e6)).result()
+    y = rpool.submit(ident, x).result()
+    assert addr(y) == addr(x) and np.array_equal(x, y)
+    m = rpool.submit(ident, np.arange(6.0).reshape(2, 3)).result()
+    m2 = rpool.submit(ident, m).result()
+    assert addr(m2) == addr(m) and m2.shape == (2, 3) and np.array_equal(m, m2)
+    d = rpool.submit(ident, np.array(["2024-01-01T00:00:01"] * 1000, dtype="datetime64[us]")).result()
+    assert addr(rpool.submit(ident, d).result()) == addr(d)
+    # Anything else made of it is a new array, sent by value, with its own values.
+    s = x[10:20]
+    z = rpool.submit(ident, s).result()
+    assert addr(z) != addr(x) and np.array_equal(z, s)
+    t = rpool.submit(ident, m.T).result()
+    assert t.shape == (3, 2) and np.array_equal(t, m.T)
+    assert rpool.submit(ident, x.astype(np.float32)).result().dtype == np.float64
+
+
 def test_r_warnings_are_warned_again_in_python(rpool):
     with pytest.warns(pymizu.RWarning, match="careful"):
         assert rpool.submit(pymizu.call(source='warning("careful"); 1')).result() == 1.0
