@@ -115,7 +115,8 @@ struct State {
     buf: Buffer,
     n: usize,
     backing: Backing,
-    /// Elements already made (in `data2`), one bit each; all of them once `complete`.
+    /// Elements already made (in `data2`), one bit each (allocated when the first one is: a
+    /// view relayed without being read costs nothing per element); all once `complete`.
     made: RefCell<Vec<u64>>,
     complete: Cell<bool>,
 }
@@ -152,6 +153,23 @@ impl Strings {
 }
 
 impl State {
+    /// Whether element `i` was made.
+    fn is_made(&self, i: usize) -> bool {
+        self.made
+            .borrow()
+            .get(i / 64)
+            .is_some_and(|w| (w >> (i % 64)) & 1 == 1)
+    }
+
+    /// Records that element `i` was made.
+    fn mark_made(&self, i: usize) {
+        let mut m = self.made.borrow_mut();
+        if m.is_empty() {
+            m.resize(self.n.div_ceil(64), 0);
+        }
+        m[i / 64] |= 1 << (i % 64);
+    }
+
     fn offset(&self, i: usize) -> usize {
         let b = self.buf.as_slice();
         let e = 8 + 8 * i;
@@ -285,7 +303,7 @@ unsafe fn complete(x: SEXP) -> SEXP {
         let d2 = cache(x, st);
         if !st.complete.get() {
             for i in 0..st.n {
-                let done = (st.made.borrow()[i / 64] >> (i % 64)) & 1 == 1;
+                let done = st.is_made(i);
                 if !done {
                     SET_STRING_ELT(d2, i as R_xlen_t, make_elt(st, i));
                 }
@@ -307,13 +325,12 @@ unsafe extern "C" fn elt(x: SEXP, i: R_xlen_t) -> SEXP {
         let st = state(x);
         let i = i as usize;
         let d2 = cache(x, st);
-        let word = i / 64;
-        if st.complete.get() || (st.made.borrow()[word] >> (i % 64)) & 1 == 1 {
+        if st.complete.get() || st.is_made(i) {
             return STRING_ELT(d2, i as R_xlen_t);
         }
         let c = Rf_protect(make_elt(st, i));
         SET_STRING_ELT(d2, i as R_xlen_t, c);
-        st.made.borrow_mut()[word] |= 1 << (i % 64);
+        st.mark_made(i);
         Rf_unprotect(1);
         c
     }
@@ -437,7 +454,7 @@ fn new_view(buf: Buffer, n: usize, backing: Backing, copy: bool) -> Result<Robj>
             buf,
             n,
             backing,
-            made: RefCell::new(vec![0; n.div_ceil(64)]),
+            made: RefCell::new(Vec::new()),
             complete: Cell::new(false),
         },
     ))

@@ -72,6 +72,15 @@ test_that("values that cannot cross fail at submit, naming where they sit", {
     e <- tryCatch(mizu_submit(pool, mizu_call("builtins.len", function(x) x)), error = function(e) e)
     expect_s3_class(e, "mizu_error_not_portable")
     expect_error(mizu_submit(pool, 1 + 1), "mizu_call")
+    # A hand-made call whose parts are wrong is refused, not read past.
+    bad <- structure(list(target = 1, source = FALSE, args = list(), kwargs = list()), class = "mizu_call")
+    expect_error(mizu_submit(pool, bad), "needs a target")
+    bad <- structure(list(target = "builtins.abs", source = FALSE), class = "mizu_call")
+    expect_error(mizu_submit(pool, bad), "four parts")
+    bad <- structure(list(target = "builtins.abs", source = FALSE, args = list(), kwargs = list(1)),
+                     class = "mizu_call")
+    expect_error(mizu_submit(pool, bad), "must be named")
+    expect_error(mizu_submit(pool, mizu_call("builtins.abs", -1L), 3), "must be named")
     # A result that cannot cross fails its task, naming what it was.
     e <- tryCatch(mizu_collect(mizu_submit(pool, mizu_call(source = "{1, 2}"))),
                   error = function(e) e)
