@@ -525,7 +525,7 @@ pub fn xlang_dumps<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, pyo3::ty
 }
 
 /// The Python value of a cross-language value payload (bytes as R sends them), as a task's
-/// result would be: for the cross-language golden corpus. Malformed bytes are a `ValueError`.
+/// result would be: for the cross-language golden corpus. Malformed bytes are a `MizuError`.
 #[pyfunction]
 pub fn xlang_loads(py: Python<'_>, data: &[u8]) -> PyResult<Py<PyAny>> {
     // Arrow parts are read in place from a 64-byte aligned copy, as from a region.

@@ -570,6 +570,7 @@ impl DataPool {
     /// Carves a region of `need` bytes (header included) from the current segment, an idle
     /// one, or a new one (of the pool's segment size, or of `need` bytes when `exact`).
     fn alloc_in(&self, need: u64, len: u64, exact: bool) -> Result<RegionMut> {
+        crate::value::written::forget();
         let mut g = self.inner.lock();
         let fits =
             |s: &DataSegment, bump: u64| bump.checked_add(need).is_some_and(|e| e <= s.arena.len);

@@ -1034,6 +1034,13 @@ pub(crate) mod written {
         });
     }
 
+    /// A region is being allocated for filling: what was written before belongs to no region
+    /// this thread fills from now on (a region that was dropped unfilled, say), and must not
+    /// vouch for bytes that later take its place.
+    pub(crate) fn forget() {
+        PENDING.with(|p| p.borrow_mut().clear());
+    }
+
     /// The region `desc`, whose payload is the `len` bytes at `start`, was committed: the
     /// values written inside it are known good, and the ones pending elsewhere are dropped
     /// (they went to buffers that are not regions).
