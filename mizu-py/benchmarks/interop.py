@@ -12,7 +12,9 @@
    `fwrite`, `read_csv`; and Arrow IPC files in /dev/shm written and read by pyarrow at both
    ends of a Python → Python worker trip (each path starts from the pandas frame and ends with
    a table pyarrow reads);
-3. the same at 1 000 rows.
+3. the same at 1 000 rows;
+4. a map of `sqrt` over 10 000 numbers on two workers, per element: Python → R workers and
+   R → Python workers beside each language's own map.
 
 Every time is the median of several runs; ratios are peer time / mizu time.
 """
@@ -20,6 +22,7 @@ Every time is the median of several runs; ratios are peer time / mizu time.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import subprocess
@@ -108,6 +111,13 @@ def main():
                 submit(c).result()
 
         py_r = timed(pr, reps) / k
+    # 4 (measured here, printed last). Maps of a tiny function (two workers).
+    xs = [float(i) for i in range(1, 10_001)]
+    with pymizu.Pool(2) as p:
+        map_py_py = timed(lambda: p.map(math.sqrt, xs), reps) / len(xs)
+    with pymizu.Pool(2, language="r") as p:
+        c = pymizu.call("sqrt")
+        map_py_r = timed(lambda: p.map(c, xs), reps) / len(xs)
     rs = r_side(a.quick)
     r_r, r_py = rs["r_r"], rs["r_py"]
     slower = max(py_py, r_r)
@@ -185,6 +195,18 @@ def main():
           f"of a frame already in shared memory (sent on by reference) {results[big][3] / results[small][3]:.1f}x")
     if not have_dt:
         print("note: data.table is not installed, so the CSV peer did not run (Debian: r-cran-data.table)")
+
+    slower = max(map_py_py, rs["map_r_r"])
+    print(f"\nA map of sqrt over {len(xs):,} numbers (2 workers, per element, median of runs)")
+    print("| caller -> workers | per element | vs the slower same-language one |")
+    print("|---|---:|---:|")
+    for name, v in [
+        ("Python -> Python", map_py_py),
+        ("R -> R", rs["map_r_r"]),
+        ("Python -> R", map_py_r),
+        ("R -> Python", rs["map_r_py"]),
+    ]:
+        print(f"| {name} | {v * 1e6:.3f} us | {v / slower:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -375,18 +375,10 @@ impl Pool {
         Ok(fut.unbind())
     }
 
-    /// Submits a cross-language task: `call` (a `pymizu.wire.Call`), with `extra` appended to
-    /// its arguments when given (a map's element), under the random stream `(seed, index)`.
-    #[pyo3(signature = (call, extra=None, seed=None, index=0))]
-    fn submit_xcall(
-        slf: &Bound<'_, Self>,
-        call: &Bound<'_, PyAny>,
-        extra: Option<&Bound<'_, PyAny>>,
-        seed: Option<u64>,
-        index: u64,
-    ) -> PyResult<Task> {
+    /// Submits a cross-language task: `call` (a `pymizu.wire.Call`).
+    fn submit_xcall(slf: &Bound<'_, Self>, call: &Bound<'_, PyAny>) -> PyResult<Task> {
         let (py, this) = (slf.py(), slf.get());
-        let env = crate::xlang::task_envelope(call, extra, seed, index)?;
+        let env = crate::xlang::task_envelope(call)?;
         this.with(|pool| {
             submit_draining(py, &this.tasks, false, env.len(), |t| {
                 pool.submit_with(&env, t)
@@ -395,26 +387,20 @@ impl Pool {
         .map(|t| t.kept(slf.as_any()))
     }
 
-    /// Submits a cross-language task per element of `items` (each appended to `call`'s
-    /// arguments; element `i` under the stream `(seed, offset + i)`), with one publication
-    /// per worker queue.
-    #[pyo3(signature = (call, items, seed=None, offset=0))]
+    /// Submits a cross-language map of `call` over `items`, `chunksize` elements a task (each
+    /// appended to `call`'s arguments, or its items when `spread`; element `i` under the
+    /// stream `(seed, offset + i)`), with one publication per worker queue.
+    #[pyo3(signature = (call, items, spread, seed, offset, chunksize))]
     fn submit_xmap(
         slf: &Bound<'_, Self>,
         call: &Bound<'_, PyAny>,
         items: Vec<Bound<'_, PyAny>>,
+        spread: bool,
         seed: Option<u64>,
         offset: u64,
+        chunksize: usize,
     ) -> PyResult<Vec<Task>> {
-        let envs = items
-            .iter()
-            .enumerate()
-            .map(|(i, x)| {
-                crate::xlang::at(format!("element {i}: "), || {
-                    crate::xlang::task_envelope(call, Some(x), seed, offset + i as u64)
-                })
-            })
-            .collect::<PyResult<Vec<_>>>()?;
+        let envs = crate::xlang::chunk_envelopes(call, &items, spread, seed, offset, chunksize)?;
         let (py, this) = (slf.py(), slf.get());
         this.with(|pool| {
             let mut done: Vec<Task> = Vec::with_capacity(envs.len());

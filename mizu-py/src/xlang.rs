@@ -446,14 +446,58 @@ fn for_r(v: Value) -> Value {
     }
 }
 
-/// The payload of a task calling `call` (a `pymizu.wire.Call`), with an extra trailing
-/// argument when `extra` is given (a map's element).
-pub(crate) fn task_envelope(
+/// The payload of a task calling `call` (a `pymizu.wire.Call`).
+pub(crate) fn task_envelope(call: &Bound<'_, PyAny>) -> PyResult<Envelope> {
+    let value = call_value(call)?;
+    Envelope::task(&value, Context::default()).map_err(|e| not_portable(e.to_string()))
+}
+
+/// The payloads of a map of `call` over `items` (each a tuple of arguments when `spread`),
+/// `size` elements a chunk; element `i` runs on the stream `(seed, offset + i)`.
+pub(crate) fn chunk_envelopes(
     call: &Bound<'_, PyAny>,
-    extra: Option<&Bound<'_, PyAny>>,
+    items: &[Bound<'_, PyAny>],
+    spread: bool,
     seed: Option<u64>,
-    index: u64,
-) -> PyResult<Envelope> {
+    offset: u64,
+    size: usize,
+) -> PyResult<Vec<Envelope>> {
+    let value = call_value(call)?;
+    if matches!(
+        value,
+        Value::Call {
+            target: CallTarget::Source(_),
+            ..
+        }
+    ) {
+        return Err(PyTypeError::new_err(
+            "map() needs a call that names a function, not source text",
+        ));
+    }
+    let mut out = Vec::with_capacity(items.len().div_ceil(size.max(1)));
+    for (k, part) in items.chunks(size.max(1)).enumerate() {
+        let first = k * size.max(1);
+        let mut elements = Vec::with_capacity(part.len());
+        for (j, x) in part.iter().enumerate() {
+            let v = at(format!("element {}: ", first + j), || {
+                crate::wire::from_py(x)
+            })?;
+            elements.push(for_r(v));
+        }
+        let chunk = envelope::Chunk { elements, spread };
+        let ctx = Context {
+            seed,
+            index: offset + first as u64,
+        };
+        out.push(
+            Envelope::chunk(value.clone(), chunk, ctx).map_err(|e| not_portable(e.to_string()))?,
+        );
+    }
+    Ok(out)
+}
+
+/// `call` (a `pymizu.wire.Call`) as a call value.
+fn call_value(call: &Bound<'_, PyAny>) -> PyResult<Value> {
     let py = call.py();
     static CALL: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let class = CALL.get_or_try_init(py, || {
@@ -474,15 +518,6 @@ pub(crate) fn task_envelope(
             crate::wire::from_py(&a)
         })?));
     }
-    if let Some(x) = extra {
-        if source {
-            return Err(PyTypeError::new_err(
-                "map() needs a call that names a function, not source text",
-            ));
-        }
-        let i = args.len();
-        args.push(for_r(at(format!("args[{i}]"), || crate::wire::from_py(x))?));
-    }
     let kw = call.getattr("kwargs")?;
     let kw = kw
         .cast::<PyDict>()
@@ -500,12 +535,11 @@ pub(crate) fn task_envelope(
     } else {
         CallTarget::Name(target)
     };
-    let value = Value::Call {
+    Ok(Value::Call {
         target,
         args,
         kwargs,
-    };
-    Envelope::task(&value, Context { seed, index }).map_err(|e| not_portable(e.to_string()))
+    })
 }
 
 /// A value as a cross-language value payload (a channel message to a peer of another
@@ -546,26 +580,33 @@ pub(crate) fn outcome(py: Python<'_>, payload: &Buffer) -> PyResult<(bool, Py<Py
             helper(py)?.getattr("warn_r")?.call1((warnings,))?;
             Ok((true, v))
         }
-        Received::Error(e) => Ok((
-            false,
-            helper(py)?
-                .getattr("remote_error")?
-                .call1((e.language, e.classes, e.message, e.call, e.traceback))?
-                .unbind(),
-        )),
+        Received::Error(e) => {
+            let x = helper(py)?.getattr("remote_error")?.call1((
+                e.language,
+                e.classes,
+                e.message,
+                e.call,
+                e.traceback,
+            ))?;
+            if let Some(i) = e.element {
+                x.setattr("_pymizu_element", i)?;
+            }
+            Ok((false, x.unbind()))
+        }
         Received::Task { .. } => Err(crate::err("a task payload where a result was expected")),
     }
 }
 
 /// Runs a cross-language task in this (Python) worker: `(ok, payload)`.
 pub(crate) fn run_task(py: Python<'_>, payload: &Buffer) -> (bool, Envelope) {
-    let fail = |classes: Vec<String>, message: String, traceback: String| {
+    let fail = |classes: Vec<String>, message: String, traceback: String, element| {
         let e = RemoteError {
             language: "python".into(),
             classes,
             message,
             call: String::new(),
             traceback,
+            element,
         };
         (false, Envelope::failure_of(&e))
     };
@@ -574,10 +615,12 @@ pub(crate) fn run_task(py: Python<'_>, payload: &Buffer) -> (bool, Envelope) {
         args,
         kwargs,
         ctx,
+        chunk,
     } = match envelope::read_task(payload, Some(&crate::ndarray::MAPPER)) {
         Ok(t) => t,
-        Err(e) => return fail(vec!["MizuError".into()], e.to_string(), String::new()),
+        Err(e) => return fail(vec!["MizuError".into()], e.to_string(), String::new(), None),
     };
+    let chunked = chunk.is_some();
     let result = (|| -> PyResult<Bound<'_, PyAny>> {
         let (t, source) = match target {
             CallTarget::Name(n) => (n, false),
@@ -596,6 +639,22 @@ pub(crate) fn run_task(py: Python<'_>, payload: &Buffer) -> (bool, Envelope) {
             }
             Some(k)
         };
+        if let Some(chunk) = chunk {
+            let mut xs = Vec::with_capacity(chunk.elements.len());
+            for v in chunk.elements {
+                xs.push(to_py_natural(py, v)?);
+            }
+            let k = k.unwrap_or_else(|| PyDict::new(py));
+            return helper(py)?.getattr("run_chunk")?.call1((
+                t,
+                PyList::new(py, a)?,
+                k,
+                PyList::new(py, xs)?,
+                chunk.spread,
+                ctx.seed,
+                ctx.index,
+            ));
+        }
         if !source && ctx.seed.is_none() {
             // The common case without a Python frame in between: the function, found once.
             let f = function(py, &t)?;
@@ -606,7 +665,27 @@ pub(crate) fn run_task(py: Python<'_>, payload: &Buffer) -> (bool, Envelope) {
             .getattr("run")?
             .call1((t, source, PyList::new(py, a)?, k, ctx.seed, ctx.index))
     })();
-    let sent = result.and_then(|v| at("result", || crate::wire::from_py(&v)).map(for_r));
+    let sent = result.and_then(|v| {
+        if !chunked {
+            return at("result", || crate::wire::from_py(&v)).map(for_r);
+        }
+        // Each element's result on its own, so that one that cannot cross names its element.
+        let list = v.cast::<PyList>()?;
+        let mut out = Vec::with_capacity(list.len());
+        for (j, x) in list.iter().enumerate() {
+            let i = ctx.index + j as u64;
+            match at(format!("the result of element {i}"), || {
+                crate::wire::from_py(&x)
+            }) {
+                Ok(v) => out.push(for_r(v)),
+                Err(e) => {
+                    let _ = e.value(py).setattr("_pymizu_element", i);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Value::List(out))
+    });
     match sent.and_then(|v| Envelope::value(&v).map_err(|e| not_portable(e.to_string()))) {
         Ok(env) => (true, env),
         Err(e) => {
@@ -614,9 +693,20 @@ pub(crate) fn run_task(py: Python<'_>, payload: &Buffer) -> (bool, Envelope) {
                 .and_then(|h| h.getattr("describe"))
                 .and_then(|d| d.call1((e.value(py), e.traceback(py))))
                 .and_then(|r| r.extract::<(Vec<String>, String, String)>());
+            // A map chunk's failing element says where it failed.
+            let element = e
+                .value(py)
+                .getattr("_pymizu_element")
+                .and_then(|i| i.extract::<u64>())
+                .ok();
             match described {
-                Ok((c, m, t)) => fail(c, m, t),
-                Err(_) => fail(vec!["Exception".into()], e.to_string(), String::new()),
+                Ok((c, m, t)) => fail(c, m, t, element),
+                Err(_) => fail(
+                    vec!["Exception".into()],
+                    e.to_string(),
+                    String::new(),
+                    element,
+                ),
             }
         }
     }

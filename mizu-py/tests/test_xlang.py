@@ -136,6 +136,56 @@ def _draw(_):
     return pymizu.current_rng().random(3).tolist()
 
 
+def test_maps_travel_in_chunks_and_give_the_same_values_for_any_chunk_size(rpool):
+    xs = [float(i) for i in range(1000)]
+    want = [x**0.5 for x in xs]
+    for size in (None, 1, 7, 1000):
+        assert rpool.map(pymizu.call("sqrt"), xs, chunksize=size) == want
+    # Fixed arguments come first, then the element; keywords stay keywords.
+    got = rpool.map(pymizu.call("paste", "a", sep="-"), ["x", "y", "z"], chunksize=2)
+    assert got == ["a-x", "a-y", "a-z"]
+    # Several iterables spread into the arguments (starmap too).
+    assert rpool.map(pymizu.call("sum"), [1, 2, 3], [10, 20, 30], chunksize=2) == [11, 22, 33]
+    assert rpool.starmap(pymizu.call("paste0"), [("a", 1), ("b", 2)]) == ["a1", "b2"]
+    # NULL results stay in place, and an empty map is empty.
+    assert rpool.map(pymizu.call("identity"), [None, 1, None], chunksize=3) == [None, 1, None]
+    assert rpool.map(pymizu.call("sqrt"), []) == []
+    assert list(rpool.imap(pymizu.call("sqrt"), [4.0, 9.0], chunksize=1)) == [2.0, 3.0]
+    with pytest.raises(ValueError, match="chunksize"):
+        rpool.map(pymizu.call("sqrt"), [1.0], chunksize=0)
+    with pytest.raises(TypeError, match="names a function"):
+        rpool.map(pymizu.call(source="x"), [1.0])
+
+
+def test_seeded_chunked_maps_draw_what_unchunked_ones_do(rpool):
+    seed = 77
+    one = rpool.map(pymizu.call("runif"), [2] * 25, seed=seed, chunksize=1)
+    for size in (None, 4, 25):
+        got = rpool.map(pymizu.call("runif"), [2] * 25, seed=seed, chunksize=size)
+        assert [np.asarray(g).tolist() for g in got] == [np.asarray(o).tolist() for o in one]
+    ref = np.random.Generator(np.random.Philox(key=seed, counter=(5 + 19) << 128)).random(2)
+    last = rpool.map(pymizu.call("runif"), [2] * 20, seed=seed, offset=5, chunksize=6)[-1]
+    assert np.asarray(last).tolist() == ref.tolist()
+
+
+def test_a_failing_element_of_a_chunk_names_its_position(rpool):
+    xs = ["2024-01-01", "2024-01-02", "x", "2024-01-04", "y"]
+    for size in (1, 2, 5):
+        with pytest.raises(pymizu.RError) as ei:
+            rpool.map(pymizu.call("as.Date"), xs, chunksize=size, offset=3)
+        assert ei.value._pymizu_index == 2, size
+        assert "unambiguous format" in ei.value.message
+    # A result that cannot cross names the element (its index in the map).
+    with pytest.raises(pymizu.RError, match=r"element 4: a function cannot cross") as ei:
+        rpool.map(pymizu.call("get"), ["pi", "pi", "emptyenv"], chunksize=2, offset=2)
+    assert ei.value._pymizu_index == 2
+    # Warnings of every element reach the caller.
+    with pytest.warns(UserWarning, match="NAs introduced by coercion"):
+        got = rpool.map(pymizu.call("as.numeric"), ["1", "a"], chunksize=2)
+    assert got[0] == 1.0 and np.isnan(got[1])
+    assert rpool.map(pymizu.call("sqrt"), [16.0]) == [4.0]
+
+
 def test_a_killed_r_worker_fails_only_its_task():
     with pymizu.Pool(1, language="r") as p:
         t = p.submit(pymizu.call(source="Sys.sleep(30)"))
@@ -148,6 +198,19 @@ def test_a_killed_r_worker_fails_only_its_task():
         with pytest.raises(pymizu.WorkerDiedError):
             t.result(timeout=30)
         assert p.submit(pymizu.call("sum", 1, 2)).result(timeout=60) == 3
+
+
+def test_a_killed_r_worker_fails_only_its_chunk_of_a_map():
+    with pymizu.Pool(1, language="r") as p:
+        it = p.imap(pymizu.call("Sys.sleep"), [0, 30, 0, 0], chunksize=2)
+        deadline = time.monotonic() + 30
+        while not any(w["busy"] for w in p.status()["workers"]):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(p.status()["workers"][0]["pid"], signal.SIGKILL)
+        with pytest.raises(pymizu.WorkerDiedError):
+            list(it)
+        assert p.map(pymizu.call("sqrt"), [4.0, 9.0, 16.0], chunksize=2) == [2.0, 3.0, 4.0]
 
 
 def test_exec_timeout_and_cancel():

@@ -239,7 +239,7 @@ unsafe extern "C" fn submit_xcall(pool: SEXP, call: SEXP, vars: SEXP) -> SEXP {
         // SAFETY: R's main thread (`.Call`); the arguments are protected by R for the call.
         unsafe {
             let p = pool_at(pool).map_err(|e| e.to_string())?;
-            let env = match crate::xvalue::call_envelope(call, vars, None, None, 0.0) {
+            let env = match crate::xvalue::call_envelope(call, vars) {
                 Ok(env) => env,
                 Err(why) => return Ok(failure_sexp("mizu_error_not_portable", &why)),
             };

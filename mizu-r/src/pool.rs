@@ -372,24 +372,36 @@ fn pool_info(pool: Robj) -> Result<List> {
     ]))
 }
 
-/// Submits a cross-language task to a pool of Python workers: `call` is a `mizu_call()`
-/// (`list(target, source, args, kwargs)`), `extra` (unless NULL) is appended to its arguments
-/// (a map's element), `seed` (NULL or a whole double) and `index` select the random stream.
-/// The task handle, or a failure `c(class, message)`.
+/// Submits a chunk of a map over a pool of another language's workers: `call` a
+/// `mizu_call()`, `vars` further keyword arguments (a named list), `elements` the chunk's
+/// elements (a list; each is appended to the arguments), element `j` under the stream
+/// `(seed, first + j)`. The task handle, or a failure `c(class, message)`.
 #[extendr]
-fn pool_submit_xcall(pool: Robj, call: Robj, extra: Robj, seed: Robj, index: f64) -> Result<Robj> {
+fn pool_submit_xchunk(
+    pool: Robj,
+    call: Robj,
+    vars: Robj,
+    elements: Robj,
+    seed: Robj,
+    first: f64,
+) -> Result<Robj> {
     let p = pool_ref(&pool)?;
     let seed = if seed.is_null() { None } else { seed.as_real() };
     // SAFETY: R's main thread; the arguments are held by their Robjs for the call.
-    let env = match unsafe {
-        crate::xvalue::call_envelope(
-            call.get(),
-            R_NilValue_sexp(),
-            (!extra.is_null()).then(|| extra.get()),
-            seed,
-            index,
-        )
-    } {
+    let env = unsafe {
+        crate::xvalue::chunk_envelope(call.get(), vars.get(), elements.get(), seed, first)
+    };
+    submit_xenvelope(&pool, p, env)
+}
+
+/// Submits a cross-language payload to `p` (whose handle is `pool`): the task handle, or a
+/// failure `c(class, message)` (`env`'s error says why the task cannot cross).
+fn submit_xenvelope(
+    pool: &Robj,
+    p: &RPool,
+    env: std::result::Result<mizu_wire::envelope::Envelope, String>,
+) -> Result<Robj> {
+    let env = match env {
         Ok(env) => env,
         Err(why) => return Ok(failure("mizu_error_not_portable", why)),
     };
@@ -400,12 +412,6 @@ fn pool_submit_xcall(pool: Robj, call: Robj, extra: Robj, seed: Robj, index: f64
         Ok(t) => unsafe { Robj::from_sexp(crate::handle::task_handle(pool.get(), &p.batch, t)) },
         Err(f) => f,
     })
-}
-
-#[allow(non_snake_case)]
-fn R_NilValue_sexp() -> SEXP {
-    // SAFETY: reading R's constant.
-    unsafe { extendr_ffi::R_NilValue }
 }
 
 /// Checks a task message `list(kind, expr, vars)`: as [`check_vars_sexp`].
@@ -1198,7 +1204,7 @@ extendr_module! {
     fn pool_new;
     fn pool_nested;
     fn pool_info;
-    fn pool_submit_xcall;
+    fn pool_submit_xchunk;
     fn check_portable;
     fn pool_submit;
     fn pool_submit_batch;

@@ -246,14 +246,16 @@ impl RExec {
             args,
             kwargs,
             ctx: xctx,
+            chunk,
         } = match envelope::read_task(buf, Some(&crate::codec::MAPPER)) {
             Ok(t) => t,
             Err(e) => return fail(&["mizu_error"], format!("malformed task: {e}")),
         };
         // A named function without a seed: the call itself, evaluated natively in the global
         // environment (no R closure in between: `.xrun` costs ~20 µs a task).
-        let direct = match (&target, xctx.seed) {
-            (mizu_wire::CallTarget::Name(n), None) => Some(n.clone()),
+        let chunk_first = chunk.as_ref().map(|_| xctx.index);
+        let direct = match (&target, xctx.seed, &chunk) {
+            (mizu_wire::CallTarget::Name(n), None, None) => Some(n.clone()),
             _ => None,
         };
         if let Some(name) = direct {
@@ -280,7 +282,7 @@ impl RExec {
                 }
                 let msg = Rf_protect(call_message(&name, &parts));
                 let _held = Unprotect(held + 1);
-                return self.finish_xlang(self.eval_task(msg, true));
+                return self.finish_xlang(self.eval_task(msg, true), None);
             }
         }
         let msg = (|| -> Result<Robj> {
@@ -303,6 +305,24 @@ impl RExec {
                 Some(s) => Robj::from(s as f64),
                 None => Robj::from(()),
             };
+            if let Some(c) = chunk {
+                let xs = c
+                    .elements
+                    .into_iter()
+                    .map(crate::xvalue::to_r)
+                    .collect::<Result<Vec<_>>>()?;
+                return Ok(List::from_values([
+                    Robj::from("xm"),
+                    Robj::from(t.as_str()),
+                    List::from_values(a).into(),
+                    kw,
+                    seed,
+                    Robj::from(xctx.index as f64),
+                    List::from_values(xs).into(),
+                    Robj::from(c.spread),
+                ])
+                .into());
+            }
             Ok(List::from_values([
                 Robj::from("x"),
                 Robj::from(t.as_str()),
@@ -319,7 +339,7 @@ impl RExec {
             Err(e) => return fail(&["mizu_error_not_portable", "mizu_error"], e.to_string()),
         };
         // SAFETY: R's main thread; `msg` is held by its Robj for the whole task.
-        unsafe { self.finish_xlang(self.eval_task(msg.get(), false)) }
+        unsafe { self.finish_xlang(self.eval_task(msg.get(), false), chunk_first) }
     }
 
     /// The outcome payload of an evaluated cross-language task.
@@ -327,7 +347,13 @@ impl RExec {
     /// # Safety
     /// R's main thread; `evaluated` is what [`RExec::eval_task`] returned (a value protected
     /// once), which stays protected until its payload is made (arrays lend its memory).
-    unsafe fn finish_xlang(&self, evaluated: std::result::Result<SEXP, ()>) -> (bool, Envelope) {
+    /// `chunk_first`: the first element's index when the task was a map chunk (whose value is
+    /// the list of the elements' results).
+    unsafe fn finish_xlang(
+        &self,
+        evaluated: std::result::Result<SEXP, ()>,
+        chunk_first: Option<u64>,
+    ) -> (bool, Envelope) {
         // SAFETY: the caller's contract.
         unsafe {
             match evaluated {
@@ -344,14 +370,42 @@ impl RExec {
                     } else {
                         Vec::new()
                     };
-                    match crate::xvalue::from_sexp(v, "the result") {
+                    let value = match chunk_first {
+                        None => crate::xvalue::from_sexp(v, "the result").map_err(|e| (e, None)),
+                        // A chunk's list of results (made by `.xrun_chunk`), element by
+                        // element: one that cannot cross names its element.
+                        Some(_) if extendr_ffi::TYPEOF(v) != extendr_ffi::SEXPTYPE::VECSXP => {
+                            return fail(
+                                &["mizu_error"],
+                                "a map chunk's value is not a list".into(),
+                            );
+                        }
+                        Some(first) => (0..extendr_ffi::XLENGTH(v))
+                            .map(|j| {
+                                let i = first + j as u64;
+                                let x = extendr_ffi::VECTOR_ELT(v, j);
+                                crate::xvalue::from_sexp(x, &format!("the result of element {i}"))
+                                    .map_err(|e| (e, Some(i)))
+                            })
+                            .collect::<std::result::Result<Vec<_>, _>>()
+                            .map(mizu_wire::Value::List),
+                    };
+                    let not_portable = |message: String, element| {
+                        let e = RemoteError {
+                            language: "r".into(),
+                            classes: vec!["mizu_error_not_portable".into(), "mizu_error".into()],
+                            message,
+                            element,
+                            ..Default::default()
+                        };
+                        (false, Envelope::failure_of(&e))
+                    };
+                    match value {
                         Ok(value) => match Envelope::value_warned(&value, &warnings) {
                             Ok(env) => (true, env),
-                            Err(e) => {
-                                fail(&["mizu_error_not_portable", "mizu_error"], e.to_string())
-                            }
+                            Err(e) => not_portable(e.to_string(), None),
                         },
-                        Err(e) => fail(&["mizu_error_not_portable", "mizu_error"], e.to_string()),
+                        Err((e, element)) => not_portable(e.to_string(), element),
                     }
                 }
                 Err(()) => {
@@ -365,16 +419,18 @@ impl RExec {
                                 .as_str_iter()
                                 .map(|it| it.map(str::to_owned).collect())
                         };
-                        Some((text(0)?, text(1)?, text(2)?, text(3)?))
+                        let element = l.elt(4).ok().and_then(|i| i.as_real()).map(|i| i as u64);
+                        Some((text(0)?, text(1)?, text(2)?, text(3)?, element))
                     });
                     match parts {
-                        Some((classes, message, call, traceback)) => {
+                        Some((classes, message, call, traceback, element)) => {
                             let e = RemoteError {
                                 language: "r".into(),
                                 classes,
                                 message: message.concat(),
                                 call: call.concat(),
                                 traceback: traceback.concat(),
+                                element,
                             };
                             (false, Envelope::failure_of(&e))
                         }

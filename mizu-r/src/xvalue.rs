@@ -511,6 +511,8 @@ pub fn received(payload: &Buffer) -> Result<Robj> {
                 Robj::from(e.classes.clone()),
                 Robj::from(e.traceback.as_str()),
                 Robj::from(e.call.as_str()),
+                e.element
+                    .map_or_else(|| Robj::from(()), |i| Robj::from(i as f64)),
             ])
             .into();
             l.set_names([
@@ -520,6 +522,7 @@ pub fn received(payload: &Buffer) -> Result<Robj> {
                 "classes",
                 "traceback",
                 "remote_call",
+                "element",
             ])?;
             let own = format!("mizu_error_{lang}");
             l.set_class([
@@ -703,8 +706,8 @@ fn data_frame(batch: &RecordBatch, shared: Option<Buffer>) -> Result<Robj> {
 }
 
 /// The payload of a cross-language task: `call` a `mizu_call()` (`list(target, source, args,
-/// kwargs)`), `vars` further keyword arguments (a named list, or NULL), `extra` appended to the
-/// arguments (a map's element), the random stream `(seed, index)`. `Err`: why it cannot cross.
+/// kwargs)`), `vars` further keyword arguments (a named list, or NULL). `Err`: why it cannot
+/// cross.
 ///
 /// # Safety
 /// R's main thread; the arguments are live and protected until the payload is written (arrays
@@ -712,10 +715,69 @@ fn data_frame(batch: &RecordBatch, shared: Option<Buffer>) -> Result<Robj> {
 pub unsafe fn call_envelope(
     call: SEXP,
     vars: SEXP,
-    extra: Option<SEXP>,
-    seed: Option<f64>,
-    index: f64,
 ) -> std::result::Result<mizu_wire::envelope::Envelope, String> {
+    // SAFETY: as the caller promises.
+    let value = unsafe { call_value(call, vars) }?;
+    mizu_wire::envelope::Envelope::task(&value, mizu_wire::envelope::Context::default())
+        .map_err(|e| e.to_string())
+}
+
+/// The payload of a chunk of a cross-language map: `call` and `vars` as for
+/// [`call_envelope`], `elements` a list whose items are appended to the arguments one at a
+/// time; element `j` runs on the stream `(seed, first + j)`.
+///
+/// # Safety
+/// As for [`call_envelope`].
+pub unsafe fn chunk_envelope(
+    call: SEXP,
+    vars: SEXP,
+    elements: SEXP,
+    seed: Option<f64>,
+    first: f64,
+) -> std::result::Result<mizu_wire::envelope::Envelope, String> {
+    use extendr_ffi::{SEXPTYPE, TYPEOF, VECTOR_ELT, XLENGTH};
+    // SAFETY: as the caller promises; `elements` is checked to be a list before its items
+    // are read.
+    let (value, elements) = unsafe {
+        let value = call_value(call, vars)?;
+        if TYPEOF(elements) != SEXPTYPE::VECSXP {
+            return Err("a map's elements must be a list".into());
+        }
+        let mut xs = Vec::with_capacity(XLENGTH(elements) as usize);
+        for j in 0..XLENGTH(elements) {
+            let path = format!("element {}", first as i64 + j as i64 + 1);
+            xs.push(from_sexp(VECTOR_ELT(elements, j), &path).map_err(|e| e.to_string())?);
+        }
+        (value, xs)
+    };
+    if matches!(
+        value,
+        Value::Call {
+            target: mizu_wire::CallTarget::Source(_),
+            ..
+        }
+    ) {
+        return Err("mizu_map() needs a mizu_call() that names a function".into());
+    }
+    mizu_wire::envelope::Envelope::chunk(
+        value,
+        mizu_wire::envelope::Chunk {
+            elements,
+            spread: false,
+        },
+        mizu_wire::envelope::Context {
+            seed: seed.map(|s| s as u64),
+            index: first as u64,
+        },
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// A `mizu_call()` with further keyword arguments `vars`, as a call value.
+///
+/// # Safety
+/// As for [`call_envelope`].
+unsafe fn call_value(call: SEXP, vars: SEXP) -> std::result::Result<Value, String> {
     use extendr_ffi::{
         LOGICAL, R_CHAR, R_NaString, R_NamesSymbol, Rf_getAttrib, SEXPTYPE, STRING_ELT, TYPEOF,
         VECTOR_ELT, XLENGTH,
@@ -759,13 +821,6 @@ pub unsafe fn call_envelope(
                 args.push(from_sexp(VECTOR_ELT(a, i), &path()).map_err(|e| e.to_string())?);
             }
         }
-        if let Some(x) = extra {
-            if source {
-                return Err("mizu_map() needs a mizu_call() that names a function".into());
-            }
-            let path = format!("argument {}", args.len() + 1);
-            args.push(from_sexp(x, &path).map_err(|e| e.to_string())?);
-        }
         let mut kwargs = Vec::new();
         for kw in [VECTOR_ELT(call, 3), vars] {
             if !is_list(kw) || XLENGTH(kw) == 0 {
@@ -792,18 +847,11 @@ pub unsafe fn call_envelope(
     } else {
         mizu_wire::CallTarget::Name(target)
     };
-    mizu_wire::envelope::Envelope::task(
-        &Value::Call {
-            target,
-            args,
-            kwargs,
-        },
-        mizu_wire::envelope::Context {
-            seed: seed.map(|s| s as u64),
-            index: index as u64,
-        },
-    )
-    .map_err(|e| e.to_string())
+    Ok(Value::Call {
+        target,
+        args,
+        kwargs,
+    })
 }
 
 /// [`from_r`] of a raw `SEXP`: plain scalars (and `NULL`) are read without an R handle

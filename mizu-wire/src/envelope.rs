@@ -28,6 +28,8 @@ const MAGIC: [u8; 3] = [TAG, b'M', b'Z'];
 const SEEDED: u8 = 1;
 /// A return value with the warnings the task raised: the value is `[value, [message, ...]]`.
 const WARNED: u8 = 2;
+/// A map chunk whose elements are each a list of positional arguments.
+const SPREAD: u8 = 4;
 
 /// What a payload holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +41,21 @@ pub enum Kind {
     Value = 2,
     /// A task's failure: the value is a [`RemoteError`] as a dict.
     Error = 3,
+    /// A chunk of a map: the value is `[call, [element, ...]]`; the header's index is the
+    /// first element's. The answer is a list of the elements' values, or the first failing
+    /// element's error (its `element` set).
+    Chunk = 4,
+}
+
+/// The elements of a map chunk: element `j` runs the call with it appended to the positional
+/// arguments (or, when `spread`, with its items appended), on the stream of
+/// `(seed, first index + j)`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Chunk {
+    /// The elements, in order.
+    pub elements: Vec<Value>,
+    /// Whether each element is a list of positional arguments.
+    pub spread: bool,
 }
 
 /// What a task runs under: the random stream of a seeded map element.
@@ -64,12 +81,14 @@ pub struct RemoteError {
     pub call: String,
     /// The remote traceback, as text.
     pub traceback: String,
+    /// In a map chunk, the index (in the whole map) of the element that failed.
+    pub element: Option<u64>,
 }
 
 impl RemoteError {
     fn to_value(&self) -> Value {
         let s = |x: &str| Value::Str(x.to_owned());
-        Value::Dict(vec![
+        let mut fields = vec![
             ("language".into(), s(&self.language)),
             (
                 "classes".into(),
@@ -78,7 +97,11 @@ impl RemoteError {
             ("message".into(), s(&self.message)),
             ("call".into(), s(&self.call)),
             ("traceback".into(), s(&self.traceback)),
-        ])
+        ];
+        if let Some(i) = self.element {
+            fields.push(("element".into(), Value::Int(i as i64)));
+        }
+        Value::Dict(fields)
     }
 
     fn from_value(v: Value) -> Result<RemoteError> {
@@ -97,6 +120,10 @@ impl RemoteError {
                 "message" => e.message = text(v)?,
                 "call" => e.call = text(v)?,
                 "traceback" => e.traceback = text(v)?,
+                "element" => match v {
+                    Value::Int(i) if i >= 0 => e.element = Some(i as u64),
+                    _ => return Err(bad("element is not a non-negative int")),
+                },
                 "classes" => {
                     let Value::List(cs) = v else {
                         return Err(bad("classes is not a list"));
@@ -153,6 +180,31 @@ impl Envelope {
             ));
         }
         Envelope::new(Kind::Task, ctx, call)
+    }
+
+    /// A chunk of a map calling `call` (a [`Value::Call`] naming a function) on each element;
+    /// `ctx.index` is the first element's index in the map.
+    pub fn chunk(call: Value, chunk: Chunk, ctx: Context) -> Result<Envelope> {
+        if !matches!(
+            call,
+            Value::Call {
+                target: CallTarget::Name(_),
+                ..
+            }
+        ) {
+            return Err(WireError::Unsupported(
+                "a map chunk needs a call that names a function".into(),
+            ));
+        }
+        let mut e = Envelope::new(
+            Kind::Chunk,
+            ctx,
+            &Value::List(vec![call, Value::List(chunk.elements)]),
+        )?;
+        if chunk.spread {
+            e.header[5] |= SPREAD;
+        }
+        Ok(e)
     }
 
     /// A task's return value.
@@ -237,7 +289,7 @@ pub fn is_envelope(payload: &[u8]) -> bool {
 /// A decoded payload.
 #[derive(Debug)]
 pub enum Received {
-    /// A task: its call's parts, and its context.
+    /// A task (or a map chunk): its call's parts, and its context.
     Task {
         /// What to call.
         target: CallTarget,
@@ -245,8 +297,10 @@ pub enum Received {
         args: Vec<Value>,
         /// Named arguments.
         kwargs: Vec<(String, Value)>,
-        /// Seed and element index.
+        /// Seed and element index (of the first element, for a chunk).
         ctx: Context,
+        /// The elements, when the task is a map chunk.
+        chunk: Option<Chunk>,
     },
     /// A return value.
     Value(Value),
@@ -278,8 +332,10 @@ pub struct Task {
     pub args: Vec<Value>,
     /// Named arguments.
     pub kwargs: Vec<(String, Value)>,
-    /// Seed and element index.
+    /// Seed and element index (of the first element, for a chunk).
     pub ctx: Context,
+    /// The elements, when the task is a map chunk.
+    pub chunk: Option<Chunk>,
 }
 
 /// [`read_with`] for a worker: the task, or an error for a payload that is not one.
@@ -290,11 +346,13 @@ pub fn read_task(payload: &Buffer, mapper: Option<&Mapper>) -> Result<Task> {
             args,
             kwargs,
             ctx,
+            chunk,
         } => Ok(Task {
             target,
             args,
             kwargs,
             ctx,
+            chunk,
         }),
         _ => Err(malformed(4, "a result where a task was expected")),
     }
@@ -323,7 +381,10 @@ pub fn read_with(payload: &Buffer, mapper: Option<&Mapper>) -> Result<Received> 
             ),
         ));
     }
-    if h[5] & !(SEEDED | WARNED) != 0 || h[6..8] != [0, 0] || h[24..].iter().any(|&b| b != 0) {
+    if h[5] & !(SEEDED | WARNED | SPREAD) != 0
+        || h[6..8] != [0, 0]
+        || h[24..].iter().any(|&b| b != 0)
+    {
         return Err(malformed(5, "reserved header bytes are not zero"));
     }
     let warned = h[5] & WARNED != 0;
@@ -331,6 +392,13 @@ pub fn read_with(payload: &Buffer, mapper: Option<&Mapper>) -> Result<Received> 
         return Err(malformed(
             5,
             "warnings on a payload that is not a return value",
+        ));
+    }
+    let spread = h[5] & SPREAD != 0;
+    if spread && h[4] != Kind::Chunk as u8 {
+        return Err(malformed(
+            5,
+            "the spread flag on a payload that is not a map chunk",
         ));
     }
     let seeded = h[5] & SEEDED != 0;
@@ -370,10 +438,43 @@ pub fn read_with(payload: &Buffer, mapper: Option<&Mapper>) -> Result<Received> 
                     args,
                     kwargs,
                     ctx,
+                    chunk: None,
                 })
             }
             _ => Err(malformed(HEADER_LEN, "a task that is not a call")),
         },
+        4 => {
+            let bad = |why: &str| malformed(HEADER_LEN, format!("map chunk: {why}"));
+            let Value::List(mut parts) = v else {
+                return Err(bad("not [call, elements]"));
+            };
+            if parts.len() != 2 {
+                return Err(bad("not [call, elements]"));
+            }
+            let Value::List(elements) = parts.pop().expect("two") else {
+                return Err(bad("the elements are not a list"));
+            };
+            if spread && elements.iter().any(|e| !matches!(e, Value::List(_))) {
+                return Err(bad("a spread element that is not a list"));
+            }
+            if ctx.index.checked_add(elements.len() as u64).is_none() {
+                return Err(bad("element indices overflow"));
+            }
+            match parts.pop().expect("one") {
+                Value::Call {
+                    target: target @ CallTarget::Name(_),
+                    args,
+                    kwargs,
+                } => Ok(Received::Task {
+                    target,
+                    args,
+                    kwargs,
+                    ctx,
+                    chunk: Some(Chunk { elements, spread }),
+                }),
+                _ => Err(bad("not a call that names a function")),
+            }
+        }
         2 if warned => {
             let bad = || malformed(HEADER_LEN, "a warned value that is not [value, [messages]]");
             let Value::List(mut parts) = v else {

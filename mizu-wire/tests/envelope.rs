@@ -38,6 +38,7 @@ fn a_task_round_trips_with_its_context() {
             args,
             kwargs,
             ctx: got,
+            chunk: None,
         } => {
             let Value::Call {
                 target: t,
@@ -72,12 +73,134 @@ fn values_and_errors_round_trip() {
         message: "boom".into(),
         call: "f(1)".into(),
         traceback: "f(1)\nstop(\"boom\")".into(),
+        element: None,
     };
     let bytes = Envelope::error(&e).unwrap().to_vec();
     match envelope::read(&aligned(&bytes)).unwrap() {
         Received::Error(got) => assert_eq!(got, e),
         other => panic!("{other:?}"),
     }
+    // A map chunk's failure names its element.
+    let e = RemoteError {
+        element: Some(u64::MAX >> 1),
+        ..e
+    };
+    let bytes = Envelope::error(&e).unwrap().to_vec();
+    match envelope::read(&aligned(&bytes)).unwrap() {
+        Received::Error(got) => assert_eq!(got, e),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn elements() -> Vec<Value> {
+    vec![
+        Value::List(vec![Value::Float(1.0)]),
+        Value::List(vec![Value::Table(table()), Value::None]),
+    ]
+}
+
+#[test]
+fn a_map_chunk_round_trips_with_its_elements_and_context() {
+    let ctx = Context {
+        seed: Some(9),
+        index: 100,
+    };
+    for spread in [false, true] {
+        let chunk = envelope::Chunk {
+            elements: elements(),
+            spread,
+        };
+        let bytes = Envelope::chunk(call(), chunk.clone(), ctx)
+            .unwrap()
+            .to_vec();
+        let task = envelope::read_task(&aligned(&bytes), None).unwrap();
+        let Value::Call {
+            target,
+            args,
+            kwargs,
+        } = call()
+        else {
+            unreachable!()
+        };
+        assert_eq!(
+            (task.target, task.args, task.kwargs, task.ctx, task.chunk),
+            (target, args, kwargs, ctx, Some(chunk))
+        );
+    }
+    // Source text cannot be mapped, and a plain task is no chunk.
+    let source = Value::Call {
+        target: CallTarget::Source("x".into()),
+        args: vec![],
+        kwargs: vec![],
+    };
+    assert!(Envelope::chunk(source, envelope::Chunk::default(), ctx).is_err());
+    let t = Envelope::task(&call(), ctx).unwrap().to_vec();
+    assert_eq!(envelope::read_task(&aligned(&t), None).unwrap().chunk, None);
+}
+
+#[test]
+fn malformed_map_chunks_are_refused() {
+    let ctx = Context::default();
+    let chunk = |spread| envelope::Chunk {
+        elements: vec![Value::List(vec![]), Value::Int(1)],
+        spread,
+    };
+    // A spread element must be a list of arguments.
+    let bytes = Envelope::chunk(call(), chunk(false), ctx).unwrap().to_vec();
+    assert!(envelope::read(&aligned(&bytes)).is_ok());
+    let mut spread = bytes.clone();
+    spread[5] |= 4;
+    assert!(envelope::read(&aligned(&spread)).is_err());
+    // The spread flag belongs to chunks only.
+    let mut t = Envelope::task(&call(), ctx).unwrap().to_vec();
+    t[5] |= 4;
+    assert!(envelope::read(&aligned(&t)).is_err());
+    // A chunk kind over a task, a value, or a list of the wrong shape.
+    t[5] &= !4;
+    t[4] = 4;
+    assert!(envelope::read(&aligned(&t)).is_err());
+    let as_chunk = |v: Value| {
+        let mut b = Envelope::value(&v).unwrap().to_vec();
+        b[4] = 4;
+        envelope::read(&aligned(&b))
+    };
+    assert!(as_chunk(Value::List(vec![call(), Value::List(vec![])])).is_ok());
+    assert!(as_chunk(Value::List(vec![call()])).is_err());
+    assert!(as_chunk(Value::List(vec![call(), Value::Int(1)])).is_err());
+    assert!(as_chunk(Value::List(vec![Value::Int(1), Value::List(vec![])])).is_err());
+    let source = Value::Call {
+        target: CallTarget::Source("x".into()),
+        args: vec![],
+        kwargs: vec![],
+    };
+    assert!(as_chunk(Value::List(vec![source, Value::List(vec![])])).is_err());
+    // Element indices that would overflow.
+    let mut far = Envelope::chunk(
+        call(),
+        chunk(false),
+        Context {
+            seed: None,
+            index: u64::MAX,
+        },
+    )
+    .unwrap()
+    .to_vec();
+    assert!(envelope::read(&aligned(&far)).is_err());
+    far[16..24].copy_from_slice(&(u64::MAX - 2).to_le_bytes());
+    assert!(envelope::read(&aligned(&far)).is_ok());
+    // An error's element must be a non-negative int.
+    let bad_error = |element: Value| {
+        let v = Value::Dict(vec![
+            ("message".into(), Value::Str("m".into())),
+            ("element".into(), element),
+        ]);
+        let mut b = Envelope::value(&v).unwrap().to_vec();
+        b[4] = 3;
+        envelope::read(&aligned(&b)).is_err()
+    };
+    assert!(bad_error(Value::Int(-1)));
+    assert!(bad_error(Value::Str("1".into())));
+    assert!(!bad_error(Value::Int(3)));
 }
 
 #[test]

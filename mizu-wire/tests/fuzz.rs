@@ -72,6 +72,7 @@ fn envelopes() -> &'static [Vec<u8>] {
             message: "boom".into(),
             call: "f(x)".into(),
             traceback: "f()\ng()".into(),
+            element: Some(7),
         };
         [
             Envelope::task(&call(CallTarget::Name("stats::median".into()), args), ctx).unwrap(),
@@ -87,6 +88,15 @@ fn envelopes() -> &'static [Vec<u8>] {
             .unwrap(),
             Envelope::value_warned(&Value::Float(2.0), &["careful".into()]).unwrap(),
             Envelope::error(&err).unwrap(),
+            Envelope::chunk(
+                call(CallTarget::Name("math.sqrt".into()), vec![]),
+                envelope::Chunk {
+                    elements: vec![Value::List(vec![Value::Float(4.0)]), Value::List(vec![])],
+                    spread: true,
+                },
+                ctx,
+            )
+            .unwrap(),
         ]
         .iter()
         .map(Envelope::to_vec)

@@ -318,13 +318,13 @@ class _Submitter:
         seed = _rng.check_seed(seed)
         if not isinstance(offset, int) or offset < 0:
             raise ValueError(f"offset must be a non-negative int, got {offset!r}")
-        if self._language != "python":
-            return self._ximap(fn, items, star, timeout, seed, offset, progress)
         n = len(items)
         if chunksize is None:
             chunksize = max(1, -(-n // (4 * max(1, self._workers))))
         elif not isinstance(chunksize, int) or chunksize < 1:
             raise ValueError(f"chunksize must be a positive int, got {chunksize!r}")
+        if self._language != "python":
+            return self._ximap(fn, items, star, chunksize, timeout, seed, offset, progress)
         deadline = None if timeout is None else time.monotonic() + timeout
         # A large argument every element (or the function) passes goes once, shared.
         fn = _share.share_fn(fn)
@@ -357,30 +357,28 @@ class _Submitter:
         function's name); `args` and `kwargs` are added to its arguments."""
         return self._pool.submit_xcall(self._xcall(fn, args, kwargs))
 
-    def _ximap(self, fn, items, star, timeout, seed, offset, progress):
+    def _ximap(self, fn, items, star, chunksize, timeout, seed, offset, progress):
         call = self._xcall(fn, (), {})
         deadline = None if timeout is None else time.monotonic() + timeout
-        if star:
-            tasks = [
-                self._pool.submit_xcall(self._xcall(call, tuple(xs), {}), None, seed, offset + i)
-                for i, xs in enumerate(items)
-            ]
-        else:
-            tasks = self._pool.submit_xmap(call, items, seed, offset)
-        return self._xstream(tasks, deadline, timeout, _Progress(len(items), progress))
+        tasks = self._pool.submit_xmap(call, items, star, seed, offset, chunksize)
+        return self._xstream(tasks, deadline, timeout, _Progress(len(items), progress), chunksize, offset)
 
-    def _xstream(self, tasks, deadline, timeout, bar):
+    def _xstream(self, tasks, deadline, timeout, bar, chunksize, offset):
         try:
-            for i, t in enumerate(tasks):
+            for k, t in enumerate(tasks):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"the map did not finish within {timeout} s")
                 try:
-                    yield t.result(left)
+                    part = t.result(left)
                 except TaskError as e:
-                    e._pymizu_index = i  # type: ignore[attr-defined]
+                    # The failing element's position (the chunk's start when its call
+                    # could not run at all).
+                    at = getattr(e, "_pymizu_element", None)
+                    e._pymizu_index = k * chunksize if at is None else at - offset  # type: ignore[attr-defined]
                     raise
-                bar.update(1)
+                yield from part
+                bar.update(len(part))
         finally:
             for t in tasks:
                 t.cancel()

@@ -151,6 +151,39 @@ def run(target: str, source: bool, args: list, kwargs: dict, seed, index: int):
             _rng.leave()
 
 
+def run_chunk(target: str, args: list, kwargs: dict, elements: list, spread: bool, seed, start: int) -> list:
+    """Runs a cross-language map chunk in a Python worker: element `j` (index `start + j` in the
+    map) is appended to the arguments (its items, when `spread`) and runs on the stream
+    `(seed, start + j)`. A failing element's exception carries its index (`_pymizu_element`)."""
+    fn = resolve(target)
+    out = []
+    append = out.append
+    i = start
+    try:
+        if seed is None and not args and not kwargs and not spread:
+            for x in elements:
+                append(fn(x))
+                i += 1
+            return out
+        for x in elements:
+            a = (*args, *x) if spread else (*args, x)
+            if seed is not None:
+                _rng.enter(seed, i)
+            try:
+                append(fn(*a, **kwargs))
+            finally:
+                if seed is not None:
+                    _rng.leave()
+            i += 1
+    except BaseException as e:
+        try:
+            e._pymizu_element = i  # type: ignore[attr-defined]
+        except Exception:
+            pass
+        raise
+    return out
+
+
 def describe(e: BaseException, tb=None) -> tuple[list, str, str]:
     """(classes, message, traceback) of a task's exception, for a caller of another language."""
     classes = [c.__qualname__ for c in type(e).__mro__ if c not in (object, BaseException)]

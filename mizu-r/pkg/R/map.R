@@ -55,15 +55,17 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
                      .chunk_size = NULL) {
   pool <- .pool
   info <- .Call(wrap__pool_info, pool)
-  if (isTRUE(info[[4]])) return(.xmap(pool, .x, .f, list(...), .check_seed(.seed), .progress))
+  if (!is.null(.chunk_size) && (!is.numeric(.chunk_size) || length(.chunk_size) != 1L ||
+                                is.na(.chunk_size) || .chunk_size < 1)) {
+    stop("`.chunk_size` must be a positive whole number (or NULL)", call. = FALSE)
+  }
+  if (isTRUE(info[[4]])) {
+    return(.xmap(pool, info, .x, .f, list(...), .check_seed(.seed), .progress, .chunk_size))
+  }
   .f <- match.fun(.f)
   seed <- .check_seed(.seed)
   if (!is.null(.ptype) && !(is.atomic(.ptype) && length(.ptype) == 0L)) {
     stop("`.ptype` must be an empty atomic vector such as double() (or NULL)", call. = FALSE)
-  }
-  if (!is.null(.chunk_size) && (!is.numeric(.chunk_size) || length(.chunk_size) != 1L ||
-                                is.na(.chunk_size) || .chunk_size < 1)) {
-    stop("`.chunk_size` must be a positive whole number (or NULL)", call. = FALSE)
   }
   n <- length(.x)
   dots <- list(...)
@@ -219,29 +221,37 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   st$chunk_fun
 }
 
-# mizu_map() over a pool of Python workers: `.f` is a mizu_call() (or a function's name); each
-# element is appended to its arguments and runs as its own task, element i under the stream
-# (seed, i - 1).
-.xmap <- function(pool, .x, .f, dots, seed, progress) {
+# mizu_map() over a pool of Python workers: `.f` is a mizu_call() (or a function's name);
+# elements travel in chunks (as for R workers), each appended to the call's arguments, element
+# i under the stream (seed, i - 1).
+.xmap <- function(pool, info, .x, .f, dots, seed, progress, chunk_size) {
   if (is.character(.f) && length(.f) == 1L) .f <- mizu_call(.f)
   if (!inherits(.f, "mizu_call")) {
     stop("a pool of Python workers maps a mizu_call(), not an R function", call. = FALSE)
   }
   if (.f$source) stop("mizu_map() needs a mizu_call() that names a function", call. = FALSE)
   xs <- if (is.list(.x)) .x else as.list(.x)
-  n <- length(xs)
-  tasks <- vector("list", n)
+  workers <- if (info[[2]]) 2L else info[[1]]
+  chunks <- .chunks(length(xs), workers, if (!is.null(chunk_size)) as.integer(chunk_size))
+  tasks <- vector("list", length(chunks))
   on.exit(for (t in tasks) if (!is.null(t)) .Call(wrap__task_cancel, t))
-  for (i in seq_len(n)) {
-    tasks[[i]] <- .xsubmit(pool, .f, dots, extra = xs[[i]], seed = seed, index = i - 1)
+  for (k in seq_along(chunks)) {
+    ix <- chunks[[k]]
+    t <- .Call(wrap__pool_submit_xchunk, pool, .f, dots, xs[ix], seed, ix[[1]] - 1)
+    if (is.character(t)) .raise_failure(t)
+    tasks[[k]] <- t
   }
+  n <- length(xs)
   bar <- if (isTRUE(progress) && n > 0L) utils::txtProgressBar(0, n, style = 3)
   out <- vector("list", n)
-  for (i in seq_len(n)) {
-    o <- .Call(.native_collect, tasks[[i]], Inf)
-    v <- .value(o, index = i)
-    if (!is.null(v)) out[[i]] <- v
-    if (!is.null(bar)) utils::setTxtProgressBar(bar, i)
+  for (k in seq_along(chunks)) {
+    ix <- chunks[[k]]
+    o <- .Call(.native_collect, tasks[[k]], Inf)
+    # The failing element's position (the chunk's first when the chunk as a whole failed).
+    at <- if (o[[1]] == 1L && is.numeric(o[[2]]$element)) o[[2]]$element + 1 else ix[[1]]
+    part <- .value(o, index = at)
+    for (j in seq_along(ix)) if (!is.null(part[[j]])) out[[ix[[j]]]] <- part[[j]]
+    if (!is.null(bar)) utils::setTxtProgressBar(bar, ix[[length(ix)]])
   }
   if (!is.null(bar)) close(bar)
   names(out) <- names(.x)

@@ -255,14 +255,6 @@ print.mizu_call <- function(x, ...) {
   r
 }
 
-# A map element's task for a pool of another language's workers (see .xmap).
-.xsubmit <- function(pool, call, vars, extra = NULL, seed = NULL, index = 0) {
-  if (length(vars)) call$kwargs <- c(call$kwargs, vars)
-  r <- .Call(wrap__pool_submit_xcall, pool, call, extra, seed, as.numeric(index))
-  if (is.character(r)) .raise_failure(r)
-  r
-}
-
 #' Submit a task
 #'
 #' `.expr` is captured unevaluated and evaluated on a worker, in a new environment whose

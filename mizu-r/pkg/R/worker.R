@@ -86,6 +86,9 @@
   if (identical(msg[[1L]], "x")) {
     return(.xrun(msg[[2L]], msg[[3L]], msg[[4L]], msg[[5L]], msg[[6L]], msg[[7L]]))
   }
+  if (identical(msg[[1L]], "xm")) {
+    return(.xrun_chunk(msg[[2L]], msg[[3L]], msg[[4L]], msg[[5L]], msg[[6L]], msg[[7L]], msg[[8L]]))
+  }
   stop("mizu: unknown task kind")
 }
 
@@ -104,13 +107,46 @@
     for (e in parse(text = target, keep.source = FALSE)) v <- eval(e, env)
     return(v)
   }
+  do.call(.xfunction(target), c(args, kwargs), quote = TRUE)
+}
+
+# The function a cross-language call names: `pkg::fun`, or a name found from the global
+# environment.
+.xfunction <- function(target) {
   f <- if (grepl("::", target, fixed = TRUE)) {
     eval(str2lang(target), baseenv())
   } else {
     get(target, envir = globalenv(), mode = "function")
   }
   if (!is.function(f)) stop(sprintf("`%s` is not a function", target), call. = FALSE)
-  do.call(f, c(args, kwargs), quote = TRUE)
+  f
+}
+
+# A chunk of a cross-language map: element j (index `first + j - 1` in the map, from 0) is
+# appended to the arguments (its items when `spread`) and runs on the stream (seed, index).
+# A failing element's index reaches the caller through the handlers (.task_failed).
+.xrun_chunk <- function(target, args, kwargs, seed, first, xs, spread) {
+  f <- .xfunction(target)
+  st <- .worker_state
+  if (!is.null(seed)) {
+    saved <- .rng_switch()
+    on.exit(.rng_restore(saved))
+  }
+  out <- vector("list", length(xs))
+  plain <- !spread && !length(args) && !length(kwargs)
+  for (j in seq_along(xs)) {
+    i <- first + j - 1
+    st$element <- i
+    if (!is.null(seed)) .Call(wrap__rng_enter, seed, i)
+    r <- if (plain) {
+      f(xs[[j]])
+    } else {
+      do.call(f, c(args, if (spread) xs[[j]] else list(xs[[j]]), kwargs), quote = TRUE)
+    }
+    if (!is.null(r)) out[[j]] <- r
+  }
+  st$element <- NULL
+  out
 }
 
 # The messages of the warnings in .with_warnings()'s value (for a caller of another language).
@@ -118,7 +154,8 @@
   vapply(w[[2]], function(c) paste(conditionMessage(c), collapse = "\n"), "")
 }
 
-# What a Python caller gets of an R error: list(classes, message, call, traceback), each text.
+# What a Python caller gets of an R error: list(classes, message, call, traceback), each
+# text, and the failing element's index in a map chunk (or NULL).
 .xerror_parts <- function(e) {
   short <- function(x) {
     if (is.null(x)) return("")
@@ -126,18 +163,19 @@
     if (nchar(s) > 200L) paste0(substr(s, 1L, 197L), "...") else s
   }
   if (!inherits(e, "condition")) {
-    return(list("error", trimws(geterrmessage()), "", ""))
+    return(list("error", trimws(geterrmessage()), "", "", NULL))
   }
   tb <- e$traceback
   list(class(e), conditionMessage(e), short(conditionCall(e)),
-       if (is.character(tb)) paste(tb, collapse = "\n") else "")
+       if (is.character(tb)) paste(tb, collapse = "\n") else "",
+       if (is.numeric(e$index)) e$index)
 }
 
 # The calls of the task (without the worker's own frames), deparsed.
 .traceback <- function(calls) {
   name <- function(cl) if (is.name(cl[[1]])) as.character(cl[[1]]) else ""
   nm <- vapply(calls, name, "")
-  at <- which(nm %in% c(".dispatch", ".run_chunk"))
+  at <- which(nm %in% c(".dispatch", ".run_chunk", ".xrun_chunk"))
   if (length(at)) {
     keep <- seq_along(calls) > at[[length(at)]]
     calls <- calls[keep]

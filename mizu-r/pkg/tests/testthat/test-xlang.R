@@ -111,6 +111,67 @@ test_that("seeded maps give the same numbers as R workers and numpy", {
   })
 })
 
+test_that("maps over Python workers travel in chunks, with the same values for any chunk size", {
+  with_pool(2, language = "python", function(pool) {
+    xs <- as.list(as.numeric(0:499))
+    want <- lapply(xs, sqrt)
+    for (size in list(NULL, 1, 7, 500)) {
+      expect_identical(mizu_map(pool, xs, mizu_call("math.sqrt"), .chunk_size = size), want)
+    }
+    # Fixed arguments first, then the element; further named arguments are keywords.
+    got <- mizu_map(pool, c("x", "y", "z"), mizu_call("operator.add", "a-"), .chunk_size = 2)
+    expect_identical(got, list("a-x", "a-y", "a-z"))
+    expect_identical(mizu_map(pool, c(2.567, 1.234), "builtins.round", ndigits = 1L),
+                     list(2.6, 1.2))
+    # Names are kept; NULL results stay in place; an empty map is empty.
+    expect_identical(mizu_map(pool, c(a = 4, b = 9), "math.sqrt"), list(a = 2, b = 3))
+    expect_identical(mizu_map(pool, list(NULL, 1L), "builtins.repr", .chunk_size = 2),
+                     list("None", "1"))
+    expect_identical(mizu_map(pool, list(0, 0, 0), "time.sleep", .chunk_size = 3),
+                     list(NULL, NULL, NULL))
+    expect_identical(mizu_map(pool, list(), "math.sqrt"), list())
+    expect_error(mizu_map(pool, 1:2, "math.sqrt", .chunk_size = 0), "chunk_size")
+  })
+})
+
+test_that("seeded chunked maps over Python workers draw what unchunked ones do", {
+  dir <- tempfile("pymod")
+  dir.create(dir)
+  writeLines(c("import pymizu", "def draw(n):", "    return pymizu.current_rng().random(n)"),
+             file.path(dir, "mizu_draw.py"))
+  old <- Sys.getenv("PYTHONPATH")
+  Sys.setenv(PYTHONPATH = dir)
+  on.exit({
+    Sys.setenv(PYTHONPATH = old)
+    unlink(dir, recursive = TRUE)
+  })
+  with_pool(2, language = "python", function(pool) {
+    for (size in list(1, 4, NULL, 30)) {
+      py <- mizu_map(pool, rep(2L, 30), mizu_call("mizu_draw.draw"), .seed = 7, .chunk_size = size)
+      for (i in 1:30) expect_identical(py[[i]], mizu_stream(7, i, 2))
+    }
+  })
+})
+
+test_that("a failing element of a chunk names its position", {
+  with_pool(2, language = "python", function(pool) {
+    for (size in list(1, 2, 5)) {
+      e <- tryCatch(mizu_map(pool, list("1", "2", "x", "4", "y"), "builtins.int", .chunk_size = size),
+                    error = identity)
+      expect_s3_class(e, "mizu_error_python")
+      expect_identical(e$index, 3)
+      expect_identical(e$type, "ValueError")
+    }
+    # A result that cannot cross names its element (the worker counts from 0; `index`, as
+    # everywhere in R, from 1).
+    e <- tryCatch(mizu_map(pool, list("1", "2"), "builtins.set", .chunk_size = 2),
+                  error = identity)
+    expect_match(conditionMessage(e), "element 0: a set cannot cross")
+    expect_identical(e$index, 1)
+    expect_identical(mizu_map(pool, list(4, 9), "math.sqrt"), list(2, 3))
+  })
+})
+
 test_that("a killed Python worker fails only its task; the pool goes on", {
   with_pool(1, language = "python", function(pool) {
     t <- mizu_submit(pool, mizu_call("time.sleep", 30))
