@@ -60,6 +60,8 @@ mod map;
 #[cfg(not(mizu_loom))]
 mod pool;
 #[cfg(not(mizu_loom))]
+pub mod retry;
+#[cfg(not(mizu_loom))]
 mod shared;
 #[cfg(not(mizu_loom))]
 mod submitter;

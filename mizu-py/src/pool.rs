@@ -8,6 +8,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 
+use mizu_pool::retry::{MakeRoom, retrying};
 use mizu_pool::{Fill, Launcher, PoolConfig, PoolError};
 
 use crate::codec::Outgoing;
@@ -51,9 +52,46 @@ pub(crate) fn submit_error(e: PoolError) -> PyErr {
     }
 }
 
-/// Submits with `f(timeout)`, making room when every task slot holds an uncollected task
-/// (finished outcomes move into their `Task` objects; else it waits for one to finish). A
-/// small payload is first tried with the GIL held.
+/// pymizu's part in the submit policy (`mizu_pool::retry`): waits go in slices with Ctrl-C
+/// checked between them; a full set of slots is drained into the `Task` objects; a full
+/// `/dev/shm` runs Python's garbage collector. A small payload is first tried with the GIL
+/// held and no wait (`hot`).
+struct Room<'py, 'a> {
+    py: Python<'py>,
+    tasks: &'a Registry,
+    hot: bool,
+}
+
+impl MakeRoom for Room<'_, '_> {
+    type Error = PyErr;
+
+    fn slice(&mut self) -> Duration {
+        if self.hot { Duration::ZERO } else { SLICE }
+    }
+
+    fn waited(&mut self) -> PyResult<()> {
+        if std::mem::replace(&mut self.hot, false) {
+            return Ok(());
+        }
+        self.py.check_signals()
+    }
+
+    fn drain(&mut self) -> PyResult<()> {
+        let tasks = self.tasks;
+        self.py.detach(|| tasks.drain());
+        self.py.check_signals()
+    }
+
+    fn collect(&mut self) {
+        collect_garbage(self.py);
+    }
+
+    fn fail(&mut self, e: PoolError) -> PyErr {
+        submit_error(e)
+    }
+}
+
+/// Submits with `f(timeout)` under the submit policy ([`Room`]).
 pub(crate) fn submit_draining(
     py: Python<'_>,
     tasks: &Registry,
@@ -61,35 +99,19 @@ pub(crate) fn submit_draining(
     size: usize,
     f: impl Fn(Option<Duration>) -> mizu_pool::Result<mizu_pool::Task> + Sync,
 ) -> PyResult<Task> {
-    let mut hot = size <= HOT_SUBMIT_MAX;
-    let mut collected = false;
-    loop {
-        // Waiting for queue space (a worker stuck in a long task) goes in slices, so Ctrl-C
-        // still interrupts it.
-        let r = if hot {
-            f(Some(Duration::ZERO))
+    let mut room = Room {
+        py,
+        tasks,
+        hot: size <= HOT_SUBMIT_MAX,
+    };
+    let t = retrying(&mut room, |slice| {
+        if slice.is_zero() {
+            f(Some(slice))
         } else {
-            py.detach(|| f(Some(SLICE)))
-        };
-        match r {
-            Ok(t) => return Ok(Task::new(t, tasks, nested)),
-            Err(PoolError::SubmitTimeout(_)) => {
-                if !hot {
-                    py.check_signals()?;
-                }
-                hot = false;
-            }
-            Err(PoolError::SlotsExhausted(_)) => {
-                py.detach(|| tasks.drain());
-                py.check_signals()?;
-            }
-            Err(PoolError::Wire(w)) if w.is_no_space() && !collected => {
-                collected = true;
-                collect_garbage(py);
-            }
-            Err(e) => return Err(submit_error(e)),
+            py.detach(|| f(Some(slice)))
         }
-    }
+    })?;
+    Ok(Task::new(t, tasks, nested))
 }
 
 /// `/dev/shm` is full even after the wait for room: arrays this process no longer uses may
@@ -101,8 +123,9 @@ pub(crate) fn collect_garbage(py: Python<'_>) {
     }
 }
 
-/// Submits every payload, with one publication per worker queue for each run of them, making
-/// room as [`submit_draining`] when every slot is taken.
+/// Submits every payload, with one publication per worker queue for each run of them, under
+/// the submit policy ([`Room`]). Tasks submitted before a failure keep running; their handles
+/// are dropped (abandoned).
 pub(crate) fn submit_all_draining<T: Sync>(
     py: Python<'_>,
     tasks: &Registry,
@@ -111,27 +134,19 @@ pub(crate) fn submit_all_draining<T: Sync>(
     f: impl Fn(&[T], Duration) -> (Vec<mizu_pool::Task>, mizu_pool::Result<()>) + Sync,
 ) -> PyResult<Vec<Task>> {
     let mut done = Vec::with_capacity(outs.len());
-    let mut collected = false;
-    while done.len() < outs.len() {
-        let (ts, r) = py.detach(|| f(&outs[done.len()..], SLICE));
-        done.extend(ts.into_iter().map(|t| Task::new(t, tasks, nested)));
-        match r {
-            Ok(()) => {}
-            // Queue space is waited for in slices, so Ctrl-C still interrupts the batch
-            // (what was submitted keeps running; its handles are dropped).
-            Err(PoolError::SubmitTimeout(_)) => py.check_signals()?,
-            Err(PoolError::SlotsExhausted(_)) => {
-                py.detach(|| tasks.drain());
-                py.check_signals()?;
-            }
-            Err(PoolError::Wire(w)) if w.is_no_space() && !collected => {
-                collected = true;
-                collect_garbage(py);
-            }
-            // Tasks already submitted still run; their handles are dropped (abandoned).
-            Err(e) => return Err(submit_error(e)),
-        }
+    if outs.is_empty() {
+        return Ok(done);
     }
+    let mut room = Room {
+        py,
+        tasks,
+        hot: false,
+    };
+    retrying(&mut room, |slice| {
+        let (ts, r) = py.detach(|| f(&outs[done.len()..], slice));
+        done.extend(ts.into_iter().map(|t| Task::new(t, tasks, nested)));
+        r
+    })?;
     Ok(done)
 }
 
@@ -403,31 +418,11 @@ impl Pool {
         let envs = crate::xlang::chunk_envelopes(call, &items, spread, seed, offset, chunksize)?;
         let (py, this) = (slf.py(), slf.get());
         this.with(|pool| {
-            let mut done: Vec<Task> = Vec::with_capacity(envs.len());
-            while done.len() < envs.len() {
-                let rest = &envs[done.len()..];
-                let (ts, r) = py.detach(|| {
-                    pool.submit_batch_with(
-                        rest.iter().map(|e| e as &dyn Fill),
-                        Some(crate::task::SLICE),
-                    )
-                });
-                done.extend(
-                    ts.into_iter()
-                        .map(|t| Task::new(t, &this.tasks, false).kept(slf.as_any())),
-                );
-                match r {
-                    Ok(()) => {}
-                    Err(PoolError::SubmitTimeout(_)) => py.check_signals()?,
-                    Err(PoolError::SlotsExhausted(_)) => {
-                        py.detach(|| this.tasks.drain());
-                        py.check_signals()?;
-                    }
-                    Err(e) => return Err(submit_error(e)),
-                }
-            }
-            Ok(done)
+            submit_all_draining(py, &this.tasks, false, &envs, |rest, slice| {
+                pool.submit_batch_with(rest.iter().map(|e| e as &dyn Fill), Some(slice))
+            })
         })
+        .map(|ts| ts.into_iter().map(|t| t.kept(slf.as_any())).collect())
     }
 
     /// Submits several pickled calls (`[(pickle, buffers), ...]`) with one publication per

@@ -8,6 +8,7 @@ use arrow_buffer::Buffer;
 use extendr_api::Result;
 use extendr_api::prelude::*;
 use extendr_ffi::{SEXP, SEXPTYPE};
+use mizu_pool::retry::{MakeRoom, retrying};
 use mizu_pool::{CollectError, Launcher, PoolConfig, PoolError, TaskError};
 
 use crate::codec::{Decoded, Outgoing, decode};
@@ -651,53 +652,84 @@ pub(crate) unsafe fn submit_encoded(
             })
         });
     }
-    // The clock is read only when there is a timeout to keep.
-    let start = p.submit_timeout.map(|t| (Instant::now(), t));
-    let timed_out = || {
-        submit_failure(PoolError::SubmitTimeout(
-            p.submit_timeout.unwrap_or_default(),
-        ))
-    };
-    let mut collected = false;
-    loop {
-        // Queue space is waited for in slices, so Ctrl-C still interrupts the wait.
-        let left = start.map(|(s, t)| t.saturating_sub(s.elapsed()));
-        let slice = left.map_or(SLICE, |l| l.min(SLICE));
-        let r = {
-            let g = p.inner.borrow();
-            let Some(inner) = g.as_ref() else {
-                return Ok(Err(failure("mizu_error_stopped", "the pool is stopped")));
-            };
-            inner.submit_with(out, Some(slice))
-        };
-        match r {
-            Ok(t) => return Ok(Ok(RTask::new(t))),
-            Err(PoolError::SubmitTimeout(_)) => {
-                if left.is_some_and(|l| l <= slice) {
-                    return Ok(Err(timed_out()));
-                }
-                if interrupt::pending() {
-                    return Ok(Err(interrupted()));
-                }
-            }
-            Err(PoolError::SlotsExhausted(_)) => match p.drain(left) {
-                Drained::Freed => {}
-                Drained::TimedOut => return Ok(Err(timed_out())),
-                Drained::Interrupted => return Ok(Err(interrupted())),
-            },
-            // `/dev/shm` is full even after the wait for room: views this session no longer
-            // uses may hold it (and, through the workers, the memory of earlier sends). Once.
-            // The outcomes of tasks whose handles were dropped uncollected hold their
-            // references until their whole batch of handles is garbage: the batch being filled
-            // is let go first, so that the collection can drop it.
-            Err(PoolError::Wire(w)) if w.is_no_space() && !collected => {
-                collected = true;
-                // SAFETY: the caller's contract.
-                unsafe { crate::handle::seal_batch(pool, &p.batch) };
-                crate::view::collect_under_pressure();
-            }
-            Err(e) => return Ok(Err(submit_failure(e))),
+    let mut room = Room::new(pool, p);
+    Ok(retrying(&mut room, |slice| {
+        let g = p.inner.borrow();
+        let inner = g.as_ref().ok_or(PoolError::Stopped)?;
+        inner.submit_with(out, Some(slice))
+    })
+    .map(RTask::new))
+}
+
+/// The R package's part in the submit policy (`mizu_pool::retry`): waits go in slices with
+/// Ctrl-C checked between them, and end at the pool's submit timeout; a full set of slots is
+/// drained into the task handles; a full `/dev/shm` runs R's garbage collector.
+struct Room<'a> {
+    /// The live, protected handle of `p`.
+    pool: SEXP,
+    p: &'a RPool,
+    /// When the submission started and the pool's submit timeout (the clock is read only
+    /// when there is a timeout to keep).
+    start: Option<(Instant, Duration)>,
+}
+
+impl<'a> Room<'a> {
+    fn new(pool: SEXP, p: &'a RPool) -> Room<'a> {
+        Room {
+            pool,
+            p,
+            start: p.submit_timeout.map(|t| (Instant::now(), t)),
         }
+    }
+
+    fn left(&self) -> Option<Duration> {
+        self.start.map(|(s, t)| t.saturating_sub(s.elapsed()))
+    }
+
+    fn timed_out(&self) -> Robj {
+        submit_failure(PoolError::SubmitTimeout(
+            self.p.submit_timeout.unwrap_or_default(),
+        ))
+    }
+}
+
+impl MakeRoom for Room<'_> {
+    type Error = Robj;
+
+    fn slice(&mut self) -> Duration {
+        self.left().map_or(SLICE, |l| l.min(SLICE))
+    }
+
+    fn waited(&mut self) -> std::result::Result<(), Robj> {
+        if self.left().is_some_and(|l| l.is_zero()) {
+            return Err(self.timed_out());
+        }
+        if interrupt::pending() {
+            return Err(interrupted());
+        }
+        Ok(())
+    }
+
+    fn drain(&mut self) -> std::result::Result<(), Robj> {
+        match self.p.drain(self.left()) {
+            Drained::Freed => Ok(()),
+            Drained::TimedOut => Err(self.timed_out()),
+            Drained::Interrupted => Err(interrupted()),
+        }
+    }
+
+    /// Views this session no longer uses may hold `/dev/shm` (and, through the workers, the
+    /// memory of earlier sends). The outcomes of tasks whose handles were dropped uncollected
+    /// hold their references until their whole batch of handles is garbage: the batch being
+    /// filled is let go first, so that the collection can drop it.
+    fn collect(&mut self) {
+        // SAFETY: R's main thread; `pool` is the live handle of `p` (`Room::new`'s callers).
+        unsafe { crate::handle::seal_batch(self.pool, &self.p.batch) };
+        crate::view::collect_under_pressure();
+    }
+
+    fn fail(&mut self, e: PoolError) -> Robj {
+        submit_failure(e)
     }
 }
 
@@ -726,25 +758,16 @@ fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
         });
     }
     let mut tasks = Vec::with_capacity(outs.len());
-    let mut fail = None;
-    let mut collected = false;
-    // The clock is read only when there is a timeout to keep.
-    let start = p.submit_timeout.map(|t| (Instant::now(), t));
-    let timed_out = || {
-        submit_failure(PoolError::SubmitTimeout(
-            p.submit_timeout.unwrap_or_default(),
-        ))
-    };
-    while tasks.len() < outs.len() {
-        // As in `submit_encoded`: queue space is waited for in Ctrl-C-checked slices.
-        let left = start.map(|(s, t)| t.saturating_sub(s.elapsed()));
-        let slice = left.map_or(SLICE, |l| l.min(SLICE));
+    if outs.is_empty() {
+        return Ok(batch_list(tasks, None));
+    }
+    // SAFETY: R's main thread; `pool` is the live handle of `p`, protected by the Robj for
+    // the call.
+    let mut room = Room::new(unsafe { pool.get() }, p);
+    let fail = retrying(&mut room, |slice| {
         let (ts, res) = {
             let g = p.inner.borrow();
-            let Some(inner) = g.as_ref() else {
-                fail = Some(submit_failure(PoolError::Stopped));
-                break;
-            };
+            let inner = g.as_ref().ok_or(PoolError::Stopped)?;
             inner.submit_batch_with(
                 outs[tasks.len()..]
                     .iter()
@@ -754,43 +777,9 @@ fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
         };
         // Each task gets its handle at once: `drain` finds tasks through their handles' batches.
         tasks.extend(ts.into_iter().map(|t| handle(&pool, p, t)));
-        match res {
-            Ok(()) => {}
-            Err(PoolError::SubmitTimeout(_)) => {
-                if left.is_some_and(|l| l <= slice) {
-                    fail = Some(timed_out());
-                    break;
-                }
-                if interrupt::pending() {
-                    fail = Some(interrupted());
-                    break;
-                }
-            }
-            Err(PoolError::SlotsExhausted(_)) => match p.drain(left) {
-                Drained::Freed => {}
-                Drained::TimedOut => {
-                    fail = Some(timed_out());
-                    break;
-                }
-                Drained::Interrupted => {
-                    fail = Some(interrupted());
-                    break;
-                }
-            },
-            // As in `submit_encoded`: a full `/dev/shm`, once.
-            Err(PoolError::Wire(w)) if w.is_no_space() && !collected => {
-                collected = true;
-                // SAFETY: R's main thread; `pool` is the live handle of `p`, protected by the
-                // Robj for the call.
-                unsafe { crate::handle::seal_batch(pool.get(), &p.batch) };
-                crate::view::collect_under_pressure();
-            }
-            Err(e) => {
-                fail = Some(submit_failure(e));
-                break;
-            }
-        }
-    }
+        res
+    })
+    .err();
     Ok(batch_list(tasks, fail))
 }
 

@@ -1,0 +1,136 @@
+//! What a submission does when it cannot go through at once: one policy for every submit path
+//! of both bindings (a task, a batch, a map, a nested task).
+//!
+//! * Queue space does not appear within a slice (a worker is stuck in a long task): the
+//!   binding may stop the wait (Ctrl-C, the caller's own deadline), else the attempt is made
+//!   again. Waits go in slices so that a signal is seen while the wait lasts.
+//! * Every task slot holds an outcome nobody has collected: the binding moves finished
+//!   outcomes into their handles (or waits for one to finish), then tries again.
+//! * The data segments are full: the binding frees what its language's garbage still holds
+//!   (views of earlier results), once per submission, then tries again.
+//! * Anything else fails the submission.
+
+use std::time::Duration;
+
+use crate::error::{PoolError, Result};
+
+/// A binding's part in [`retrying`].
+pub trait MakeRoom {
+    /// The binding's failure of a submission.
+    type Error;
+    /// How long the next attempt may wait for queue space.
+    fn slice(&mut self) -> Duration;
+    /// Queue space did not appear within the slice: `Err` stops the submission.
+    fn waited(&mut self) -> std::result::Result<(), Self::Error>;
+    /// Every task slot holds an uncollected outcome: make one free (or `Err`).
+    fn drain(&mut self) -> std::result::Result<(), Self::Error>;
+    /// The data segments are full: free what garbage holds (called at most once).
+    fn collect(&mut self);
+    /// Any other failure, as the binding reports it.
+    fn fail(&mut self, e: PoolError) -> Self::Error;
+}
+
+/// Calls `attempt` with the slice it may wait for queue space until it succeeds or `room`
+/// gives up. For a batch, `attempt` submits what is left each time (tasks it submitted before
+/// failing stay submitted).
+pub fn retrying<T, R: MakeRoom>(
+    room: &mut R,
+    mut attempt: impl FnMut(Duration) -> Result<T>,
+) -> std::result::Result<T, R::Error> {
+    let mut collected = false;
+    loop {
+        let slice = room.slice();
+        match attempt(slice) {
+            Ok(t) => return Ok(t),
+            Err(PoolError::SubmitTimeout(_)) => room.waited()?,
+            Err(PoolError::SlotsExhausted(_)) => room.drain()?,
+            Err(PoolError::Wire(w)) if w.is_no_space() && !collected => {
+                collected = true;
+                room.collect();
+            }
+            Err(e) => return Err(room.fail(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records what the policy asked of the binding.
+    #[derive(Default)]
+    struct Log {
+        asked: Vec<&'static str>,
+        stop_waiting: bool,
+    }
+
+    impl MakeRoom for Log {
+        type Error = String;
+        fn slice(&mut self) -> Duration {
+            Duration::from_millis(5)
+        }
+        fn waited(&mut self) -> std::result::Result<(), String> {
+            self.asked.push("waited");
+            if self.stop_waiting {
+                Err("interrupted".into())
+            } else {
+                Ok(())
+            }
+        }
+        fn drain(&mut self) -> std::result::Result<(), String> {
+            self.asked.push("drain");
+            Ok(())
+        }
+        fn collect(&mut self) {
+            self.asked.push("collect");
+        }
+        fn fail(&mut self, e: PoolError) -> String {
+            self.asked.push("fail");
+            e.to_string()
+        }
+    }
+
+    fn no_space() -> PoolError {
+        PoolError::Wire(mizu_wire::WireError::Shm(mizu_shm::ShmError::NoSpace {
+            name: "test".into(),
+            requested: 1,
+            available: 0,
+        }))
+    }
+
+    #[test]
+    fn each_obstacle_gets_its_remedy_and_full_segments_are_collected_once() {
+        let mut log = Log::default();
+        let mut errors = vec![
+            no_space(),
+            PoolError::SlotsExhausted(4),
+            PoolError::SubmitTimeout(Duration::from_millis(5)),
+        ];
+        let got = retrying(&mut log, |slice| {
+            assert_eq!(slice, Duration::from_millis(5));
+            errors.pop().map_or(Ok(7), Err)
+        });
+        assert_eq!(got, Ok(7));
+        assert_eq!(log.asked, ["waited", "drain", "collect"]);
+        // A second full `/dev/shm` in the same submission fails it.
+        let mut log = Log::default();
+        let got: std::result::Result<(), _> = retrying(&mut log, |_| Err(no_space()));
+        assert!(got.is_err());
+        assert_eq!(log.asked, ["collect", "fail"]);
+    }
+
+    #[test]
+    fn the_binding_can_stop_a_wait_and_other_errors_fail_at_once() {
+        let mut log = Log {
+            stop_waiting: true,
+            ..Log::default()
+        };
+        let got: std::result::Result<(), _> =
+            retrying(&mut log, |_| Err(PoolError::SubmitTimeout(Duration::ZERO)));
+        assert_eq!(got, Err("interrupted".to_string()));
+        let mut log = Log::default();
+        let got: std::result::Result<(), _> = retrying(&mut log, |_| Err(PoolError::Stopped));
+        assert!(got.is_err());
+        assert_eq!(log.asked, ["fail"]);
+    }
+}
