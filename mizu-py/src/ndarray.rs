@@ -25,6 +25,7 @@ use pyo3::types::{PyString, PyType};
 
 use crate::codec::ShmBuffer;
 use crate::small::{ALIGN, MAX_SIZE, Reader, Writer, bad};
+use mizu_wire::compact::tag;
 
 /// Arrays up to this size are copied inline; larger ones travel out of band (below).
 const INLINE_ARRAY: usize = 4096;
@@ -75,14 +76,14 @@ fn inline_dtype<'py>(py: Python<'py>, dstr: &[u8]) -> PyResult<Bound<'py, PyArra
     Ok(d)
 }
 
-/// An array from its encoding: inline (`A`), a read-only private copy, as received arrays
-/// are read-only views otherwise; out of band (`X`), a read-only view of the payload's
-/// shared memory, which it keeps alive. Made with numpy's C API: through Python calls it
+/// An array from its item (`tag`): inline, a read-only private copy, as received arrays are
+/// read-only views otherwise; out of band, a read-only view of the payload's shared memory,
+/// which it keeps alive; by reference, a view of the region it names. Made with numpy's C API: through Python calls it
 /// cost several microseconds, more than the rest of a trivial task.
 pub(crate) fn read_array<'py>(
     py: Python<'py>,
     r: &mut Reader<'_>,
-    tag: u8,
+    item: u8,
 ) -> PyResult<Bound<'py, PyAny>> {
     let order = r.take(1)?[0];
     let dlen = r.take(1)?[0] as usize;
@@ -104,7 +105,7 @@ pub(crate) fn read_array<'py>(
     // Inline: the bytes follow; out of band: where they are in the array area; by
     // reference: a region (whose reference this takes over) and where they are in it.
     let region_view;
-    let (data, view) = if tag == b'R' {
+    let (data, view) = if item == tag::PY_NDARRAY_REF {
         let d = RegionDesc::read_from(r.take(64)?).map_err(bad)?;
         let at = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
         let n = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
@@ -119,7 +120,7 @@ pub(crate) fn read_array<'py>(
         };
         region_view = Region::buffer(&region).slice_with_length(at, n);
         (region_view.as_slice(), Some(region_view.clone()))
-    } else if tag == b'X' {
+    } else if item == tag::PY_NDARRAY_OOB {
         let at = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
         let n = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
         let (buf, area) = r
@@ -306,9 +307,9 @@ impl Writer {
             return Ok(false);
         };
         self.out.push(match (&by_ref, &oob) {
-            (Some(_), _) => b'R',
-            (_, Some(_)) => b'X',
-            _ => b'A',
+            (Some(_), _) => tag::PY_NDARRAY_REF,
+            (_, Some(_)) => tag::PY_NDARRAY_OOB,
+            _ => tag::PY_NDARRAY,
         });
         self.out.push(order);
         self.out.push(dlen);

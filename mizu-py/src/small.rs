@@ -7,29 +7,32 @@
 //! surrogates goes through pickle, which keeps its type), and a mutable container that occurs
 //! twice sends the whole value through pickle, which keeps the sharing.
 //!
-//! Payloads (see `docs/python.md`, "Payload format"):
+//! The values are items of the wire format's compact tagged encoding (`docs/wire-format.md`
+//! §3, written and read with `mizu_wire::compact`): the shared items for `None`, booleans,
+//! ints, floats, strings, bytes, lists and dicts with `str` keys, and the Python items for
+//! tuples, dicts with other keys and numpy arrays. Payloads (see `docs/python.md`, "Payload
+//! format"):
 //! * `V` then one value: a task's result;
-//! * `C`, `u16` length `m`, the function's pickle (`m` bytes, by reference), the arguments
-//!   (a tuple value), then `n` or the keyword arguments (a dict value): a call.
+//! * `C` then a call item of form 2: the function's pickle (by reference), the arguments,
+//!   the keyword arguments: a call.
 //!
-//! A value is a tag byte and its data, integers little-endian: `n` None, `t`/`f` booleans,
-//! `i` i64, `d` f64, `s` u32 length + UTF-8, `b` u32 length + bytes, `T`/`L` u32 count +
-//! items, `D` u32 count + key, value pairs, `A` a numpy array of up to 4 KiB: order `C`/`F`,
-//! u8 length + the dtype's `str`, u8 dimensions + u64 each, u32 length + the bytes in that
-//! order; `X` a larger array out of band: the same header, then the u64 offset of its bytes in
-//! the array area and their u64 length; `R` an array that views a region this process holds
-//! (one it received), by reference: the same header, the region's 64-byte descriptor (a new
-//! reference, taken each time the payload is written; the receiver adopts it, and
-//! [`release_refs`] gives back those of payloads nobody reads), the u64 offset of the bytes in
-//! the region and their u64 length. A payload with `X` arrays is `W`, 3 zero bytes, the
-//! u32 length `m` of the `V`/`C` body, the body, then (at the next multiple of 64 from the
-//! start) the array area; receivers view those bytes in place. Input is untrusted: every
-//! length and offset is checked and nesting is bounded.
+//! A numpy array item holds: order `C`/`F`, u8 length + the dtype's `str`, u8 dimensions +
+//! u64 each, then its bytes: inline (u32 length + the bytes, up to 4 KiB); out of band (the
+//! u64 offset of its bytes in the array area and their u64 length); or by reference to a
+//! region this process holds (one it received: the region's 64-byte descriptor, a new
+//! reference taken each time the payload is written, which the receiver adopts and
+//! [`release_refs`] gives back for payloads nobody reads; the u64 offset and length). A
+//! payload with out-of-band arrays is `W`, 3 zero bytes, the u32 length `m` of the `V`/`C`
+//! body, the body, then (at the next multiple of 64 from the start) the array area;
+//! receivers view those bytes in place. Positions of padding are relative to the body's
+//! value (offset 1). Input is untrusted: every length and offset is checked and nesting is
+//! bounded.
 
 use std::sync::Arc;
 
 use arrow_buffer::Buffer;
 use mizu_pool::Fill;
+use mizu_wire::compact::{self, form, tag};
 use mizu_wire::{Region, RegionDesc};
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::PyValueError;
@@ -39,6 +42,8 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyT
 
 /// Payload tag of a small result value.
 pub const TAG_VALUE: u8 = b'V';
+/// Where a payload body's value starts (after its `V`/`C` byte): padding is relative to it.
+pub(crate) const VALUE_BASE: usize = 1;
 /// Payload tag of a small call.
 pub const TAG_CALL: u8 = b'C';
 /// Containers nested deeper than this go through pickle.
@@ -76,15 +81,19 @@ impl Writer {
         }
     }
 
-    fn bytes(&mut self, tag: u8, b: &[u8]) -> bool {
-        if self.out.len() + b.len() > MAX_SIZE {
+    /// A string item (`false` past the size limit).
+    fn str(&mut self, s: &str) -> bool {
+        if self.out.len() + s.len() > MAX_SIZE {
             return false;
         }
-        self.out.push(tag);
-        self.len_u32(b.len()) && {
-            self.out.extend_from_slice(b);
-            true
-        }
+        self.out.push(tag::STR);
+        compact::put_str(&mut self.out, s);
+        true
+    }
+
+    /// A count of items (the tag written by the caller).
+    fn count(&mut self, n: usize) {
+        compact::put_varint(&mut self.out, n as u64);
     }
 
     fn mutable(&mut self, v: &Bound<'_, PyAny>) -> bool {
@@ -101,35 +110,39 @@ impl Writer {
             return false;
         }
         if v.is_none() {
-            self.out.push(b'n');
+            self.out.push(tag::NONE);
         } else if let Ok(b) = v.cast_exact::<PyBool>() {
-            self.out.push(if b.is_true() { b't' } else { b'f' });
+            self.out
+                .push(if b.is_true() { tag::TRUE } else { tag::FALSE });
         } else if v.is_exact_instance_of::<PyInt>() {
             let Ok(i) = v.extract::<i64>() else {
                 return false;
             };
-            self.out.push(b'i');
+            self.out.push(tag::INT);
             self.out.extend_from_slice(&i.to_le_bytes());
         } else if let Ok(f) = v.cast_exact::<PyFloat>() {
-            self.out.push(b'd');
-            self.out.extend_from_slice(&f.value().to_le_bytes());
+            self.out.push(tag::FLOAT);
+            self.out
+                .extend_from_slice(&f.value().to_bits().to_le_bytes());
         } else if let Ok(s) = v.cast_exact::<PyString>() {
             let Ok(s) = s.to_str() else {
                 return false; // lone surrogates: pickle keeps them
             };
-            return self.bytes(b's', s.as_bytes());
+            return self.str(s);
         } else if let Ok(b) = v.cast_exact::<PyBytes>() {
-            return self.bytes(b'b', b.as_bytes());
+            let b = b.as_bytes();
+            if self.out.len() + b.len() > MAX_SIZE {
+                return false;
+            }
+            compact::put_bytes(&mut self.out, VALUE_BASE, b);
         } else if let Ok(t) = v.cast_exact::<PyTuple>() {
             return depth < MAX_DEPTH && self.tuple(t, depth + 1);
         } else if let Ok(l) = v.cast_exact::<PyList>() {
             if depth >= MAX_DEPTH || !self.mutable(v) {
                 return false;
             }
-            self.out.push(b'L');
-            if !self.len_u32(l.len()) {
-                return false;
-            }
+            self.out.push(tag::LIST);
+            self.count(l.len());
             // Items are read by index with the length checked each time: a change made by a
             // finalizer (writing an array calls numpy) cannot read past the end. The count
             // written first must still hold.
@@ -142,16 +155,35 @@ impl Writer {
             if depth >= MAX_DEPTH || !self.mutable(v) {
                 return false;
             }
+            // String keys are the shared dict item; any other key makes it Python's. (Checking
+            // the keys runs no Python code, so nothing can change the dict meanwhile.)
+            let str_keys = d.iter().all(|(k, _)| k.is_exact_instance_of::<PyString>());
             // A snapshot of the items: writing an array calls numpy, and a garbage collection
             // there could run a finalizer that changes this dict.
             let items = d.items();
-            self.out.push(b'D');
-            if !self.len_u32(items.len()) {
-                return false;
-            }
+            self.out
+                .push(if str_keys { tag::DICT } else { tag::PY_DICT });
+            self.count(items.len());
             return items.iter().all(|kv| {
                 kv.extract::<(Bound<'_, PyAny>, Bound<'_, PyAny>)>()
-                    .is_ok_and(|(k, x)| self.value(&k, depth + 1) && self.value(&x, depth + 1))
+                    .is_ok_and(|(k, x)| {
+                        let key = if str_keys {
+                            match k
+                                .cast_exact::<PyString>()
+                                .ok()
+                                .and_then(|s| s.to_str().ok())
+                            {
+                                Some(name) => {
+                                    compact::put_str(&mut self.out, name);
+                                    true
+                                }
+                                None => false,
+                            }
+                        } else {
+                            self.value(&k, depth + 1)
+                        };
+                        key && self.value(&x, depth + 1)
+                    })
             });
         } else {
             return depth < MAX_DEPTH && self.mutable(v) && self.array(v).unwrap_or(false);
@@ -160,10 +192,13 @@ impl Writer {
     }
 
     fn tuple(&mut self, t: &Bound<'_, PyTuple>, depth: u32) -> bool {
-        self.out.push(b'T');
-        if !self.len_u32(t.len()) {
-            return false;
-        }
+        self.out.push(tag::PY_TUPLE);
+        self.items(t, depth)
+    }
+
+    /// A count and the items of `t` (no tag: a call's arguments).
+    fn items(&mut self, t: &Bound<'_, PyTuple>, depth: u32) -> bool {
+        self.count(t.len());
         t.iter().all(|x| self.value(&x, depth))
     }
 }
@@ -265,31 +300,38 @@ pub fn encode_value(v: &Bound<'_, PyAny>, refs: bool) -> Option<Payload> {
 }
 
 /// The `C` payload of a call of the function pickled as `head` (by reference), or None when
-/// an argument is not a small value or the pickle is too long.
+/// an argument is not a small value or a keyword is not a plain `str`.
 pub fn encode_call(
     head: &[u8],
     args: &Bound<'_, PyTuple>,
     kwargs: Option<&Bound<'_, PyDict>>,
 ) -> Option<Payload> {
-    let m = u16::try_from(head.len()).ok()?;
     let mut w = Writer {
         refs_ok: true,
         ..Writer::default()
     };
     w.out.reserve(head.len() + 32);
-    w.out.push(TAG_CALL);
-    w.out.extend_from_slice(&m.to_le_bytes());
+    w.out
+        .extend_from_slice(&[TAG_CALL, tag::CALL, form::NATIVE]);
+    compact::put_varint(&mut w.out, head.len() as u64);
     w.out.extend_from_slice(head);
-    if !w.tuple(args, 1) {
+    if !w.items(args, 1) {
         return None;
     }
     match kwargs {
         Some(k) if !k.is_empty() => {
-            if !w.value(k.as_any(), 0) {
-                return None;
+            let items = k.items();
+            w.count(items.len());
+            for kv in items.iter() {
+                let (name, x) = kv.extract::<(Bound<'_, PyAny>, Bound<'_, PyAny>)>().ok()?;
+                let name = name.cast_exact::<PyString>().ok()?.to_str().ok()?;
+                compact::put_str(&mut w.out, name);
+                if !w.value(&x, 1) {
+                    return None;
+                }
             }
         }
-        _ => w.out.push(b'n'),
+        _ => w.count(0),
     }
     Payload::new(w)
 }
@@ -298,39 +340,31 @@ pub(crate) fn bad(why: &str) -> PyErr {
     PyValueError::new_err(format!("pymizu: malformed small payload: {why}"))
 }
 
-/// Reads values from untrusted bytes.
+/// Reads values from untrusted bytes (the items through `mizu_wire::compact`).
 pub(crate) struct Reader<'a> {
-    pub(crate) b: &'a [u8],
-    pub(crate) at: usize,
+    pub(crate) r: compact::Reader<'a>,
     /// A `W` payload's bytes and where its array area starts.
     pub(crate) oob: Option<(&'a Buffer, usize)>,
 }
 
+/// A malformed item.
+fn wire_bad(e: mizu_wire::WireError) -> PyErr {
+    bad(&e.to_string())
+}
+
 impl<'a> Reader<'a> {
     pub(crate) fn take(&mut self, n: usize) -> PyResult<&'a [u8]> {
-        let end = self
-            .at
-            .checked_add(n)
-            .filter(|&e| e <= self.b.len())
-            .ok_or_else(|| bad("truncated"))?;
-        let s = &self.b[self.at..end];
-        self.at = end;
-        Ok(s)
+        self.r.take("item", n).map_err(wire_bad)
     }
 
     pub(crate) fn u32(&mut self) -> PyResult<usize> {
-        let s = self.take(4)?;
-        Ok(u32::from_le_bytes(s.try_into().expect("4 bytes")) as usize)
+        Ok(u32::from_le_bytes(self.r.array("length").map_err(wire_bad)?) as usize)
     }
 
     /// A count of items, each at least one byte: more than the bytes left is malformed
     /// (and must not size an allocation).
     fn count(&mut self) -> PyResult<usize> {
-        let n = self.u32()?;
-        if n > self.b.len() - self.at {
-            return Err(bad("count beyond the payload"));
-        }
-        Ok(n)
+        self.r.len("count").map_err(wire_bad)
     }
 }
 
@@ -353,33 +387,32 @@ fn read<'py>(py: Python<'py>, r: &mut Reader<'_>, depth: u32) -> PyResult<Bound<
     if depth > MAX_DEPTH {
         return Err(bad("nested too deep"));
     }
-    let tag = r.take(1)?[0];
-    Ok(match tag {
-        b'n' => py.None().into_bound(py),
-        b't' => PyBool::new(py, true).to_owned().into_any(),
-        b'f' => PyBool::new(py, false).to_owned().into_any(),
-        b'i' => {
-            let s = r.take(8)?;
-            i64::from_le_bytes(s.try_into().expect("8 bytes"))
+    let t = r.take(1)?[0];
+    Ok(match t {
+        tag::NONE => py.None().into_bound(py),
+        tag::TRUE => PyBool::new(py, true).to_owned().into_any(),
+        tag::FALSE => PyBool::new(py, false).to_owned().into_any(),
+        tag::INT => {
+            r.r.i64("int")
+                .map_err(wire_bad)?
                 .into_pyobject(py)?
                 .into_any()
         }
-        b'd' => {
-            let s = r.take(8)?;
-            PyFloat::new(py, f64::from_le_bytes(s.try_into().expect("8 bytes"))).into_any()
+        tag::FLOAT => PyFloat::new(py, r.r.f64("float").map_err(wire_bad)?).into_any(),
+        tag::STR => PyString::new(py, r.r.str("str").map_err(wire_bad)?).into_any(),
+        tag::BYTES => PyBytes::new(py, r.r.bytes_item("bytes").map_err(wire_bad)?).into_any(),
+        tag::PY_TUPLE => PyTuple::new(py, read_items(py, r, depth)?)?.into_any(),
+        tag::LIST => PyList::new(py, read_items(py, r, depth)?)?.into_any(),
+        tag::DICT => {
+            let n = r.count()?;
+            let d = PyDict::new(py);
+            for _ in 0..n {
+                let k = r.r.str("dict key").map_err(wire_bad)?;
+                d.set_item(k, read(py, r, depth + 1)?)?;
+            }
+            d.into_any()
         }
-        b's' => {
-            let n = r.u32()?;
-            let s = std::str::from_utf8(r.take(n)?).map_err(|_| bad("a str is not UTF-8"))?;
-            PyString::new(py, s).into_any()
-        }
-        b'b' => {
-            let n = r.u32()?;
-            PyBytes::new(py, r.take(n)?).into_any()
-        }
-        b'T' => PyTuple::new(py, read_items(py, r, depth)?)?.into_any(),
-        b'L' => PyList::new(py, read_items(py, r, depth)?)?.into_any(),
-        b'D' => {
+        tag::PY_DICT => {
             let n = r.count()?;
             let d = PyDict::new(py);
             for _ in 0..n {
@@ -390,68 +423,95 @@ fn read<'py>(py: Python<'py>, r: &mut Reader<'_>, depth: u32) -> PyResult<Bound<
             }
             d.into_any()
         }
-        t @ (b'A' | b'X' | b'R') => crate::ndarray::read_array(py, r, t)?,
+        t @ (tag::PY_NDARRAY | tag::PY_NDARRAY_OOB | tag::PY_NDARRAY_REF) => {
+            crate::ndarray::read_array(py, r, t)?
+        }
         t => return Err(bad(&format!("unknown value tag {t:#04x}"))),
     })
 }
 
 /// Walks one value of a small payload without making Python objects, calling `f` with the
 /// descriptor of every array by reference; None when the bytes are malformed.
-fn walk(b: &[u8], at: &mut usize, depth: u32, f: &mut impl FnMut(&[u8])) -> Option<()> {
-    fn take<'a>(b: &'a [u8], at: &mut usize, n: usize) -> Option<&'a [u8]> {
-        let s = b.get(*at..at.checked_add(n)?)?;
-        *at += n;
-        Some(s)
-    }
-    fn u32_at(b: &[u8], at: &mut usize) -> Option<usize> {
-        Some(u32::from_le_bytes(take(b, at, 4)?.try_into().ok()?) as usize)
-    }
+fn walk(r: &mut compact::Reader<'_>, depth: u32, f: &mut impl FnMut(&[u8])) -> Option<()> {
     if depth > MAX_DEPTH {
         return None;
     }
-    match take(b, at, 1)?[0] {
-        b'n' | b't' | b'f' => {}
-        b'i' | b'd' => {
-            take(b, at, 8)?;
+    match r.u8("tag").ok()? {
+        tag::NONE | tag::TRUE | tag::FALSE => {}
+        tag::INT | tag::FLOAT => {
+            r.take("number", 8).ok()?;
         }
-        b's' | b'b' => {
-            let n = u32_at(b, at)?;
-            take(b, at, n)?;
+        tag::STR => {
+            r.str("str").ok()?;
         }
-        b'T' | b'L' => {
-            for _ in 0..u32_at(b, at)? {
-                walk(b, at, depth + 1, f)?;
+        tag::BYTES => {
+            r.bytes_item("bytes").ok()?;
+        }
+        tag::PY_TUPLE | tag::LIST => {
+            for _ in 0..r.len("count").ok()? {
+                walk(r, depth + 1, f)?;
             }
         }
-        b'D' => {
-            for _ in 0..u32_at(b, at)? {
-                walk(b, at, depth + 1, f)?;
-                walk(b, at, depth + 1, f)?;
+        tag::DICT => {
+            for _ in 0..r.len("count").ok()? {
+                r.str("key").ok()?;
+                walk(r, depth + 1, f)?;
             }
         }
-        t @ (b'A' | b'X' | b'R') => {
-            take(b, at, 1)?;
-            let dlen = take(b, at, 1)?[0] as usize;
-            take(b, at, dlen)?;
-            let ndim = take(b, at, 1)?[0] as usize;
-            take(b, at, 8 * ndim)?;
+        tag::PY_DICT => {
+            for _ in 0..r.len("count").ok()? {
+                walk(r, depth + 1, f)?;
+                walk(r, depth + 1, f)?;
+            }
+        }
+        t @ (tag::PY_NDARRAY | tag::PY_NDARRAY_OOB | tag::PY_NDARRAY_REF) => {
+            r.take("order", 1).ok()?;
+            let dlen = r.u8("dtype").ok()? as usize;
+            r.take("dtype", dlen).ok()?;
+            let ndim = r.u8("ndim").ok()? as usize;
+            r.take("shape", 8 * ndim).ok()?;
             match t {
-                b'A' => {
-                    let n = u32_at(b, at)?;
-                    take(b, at, n)?;
+                tag::PY_NDARRAY => {
+                    let n = u32::from_le_bytes(r.array("length").ok()?) as usize;
+                    r.take("data", n).ok()?;
                 }
-                b'X' => {
-                    take(b, at, 16)?;
+                tag::PY_NDARRAY_OOB => {
+                    r.take("place", 16).ok()?;
                 }
                 _ => {
-                    f(take(b, at, 64)?);
-                    take(b, at, 16)?;
+                    f(r.take("descriptor", 64).ok()?);
+                    r.take("place", 16).ok()?;
                 }
             }
         }
         _ => return None,
     }
     Some(())
+}
+
+/// Walks the arguments and keyword arguments of a `C` body at `r` (after the function).
+fn walk_args(r: &mut compact::Reader<'_>, f: &mut impl FnMut(&[u8])) -> Option<()> {
+    for _ in 0..r.len("count").ok()? {
+        walk(r, 1, f)?;
+    }
+    for _ in 0..r.len("count").ok()? {
+        r.str("name").ok()?;
+        walk(r, 1, f)?;
+    }
+    Some(())
+}
+
+/// The function's pickle in a `C` body at `r` (its call item's head), `r` left at the
+/// arguments.
+fn call_head<'a>(r: &mut compact::Reader<'a>) -> mizu_wire::Result<&'a [u8]> {
+    if r.u8("call")? != tag::CALL || r.u8("call form")? != form::NATIVE {
+        return Err(mizu_wire::WireError::Malformed {
+            offset: r.pos,
+            why: "not a call of a pickled function".into(),
+        });
+    }
+    let n = r.len("function")?;
+    r.take("function", n)
 }
 
 /// Gives back the region references inside a payload nobody will read (the runtime's
@@ -477,16 +537,13 @@ pub fn release_refs(p: &[u8]) {
             drop(crate::ndarray::MAPPER.adopt(&d));
         }
     };
-    let mut at = 1;
+    let mut r = compact::Reader::new(body, 1, VALUE_BASE);
     match body.first() {
         Some(&TAG_VALUE) => {
-            let _ = walk(body, &mut at, 0, &mut release);
+            let _ = walk(&mut r, 0, &mut release);
         }
-        Some(&TAG_CALL) => {
-            let Some(m) = body.get(1..3) else { return };
-            at = 3 + u16::from_le_bytes(m.try_into().expect("2 bytes")) as usize;
-            let _ = walk(body, &mut at, 0, &mut release)
-                .and_then(|()| walk(body, &mut at, 0, &mut release));
+        Some(&TAG_CALL) if call_head(&mut r).is_ok() => {
+            let _ = walk_args(&mut r, &mut release);
         }
         _ => {}
     }
@@ -497,8 +554,7 @@ fn reader(buf: &Buffer) -> PyResult<Reader<'_>> {
     let b = buf.as_slice();
     if b.first() != Some(&TAG_WIDE) {
         return Ok(Reader {
-            b,
-            at: 1,
+            r: compact::Reader::new(b, 1, VALUE_BASE),
             oob: None,
         });
     }
@@ -511,8 +567,7 @@ fn reader(buf: &Buffer) -> PyResult<Reader<'_>> {
         return Err(bad("the body does not fit"));
     }
     Ok(Reader {
-        b: &b[8..8 + m],
-        at: 1,
+        r: compact::Reader::new(&b[8..8 + m], 1, VALUE_BASE),
         oob: Some((buf, area)),
     })
 }
@@ -529,11 +584,11 @@ pub fn kind(b: &[u8]) -> Option<u8> {
 /// The value of a `V` payload (or a `W` payload holding one).
 pub fn decode_value<'py>(py: Python<'py>, buf: &Buffer) -> PyResult<Bound<'py, PyAny>> {
     let mut r = reader(buf)?;
-    if r.b.first() != Some(&TAG_VALUE) {
+    if r.r.bytes().first() != Some(&TAG_VALUE) {
         return Err(bad("not a value"));
     }
     let v = read(py, &mut r, 0)?;
-    if r.at != r.b.len() {
+    if !r.r.at_end() {
         return Err(bad("trailing bytes"));
     }
     Ok(v)
@@ -552,24 +607,23 @@ pub struct Call<'a, 'py> {
 /// Reads a `C` payload (or a `W` payload holding one).
 pub fn decode_call<'a, 'py>(py: Python<'py>, buf: &'a Buffer) -> PyResult<Call<'a, 'py>> {
     let mut r = reader(buf)?;
-    if r.b.first() != Some(&TAG_CALL) {
+    if r.r.bytes().first() != Some(&TAG_CALL) {
         return Err(bad("not a call"));
     }
-    let m = u16::from_le_bytes(r.take(2)?.try_into().expect("2 bytes")) as usize;
-    let head = r.take(m)?;
-    let args = read(py, &mut r, 0)?
-        .cast_into::<PyTuple>()
-        .map_err(|_| bad("the arguments are not a tuple"))?;
-    let kw = read(py, &mut r, 0)?;
-    let kwargs = if kw.is_none() {
+    let head = call_head(&mut r.r).map_err(wire_bad)?;
+    let args = PyTuple::new(py, read_items(py, &mut r, 0)?)?;
+    let n = r.count()?;
+    let kwargs = if n == 0 {
         None
     } else {
-        Some(
-            kw.cast_into::<PyDict>()
-                .map_err(|_| bad("the keyword arguments are not a dict"))?,
-        )
+        let d = PyDict::new(py);
+        for _ in 0..n {
+            let k = r.r.str("keyword").map_err(wire_bad)?;
+            d.set_item(k, read(py, &mut r, 1)?)?;
+        }
+        Some(d)
     };
-    if r.at != r.b.len() {
+    if !r.r.at_end() {
         return Err(bad("trailing bytes"));
     }
     Ok(Call { head, args, kwargs })

@@ -28,9 +28,10 @@ SMALL = [
 
 def small_seeds():
     seeds = [_native.small_dumps(v) for v in SMALL]
-    args = _native.small_dumps((1, "x", [2.0]))
-    seeds.append(b"C" + len(b"fn").to_bytes(2, "little") + b"fn" + args[1:] + b"n")
-    seeds.append(b"C" + len(b"fn").to_bytes(2, "little") + b"fn" + args[1:] + _native.small_dumps({"k": 1})[1:])
+    # `C`: a call item of a pickled function (docs/wire-format.md §3), its arguments, keywords.
+    args = _native.small_dumps((1, "x", [2.0]))[2:]
+    seeds.append(b"C\x0b\x02\x02fn" + args + b"\x00")
+    seeds.append(b"C\x0b\x02\x02fn" + args + _native.small_dumps({"k": 1})[2:])
     return [s for s in seeds if s is not None]
 
 

@@ -312,13 +312,13 @@ def test_a_forked_child_dropping_a_view_does_not_give_back_the_parents_memory():
 def test_malformed_references_are_clear_errors():
     from pymizu import _native
 
-    good = _native.small_dumps(np.arange(1024, dtype=np.int64))  # an `X` array
+    good = _native.small_dumps(np.arange(1024, dtype=np.int64))  # an out-of-band array
     m = int.from_bytes(good[4:8], "little")
     body = bytearray(good[8 : 8 + m])
-    at = body.index(b"X")
+    at = body.index(b"\x13")  # its item, turned into one by reference (tag 0x14)
     head = bytes(body[at + 1 : len(body) - 16])  # order, dtype, shape
     for desc in (bytes(64), b"mizu_0_0" + bytes(56), bytes(range(64))):
-        bad = bytes(body[:at]) + b"R" + head + desc + (0).to_bytes(8, "little") + (8192).to_bytes(8, "little")
+        bad = bytes(body[:at]) + b"\x14" + head + desc + (0).to_bytes(8, "little") + (8192).to_bytes(8, "little")
         with pytest.raises(ValueError, match="malformed"):
             _native.small_loads(bad)
 

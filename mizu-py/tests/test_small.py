@@ -152,27 +152,41 @@ def test_many_threads_waiting_on_one_task_all_get_its_value(pool):
 
 
 def test_malformed_small_payloads_raise_value_error_never_crash():
+    # Items of the wire format's compact encoding (docs/wire-format.md §3).
     bad = [
         b"",
         b"V",
         b"C",
-        b"Vq",  # unknown tag
-        b"Vn\x00",  # trailing bytes
-        b"Vi\x01",  # truncated int
-        b"Vs\xff\xff\xff\xff",  # length beyond the payload
-        b"VT\xff\xff\xff\x7f",  # count beyond the payload
-        b"VD\x01\x00\x00\x00L\x00\x00\x00\x00n",  # an unhashable key
-        b"Vs\x02\x00\x00\x00\xc3\x28",  # not UTF-8
-        b"V" + b"T\x01\x00\x00\x00" * 100 + b"n",  # nested too deep
-        b"C\x05\x00fn",  # function pickle beyond the payload
-        b"C\x02\x00fnin",  # arguments not a tuple
-        b"C\x02\x00fnT\x00\x00\x00\x00i\x00\x00\x00\x00\x00\x00\x00\x00",  # kwargs not a dict
+        b"V\x7f",  # unknown tag
+        b"V\x00\x00",  # trailing bytes
+        b"V\x03\x01",  # truncated int
+        b"V\x06\xff\xff\xff\xff\x0f",  # length beyond the payload
+        b"V\x10\xff\xff\xff\x7f",  # count beyond the payload
+        b"V\x11\x01\x08\x00\x00",  # an unhashable key (a list)
+        b"V\x06\x02\xc3\x28",  # not UTF-8
+        b"V\x09\x01\x01\xff\x00",  # a dict key that is not UTF-8
+        b"V" + b"\x10\x01" * 100 + b"\x00",  # nested too deep
+        b"V\x07\x40" + b"\x01" * 63 + bytes(64),  # non-zero padding before long bytes
+        b"V\x0c\x00",  # an Arrow array (not in Python's same-language payloads)
+        b"C\x0b\x02\x05fn",  # function pickle beyond the payload
+        b"C\x0b\x00\x02fn\x00\x00",  # a call by name, not of a pickled function
+        b"C\x0b\x02\x02fn\x00",  # no keyword count
+        b"C\x0b\x02\x02fn\x00\x01\x01\xff\x00",  # a keyword that is not UTF-8
+        b"C\x0b\x02\x02fn\x00\x00\x00",  # trailing bytes
     ]
     for b in bad:
         with pytest.raises(ValueError):
             _native.small_loads(b)
-    call = b"C" + len(b"fn").to_bytes(2, "little") + b"fn" + _native.small_dumps((1, "x", [2.0]))[1:] + b"n"
+    # `C`, a call item of a pickled function: its bytes, the arguments, the keywords.
+    call = b"C\x0b\x02\x02fn" + _native.small_dumps((1, "x", [2.0]))[2:] + b"\x00"
     assert _native.small_loads(call) == (b"fn", (1, "x", [2.0]), None)
+    kw = b"C\x0b\x02\x02fn\x00\x01\x01k\x03" + (5).to_bytes(8, "little")
+    assert _native.small_loads(kw) == (b"fn", (), {"k": 5})
+    # The shared items are the ones every reader of the format understands.
+    assert _native.small_dumps([None, True, 7, "é"]) == (
+        b"V\x08\x04\x00\x02\x03" + (7).to_bytes(8, "little") + b"\x06\x02" + "é".encode()
+    )
+    assert _native.small_dumps({"a": 1.5})[:4] == b"V\x09\x01\x01"
     # Random mutations of valid payloads: each decodes or raises ValueError, nothing else.
     rng = random.Random(7)
     decoded = refused = 0
@@ -293,7 +307,7 @@ def test_malformed_out_of_band_arrays_raise_value_error():
     assert np.array_equal(_native.small_loads(good), a)
     m = int.from_bytes(good[4:8], "little")
     body = good[8 : 8 + m]
-    at = body.index(b"X")
+    at = body.index(b"\x13")  # the out-of-band array item
 
     def wide(body, tail=good[64:]):
         head = b"W\0\0\0" + len(body).to_bytes(4, "little") + body
@@ -308,7 +322,7 @@ def test_malformed_out_of_band_arrays_raise_value_error():
         wide(body[:off] + (64).to_bytes(8, "little") + body[off + 8 :]),  # past the end
         wide(body[: off + 8] + (8191).to_bytes(8, "little")),  # bytes do not fit the shape
         wide(body[: off + 8] + (2**63).to_bytes(8, "little")),  # absurd length
-        wide(body[:at] + b"A" + body[at + 1 :]),  # inline tag over out-of-band fields
+        wide(body[:at] + b"\x12" + body[at + 1 :]),  # inline tag over out-of-band fields
         b"W\0\0\0\0\0\0\0" + bytes(56),  # empty body
     ]
     for b in bad:
@@ -332,13 +346,14 @@ def test_malformed_inline_arrays_raise_value_error():
     good = _native.small_dumps(np.arange(4, dtype=np.int32))
     assert np.array_equal(_native.small_loads(good), np.arange(4, dtype=np.int32))
     dt = b"<i4"
-    head = b"VAC" + bytes([len(dt)]) + dt + b"\x01" + (4).to_bytes(8, "little")
+    head = b"V\x12C" + bytes([len(dt)]) + dt + b"\x01" + (4).to_bytes(8, "little")
+    assert good.startswith(head)
     bad = [
         head + (15).to_bytes(4, "little") + bytes(15),  # bytes do not fit the dtype
         head + (12).to_bytes(4, "little") + bytes(12),  # nor the shape
-        b"VAX" + good[3:],  # unknown order
-        b"VAC\x03|O8\x01" + (1).to_bytes(8, "little") + (8).to_bytes(4, "little") + bytes(8),  # objects
-        b"VAC\x04zzzz\x01" + (1).to_bytes(8, "little") + (8).to_bytes(4, "little") + bytes(8),  # no dtype
+        b"V\x12X" + good[3:],  # unknown order
+        b"V\x12C\x03|O8\x01" + (1).to_bytes(8, "little") + (8).to_bytes(4, "little") + bytes(8),  # objects
+        b"V\x12C\x04zzzz\x01" + (1).to_bytes(8, "little") + (8).to_bytes(4, "little") + bytes(8),  # no dtype
         good[:-3],  # truncated
     ]
     for b in bad:

@@ -8,13 +8,16 @@
 //! closures, environments, nesting deeper than 64 — makes [`encode`] return `None` and the
 //! caller uses R's serialization.
 //!
-//! Item: a tag byte, then: `0` NULL; `1..=4` logical/integer/double/complex: varint `n`, the
-//! elements (little-endian, NA as R stores it); `5` character: varint `n`, each element a kind
-//! byte (0 NA, else the encoding + 1: native, UTF-8, Latin-1, bytes), varint length, bytes;
-//! `6` raw: varint `n`, bytes; `7` list: varint `n`, items; `8` symbol: varint length, UTF-8
-//! name; `9` call: varint `n`, per node a flag byte (1 when tagged, then the tag as a symbol
-//! item) and the item; `10` names: the names (a character item) then the value; `11` the
-//! missing argument.
+//! The items are the wire format's compact tagged encoding (`docs/wire-format.md` §3, read and
+//! written with `mizu_wire::compact`): `NULL` is the shared None item and a list without
+//! attributes the shared list item; the rest are R items. A vector is `R_VECTOR`, its R type
+//! code (`LGLSXP` 10, `INTSXP` 13, `REALSXP` 14, `CPLXSXP` 15, `STRSXP` 16, `RAWSXP` 24), a
+//! varint length, then the elements (little-endian, NA as R stores it); each element of a
+//! character vector is a kind byte (0 NA, else the encoding + 1: native, UTF-8, Latin-1,
+//! bytes), a varint length and the bytes. `R_SYMBOL` is a varint length and the UTF-8 name;
+//! `R_CALL` a varint count, then per node a flag byte (1 when tagged, then the tag as a symbol
+//! item) and the node's item; `R_NAMED` the names (a character vector item) then the value;
+//! `R_MISSING` the missing argument.
 
 use std::ffi::{c_char, c_int};
 
@@ -28,14 +31,20 @@ use extendr_ffi::{
 use crate::codec::FLOOR;
 use crate::ffi;
 
-const MAX_DEPTH: usize = 64;
+use mizu_wire::compact::{self, MAX_DEPTH, tag};
 
-fn varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
+fn varint(out: &mut Vec<u8>, v: u64) {
+    compact::put_varint(out, v);
+}
+
+/// The R type codes of vector items.
+mod vt {
+    pub const LGL: u8 = 10;
+    pub const INT: u8 = 13;
+    pub const REAL: u8 = 14;
+    pub const CPLX: u8 = 15;
+    pub const STR: u8 = 16;
+    pub const RAW: u8 = 24;
 }
 
 thread_local! {
@@ -81,7 +90,7 @@ pub fn encode(x: SEXP) -> Option<Vec<u8>> {
 /// [`encode`] makes of it, or `None` when an element is not covered.
 pub fn encode_list3(a: SEXP, b: SEXP, c: SEXP) -> Option<Vec<u8>> {
     let mut out = buffer();
-    out.push(7);
+    out.push(tag::LIST);
     varint(&mut out, 3);
     // SAFETY: the elements are live (protected by the caller); only reads, no allocation.
     if unsafe { item(&mut out, a, 1) && item(&mut out, b, 1) && item(&mut out, c, 1) } {
@@ -101,22 +110,22 @@ unsafe fn item(out: &mut Vec<u8>, x: SEXP, depth: usize) -> bool {
     unsafe {
         let t = TYPEOF(x);
         if t == SEXPTYPE::NILSXP {
-            out.push(0);
+            out.push(tag::NONE);
             return true;
         }
         if t == SEXPTYPE::SYMSXP {
             if x == R_MissingArg {
-                out.push(11);
+                out.push(tag::R_MISSING);
                 return true;
             }
-            out.push(8);
+            out.push(tag::R_SYMBOL);
             return string(out, PRINTNAME(x), false);
         }
         if t == SEXPTYPE::LANGSXP {
             if ffi::ATTRIB(x) != R_NilValue {
                 return false;
             }
-            out.push(9);
+            out.push(tag::R_CALL);
             let mut n = 0u64;
             let mut p = x;
             while p != R_NilValue {
@@ -166,17 +175,17 @@ unsafe fn item(out: &mut Vec<u8>, x: SEXP, depth: usize) -> bool {
             if TAG(attrs) != R_NamesSymbol || CDR(attrs) != R_NilValue {
                 return false;
             }
-            out.push(10);
+            out.push(tag::R_NAMED);
             if !item(out, CAR(attrs), depth + 1) {
                 return false;
             }
         }
         let n = XLENGTH(x) as usize;
-        let fixed = |out: &mut Vec<u8>, tag: u8, size: usize| {
+        let fixed = |out: &mut Vec<u8>, code: u8, size: usize| {
             if n * size >= FLOOR {
                 return false;
             }
-            out.push(tag);
+            out.extend_from_slice(&[tag::R_VECTOR, code]);
             varint(out, n as u64);
             if n > 0 {
                 out.extend_from_slice(std::slice::from_raw_parts(
@@ -187,22 +196,22 @@ unsafe fn item(out: &mut Vec<u8>, x: SEXP, depth: usize) -> bool {
             true
         };
         match t {
-            SEXPTYPE::LGLSXP => fixed(out, 1, 4),
-            SEXPTYPE::INTSXP => fixed(out, 2, 4),
-            SEXPTYPE::REALSXP => fixed(out, 3, 8),
-            SEXPTYPE::CPLXSXP => fixed(out, 4, 16),
-            SEXPTYPE::RAWSXP => fixed(out, 6, 1),
+            SEXPTYPE::LGLSXP => fixed(out, vt::LGL, 4),
+            SEXPTYPE::INTSXP => fixed(out, vt::INT, 4),
+            SEXPTYPE::REALSXP => fixed(out, vt::REAL, 8),
+            SEXPTYPE::CPLXSXP => fixed(out, vt::CPLX, 16),
+            SEXPTYPE::RAWSXP => fixed(out, vt::RAW, 1),
             SEXPTYPE::STRSXP => {
                 // Long character vectors go out of band (see strview.rs).
                 if n * 8 >= FLOOR {
                     return false;
                 }
-                out.push(5);
+                out.extend_from_slice(&[tag::R_VECTOR, vt::STR]);
                 varint(out, n as u64);
                 (0..n).all(|i| string(out, STRING_ELT(x, i as R_xlen_t), true))
             }
             SEXPTYPE::VECSXP => {
-                out.push(7);
+                out.push(tag::LIST);
                 varint(out, n as u64);
                 (0..n).all(|i| item(out, extendr_ffi::VECTOR_ELT(x, i as R_xlen_t), depth + 1))
             }
@@ -245,52 +254,29 @@ unsafe fn string(out: &mut Vec<u8>, c: SEXP, kind: bool) -> bool {
     }
 }
 
-/// Reads items; every allocation is protected while the next is made.
-struct Reader {
-    p: *const u8,
-    len: usize,
-    at: usize,
+/// Reads items (through `mizu_wire::compact`); every allocation is protected while the next
+/// is made. Plain data: a long-jump out of an R allocation leaves nothing to drop.
+struct Reader<'a> {
+    r: compact::Reader<'a>,
 }
 
-impl Reader {
+impl Reader<'_> {
     fn byte(&mut self) -> Option<u8> {
-        if self.at < self.len {
-            // SAFETY: in bounds.
-            let b = unsafe { *self.p.add(self.at) };
-            self.at += 1;
-            Some(b)
-        } else {
-            None
-        }
+        self.r.u8("item").ok()
     }
 
     fn varint(&mut self) -> Option<u64> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let b = self.byte()?;
-            v |= u64::from(b & 0x7f) << shift;
-            if b & 0x80 == 0 {
-                return Some(v);
-            }
-        }
-        None
+        self.r.varint("varint").ok()
     }
 
     /// `n` bytes, or None when fewer remain.
     fn bytes(&mut self, n: usize) -> Option<*const u8> {
-        if self.len - self.at < n {
-            return None;
-        }
-        // SAFETY: in bounds (checked).
-        let p = unsafe { self.p.add(self.at) };
-        self.at += n;
-        Some(p)
+        self.r.take("bytes", n).ok().map(<[u8]>::as_ptr)
     }
 
     /// A count that cannot claim more elements of `size` bytes than remain.
     fn count(&mut self, size: usize) -> Option<usize> {
-        let n = usize::try_from(self.varint()?).ok()?;
-        (n.checked_mul(size.max(1))? <= self.len - self.at).then_some(n)
+        self.r.len_of("count", size).ok()
     }
 
     /// # Safety
@@ -302,7 +288,7 @@ impl Reader {
         }
         // SAFETY: allocations are protected while further allocations happen.
         unsafe {
-            let tag = self.byte()?;
+            let item = self.byte()?;
             let fixed = |r: &mut Reader, t: SEXPTYPE, size: usize| -> Option<SEXP> {
                 let n = r.count(size)?;
                 let src = r.bytes(n * size)?;
@@ -317,27 +303,18 @@ impl Reader {
                 }
                 Some(v)
             };
-            match tag {
-                0 => Some(R_NilValue),
-                1 => fixed(self, SEXPTYPE::LGLSXP, 4),
-                2 => fixed(self, SEXPTYPE::INTSXP, 4),
-                3 => fixed(self, SEXPTYPE::REALSXP, 8),
-                4 => fixed(self, SEXPTYPE::CPLXSXP, 16),
-                6 => fixed(self, SEXPTYPE::RAWSXP, 1),
-                5 => {
-                    let n = self.count(1)?;
-                    let v = Rf_protect(Rf_allocVector(SEXPTYPE::STRSXP, n as R_xlen_t));
-                    for i in 0..n {
-                        let Some(c) = self.charsxp(true) else {
-                            Rf_unprotect(1);
-                            return None;
-                        };
-                        SET_STRING_ELT(v, i as R_xlen_t, c);
-                    }
-                    Rf_unprotect(1);
-                    Some(v)
-                }
-                7 => {
+            match item {
+                tag::NONE => Some(R_NilValue),
+                tag::R_VECTOR => match self.byte()? {
+                    vt::LGL => fixed(self, SEXPTYPE::LGLSXP, 4),
+                    vt::INT => fixed(self, SEXPTYPE::INTSXP, 4),
+                    vt::REAL => fixed(self, SEXPTYPE::REALSXP, 8),
+                    vt::CPLX => fixed(self, SEXPTYPE::CPLXSXP, 16),
+                    vt::RAW => fixed(self, SEXPTYPE::RAWSXP, 1),
+                    vt::STR => self.strings(),
+                    _ => None,
+                },
+                tag::LIST => {
                     let n = self.count(1)?;
                     let v = Rf_protect(Rf_allocVector(SEXPTYPE::VECSXP, n as R_xlen_t));
                     for i in 0..n {
@@ -350,7 +327,7 @@ impl Reader {
                     Rf_unprotect(1);
                     Some(v)
                 }
-                8 => {
+                tag::R_SYMBOL => {
                     let c = self.charsxp(false)?;
                     // R has no symbol without a name (installing one is an R error).
                     if extendr_ffi::LENGTH(c) == 0 {
@@ -361,8 +338,8 @@ impl Reader {
                     Rf_unprotect(1);
                     Some(s)
                 }
-                11 => Some(R_MissingArg),
-                9 => {
+                tag::R_MISSING => Some(R_MissingArg),
+                tag::R_CALL => {
                     let n = self.count(2)?;
                     if n == 0 {
                         return None;
@@ -407,7 +384,7 @@ impl Reader {
                     Rf_unprotect(1);
                     Some(head)
                 }
-                10 => {
+                tag::R_NAMED => {
                     let names = Rf_protect(self.item(depth + 1)?);
                     let Some(v) = self.item(depth + 1) else {
                         Rf_unprotect(1);
@@ -426,6 +403,27 @@ impl Reader {
                 }
                 _ => None,
             }
+        }
+    }
+
+    /// A character vector's length and elements.
+    ///
+    /// # Safety
+    /// As [`Reader::item`].
+    unsafe fn strings(&mut self) -> Option<SEXP> {
+        // SAFETY: as `item`; the vector is protected while its elements are made.
+        unsafe {
+            let n = self.count(1)?;
+            let v = Rf_protect(Rf_allocVector(SEXPTYPE::STRSXP, n as R_xlen_t));
+            for i in 0..n {
+                let Some(c) = self.charsxp(true) else {
+                    Rf_unprotect(1);
+                    return None;
+                };
+                SET_STRING_ELT(v, i as R_xlen_t, c);
+            }
+            Rf_unprotect(1);
+            Some(v)
         }
     }
 
@@ -459,7 +457,7 @@ impl Reader {
     }
 }
 
-impl Reader {
+impl Reader<'_> {
     /// The rest of an expression task after its kind (see [`decode_expr_task_in_context`]).
     ///
     /// # Safety
@@ -488,10 +486,10 @@ impl Reader {
             SET_VECTOR_ELT(msg, 2, env);
             match self.byte() {
                 // `list()`: no bindings.
-                Some(7) => self.varint() == Some(0),
-                // Names (a character item), then the list of values.
-                Some(10) => {
-                    if self.byte() != Some(5) {
+                Some(tag::LIST) => self.varint() == Some(0),
+                // Names (a character vector item), then the list of values.
+                Some(tag::R_NAMED) => {
+                    if self.byte() != Some(tag::R_VECTOR) || self.byte() != Some(vt::STR) {
                         return false;
                     }
                     let Some(n) = self.count(2) else {
@@ -516,7 +514,7 @@ impl Reader {
                         *sym = ffi::Rf_installChar(c);
                         Rf_unprotect(1);
                     }
-                    if self.byte() != Some(7) || self.count(1) != Some(n) {
+                    if self.byte() != Some(tag::LIST) || self.count(1) != Some(n) {
                         return false;
                     }
                     for &sym in syms.iter() {
@@ -535,10 +533,14 @@ impl Reader {
     }
 }
 
-/// The compact encoding of `list("e", <kind 1 or 2>)`'s start: a list of three, then the
-/// one-element character vector "e" (native or UTF-8).
+/// The bytes of `list("e", ...)`'s start: a list of three, then the one-element character
+/// vector "e" (native or UTF-8).
+const EXPR_TASK_PREFIX: usize = 8;
 fn expr_task_prefix(b: &[u8]) -> bool {
-    b.len() >= 7 && b[..4] == [7, 3, 5, 1] && matches!(b[4], 1 | 2) && b[5..7] == [1, b'e']
+    b.len() >= EXPR_TASK_PREFIX
+        && b[..5] == [tag::LIST, 3, tag::R_VECTOR, vt::STR, 1]
+        && matches!(b[5], 1 | 2)
+        && b[6..8] == [1, b'e']
 }
 
 /// For the compact encoding of an expression task, `list("e", expr, vars)` (what
@@ -556,13 +558,11 @@ pub unsafe fn decode_expr_task_in_context(bytes: &[u8]) -> Option<SEXP> {
         return None;
     }
     let mut rd = Reader {
-        p: bytes.as_ptr(),
-        len: bytes.len(),
-        at: 7,
+        r: compact::Reader::new(bytes, EXPR_TASK_PREFIX, 0),
     };
     // SAFETY: the caller's contract (R's main thread, inside a top-level context).
     let msg = unsafe { rd.expr_task() }?;
-    (rd.at == rd.len).then_some(msg)
+    rd.r.at_end().then_some(msg)
 }
 
 /// Decodes a compact item that fills `bytes` exactly; `None` when malformed (or R ran out
@@ -579,16 +579,17 @@ pub fn decode(bytes: &[u8]) -> Option<SEXP> {
 /// `read` runs inside the top-level context: it may allocate (an allocation error long-jumps
 /// back here) and must own nothing that needs dropping.
 fn read_all(bytes: &[u8], at: usize, read: fn(&mut Reader) -> Option<SEXP>) -> Option<SEXP> {
-    let (p, len) = (bytes.as_ptr(), bytes.len());
     let mut ok = false;
     let okp = std::ptr::from_mut(&mut ok);
     // SAFETY: R's main thread; the closure owns nothing (the reader is plain data on its own
     // frame); `bytes` outlives the call.
     let r = unsafe {
         crate::rtry::try_r(move || {
-            let mut rd = Reader { p, len, at };
+            let mut rd = Reader {
+                r: compact::Reader::new(bytes, at, 0),
+            };
             match read(&mut rd) {
-                Some(v) if rd.at == rd.len => {
+                Some(v) if rd.r.at_end() => {
                     *okp = true;
                     v
                 }

@@ -15,30 +15,8 @@ use arrow_schema::{Field, FieldRef, Schema};
 
 use crate::error::{Result, WireError, malformed};
 
-/// Deepest nesting of lists, dicts and calls a decoder accepts.
-pub const MAX_DEPTH: usize = 64;
-/// Byte strings at least this long are 64-byte aligned (and referenced, not copied, by the
-/// encoder).
-pub const ALIGNED_BYTES_MIN: usize = 64;
-
-mod tag {
-    pub const NONE: u8 = 0x00;
-    pub const FALSE: u8 = 0x01;
-    pub const TRUE: u8 = 0x02;
-    pub const INT: u8 = 0x03;
-    pub const FLOAT: u8 = 0x04;
-    pub const COMPLEX: u8 = 0x05;
-    pub const STR: u8 = 0x06;
-    pub const BYTES: u8 = 0x07;
-    pub const LIST: u8 = 0x08;
-    pub const DICT: u8 = 0x09;
-    pub const ERROR: u8 = 0x0A;
-    pub const CALL: u8 = 0x0B;
-    pub const ARRAY: u8 = 0x0C;
-    pub const TABLE: u8 = 0x0D;
-    pub const SHARED: u8 = 0x0E;
-    pub const ALIGNED: u8 = 0x0F;
-}
+pub use crate::compact::{ALIGNED_BYTES_MIN, MAX_DEPTH};
+use crate::compact::{Reader, form, tag};
 
 /// How a call names its function.
 #[derive(Debug, Clone, PartialEq)]
@@ -207,19 +185,9 @@ impl Encoded {
         self.put(&[b]);
     }
 
-    fn varint(&mut self, mut v: u64) {
-        let mut buf = [0u8; 10];
-        let mut n = 0;
-        loop {
-            let b = (v & 0x7f) as u8;
-            v >>= 7;
-            buf[n] = b | if v != 0 { 0x80 } else { 0 };
-            n += 1;
-            if v == 0 {
-                break;
-            }
-        }
-        self.put(&buf[..n]);
+    fn varint(&mut self, v: u64) {
+        let (b, n) = crate::compact::varint(v);
+        self.put(&b[..n]);
     }
 
     fn pad_to_align(&mut self) {
@@ -515,8 +483,8 @@ fn encode_into(e: &mut Encoded, v: &Value, depth: usize, aligned: bool) -> Resul
         } => {
             e.byte(tag::CALL);
             let (form, text) = match target {
-                CallTarget::Name(s) => (0u8, s),
-                CallTarget::Source(s) => (1u8, s),
+                CallTarget::Name(s) => (form::NAME, s),
+                CallTarget::Source(s) => (form::SOURCE, s),
             };
             e.byte(form);
             e.string(text);
@@ -623,18 +591,12 @@ pub(crate) fn decode_in(
     mapper: Option<&crate::store::Mapper>,
     shared: bool,
 ) -> Result<Value> {
-    let mut d = Decoder {
-        buf,
-        pos: 0,
-        mapper,
-        shared,
-        trusted: false,
-    };
+    let mut d = Decoder::new(buf, mapper, shared);
     let v = d.value(0)?;
-    if d.pos != buf.len() {
+    if d.r.pos != buf.len() {
         return Err(malformed(
-            d.pos,
-            format!("{} trailing bytes after the value", buf.len() - d.pos),
+            d.r.pos,
+            format!("{} trailing bytes after the value", buf.len() - d.r.pos),
         ));
     }
     Ok(v)
@@ -650,7 +612,7 @@ pub fn decode_slice(bytes: &[u8]) -> Result<Value> {
 
 struct Decoder<'a> {
     buf: &'a Buffer,
-    pos: usize,
+    r: Reader<'a>,
     /// Adopts the regions that references name (none: references are refused).
     mapper: Option<&'a crate::store::Mapper>,
     /// Aligned arrays and tables are returned as [`Value::Shared`].
@@ -660,106 +622,59 @@ struct Decoder<'a> {
     trusted: bool,
 }
 
-impl Decoder<'_> {
-    fn need(&self, what: &'static str, n: usize) -> Result<()> {
-        let available = self.buf.len() - self.pos;
-        if n > available {
-            return Err(WireError::Truncated {
-                what,
-                offset: self.pos,
-                needed: n,
-                available,
-            });
+impl<'a> Decoder<'a> {
+    fn new(buf: &'a Buffer, mapper: Option<&'a crate::store::Mapper>, shared: bool) -> Self {
+        Decoder {
+            buf,
+            r: Reader::new(buf.as_slice(), 0, 0),
+            mapper,
+            shared,
+            trusted: false,
         }
-        Ok(())
     }
 
-    fn take(&mut self, what: &'static str, n: usize) -> Result<&[u8]> {
-        self.need(what, n)?;
-        let s = &self.buf.as_slice()[self.pos..self.pos + n];
-        self.pos += n;
-        Ok(s)
+    fn take(&mut self, what: &'static str, n: usize) -> Result<&'a [u8]> {
+        self.r.take(what, n)
     }
 
     fn u8(&mut self, what: &'static str) -> Result<u8> {
-        Ok(self.take(what, 1)?[0])
+        self.r.u8(what)
     }
 
     fn u64(&mut self, what: &'static str) -> Result<u64> {
-        Ok(u64::from_le_bytes(
-            self.take(what, 8)?.try_into().expect("8 bytes"),
-        ))
+        self.r.u64(what)
     }
 
     fn varint(&mut self, what: &'static str) -> Result<u64> {
-        let start = self.pos;
-        let mut v = 0u64;
-        for i in 0..10 {
-            let b = self.u8(what)?;
-            if i == 9 && b > 1 {
-                return Err(malformed(
-                    start,
-                    format!("{what}: varint overflows 64 bits"),
-                ));
-            }
-            v |= u64::from(b & 0x7f) << (7 * i);
-            if b & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err(malformed(
-            start,
-            format!("{what}: varint longer than 10 bytes"),
-        ))
+        self.r.varint(what)
     }
 
     /// A length that must fit in what is left (never allocate for a claimed size).
     fn len(&mut self, what: &'static str) -> Result<usize> {
-        let at = self.pos;
-        let n = self.varint(what)?;
-        let left = (self.buf.len() - self.pos) as u64;
-        if n > left {
-            return Err(WireError::Truncated {
-                what,
-                offset: at,
-                needed: n.min(usize::MAX as u64) as usize,
-                available: left as usize,
-            });
-        }
-        Ok(n as usize)
+        self.r.len(what)
     }
 
     /// A count of items, each at least one byte long.
     fn count(&mut self, what: &'static str) -> Result<usize> {
-        self.len(what)
+        self.r.len(what)
     }
 
     fn string(&mut self, what: &'static str) -> Result<String> {
-        let n = self.len(what)?;
-        let at = self.pos;
-        let b = self.take(what, n)?;
-        std::str::from_utf8(b)
-            .map(str::to_owned)
-            .map_err(|e| malformed(at, format!("{what}: invalid UTF-8: {e}")))
+        self.r.str(what).map(str::to_owned)
     }
 
     fn skip_padding(&mut self) -> Result<()> {
-        let pad = self.pos.next_multiple_of(64) - self.pos;
-        let at = self.pos;
-        if self.take("alignment padding", pad)?.iter().any(|&b| b != 0) {
-            return Err(malformed(at, "non-zero alignment padding"));
-        }
-        Ok(())
+        self.r.skip_padding()
     }
 
     fn value(&mut self, depth: usize) -> Result<Value> {
         if depth > MAX_DEPTH {
             return Err(WireError::TooDeep {
-                offset: self.pos,
+                offset: self.r.pos,
                 max: MAX_DEPTH,
             });
         }
-        let at = self.pos;
+        let at = self.r.pos;
         Ok(match self.u8("tag")? {
             tag::NONE => Value::None,
             tag::FALSE => Value::Bool(false),
@@ -772,14 +687,8 @@ impl Decoder<'_> {
             ),
             tag::STR => Value::Str(self.string("string")?),
             tag::BYTES => {
-                let n = self.len("bytes length")?;
-                if n >= ALIGNED_BYTES_MIN {
-                    self.skip_padding()?;
-                }
-                self.need("bytes", n)?;
-                let b = self.buf.slice_with_length(self.pos, n);
-                self.pos += n;
-                Value::Bytes(b)
+                let n = self.r.bytes_item("bytes")?.len();
+                Value::Bytes(self.buf.slice_with_length(self.r.pos - n, n))
             }
             tag::LIST => {
                 let n = self.count("list length")?;
@@ -796,12 +705,10 @@ impl Decoder<'_> {
                 traceback: self.string("error traceback")?,
             },
             tag::CALL => {
-                let form_at = self.pos;
-                let form = self.u8("call form")?;
-                let text = self.string("call target")?;
-                let target = match form {
-                    0 => CallTarget::Name(text),
-                    1 => CallTarget::Source(text),
+                let form_at = self.r.pos;
+                let target = match self.u8("call form")? {
+                    form::NAME => CallTarget::Name(self.string("call target")?),
+                    form::SOURCE => CallTarget::Source(self.string("call target")?),
                     f => return Err(malformed(form_at, format!("unknown call form {f}"))),
                 };
                 let n = self.count("call argument count")?;
@@ -818,10 +725,10 @@ impl Decoder<'_> {
             t @ (tag::ARRAY | tag::TABLE) => {
                 let n = self.len("arrow stream length")?;
                 self.skip_padding()?;
-                self.need("arrow stream", n)?;
-                let stream = self.buf.slice_with_length(self.pos, n);
-                let batch = decode_arrow(stream, self.pos, self.trusted)?;
-                self.pos += n;
+                self.r.need("arrow stream", n)?;
+                let stream = self.buf.slice_with_length(self.r.pos, n);
+                let batch = decode_arrow(stream, self.r.pos, self.trusted)?;
+                self.r.pos += n;
                 let v = if t == tag::TABLE {
                     Value::Table(batch)
                 } else {
@@ -841,10 +748,10 @@ impl Decoder<'_> {
                     if let Some((r, off)) =
                         crate::store::Region::containing(self.buf.as_ptr().wrapping_add(at))
                     {
-                        validated::insert(validated::key(&r.describe(), off, self.pos - at));
+                        validated::insert(validated::key(&r.describe(), off, self.r.pos - at));
                     }
                     Value::Shared {
-                        bytes: self.buf.slice_with_length(at, self.pos - at),
+                        bytes: self.buf.slice_with_length(at, self.r.pos - at),
                         value: Box::new(v),
                     }
                 } else {
@@ -856,13 +763,13 @@ impl Decoder<'_> {
                 if n >= 64 {
                     return Err(malformed(at, "alignment padding of 64 bytes or more"));
                 }
-                let pad_at = self.pos;
+                let pad_at = self.r.pos;
                 if self.take("alignment padding", n)?.iter().any(|&b| b != 0) {
                     return Err(malformed(pad_at, "non-zero alignment padding"));
                 }
-                if !matches!(self.buf.get(self.pos), Some(&(tag::ARRAY | tag::TABLE))) {
+                if !matches!(self.buf.get(self.r.pos), Some(&(tag::ARRAY | tag::TABLE))) {
                     return Err(malformed(
-                        self.pos,
+                        self.r.pos,
                         "alignment padding before a non-Arrow value",
                     ));
                 }
@@ -892,15 +799,11 @@ impl Decoder<'_> {
                 }
                 let bytes = whole.slice_with_length(vat as usize, vlen as usize);
                 let key = validated::key(&region.describe(), vat as usize, vlen as usize);
-                let mut inner = Decoder {
-                    buf: &bytes,
-                    pos: 0,
-                    mapper: None,
-                    shared: false,
-                    trusted: validated::contains(&key),
-                };
+                let mut inner = Decoder::new(&bytes, None, false);
+                inner.trusted = validated::contains(&key);
                 let v = inner.value(depth + 1)?;
-                if inner.pos != bytes.len() || !matches!(v, Value::Array { .. } | Value::Table(_)) {
+                if inner.r.pos != bytes.len() || !matches!(v, Value::Array { .. } | Value::Table(_))
+                {
                     return Err(malformed(
                         at,
                         "a shared value that is not one array or table",
@@ -935,15 +838,10 @@ pub fn decode_received(bytes: &Buffer) -> Result<Value> {
     let trusted = crate::store::Region::containing(bytes.as_ptr()).is_some_and(|(r, at)| {
         validated::contains(&validated::key(&r.describe(), at, bytes.len()))
     });
-    let mut d = Decoder {
-        buf: bytes,
-        pos: 0,
-        mapper: None,
-        shared: false,
-        trusted,
-    };
+    let mut d = Decoder::new(bytes, None, false);
+    d.trusted = trusted;
     let v = d.value(0)?;
-    if d.pos != bytes.len() || !matches!(v, Value::Array { .. } | Value::Table(_)) {
+    if d.r.pos != bytes.len() || !matches!(v, Value::Array { .. } | Value::Table(_)) {
         return Err(malformed(0, "not one array or table value"));
     }
     Ok(v)
@@ -975,16 +873,11 @@ pub fn arrow_schema(bytes: &[u8]) -> Result<Arc<Schema>> {
         return Err(malformed(0, "not an array or table value"));
     }
     let buf = Buffer::from_slice_ref(&bytes[..bytes.len().min(1 << 20)]);
-    let mut d = Decoder {
-        buf: &buf,
-        pos: 1,
-        mapper: None,
-        shared: false,
-        trusted: false,
-    };
+    let mut d = Decoder::new(&buf, None, false);
+    d.r.pos = 1;
     d.varint("arrow stream length")?;
     d.skip_padding()?;
-    let at = d.pos;
+    let at = d.r.pos;
     let b = &buf.as_slice()[at..];
     let head = b
         .get(..8)
