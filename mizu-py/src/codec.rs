@@ -35,14 +35,18 @@ const ALIGN: usize = 64;
 /// Pickles up to this size are handed to Python as `bytes`; larger ones as views.
 const COPY_PICKLE_MAX: usize = 4096;
 
-/// A read-only view of received bytes in shared memory (or of a small private copy). It keeps
-/// the memory alive for as long as any view of it — a `memoryview`, a numpy array — exists.
+/// A view of bytes in shared memory (or of a small private copy). It keeps the memory alive
+/// for as long as any view of it — a `memoryview`, a numpy array — exists. Read-only, except
+/// for the memory of `pymizu.empty`/`zeros` (and views of it received from another process),
+/// which every holder may write.
 #[pyclass(module = "pymizu._native", frozen)]
 pub struct ShmBuffer {
     buf: Buffer,
     /// For the values of an array received from another language: that array as it came
     /// (see `xlang::received_view`).
     source: Option<crate::xlang::Source>,
+    /// Whether holders may write it (see [`ShmBuffer::writable`]).
+    writable: bool,
 }
 
 #[pymethods]
@@ -57,17 +61,19 @@ impl ShmBuffer {
         if view.is_null() {
             return Err(PyBufferError::new_err("Py_buffer must not be null"));
         }
-        let b = &slf.get().buf;
+        let (b, writable) = (&slf.get().buf, slf.get().writable);
         // SAFETY: `view` is non-null and valid (buffer protocol contract); the pointer and
-        // length describe immutable memory that `slf` (stored in view.obj with a new
-        // reference by PyBuffer_FillInfo) keeps alive; readonly=1 refuses writable requests.
+        // length describe memory that `slf` (stored in view.obj with a new reference by
+        // PyBuffer_FillInfo) keeps alive; readonly=1 refuses writable requests. Writable
+        // memory is only ever written and read through such views (numpy), never through
+        // Rust references: Rust code touches only its region's header and descriptor.
         let rc = unsafe {
             pyo3::ffi::PyBuffer_FillInfo(
                 view,
                 slf.as_ptr(),
                 b.as_ptr() as *mut std::ffi::c_void,
                 b.len() as pyo3::ffi::Py_ssize_t,
-                1,
+                c_int::from(!writable),
                 flags,
             )
         };
@@ -93,7 +99,22 @@ impl ShmBuffer {
 impl ShmBuffer {
     /// A view of `buf`.
     pub fn new(buf: Buffer) -> ShmBuffer {
-        ShmBuffer { buf, source: None }
+        ShmBuffer {
+            buf,
+            source: None,
+            writable: false,
+        }
+    }
+
+    /// A writable view of `buf`: memory of `pymizu.empty`/`zeros`, which tasks write into.
+    /// Every holder, in any process, may write it; Rust code never reads or writes these
+    /// bytes (they travel by reference), so concurrent writers are numpy's business alone.
+    pub(crate) fn writable(buf: Buffer) -> ShmBuffer {
+        ShmBuffer {
+            buf,
+            source: None,
+            writable: true,
+        }
     }
 
     /// A view of the values of a received array, which remembers the array.
@@ -101,6 +122,7 @@ impl ShmBuffer {
         ShmBuffer {
             buf,
             source: Some(source),
+            writable: false,
         }
     }
 
@@ -124,6 +146,8 @@ pub struct Outgoing<'a> {
     at: Vec<usize>,
     /// Per buffer: the region it views and where in it, when it goes by reference.
     refs: Vec<Option<(Arc<Region>, usize)>>,
+    /// Per buffer: whether it is writable shared memory (`pymizu.empty`/`zeros`).
+    writable: Vec<bool>,
 }
 
 impl<'a> Outgoing<'a> {
@@ -135,6 +159,7 @@ impl<'a> Outgoing<'a> {
             size: 1 + pickle.len(),
             at: Vec::new(),
             refs: Vec::new(),
+            writable: Vec::new(),
         };
         if bufs.is_none() {
             return Ok(out);
@@ -160,14 +185,25 @@ impl<'a> Outgoing<'a> {
         let mut at = 16 + 16 * out.bufs.len() + pickle.len();
         for b in &out.bufs {
             let n = b.len_bytes();
-            let by_ref = (n >= REF_MIN)
+            // Writable shared memory (every other view of shared memory is read-only) goes by
+            // reference whatever its size, and is never copied: tasks may be writing it.
+            let writable = !b.readonly();
+            let shared = (n >= REF_MIN || writable)
                 .then(|| Region::containing(b.buf_ptr().cast_const().cast::<u8>()))
                 .flatten()
-                .filter(|(r, off)| off + n <= r.len() && r.still_named());
+                .filter(|(r, off)| off + n <= r.len());
+            let writable = writable && shared.is_some();
+            let by_ref = shared.filter(|(r, _)| r.still_named());
+            if writable && by_ref.is_none() {
+                return Err(PyValueError::new_err(
+                    "pymizu: a writable shared array whose memory is being released cannot be sent",
+                ));
+            }
             at = at.next_multiple_of(ALIGN);
             out.at.push(at);
             at += if by_ref.is_some() { REF_RECORD } else { n };
             out.refs.push(by_ref);
+            out.writable.push(writable);
         }
         out.size = at;
         Ok(out)
@@ -191,7 +227,11 @@ impl Fill for Outgoing<'_> {
         out[8..16].copy_from_slice(&(self.pickle.len() as u64).to_le_bytes());
         for (i, ((b, &at), r)) in self.bufs.iter().zip(&self.at).zip(&self.refs).enumerate() {
             let e = 16 + 16 * i;
-            let flag = if r.is_some() { BY_REF } else { 0 };
+            let flag = match (r, self.writable[i]) {
+                (Some(_), true) => BY_REF | oob::PY_WRITABLE_REF,
+                (Some(_), false) => BY_REF,
+                (None, _) => 0,
+            };
             out[e..e + 8].copy_from_slice(&(at as u64 | flag).to_le_bytes());
             out[e + 8..e + 16].copy_from_slice(&(b.len_bytes() as u64).to_le_bytes());
         }
@@ -247,7 +287,12 @@ pub fn decode(py: Python<'_>, buf: Buffer) -> PyResult<(Py<PyAny>, Py<PyList>)> 
                     } => by_reference(&desc, offset, len)
                         .map_err(|why| bad(format!("buffer {i}: {why}")))?,
                 };
-                list.append(Py::new(py, ShmBuffer::new(buf))?)?;
+                let view = if entry.code == oob::PY_WRITABLE {
+                    ShmBuffer::writable(buf)
+                } else {
+                    ShmBuffer::new(buf)
+                };
+                list.append(Py::new(py, view)?)?;
             }
             let body = layout.body;
             Ok((view(body.start, body.len())?, list.unbind()))
@@ -305,6 +350,28 @@ pub fn share_buffer(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<ShmBuff
     let region = Arc::new(region.map_err(crate::err)?);
     Ok(ShmBuffer::new(
         Region::buffer(&region).slice_with_length(0, n),
+    ))
+}
+
+/// `nbytes` of shared memory that this process and the tasks it sends views of it to may all
+/// write (`pymizu.empty`, and `pymizu.zeros` with `zero`): sending a view passes a reference,
+/// and the receiver's view is writable too.
+#[pyfunction]
+pub fn shared_empty(py: Python<'_>, nbytes: usize, zero: bool) -> PyResult<ShmBuffer> {
+    let region = py.detach(|| -> mizu_wire::Result<Region> {
+        let mut r = mizu_wire::store::with_room(
+            || shared_store().alloc(nbytes.max(1)),
+            |e| e.is_no_space(),
+        )?;
+        // A region may reuse memory an earlier value left (a new segment's pages are zero).
+        if zero {
+            r.bytes_mut()[..nbytes].fill(0);
+        }
+        Ok(r.commit())
+    });
+    let region = Arc::new(region.map_err(crate::err)?);
+    Ok(ShmBuffer::writable(
+        Region::buffer(&region).slice_with_length(0, nbytes),
     ))
 }
 

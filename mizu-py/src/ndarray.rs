@@ -103,9 +103,11 @@ pub(crate) fn read_array<'py>(
         _ => return Err(bad("unknown array order")),
     };
     // Inline: the bytes follow; out of band: where they are in the array area; by
-    // reference: a region (whose reference this takes over) and where they are in it.
-    let region_view;
-    let (data, view) = if item == tag::PY_NDARRAY_REF {
+    // reference: a region (whose reference this takes over) and where they are in it. Bytes
+    // are handled by address and length: writable memory must never sit behind a Rust
+    // reference while other processes may write it.
+    let writable = item == tag::PY_NDARRAY_REF_MUT;
+    let (data, view) = if item == tag::PY_NDARRAY_REF || writable {
         let d = RegionDesc::read_from(r.take(64)?).map_err(bad)?;
         let at = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
         let n = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
@@ -118,8 +120,8 @@ pub(crate) fn read_array<'py>(
             (Ok(at), Ok(n)) if at.checked_add(n).is_some_and(|e| e <= region.len()) => (at, n),
             _ => return Err(bad("an array by reference beyond its region")),
         };
-        region_view = Region::buffer(&region).slice_with_length(at, n);
-        (region_view.as_slice(), Some(region_view.clone()))
+        let view = Region::buffer(&region).slice_with_length(at, n);
+        ((view.as_ptr(), n), Some(view))
     } else if item == tag::PY_NDARRAY_OOB {
         let at = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
         let n = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
@@ -136,12 +138,13 @@ pub(crate) fn read_array<'py>(
             .filter(|&n| start.checked_add(n).is_some_and(|e| e <= buf.len()))
             .ok_or_else(|| bad("an out-of-band array out of bounds"))?;
         let view = buf.slice_with_length(start, n);
-        (&buf.as_slice()[start..start + n], Some(view))
+        ((view.as_ptr(), n), Some(view))
     } else {
         let n = r.u32()?;
-        (r.take(n)?, None)
+        let b = r.take(n)?;
+        ((b.as_ptr(), n), None)
     };
-    let n = data.len();
+    let (data, n) = data;
     // An import statement's cost (a microsecond) only until numpy's array type is known.
     if ndarray_type(py).is_none() {
         py.import("numpy")
@@ -165,20 +168,33 @@ pub(crate) fn read_array<'py>(
         unsafe {
             let a = _PyArray_GET_ITEM_DATA(arr.as_ptr().cast());
             if n > 0 {
-                std::ptr::copy_nonoverlapping(data.as_ptr(), (*a).data.cast::<u8>(), n);
+                std::ptr::copy_nonoverlapping(data, (*a).data.cast::<u8>(), n);
             }
             (*a).flags &= !NPY_ARRAY_WRITEABLE;
         }
         return Ok(arr);
     };
-    let base = Py::new(py, ShmBuffer::new(view))?;
+    let base = Py::new(
+        py,
+        if writable {
+            ShmBuffer::writable(view)
+        } else {
+            ShmBuffer::new(view)
+        },
+    )?;
+    let flags = if writable {
+        flags | NPY_ARRAY_WRITEABLE
+    } else {
+        flags
+    };
     // SAFETY: `data` is `n` bytes (itemsize × elements, checked) that `base` owns, and
     // `base` becomes the array's base below, so they outlive it.
-    let arr = unsafe { new_array(py, dtype, &mut dims, data.as_ptr().cast_mut().cast(), flags)? };
+    let arr = unsafe { new_array(py, dtype, &mut dims, data.cast_mut().cast(), flags)? };
     // SAFETY: `arr` is a PyArrayObject without a base; SetBaseObject steals the reference to
     // `base` (on failure numpy releases it, and the array, which does not own its data, frees
     // nothing else). Without WRITEABLE in its flags the array is read-only, and numpy refuses
-    // to make it writable: its base exports no writable buffer.
+    // to make it writable: its base exports no writable buffer (only the memory of
+    // `pymizu.empty`/`zeros` is writable, and its views say so).
     if unsafe { PY_ARRAY_API.PyArray_SetBaseObject(py, arr.as_ptr().cast(), base.into_ptr()) } != 0
     {
         return Err(PyErr::fetch(py));
@@ -279,10 +295,26 @@ impl Writer {
             return Ok(false);
         };
         // A view of a region we hold (a received array, or a slice of one) goes by reference.
-        let by_ref = (nbytes > INLINE_ARRAY && self.refs_ok)
+        // A writable one is memory of `pymizu.empty`/`zeros` (every other view of shared
+        // memory is read-only): it goes by reference whatever its size, writable, and never
+        // by value (its bytes are not Rust's to read while tasks may write them).
+        let writable = is_writeable(a);
+        let shared = (nbytes > INLINE_ARRAY || writable)
             .then(|| Region::containing(data_ptr(a)))
             .flatten()
-            .filter(|(r, off)| off + nbytes <= r.len() && r.still_named());
+            .filter(|(r, off)| off + nbytes <= r.len());
+        if writable && shared.is_some() && !self.refs_ok {
+            return Ok(false);
+        }
+        let writable = writable && shared.is_some();
+        let by_ref = shared.filter(|(r, _)| self.refs_ok && r.still_named());
+        if writable && by_ref.is_none() {
+            // A region whose name is gone cannot be adopted by a receiver: pickle (which
+            // refuses nothing) would copy it; say so instead.
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "pymizu: a writable shared array whose memory is being released cannot be sent",
+            ));
+        }
         // The exported buffer keeps the array's memory in place until the payload is written.
         let oob = (nbytes > INLINE_ARRAY && by_ref.is_none())
             .then(|| PyUntypedBuffer::get(v).ok())
@@ -307,6 +339,7 @@ impl Writer {
             return Ok(false);
         };
         self.out.push(match (&by_ref, &oob) {
+            (Some(_), _) if writable => tag::PY_NDARRAY_REF_MUT,
             (Some(_), _) => tag::PY_NDARRAY_REF,
             (_, Some(_)) => tag::PY_NDARRAY_OOB,
             _ => tag::PY_NDARRAY,
@@ -346,6 +379,12 @@ impl Writer {
         }
         Ok(true)
     }
+}
+
+/// Whether numpy lets `a` be written.
+fn is_writeable(a: &Bound<'_, PyUntypedArray>) -> bool {
+    // SAFETY: `a` is a live PyArrayObject (its type was checked); reading its flags field.
+    unsafe { (*_PyArray_GET_ITEM_DATA(a.as_array_ptr())).flags & NPY_ARRAY_WRITEABLE != 0 }
 }
 
 /// The start of a contiguous array's bytes.

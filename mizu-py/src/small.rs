@@ -423,9 +423,10 @@ fn read<'py>(py: Python<'py>, r: &mut Reader<'_>, depth: u32) -> PyResult<Bound<
             }
             d.into_any()
         }
-        t @ (tag::PY_NDARRAY | tag::PY_NDARRAY_OOB | tag::PY_NDARRAY_REF) => {
-            crate::ndarray::read_array(py, r, t)?
-        }
+        t @ (tag::PY_NDARRAY
+        | tag::PY_NDARRAY_OOB
+        | tag::PY_NDARRAY_REF
+        | tag::PY_NDARRAY_REF_MUT) => crate::ndarray::read_array(py, r, t)?,
         t => return Err(bad(&format!("unknown value tag {t:#04x}"))),
     })
 }
@@ -464,7 +465,10 @@ fn walk(r: &mut compact::Reader<'_>, depth: u32, f: &mut impl FnMut(&[u8])) -> O
                 walk(r, depth + 1, f)?;
             }
         }
-        t @ (tag::PY_NDARRAY | tag::PY_NDARRAY_OOB | tag::PY_NDARRAY_REF) => {
+        t @ (tag::PY_NDARRAY
+        | tag::PY_NDARRAY_OOB
+        | tag::PY_NDARRAY_REF
+        | tag::PY_NDARRAY_REF_MUT) => {
             r.take("order", 1).ok()?;
             let dlen = r.u8("dtype").ok()? as usize;
             r.take("dtype", dlen).ok()?;

@@ -269,3 +269,9 @@ def keep_where(k, a):
 
 def forget_all():
     _kept.clear()
+
+
+def fill_row(out, i, v):
+    """Writes `v` into row `i` of `out` (an array the caller made with pymizu.zeros)."""
+    out[i] = v
+    return i

@@ -97,3 +97,12 @@ def test_a_finished_channel_leaves_nothing_in_dev_shm_at_once():
     assert _mizu_shm() - before == set()
     assert ch.recv(timeout=0) is pymizu.CLOSED
     assert ch.send(1) is pymizu.CLOSED
+
+
+def test_a_writable_shared_array_crosses_a_channel_by_reference():
+    out = pymizu.zeros(8)
+    peer = "a = channel.recv(timeout=60)\na[:] = 5.0\nchannel.send(bool(a.flags.writeable))"
+    with pymizu.Channel.spawn(peer) as ch:
+        assert ch.send(out) is True
+        assert ch.recv(timeout=60) is True
+    assert out.tolist() == [5.0] * 8

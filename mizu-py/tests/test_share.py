@@ -150,3 +150,55 @@ def test_shared_memory_is_freed_after_the_last_holder_even_a_killed_one():
         while _segment_exists(name):
             assert time.monotonic() < deadline, "a killed holder's reference was not given back"
             time.sleep(0.05)
+
+
+def test_empty_and_zeros_are_writable_arrays_in_shared_memory():
+    z = pymizu.zeros((3, 4), dtype=np.int32)
+    assert z.flags.writeable and pymizu.is_shared(z)
+    assert z.shape == (3, 4) and z.dtype == np.int32 and not z.any()
+    z[1, 2] = 7
+    assert z[1, 2] == 7
+    e = pymizu.empty(np.int64(5))
+    assert e.shape == (5,) and e.dtype == np.float64 and e.flags.writeable
+    assert pymizu.zeros((2, 3), order="F").flags.f_contiguous
+    assert pymizu.zeros(0).size == 0
+    with pytest.raises(ValueError, match="negative"):
+        pymizu.zeros(-1)
+    with pytest.raises(TypeError, match="object"):
+        pymizu.zeros(3, dtype=object)
+    with pytest.raises(ValueError, match="order"):
+        pymizu.zeros(3, order="K")
+
+
+def test_tasks_fill_a_shared_array_in_place(pool):
+    out = pymizu.zeros((8, 1000))
+    mine = region(out)
+    # Plain arguments, a map with the array bound by `partial` (a pickled call), a starmap.
+    for t in [pool.submit(tasks.fill_row, out, i, float(i)) for i in range(4)]:
+        t.result(timeout=60)
+    assert pool.map(functools.partial(tasks.fill_row, out), [4, 5], [4.0, 5.0]) == [4, 5]
+    assert pool.starmap(tasks.fill_row, [(out, 6, 6.0), (out, 7, 7.0)]) == [6, 7]
+    assert np.array_equal(out, np.repeat(np.arange(8.0), 1000).reshape(8, 1000))
+    # The workers viewed this very memory.
+    assert {pool.submit(tasks.where, out).result(timeout=60)[0][:2] for _ in range(4)} == {mine}
+    # Small arrays and views of a part go by reference too (never by value).
+    tiny = pymizu.zeros(4)
+    pool.submit(tasks.fill_row, tiny.reshape(2, 2), 1, 3.0).result(timeout=60)
+    assert tiny.tolist() == [0.0, 0.0, 3.0, 3.0]
+    pool.submit(tasks.fill_row, out[2:4], 0, -2.0).result(timeout=60)
+    assert (out[2] == -2.0).all() and (out[3] == 3.0).all()
+    # Sent back, it is the same memory, still writable.
+    back = pool.submit(tasks.ident, out).result(timeout=60)
+    assert region(back) == mine and back.flags.writeable
+    back[0, 0] = -1.0
+    assert out[0, 0] == -1.0
+    # What workers get is writable only for this memory: a shared copy stays read-only.
+    assert pool.submit(tasks.describe, pymizu.zeros(10)).result(timeout=60)[3] is True
+    assert pool.submit(tasks.describe, pymizu.share(np.arange(10.0))).result(timeout=60)[3] is False
+
+
+def test_the_executor_passes_writable_arrays_by_reference():
+    out = pymizu.zeros(6)
+    with pymizu.PoolExecutor(2) as ex:
+        list(ex.map(tasks.fill_row, [out] * 6, range(6), [1.0] * 6))
+    assert out.tolist() == [1.0] * 6

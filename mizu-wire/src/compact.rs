@@ -55,6 +55,9 @@ pub mod tag {
     pub const PY_NDARRAY_OOB: u8 = 0x13;
     /// Python: a numpy array viewing a region, by reference.
     pub const PY_NDARRAY_REF: u8 = 0x14;
+    /// Python: a writable numpy array viewing a region (`pymizu.empty`/`zeros`), by
+    /// reference; the receiver's view is writable too.
+    pub const PY_NDARRAY_REF_MUT: u8 = 0x15;
 
     /// R: an atomic vector (u8 type, varint length, the elements).
     pub const R_VECTOR: u8 = 0x18;

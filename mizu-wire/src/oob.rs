@@ -9,7 +9,8 @@
 //! is a region's 64-byte descriptor and the `u64` offset of the bytes in the region (R: plus a
 //! `u64` column for [`R_FRAME_COL`]). Entries:
 //!
-//! * Python (16 bytes): `u64` position (bit 63 set: a reference record), `u64` length;
+//! * Python (16 bytes): `u64` position (bit 63 set: a reference record; bit 62 also set: the
+//!   shared memory is writable by every holder), `u64` length;
 //! * R (24 bytes): `u64` position, `u64` length, a type code byte (bit 7 set: by reference),
 //!   seven zero bytes.
 
@@ -22,6 +23,11 @@ use crate::store::RegionDesc;
 pub const REF_RECORD: usize = 64 + 8;
 /// Python: the position's flag of a buffer sent by reference.
 pub const PY_BY_REF: u64 = 1 << 63;
+/// Python: the position's flag of a buffer by reference that every holder may write (memory
+/// of `pymizu.empty`/`zeros`); only with [`PY_BY_REF`]. Its entry's code is [`PY_WRITABLE`].
+pub const PY_WRITABLE_REF: u64 = 1 << 62;
+/// Python: the code of an entry whose buffer is writable shared memory.
+pub const PY_WRITABLE: u8 = 1;
 /// R: the type code's flag of a buffer sent by reference.
 pub const R_BY_REF: u8 = 0x80;
 /// R: the type code of one column of a data frame value sent on by reference (its reference
@@ -64,7 +70,7 @@ pub enum Place {
 pub struct Entry {
     /// Where its bytes are.
     pub place: Place,
-    /// R: the type code without the by-reference flag; Python: 0.
+    /// R: the type code without the by-reference flag; Python: [`PY_WRITABLE`] or 0.
     pub code: u8,
 }
 
@@ -119,8 +125,12 @@ pub fn parse(b: &[u8], dialect: Dialect) -> Result<Parsed> {
         let (by_ref, code) = match dialect {
             Dialect::Python => {
                 let r = at & PY_BY_REF != 0;
-                at &= !PY_BY_REF;
-                (r, 0)
+                let w = at & PY_WRITABLE_REF != 0;
+                if w && !r {
+                    return Err(malformed(e, format!("buffer {i}: writable but not shared")));
+                }
+                at &= !(PY_BY_REF | PY_WRITABLE_REF);
+                (r, if w { PY_WRITABLE } else { 0 })
             }
             Dialect::R => (b[e + 16] & R_BY_REF != 0, b[e + 16] & !R_BY_REF),
         };
@@ -169,7 +179,10 @@ pub fn references(b: &[u8], dialect: Dialect) -> Vec<RegionDesc> {
     for i in 0..n {
         let e = 16 + entry * i;
         let (at, by_ref) = match dialect {
-            Dialect::Python => (word(b, e) & !PY_BY_REF, word(b, e) & PY_BY_REF != 0),
+            Dialect::Python => (
+                word(b, e) & !(PY_BY_REF | PY_WRITABLE_REF),
+                word(b, e) & PY_BY_REF != 0,
+            ),
             Dialect::R => (word(b, e), b[e + 16] & R_BY_REF != 0),
         };
         if !by_ref {

@@ -176,9 +176,15 @@ fn oob_payloads() -> &'static [(Dialect, Vec<u8>)] {
             }
             (dialect, out)
         };
+        // Python: the same with the buffer by reference writable (`pymizu.empty`/`zeros`).
+        let (_, mut writable) = build(Dialect::Python, b'B', &[None]);
+        let e = 16 + oob::PY_ENTRY;
+        let at = u64::from_le_bytes(writable[e..e + 8].try_into().unwrap()) | oob::PY_WRITABLE_REF;
+        writable[e..e + 8].copy_from_slice(&at.to_le_bytes());
         vec![
             build(Dialect::Python, b'B', &[None]),
             build(Dialect::R, b'V', &[None, Some(2)]),
+            (Dialect::Python, writable),
         ]
     })
 }
@@ -284,6 +290,19 @@ fn every_seed_is_accepted() {
         assert!(matches!(parsed.entries[0].place, Place::Inline(_)));
         assert!(refs.iter().all(|r| *r == d));
     }
+    // Only a buffer by reference can be writable, and its entry says so.
+    let (dialect, w) = &oob_payloads()[2];
+    assert_eq!(
+        oob::parse(w, *dialect).unwrap().entries[1].code,
+        oob::PY_WRITABLE
+    );
+    assert_eq!(
+        oob::parse(&oob_payloads()[0].1, *dialect).unwrap().entries[1].code,
+        0
+    );
+    let mut inline_writable = w.clone();
+    inline_writable[16 + 7] = 0x40; // bit 62 without bit 63, on the inline buffer's entry
+    assert!(oob::parse(&inline_writable, *dialect).is_err());
 }
 
 proptest! {

@@ -34,7 +34,7 @@ from ._channel import CLOSED, FULL, PEER_GONE, TIMEOUT, Channel
 from ._executor import PoolExecutor
 from ._pool import Pool, Task, current_pool
 from ._rng import current_rng
-from ._share import is_shared, share
+from ._share import empty, is_shared, share, zeros
 from ._xlang import PythonTaskError, RError, RWarning, call
 from .wire import ArrowArray, ArrowTable
 
@@ -66,6 +66,8 @@ __all__ = [
     "call",
     "current_pool",
     "current_rng",
+    "empty",
     "is_shared",
     "share",
+    "zeros",
 ]

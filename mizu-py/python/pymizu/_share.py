@@ -26,12 +26,7 @@ def share(obj: Any) -> Any:
     are copied with the rest of the pickle. The copy is read-only: modifying it raises (numpy:
     "assignment destination is read-only"); make a private copy (`.copy()`) to modify.
     """
-    global _exit_registered
-    if not _exit_registered:
-        import atexit
-
-        atexit.register(_native.release_shared)
-        _exit_registered = True
+    _at_exit()
     mod = type(obj).__module__.partition(".")[0]
     if mod == "polars":
         import polars
@@ -44,6 +39,58 @@ def share(obj: Any) -> Any:
     data = pickle.dumps(obj, 5, buffer_callback=bufs.append)
     shared = [_native.share_buffer(b.raw()) for b in bufs]
     return pickle.loads(data, buffers=shared)
+
+
+def empty(shape, dtype=float, order: str = "C"):
+    """A writable numpy array whose memory is shared (its contents undefined, as
+    `numpy.empty`'s): sending it to tasks — as an argument, in a map, bound by
+    `functools.partial`, through a channel — passes a reference, and the tasks' views are
+    writable too, so they can fill in results without a copy. What one process writes, others
+    see; a task's writes are visible to the caller once it has the task's result (completion
+    orders them). Tasks writing disjoint parts (rows, slices, elements) never interfere;
+    concurrent writes to the same bytes leave one of the values or a mix of them (no other
+    harm). The memory is freed when the last holder, in any process, lets go of it. R workers
+    get a read-only copy."""
+    return _empty(shape, dtype, order, False)
+
+
+def zeros(shape, dtype=float, order: str = "C"):
+    """`empty`, filled with zeros (as `numpy.zeros`)."""
+    return _empty(shape, dtype, order, True)
+
+
+def _empty(shape, dtype, order, zero):
+    import numpy as np
+
+    if order not in ("C", "F"):
+        raise ValueError(f"order must be 'C' or 'F', got {order!r}")
+    dt = np.dtype(dtype)
+    if dt.hasobject:
+        raise TypeError("pymizu.empty/zeros: an object dtype cannot live in shared memory")
+    import operator
+
+    try:
+        shape = (operator.index(shape),)
+    except TypeError:
+        shape = tuple(operator.index(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"negative dimensions are not allowed, got {shape!r}")
+    n = dt.itemsize
+    for d in shape:
+        n *= d
+    _at_exit()
+    buf = _native.shared_empty(n, zero)
+    return np.frombuffer(buf, dtype=dt, count=n // dt.itemsize if dt.itemsize else 0).reshape(shape, order=order)
+
+
+def _at_exit():
+    """The names of shared segments go at interpreter exit (registered once)."""
+    global _exit_registered
+    if not _exit_registered:
+        import atexit
+
+        atexit.register(_native.release_shared)
+        _exit_registered = True
 
 
 def _share_array(np, a):
