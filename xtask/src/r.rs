@@ -12,6 +12,7 @@ use crate::{Res, run, which};
 /// the `future` ecosystem the future backend is tested with.
 const DEBIAN_PACKAGES: &[&str] = &[
     "r-base-dev",
+    "r-cran-codetools",
     "r-cran-testthat",
     "r-cran-future",
     "r-cran-future.apply",
@@ -22,6 +23,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
 ];
 /// R packages that must load for the tests and benchmarks.
 const R_PACKAGES: &[&str] = &[
+    "codetools",
     "testthat",
     "future",
     "future.apply",

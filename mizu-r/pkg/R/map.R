@@ -95,8 +95,15 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   # with every chunk (after `.f` is serialized: that may have copied a shared vector its
   # environment holds out of shared memory).
   if (length(chunks) > 1L) dots <- lapply(dots, .share_if_large)
+  # The global variables `.f` uses (found as `future` finds them) go with the map once, shared
+  # when large; a worker binds them in its global environment while it runs a chunk.
+  globals <- .map_globals(.f)
+  if (length(globals)) {
+    .check_sendable(globals, "global ")
+    if (length(chunks) > 1L) globals <- lapply(globals, .share_if_large)
+  }
   msgs <- lapply(chunks, function(ix) {
-    list("m", fun, dots, unname(xs[ix]), seed, ix[[1]], .ptype, spec)
+    list("m", fun, dots, unname(xs[ix]), seed, ix[[1]], .ptype, spec, globals)
   })
   # The first chunk of each worker goes out before the rest are encoded: the workers start
   # while this session encodes the others.
@@ -163,8 +170,12 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
 # to its position. With a seed, R's RNG is switched to mizu's streams for the chunk and element i
 # draws from the stream of (seed, i); the worker's own RNG kind and state are put back after.
 # With an output `spec`, typed results go into the caller's output area instead of back.
-.run_chunk <- function(f, dots, xs, seed, start, ptype, spec = NULL) {
+.run_chunk <- function(f, dots, xs, seed, start, ptype, spec = NULL, globals = NULL) {
   if (is.list(f)) f <- .chunk_function(f)
+  if (length(globals)) {
+    bound <- .bind_globals(globals)
+    on.exit(.unbind_globals(bound), add = TRUE)
+  }
   n <- length(xs)
   typed <- !is.null(ptype)
   out <- if (typed) vector(typeof(ptype), n) else vector("list", n)
@@ -173,7 +184,7 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   st <- .worker_state
   if (!is.null(seed)) {
     saved <- .rng_switch()
-    on.exit(.rng_restore(saved))
+    on.exit(.rng_restore(saved), add = TRUE)
   }
   with_dots <- length(dots) > 0L
   for (j in seq_len(n)) {
@@ -201,9 +212,73 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   out
 }
 
+# The values of the global variables `f` uses: names `codetools::findGlobals()` finds in the
+# function (and, recursively, in the global functions it calls) that resolve, from the
+# function's environment, to the global environment — which R's serialization does not carry
+# (an enclosing function's environment travels with the closure).
+.map_globals <- function(f) {
+  if (typeof(f) != "closure") return(list())
+  nm <- .global_names(f)
+  if (length(nm)) mget(nm, envir = globalenv()) else list()
+}
+
+# The names of .map_globals(), found once per function (body, formals and environment) and
+# remembered for the next maps of it: a function written inline in a loop is a new closure
+# each time, with the same body.
+.global_names <- function(f) {
+  key <- list(body(f), formals(f), environment(f))
+  for (e in .maps$globals) if (identical(e[[1L]], key)) return(e[[2L]])
+  nm <- .find_global_names(f, character())
+  .maps$globals <- c(list(list(key, nm)), utils::head(.maps$globals, 31L))
+  nm
+}
+
+.find_global_names <- function(f, seen) {
+  env <- environment(f)
+  found <- character()
+  for (n in codetools::findGlobals(f)) {
+    if (identical(.where(n, env), globalenv())) found <- c(found, n)
+  }
+  for (n in setdiff(found, seen)) {
+    v <- get(n, envir = globalenv())
+    if (typeof(v) == "closure") {
+      found <- union(found, .find_global_names(v, union(seen, found)))
+    }
+  }
+  found
+}
+
+# The environment where `name` is found from `env`, or NULL.
+.where <- function(name, env) {
+  while (!identical(env, emptyenv())) {
+    if (exists(name, envir = env, inherits = FALSE)) return(env)
+    env <- parent.env(env)
+  }
+  NULL
+}
+
+# Binds a map's globals in this worker's global environment for a chunk: what it replaced, to
+# put back after (chunks of nested maps run inside other chunks).
+.bind_globals <- function(globals) {
+  ge <- globalenv()
+  nm <- names(globals)
+  had <- nm[vapply(nm, exists, NA, envir = ge, inherits = FALSE)]
+  old <- mget(had, envir = ge)
+  list2env(globals, envir = ge)
+  list(names = nm, old = old)
+}
+
+.unbind_globals <- function(bound) {
+  ge <- globalenv()
+  rm(list = setdiff(bound$names, names(bound$old)), envir = ge)
+  list2env(bound$old, envir = ge)
+  invisible()
+}
+
 # Maps made by this process (numbers them for .chunk_function).
 .maps <- new.env(parent = emptyenv())
 .maps$n <- 0
+.maps$globals <- list()
 
 # The function of a map's chunks, sent serialized with the map's number (the sending
 # process's pid and its count of maps): unserialized by the map's first chunk on this worker

@@ -73,6 +73,14 @@
   }
   e$traceback <- .traceback(trace)
   if (!is.null(element)) e$index <- element
+  # A variable the task needs but the worker does not have: say how to send it.
+  missing <- regmatches(e$message, regexec("^object '(.+)' not found$", e$message))[[1L]]
+  if (length(missing) == 2L) {
+    e$message <- sprintf(paste0(
+      "%s on the worker: pass it with the task (mizu_submit(pool, expr, %s = %s), or a named ",
+      "argument of mizu_map()), or define it inside the task"), e$message, missing[[2L]],
+      missing[[2L]])
+  }
   class(e) <- unique(c("mizu_error_task", class(e)))
   e
 }
@@ -80,7 +88,8 @@
 # Tasks other than plain expressions (native code evaluates those itself).
 .dispatch <- function(msg) {
   if (identical(msg[[1L]], "m")) {
-    return(.run_chunk(msg[[2]], msg[[3]], msg[[4]], msg[[5]], msg[[6]], msg[[7]], msg[[8]]))
+    return(.run_chunk(msg[[2]], msg[[3]], msg[[4]], msg[[5]], msg[[6]], msg[[7]], msg[[8]],
+                      if (length(msg) >= 9L) msg[[9]]))
   }
   if (identical(msg[[1L]], "e")) return(eval(msg[[2L]], msg[[3L]], globalenv()))
   if (identical(msg[[1L]], "x")) {

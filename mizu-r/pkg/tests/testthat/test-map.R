@@ -205,3 +205,46 @@ test_that("a map's output is written only through a view of it that arrived by r
     expect_identical(.Call(mizu:::wrap__out_view, o[[1]])[10:11], c(7, 8))
   })
 })
+
+test_that("a map's function finds the global variables and functions it uses, as future finds them", {
+  ge <- globalenv()
+  on.exit(rm(list = c("mizu_t_k", "mizu_t_g", "mizu_t_f", "mizu_t_big", "mizu_t_env",
+                      "mizu_t_make"), envir = ge))
+  # Defined at top level, as a script or the console would.
+  eval(quote({
+    mizu_t_k <- 3
+    mizu_t_big <- as.numeric(seq_len(300000))   # 2.4 MB: shared once for the map
+    mizu_t_g <- function(x) x * mizu_t_k
+    mizu_t_f <- function(i) mizu_t_g(i) + mizu_t_big[[i]]
+    mizu_t_make <- function(off) function(i) i + off + mizu_t_k
+  }), ge)
+  with_pool(2, function(pool) {
+    want <- lapply(1:40, function(i) i * 3 + i)
+    expect_identical(mizu_map(pool, 1:40, ge$mizu_t_f), want)
+    expect_identical(mizu_map(pool, 1:40, ge$mizu_t_f, .chunk_size = 1), want)
+    # An inline function in the global environment, and a closure made by a global function
+    # (its own environment travels with it; the global it reaches through it does not).
+    inline <- eval(quote(function(i) mizu_t_k - i), ge)
+    expect_identical(mizu_map(pool, 1:3, inline), list(2, 1, 0))
+    expect_identical(mizu_map(pool, 1:3, ge$mizu_t_make(10)), list(14, 15, 16))
+    # The values of this map, not of an earlier one.
+    assign("mizu_t_k", 5, envir = ge)
+    expect_identical(mizu_map(pool, 1:2, inline), list(4, 3))
+    # Nothing is left behind on the workers.
+    left <- mizu_map(pool, 1:4, function(i) exists("mizu_t_k", envir = globalenv()))
+    expect_identical(unique(unlist(left)), FALSE)
+    # A global that cannot be sent is named.
+    assign("mizu_t_env", new.env(), envir = ge)
+    uses_env <- eval(quote(function(i) get("a", envir = mizu_t_env)), ge)
+    expect_error(mizu_map(pool, 1:2, uses_env), "mizu_t_env", class = "mizu_error_not_portable")
+  })
+})
+
+test_that("a task missing a variable says how to pass it", {
+  with_pool(1, function(pool) {
+    e <- tryCatch(mizu_collect(mizu_submit(pool, mizu_t_nowhere + 1)), error = identity)
+    expect_s3_class(e, "mizu_error_task")
+    expect_match(conditionMessage(e), "object 'mizu_t_nowhere' not found on the worker")
+    expect_match(conditionMessage(e), "mizu_t_nowhere = mizu_t_nowhere")
+  })
+})
