@@ -341,16 +341,24 @@ pub fn share_buffer(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<ShmBuff
     // SAFETY: the exporter keeps buf_ptr..+n valid and unchanged while `pb` lives (it does,
     // to the end of this function); the buffer is contiguous (checked above).
     let src = unsafe { std::slice::from_raw_parts(pb.buf_ptr() as *const u8, n) };
-    let region = py.detach(|| -> mizu_wire::Result<Region> {
-        let mut r =
-            mizu_wire::store::with_room(|| shared_store().alloc(n.max(1)), |e| e.is_no_space())?;
-        r.bytes_mut()[..n].copy_from_slice(src);
-        Ok(r.commit())
-    });
+    let region = py.detach(|| copy_to_shared(src));
     let region = Arc::new(region.map_err(crate::err)?);
     Ok(ShmBuffer::new(
         Region::buffer(&region).slice_with_length(0, n),
     ))
+}
+
+/// A copy of `src` in a region of this process's store of shared objects.
+pub(crate) fn copy_to_shared(src: &[u8]) -> mizu_wire::Result<Region> {
+    copy_into(shared_store(), src)
+}
+
+/// A copy of `src` in a region of `store`.
+pub(crate) fn copy_into(store: &mizu_wire::DataPool, src: &[u8]) -> mizu_wire::Result<Region> {
+    let n = src.len();
+    let mut r = mizu_wire::store::with_room(|| store.alloc(n.max(1)), |e| e.is_no_space())?;
+    r.bytes_mut()[..n].copy_from_slice(src);
+    Ok(r.commit())
 }
 
 /// `nbytes` of shared memory that this process and the tasks it sends views of it to may all

@@ -7,6 +7,7 @@ mod channel;
 mod codec;
 mod ndarray;
 mod pool;
+mod repeats;
 mod small;
 mod task;
 mod wire;
@@ -106,6 +107,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     // Payloads the runtime discards unread give back the regions their arrays refer to.
     mizu_pool::set_discard_hook(small::release_refs);
+    // The copies kept for arrays sent again go at exit, even of pools never stopped.
+    py.import("atexit")?
+        .call_method1("register", (wrap_pyfunction!(repeats::release_all, m)?,))?;
     m.add("MizuError", py.get_type::<MizuError>())?;
     m.add("SlotsFull", py.get_type::<SlotsFull>())?;
     m.add("StoppedError", py.get_type::<StoppedError>())?;

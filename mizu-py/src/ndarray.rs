@@ -315,6 +315,15 @@ impl Writer {
                 "pymizu: a writable shared array whose memory is being released cannot be sent",
             ));
         }
+        // A large array of this process's own memory goes by reference to a shared copy,
+        // which serves its later sends as long as its bytes stay the same (`repeats.rs`).
+        let by_ref = match (by_ref, self.repeats) {
+            (None, Some(pool)) if !writable && nbytes >= crate::repeats::REPEAT_MIN => Some((
+                crate::repeats::shared_copy(v, data_ptr(a), nbytes, pool)?,
+                0,
+            )),
+            (r, _) => r,
+        };
         // The exported buffer keeps the array's memory in place until the payload is written.
         let oob = (nbytes > INLINE_ARRAY && by_ref.is_none())
             .then(|| PyUntypedBuffer::get(v).ok())

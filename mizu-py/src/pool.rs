@@ -19,9 +19,14 @@ use crate::{SlotsFull, err, forked};
 /// room): releasing and retaking it costs more than writing them.
 const HOT_SUBMIT_MAX: usize = 64 << 10;
 
+/// Numbers the pools of this process.
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// A pool of Python worker processes (`python -m pymizu.worker ...`).
 #[pyclass(module = "pymizu._native", frozen)]
 pub struct Pool {
+    /// This pool's number in this process (keys the copies of `repeats.rs`).
+    id: u64,
     /// Read-locked to use the pool (never held while waiting for the GIL to be written to),
     /// write-locked only to take it out in `stop`.
     inner: RwLock<Option<mizu_pool::Pool>>,
@@ -83,6 +88,7 @@ impl MakeRoom for Room<'_, '_> {
     }
 
     fn collect(&mut self) {
+        crate::repeats::forget();
         collect_garbage(self.py);
     }
 
@@ -230,6 +236,7 @@ impl Pool {
             (p, _) => p.map_err(err)?,
         };
         Ok(Pool {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             inner: RwLock::new(Some(pool)),
             pid: mizu_shm::current_pid(),
             tasks: Registry::default(),
@@ -271,7 +278,7 @@ impl Pool {
         kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Option<Task>> {
         let (py, this) = (slf.py(), slf.get());
-        let Some(payload) = crate::small::encode_call(head, args, kwargs) else {
+        let Some(payload) = crate::small::encode_call(head, args, kwargs, Some(this.id)) else {
             return Ok(None);
         };
         this.with(|pool| {
@@ -295,7 +302,7 @@ impl Pool {
         kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Task> {
         let (py, this) = (slf.py(), slf.get());
-        match crate::small::call_payload(fn_, args, kwargs)? {
+        match crate::small::call_payload(fn_, args, kwargs, Some(this.id))? {
             crate::small::CallPayload::Small(payload) => this
                 .with(|pool| {
                     submit_draining(py, &this.tasks, false, payload.len(), |t| {
@@ -463,7 +470,7 @@ impl Pool {
                     Ok(t) => t.clone(),
                     Err(_) => PyTuple::new(py, args.try_iter()?.collect::<PyResult<Vec<_>>>()?)?,
                 };
-                calls.push(crate::small::call_payload(fn_, &args, None)?);
+                calls.push(crate::small::call_payload(fn_, &args, None, Some(this.id))?);
             }
             let outs = calls
                 .iter()
@@ -535,6 +542,8 @@ impl Pool {
                 mizu_wire::ledger::release_dead(Some(&workers));
                 let _ = mizu_shm::prune_of(&workers);
             });
+            // The copies kept for arrays sent to this pool go with it (see `repeats.rs`).
+            crate::repeats::release(self.id);
         }
         Ok(())
     }

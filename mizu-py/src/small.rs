@@ -68,6 +68,9 @@ pub(crate) struct Writer {
     pub(crate) refs: Vec<(Arc<Region>, usize)>,
     /// Whether arrays may go by reference (not for bytes that are never delivered).
     pub(crate) refs_ok: bool,
+    /// For a task's arguments, the pool they go to: a large array goes by reference to a copy
+    /// that serves its later sends to that pool too (see `repeats.rs`).
+    pub(crate) repeats: Option<u64>,
 }
 
 impl Writer {
@@ -300,14 +303,18 @@ pub fn encode_value(v: &Bound<'_, PyAny>, refs: bool) -> Option<Payload> {
 }
 
 /// The `C` payload of a call of the function pickled as `head` (by reference), or None when
-/// an argument is not a small value or a keyword is not a plain `str`.
+/// an argument is not a small value or a keyword is not a plain `str`. `repeats`: the pool
+/// the call goes to, when large arrays may go by reference to copies kept for their next
+/// sends (see `repeats.rs`).
 pub fn encode_call(
     head: &[u8],
     args: &Bound<'_, PyTuple>,
     kwargs: Option<&Bound<'_, PyDict>>,
+    repeats: Option<u64>,
 ) -> Option<Payload> {
     let mut w = Writer {
         refs_ok: true,
+        repeats,
         ..Writer::default()
     };
     w.out.reserve(head.len() + 32);
@@ -665,6 +672,7 @@ pub fn call_payload<'py>(
     f: &Bound<'py, PyAny>,
     args: &Bound<'py, PyTuple>,
     kwargs: Option<&Bound<'py, PyDict>>,
+    repeats: Option<u64>,
 ) -> PyResult<CallPayload<'py>> {
     static FN_REF: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     static FN_BYTES: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
@@ -685,7 +693,7 @@ pub fn call_payload<'py>(
         None => FN_REF.import(py, "pymizu._codec", "fn_ref")?.call1((f,))?,
     };
     if let Ok(h) = head.cast::<PyBytes>()
-        && let Some(p) = encode_call(h.as_bytes(), args, kwargs)
+        && let Some(p) = encode_call(h.as_bytes(), args, kwargs, repeats)
     {
         return Ok(CallPayload::Small(p));
     }

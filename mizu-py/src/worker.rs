@@ -308,7 +308,7 @@ pub fn nested_submit_small(
     if !in_task() {
         return Err(context_error());
     }
-    let Some(payload) = small::encode_call(head, args, kwargs) else {
+    let Some(payload) = small::encode_call(head, args, kwargs, None) else {
         return Ok(None);
     };
     submit_draining(py, &NESTED, true, payload.len(), |_| {

@@ -66,16 +66,36 @@ def test_a_shared_array_sent_to_many_tasks_is_never_copied_again(pool):
     assert region(r["x"]) == mine, "sent back by reference too"
 
 
-def test_an_unshared_array_is_copied_for_each_task_and_a_shared_one_never(pool):
+def test_an_array_sent_again_unchanged_is_not_copied_again_and_a_changed_one_is(pool):
     # The workers keep what they receive, so a copy's memory cannot be reused by the next.
     a = np.arange(BIG, dtype=np.float64)
-    copies = {pool.submit(tasks.keep_where, i, a).result(timeout=60)[:2] for i in range(6)}
+    first = {pool.submit(tasks.keep_where, i, a).result(timeout=60)[:2] for i in range(6)}
+    assert len(first) == 1, "one copy serves every send of the unchanged array"
+    # Modified in place: the next send copies it anew, and the workers see the new bytes.
+    a[123] = -1.0
+    changed = pool.submit(tasks.where, a).result(timeout=60)
+    assert changed[0][:2] not in first and changed[1] == float(a.sum())
+    again = {pool.submit(tasks.keep_where, 10 + i, a).result(timeout=60)[:2] for i in range(3)}
+    assert again == {changed[0][:2]}
+    # Another array with the same bytes is its own copy; a shared one is never copied.
+    b = a.copy()
+    assert pool.submit(tasks.where, b).result(timeout=60)[0][:2] not in again
     s = pymizu.share(a)
-    views = {pool.submit(tasks.keep_where, 10 + i, s).result(timeout=60)[:2] for i in range(6)}
+    views = {pool.submit(tasks.keep_where, 20 + i, s).result(timeout=60)[:2] for i in range(6)}
     for _ in range(4):
         pool.submit(tasks.forget_all).result(timeout=60)
-    assert len(copies) == 6
     assert views == {region(s)}
+    # The copy goes with its array (one larger than a store segment has a segment of its own,
+    # whose name goes with it).
+    big = np.ones(3 << 20)
+    name = pool.submit(tasks.where, big).result(timeout=60)[0][0]
+    assert _segment_exists(name)
+    del big
+    gc.collect()
+    deadline = time.monotonic() + 30
+    while _segment_exists(name):
+        assert time.monotonic() < deadline, "the copy outlived its array"
+        time.sleep(0.02)
 
 
 def test_the_executor_sends_shared_arrays_by_reference_too():
