@@ -401,7 +401,7 @@ pub fn shared_region(obj: &Bound<'_, PyAny>) -> PyResult<Option<(String, u64, us
 
 /// The data pool holding what `share_buffer` copied (large objects get segments of their
 /// own; small ones share segments, sized as the pools' are).
-fn shared_store() -> &'static mizu_wire::DataPool {
+pub(crate) fn shared_store() -> &'static mizu_wire::DataPool {
     SHARED_STORE.get_or_init(|| mizu_wire::DataPool::new(16 << 20))
 }
 

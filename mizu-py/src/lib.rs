@@ -142,6 +142,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(prune, m)?)?;
     m.add_function(wrap_pyfunction!(codec::share_buffer, m)?)?;
     m.add_function(wrap_pyfunction!(codec::shared_empty, m)?)?;
+    m.add_function(wrap_pyfunction!(xlang::share_ndarray, m)?)?;
     m.add_function(wrap_pyfunction!(codec::shared_region, m)?)?;
     m.add_function(wrap_pyfunction!(codec::release_shared, m)?)?;
     m.add_function(wrap_pyfunction!(line_round_trip_ns, m)?)?;

@@ -551,6 +551,41 @@ pub(crate) fn value_payload(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
         .map_err(|e| not_portable(e.to_string()))
 }
 
+/// `pymizu.share(a)` of a numpy array that the cross-language mapping keeps as it is (same
+/// dtype, shape and layout): the array written as a standalone value into shared memory, as
+/// it is sent to R, and a read-only view of it like a received one, so that R workers too
+/// view it by reference. None when the mapping would change it (`share` then copies the
+/// bytes alone).
+#[pyfunction]
+pub fn share_ndarray(py: Python<'_>, a: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
+    let Ok(v @ Value::Array { .. }) = crate::wire::from_py(a) else {
+        return Ok(None);
+    };
+    let kept = for_r(v.clone());
+    let same_type = match (&v, &kept) {
+        (Value::Array { field: f, .. }, Value::Array { field: g, .. }) => {
+            f.data_type() == g.data_type()
+        }
+        _ => false,
+    };
+    if !same_type {
+        return Ok(None);
+    }
+    let env = Envelope::value(&kept).map_err(|e| not_portable(e.to_string()))?;
+    let region = py.detach(|| -> mizu_wire::Result<mizu_wire::Region> {
+        let store = crate::codec::shared_store();
+        let mut r = mizu_wire::store::with_room(|| store.alloc(env.len()), |e| e.is_no_space())?;
+        env.write_to(&mut r.bytes_mut()[..env.len()]);
+        Ok(r.commit())
+    });
+    let region = Arc::new(region.map_err(crate::err)?);
+    let payload = mizu_wire::Region::buffer(&region).slice_with_length(0, env.len());
+    let (ok, got) = outcome(py, &payload)?;
+    let got = got.into_bound(py);
+    let same = |attr: &str| -> PyResult<bool> { got.getattr(attr)?.eq(a.getattr(attr)?) };
+    Ok((ok && same("dtype")? && same("shape")? && same("strides")?).then(|| got.unbind()))
+}
+
 /// `obj` as the cross-language payload R receives (a value message), as bytes: for the
 /// cross-language golden corpus.
 #[pyfunction]

@@ -485,6 +485,22 @@ def test_nested_maps_inside_r_tasks_run_on_the_pools_r_workers():
         assert inner.tolist() == [float(x) for x in outer]
 
 
+def test_a_shared_numpy_array_reaches_r_workers_by_reference(rpool):
+    from pymizu import _native
+
+    where = lambda a: _native.shared_region(a)  # noqa: E731  (segment, region, offset)
+    for a in (np.arange(1e6), np.arange(300_000, dtype=np.int32), np.asfortranarray(np.ones((500, 400)))):
+        s = pymizu.share(a)
+        assert s.dtype == a.dtype and s.shape == a.shape and np.array_equal(s, a)
+        back = rpool.submit(pymizu.call("identity"), s).result()
+        assert where(back) == where(s), "R viewed the shared copy and sent it back by reference"
+        assert np.array_equal(back, a)
+    # A dtype R would convert is still shared (as its bytes), and reaches R as a copy.
+    f32 = pymizu.share(np.arange(10.0, dtype=np.float32))
+    assert f32.dtype == np.float32 and pymizu.is_shared(f32)
+    assert rpool.submit(pymizu.call("sum"), f32).result() == 45.0
+
+
 def test_a_received_numpy_view_sent_on_goes_by_reference(rpool):
     ident = pymizu.call("identity")
     addr = lambda a: a.__array_interface__["data"][0]  # noqa: E731

@@ -95,9 +95,13 @@ def _at_exit():
 
 def _share_array(np, a):
     """An array's bytes in memory order (any plain dtype, dates and times included, which
-    export no buffer), shared, and the same array over them."""
+    export no buffer), shared, and the same array over them. Where the cross-language mapping
+    keeps the array as it is, it is shared as the value R receives, so R workers view it too."""
     if not (a.flags.c_contiguous or a.flags.f_contiguous):
         a = np.ascontiguousarray(a)
+    s = _native.share_ndarray(a)
+    if s is not None:
+        return s
     order = "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C"
     shm = _native.share_buffer(a.ravel(order="K").view(np.uint8))
     return np.frombuffer(shm, dtype=a.dtype).reshape(a.shape, order=order)
