@@ -583,7 +583,9 @@ pub fn share_ndarray(py: Python<'_>, a: &Bound<'_, PyAny>) -> PyResult<Option<Py
     let (ok, got) = outcome(py, &payload)?;
     let got = got.into_bound(py);
     let same = |attr: &str| -> PyResult<bool> { got.getattr(attr)?.eq(a.getattr(attr)?) };
-    Ok((ok && same("dtype")? && same("shape")? && same("strides")?).then(|| got.unbind()))
+    // And a view of the shared memory, not a conversion (booleans are bits in Arrow).
+    let viewed = ok && crate::codec::shared_region(&got)?.is_some();
+    Ok((viewed && same("dtype")? && same("shape")? && same("strides")?).then(|| got.unbind()))
 }
 
 /// `obj` as the cross-language payload R receives (a value message), as bytes: for the

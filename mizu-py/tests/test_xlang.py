@@ -495,10 +495,14 @@ def test_a_shared_numpy_array_reaches_r_workers_by_reference(rpool):
         back = rpool.submit(pymizu.call("identity"), s).result()
         assert where(back) == where(s), "R viewed the shared copy and sent it back by reference"
         assert np.array_equal(back, a)
-    # A dtype R would convert is still shared (as its bytes), and reaches R as a copy.
+    # A dtype R would convert (or holds as bits) is still shared (as its bytes), and reaches R
+    # as a copy.
     f32 = pymizu.share(np.arange(10.0, dtype=np.float32))
     assert f32.dtype == np.float32 and pymizu.is_shared(f32)
     assert rpool.submit(pymizu.call("sum"), f32).result() == 45.0
+    flags = pymizu.share(np.array([True, False, True]))
+    assert flags.dtype == np.bool_ and pymizu.is_shared(flags)
+    assert rpool.submit(pymizu.call("sum"), flags).result() == 2
 
 
 def test_a_received_numpy_view_sent_on_goes_by_reference(rpool):
