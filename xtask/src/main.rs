@@ -8,6 +8,7 @@ use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 mod r;
+mod rsrc;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -20,6 +21,8 @@ fn main() -> ExitCode {
         "demo" => demo(&root),
         "wheel" => wheel(&root),
         "rpkg" => r::rpkg(&root),
+        "rtarball" if args.iter().any(|a| a == "--test") => rsrc::offline_install_test(&root),
+        "rtarball" => rsrc::source_tarball(&root).map(drop),
         "futures" => venv(&root).and_then(|py| stdlib_futures_tests(&root, &py)),
         "asan" => asan(&root),
         "fuzz" => fuzz_all(&root, args.iter().any(|a| a == "--long")),
@@ -33,6 +36,9 @@ fn main() -> ExitCode {
                  demo   the headline comparison: mizu against the peers users run today\n  \
                  wheel  build the pymizu wheel (manylinux2014) and sdist into target/wheels\n  \
                  rpkg   build and install the mizu R package into target/rlib\n  \
+                 rtarball  the R source package that installs offline, anywhere (Rust crates\n           \
+                 vendored), into target/rsrc; --test: install it offline in an empty place\n           \
+                 and run a task (part of `test`)\n  \
                  futures  CPython's concurrent.futures tests against pymizu.PoolExecutor\n           \
                  (part of `test`; uses the pymizu installed in .venv)\n  \
                  fuzz   every decoder's structure-aware fuzz harness (Rust, Python, R),\n           \
@@ -125,6 +131,7 @@ fn test(root: &Path) -> Res {
     r::r_tests(root)?;
     r::fuzz_r(root, FUZZ_CASES)?;
     r::r_check(root)?;
+    rsrc::offline_install_test(root)?;
     loom(root)?;
     leak_check()?;
     eprintln!(
