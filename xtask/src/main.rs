@@ -128,6 +128,7 @@ fn test(root: &Path) -> Res {
     python_tests(root, &py)?;
     fuzz_python(root, &py, FUZZ_CASES)?;
     stdlib_futures_tests(root, &py)?;
+    fresh_installs(root, &py)?;
     r::r_tests(root)?;
     r::fuzz_r(root, FUZZ_CASES)?;
     r::r_check(root)?;
@@ -300,6 +301,46 @@ fn fetch_debian_package(root: &Path, package: &str, into: &Path) -> Res {
         })
         .ok_or_else(|| format!("apt-get download left no {package} .deb"))?;
     run(root, Command::new("dpkg-deb").arg("-x").arg(&deb).arg(into))
+}
+
+/// The wheel (built by `python_tests`) and the source distribution installed as users install
+/// them: each into a fresh venv by pip (which fetches the dependencies, and builds the sdist
+/// through maturin), then a task run with it, away from the checkout.
+fn fresh_installs(root: &Path, py: &Path) -> Res {
+    maturin(root, py, &["sdist", "--out", "target/wheels"])?;
+    let wheels = root.join("target/wheels");
+    let find = |suffix: &str| {
+        std::fs::read_dir(&wheels)
+            .map_err(|e| format!("{}: {e}", wheels.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.to_string_lossy().ends_with(suffix))
+            .ok_or_else(|| format!("no {suffix} in {}", wheels.display()))
+    };
+    let dir = std::env::temp_dir().join(format!("pymizu-installs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let r = [("wheel", find(".whl")?), ("sdist", find(".tar.gz")?)]
+        .into_iter()
+        .try_for_each(|(kind, package)| {
+            let venv = dir.join(kind);
+            run(&dir, Command::new(py).args(["-m", "venv"]).arg(&venv))?;
+            let vpy = venv.join("bin/python");
+            pip_install(&dir, &vpy, &[], &package)?;
+            run(
+                &dir,
+                Command::new(&vpy).args([
+                    "-c",
+                    &format!(
+                        "import operator, pymizu\n\
+                         with pymizu.Pool(1) as p:\n    \
+                         assert p.submit(operator.add, 2, 3).result(timeout=60) == 5\n\
+                         print('pymizu installed from its {kind} runs tasks')"
+                    ),
+                ]),
+            )
+        });
+    let _ = std::fs::remove_dir_all(&dir);
+    r
 }
 
 /// Builds the pymizu wheel and installs it into the venv (what users get, stubs included).
