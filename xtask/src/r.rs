@@ -150,11 +150,7 @@ pub fn r_check(root: &Path) -> Res {
             .args(["CMD", "build", "--no-build-vignettes"])
             .arg(root.join("mizu-r/pkg")),
     )?;
-    let tarball = std::fs::read_dir(&dir)
-        .map_err(|e| e.to_string())?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|x| x == "gz"))
-        .ok_or("R CMD build made no tarball")?;
+    let tarball = built_tarball(&dir)?;
     run(
         &dir,
         r_command(root, "R")
@@ -177,6 +173,15 @@ pub fn r_check(root: &Path) -> Res {
             log.display()
         ))
     }
+}
+
+/// The tarball `R CMD build` made in `dir`.
+pub fn built_tarball(dir: &Path) -> Result<PathBuf, String> {
+    std::fs::read_dir(dir)
+        .map_err(|e| e.to_string())?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "gz"))
+        .ok_or_else(|| "R CMD build made no tarball".into())
 }
 
 /// The R benchmarks: mizu against parallel (PSOCK, mclapply) and future, then the future

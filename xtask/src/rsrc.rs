@@ -81,11 +81,7 @@ pub fn source_tarball(root: &Path) -> Result<PathBuf, String> {
             .args(["CMD", "build", "--no-build-vignettes"])
             .arg(&pkg),
     )?;
-    let tarball = std::fs::read_dir(&out)
-        .map_err(|e| e.to_string())?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|x| x == "gz"))
-        .ok_or("R CMD build made no tarball")?;
+    let tarball = crate::r::built_tarball(&out)?;
     let mb = std::fs::metadata(&tarball)
         .map_err(|e| e.to_string())?
         .len() as f64

@@ -104,6 +104,11 @@ test_that("seeded maps give the same numbers as R workers and numpy", {
   with_pool(2, language = "python", function(pool) {
     py <- mizu_map(pool, rep(3L, 4), mizu_call("mizu_draw.draw"), .seed = 42)
     for (i in 1:4) expect_identical(py[[i]], mizu_stream(42, i, 3))
+    # Chunked any way, the same numbers.
+    for (size in list(1, 4, NULL, 30)) {
+      py <- mizu_map(pool, rep(2L, 30), mizu_call("mizu_draw.draw"), .seed = 7, .chunk_size = size)
+      for (i in 1:30) expect_identical(py[[i]], mizu_stream(7, i, 2))
+    }
   })
   with_pool(2, function(pool) {
     r <- mizu_map(pool, 1:4, function(i) runif(3), .seed = 42)
@@ -131,25 +136,6 @@ test_that("maps over Python workers travel in chunks, with the same values for a
                      list(NULL, NULL, NULL))
     expect_identical(mizu_map(pool, list(), "math.sqrt"), list())
     expect_error(mizu_map(pool, 1:2, "math.sqrt", .chunk_size = 0), "chunk_size")
-  })
-})
-
-test_that("seeded chunked maps over Python workers draw what unchunked ones do", {
-  dir <- tempfile("pymod")
-  dir.create(dir)
-  writeLines(c("import pymizu", "def draw(n):", "    return pymizu.current_rng().random(n)"),
-             file.path(dir, "mizu_draw.py"))
-  old <- Sys.getenv("PYTHONPATH")
-  Sys.setenv(PYTHONPATH = dir)
-  on.exit({
-    Sys.setenv(PYTHONPATH = old)
-    unlink(dir, recursive = TRUE)
-  })
-  with_pool(2, language = "python", function(pool) {
-    for (size in list(1, 4, NULL, 30)) {
-      py <- mizu_map(pool, rep(2L, 30), mizu_call("mizu_draw.draw"), .seed = 7, .chunk_size = size)
-      for (i in 1:30) expect_identical(py[[i]], mizu_stream(7, i, 2))
-    }
   })
 })
 
