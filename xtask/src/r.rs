@@ -184,9 +184,6 @@ pub fn built_tarball(dir: &Path) -> Result<PathBuf, String> {
         .ok_or_else(|| "R CMD build made no tarball".into())
 }
 
-/// The R benchmarks: mizu against parallel (PSOCK, mclapply) and future, then the future
-/// backend against future's multisession and cluster backends (`quick`: fewer repetitions,
-/// for the demo).
 /// The R binding's decoder under structure-aware fuzzing (`mizu-r/fuzz/codecs.R`), `cases`
 /// cases, with the package installed. R printing an error of its own (its default handler
 /// reporting an error mizu did not catch first) fails the run too.
@@ -213,6 +210,9 @@ pub fn fuzz_r(root: &Path, cases: u64) -> Res {
     Ok(())
 }
 
+/// The R benchmarks: mizu against parallel (PSOCK, mclapply) and future, then the future
+/// backend against future's multisession and cluster backends (`quick`: fewer repetitions,
+/// for the demo).
 pub fn r_bench(root: &Path, quick: bool) -> Res {
     rpkg(root)?;
     for script in ["mizu-r/benchmarks/bench.R", "mizu-r/benchmarks/future.R"] {

@@ -222,30 +222,31 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   if (length(nm)) mget(nm, envir = globalenv()) else list()
 }
 
-# The names of .map_globals(), found once per function (body, formals and environment) and
-# remembered for the next maps of it: a function written inline in a loop is a new closure
-# each time, with the same body.
-.global_names <- function(f) {
-  key <- list(body(f), formals(f), environment(f))
-  for (e in .maps$globals) if (identical(e[[1L]], key)) return(e[[2L]])
-  nm <- .find_global_names(f, character())
-  .maps$globals <- c(list(list(key, nm)), utils::head(.maps$globals, 31L))
-  nm
-}
-
-.find_global_names <- function(f, seen) {
+# The names of .map_globals(): the free names of `f`'s code that resolve, from its
+# environment, to the global environment, and in turn those of the global functions among them.
+.global_names <- function(f, seen = character()) {
   env <- environment(f)
   found <- character()
-  for (n in codetools::findGlobals(f)) {
+  for (n in .free_names(f)) {
     if (identical(.where(n, env), globalenv())) found <- c(found, n)
   }
   for (n in setdiff(found, seen)) {
     v <- get(n, envir = globalenv())
-    if (typeof(v) == "closure") {
-      found <- union(found, .find_global_names(v, union(seen, found)))
-    }
+    if (typeof(v) == "closure") found <- union(found, .global_names(v, union(seen, found)))
   }
   found
+}
+
+# codetools::findGlobals(f), found once per function code (body and formals) and remembered
+# for the next maps of it: a function written inline in a loop is a new closure each time,
+# with the same code. Only the code is kept, never an environment (which would keep its
+# variables alive).
+.free_names <- function(f) {
+  key <- list(body(f), formals(f))
+  for (e in .maps$globals) if (identical(e[[1L]], key)) return(e[[2L]])
+  nm <- codetools::findGlobals(f)
+  .maps$globals <- c(list(list(key, nm)), utils::head(.maps$globals, 63L))
+  nm
 }
 
 # The environment where `name` is found from `env`, or NULL.
