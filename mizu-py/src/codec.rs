@@ -355,9 +355,18 @@ pub(crate) fn copy_to_shared(src: &[u8]) -> mizu_wire::Result<Region> {
 
 /// A copy of `src` in a region of `store`.
 pub(crate) fn copy_into(store: &mizu_wire::DataPool, src: &[u8]) -> mizu_wire::Result<Region> {
-    let n = src.len();
+    filled(store, src.len(), |b| b.copy_from_slice(src))
+}
+
+/// A committed region of `n` bytes of `store` that `fill` wrote (making room in `/dev/shm`
+/// first when it is short).
+pub(crate) fn filled(
+    store: &mizu_wire::DataPool,
+    n: usize,
+    fill: impl FnOnce(&mut [u8]),
+) -> mizu_wire::Result<Region> {
     let mut r = mizu_wire::store::with_room(|| store.alloc(n.max(1)), |e| e.is_no_space())?;
-    r.bytes_mut()[..n].copy_from_slice(src);
+    fill(&mut r.bytes_mut()[..n]);
     Ok(r.commit())
 }
 
@@ -366,16 +375,13 @@ pub(crate) fn copy_into(store: &mizu_wire::DataPool, src: &[u8]) -> mizu_wire::R
 /// and the receiver's view is writable too.
 #[pyfunction]
 pub fn shared_empty(py: Python<'_>, nbytes: usize, zero: bool) -> PyResult<ShmBuffer> {
-    let region = py.detach(|| -> mizu_wire::Result<Region> {
-        let mut r = mizu_wire::store::with_room(
-            || shared_store().alloc(nbytes.max(1)),
-            |e| e.is_no_space(),
-        )?;
-        // A region may reuse memory an earlier value left (a new segment's pages are zero).
-        if zero {
-            r.bytes_mut()[..nbytes].fill(0);
-        }
-        Ok(r.commit())
+    // A region may reuse memory an earlier value left (a new segment's pages are zero).
+    let region = py.detach(|| {
+        filled(shared_store(), nbytes, |b| {
+            if zero {
+                b.fill(0)
+            }
+        })
     });
     let region = Arc::new(region.map_err(crate::err)?);
     Ok(ShmBuffer::writable(

@@ -572,11 +572,8 @@ pub fn share_ndarray(py: Python<'_>, a: &Bound<'_, PyAny>) -> PyResult<Option<Py
         return Ok(None);
     }
     let env = Envelope::value(&kept).map_err(|e| not_portable(e.to_string()))?;
-    let region = py.detach(|| -> mizu_wire::Result<mizu_wire::Region> {
-        let store = crate::codec::shared_store();
-        let mut r = mizu_wire::store::with_room(|| store.alloc(env.len()), |e| e.is_no_space())?;
-        env.write_to(&mut r.bytes_mut()[..env.len()]);
-        Ok(r.commit())
+    let region = py.detach(|| {
+        crate::codec::filled(crate::codec::shared_store(), env.len(), |b| env.write_to(b))
     });
     let region = Arc::new(region.map_err(crate::err)?);
     let payload = mizu_wire::Region::buffer(&region).slice_with_length(0, env.len());
