@@ -125,6 +125,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(xlang::xlang_dumps, m)?)?;
     m.add_function(wrap_pyfunction!(xlang::xlang_loads, m)?)?;
     m.add_function(wrap_pyfunction!(task::wait_any, m)?)?;
+    m.add_function(wrap_pyfunction!(task::collect_all, m)?)?;
     m.add_function(wrap_pyfunction!(worker::run_worker, m)?)?;
     m.add_function(wrap_pyfunction!(worker::in_task, m)?)?;
     m.add_function(wrap_pyfunction!(worker::current_element, m)?)?;

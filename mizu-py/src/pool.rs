@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyTuple};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 use mizu_pool::retry::{MakeRoom, retrying};
 use mizu_pool::{Fill, Launcher, PoolConfig, PoolError};
@@ -158,6 +159,8 @@ pub(crate) fn submit_all_draining<T: Sync>(
 
 /// Calls of a batch published together (`submit_calls`).
 const CALLS_PER_PUBLICATION: usize = 128;
+/// Calls of a chunk at most when `submit_chunks` sizes chunks itself.
+const CHUNK_MAX: usize = 128;
 
 /// One call of a batch, written natively or pickled.
 enum CallFill<'a> {
@@ -189,6 +192,20 @@ impl Pool {
             .as_ref()
             .ok_or_else(|| crate::StoppedError::new_err("the pool is stopped"))?;
         f(pool)
+    }
+}
+
+impl Pool {
+    /// Submits a pickled call, returning the runtime's handle (the chunk that replaces a
+    /// cancelled one, see `Task::cancel`).
+    pub(crate) fn submit_handle(
+        slf: &Bound<'_, Self>,
+        pickle: &[u8],
+        buffers: &Bound<'_, PyAny>,
+    ) -> PyResult<mizu_pool::Task> {
+        Pool::submit(slf, pickle, Some(buffers))?
+            .into_handle()
+            .ok_or_else(|| crate::MizuError::new_err("pymizu: the chunk could not be resubmitted"))
     }
 }
 
@@ -491,6 +508,84 @@ impl Pool {
             tasks.extend(run.into_iter().map(|t| t.kept(slf.as_any())));
         }
         Ok(tasks)
+    }
+
+    /// `pymizu.Pool.submit_batch` (which documents it): `fn_(*args)` for every tuple of
+    /// `argss`, in chunks of `chunksize` calls, or guided sizes (at most [`CHUNK_MAX`], about
+    /// a quarter per worker of what is left) when None. A chunk is one task, the call of
+    /// `_pool._run_batch_ref` over its calls (written natively when they are small values);
+    /// its calls are its member tasks. A chunk of one call is a task of its own.
+    #[pyo3(signature = (fn_, argss, chunksize, workers))]
+    fn submit_chunks<'py>(
+        slf: &Bound<'py, Self>,
+        fn_: &Bound<'py, PyAny>,
+        argss: &Bound<'py, PyAny>,
+        chunksize: Option<usize>,
+        workers: usize,
+    ) -> PyResult<Vec<Bound<'py, Task>>> {
+        static RUN_REF: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        static PAYLOAD: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        let (py, this) = (slf.py(), slf.get());
+        let calls = argss
+            .try_iter()?
+            .map(|a| {
+                let a = a?;
+                Ok(match a.cast_into::<PyTuple>() {
+                    Ok(t) => t.into_any(),
+                    Err(e) => {
+                        let a = e.into_inner();
+                        PyTuple::new(py, a.try_iter()?.collect::<PyResult<Vec<_>>>()?)?.into_any()
+                    }
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let head = crate::small::fn_head(fn_)?;
+        let run_ref = RUN_REF.import(py, "pymizu._pool", "_run_batch_ref")?;
+        let no_skip = PyTuple::empty(py);
+        let per = 4 * workers.max(1);
+        let mut out = Vec::with_capacity(calls.len());
+        let mut s = 0;
+        while s < calls.len() {
+            let k = chunksize
+                .unwrap_or_else(|| (calls.len() - s).div_ceil(per).min(CHUNK_MAX))
+                .min(calls.len() - s);
+            let part = &calls[s..s + k];
+            s += k;
+            let payload = if k == 1 {
+                let args = part[0].cast::<PyTuple>()?;
+                crate::small::call_payload(fn_, args, None, Some(this.id))?
+            } else if let Some(h) = &head {
+                let args = (h, PyList::new(py, part)?, &no_skip).into_pyobject(py)?;
+                crate::small::call_payload(run_ref, &args, None, Some(this.id))?
+            } else {
+                let (data, bufs) = PAYLOAD
+                    .import(py, "pymizu._pool", "_batch_payload")?
+                    .call1((fn_, PyList::new(py, part)?, &no_skip))?
+                    .extract::<(Bound<'py, PyBytes>, Bound<'py, PyAny>)>()?;
+                crate::small::CallPayload::Pickled(data, bufs)
+            };
+            let fill = match &payload {
+                crate::small::CallPayload::Small(p) => CallFill::Small(p),
+                crate::small::CallPayload::Pickled(data, bufs) => {
+                    CallFill::Pickled(Outgoing::new(py, data.as_bytes(), bufs)?)
+                }
+            };
+            let task = this
+                .with(|pool| {
+                    submit_draining(py, &this.tasks, false, fill.size(), |t| {
+                        pool.submit_with(&fill, t)
+                    })
+                })?
+                .kept(slf.as_any());
+            if k == 1 {
+                out.push(Bound::new(py, task)?);
+            } else {
+                let fn_ = fn_.clone().unbind();
+                let part = part.iter().map(|c| c.clone().unbind()).collect();
+                out.extend(Task::untracked(py, Task::members(py, task, fn_, part))?);
+            }
+        }
+        Ok(out)
     }
 
     /// Per worker: (slot, pid, state, busy, tasks, steals).

@@ -665,18 +665,11 @@ pub enum CallPayload<'py> {
     Pickled(Bound<'py, PyBytes>, Bound<'py, PyAny>),
 }
 
-/// `fn(*args, **kwargs)` as a payload: natively when `fn` is a module-level function or class
-/// (its pickle by reference is cached in `pymizu._codec`) and every argument is small, else
-/// pickled by `pymizu._codec.dumps_call` (which raises for what cannot be pickled).
-pub fn call_payload<'py>(
-    f: &Bound<'py, PyAny>,
-    args: &Bound<'py, PyTuple>,
-    kwargs: Option<&Bound<'py, PyDict>>,
-    repeats: Option<u64>,
-) -> PyResult<CallPayload<'py>> {
+/// The pickle by reference of `f` (`pymizu._codec.fn_ref`): None when `f` must travel by
+/// value (a closure, what an interactive session defined, ...).
+pub fn fn_head<'py>(f: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyBytes>>> {
     static FN_REF: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     static FN_BYTES: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
-    static DUMPS_CALL: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let py = f.py();
     // `fn_ref`'s cache first (it holds only functions and classes it accepted): a hit costs no
     // Python call.
@@ -692,7 +685,21 @@ pub fn call_payload<'py>(
         Some(h) => h,
         None => FN_REF.import(py, "pymizu._codec", "fn_ref")?.call1((f,))?,
     };
-    if let Ok(h) = head.cast::<PyBytes>()
+    Ok(head.cast_into::<PyBytes>().ok())
+}
+
+/// `fn(*args, **kwargs)` as a payload: natively when `fn` is a module-level function or class
+/// (its pickle by reference is cached in `pymizu._codec`) and every argument is small, else
+/// pickled by `pymizu._codec.dumps_call` (which raises for what cannot be pickled).
+pub fn call_payload<'py>(
+    f: &Bound<'py, PyAny>,
+    args: &Bound<'py, PyTuple>,
+    kwargs: Option<&Bound<'py, PyDict>>,
+    repeats: Option<u64>,
+) -> PyResult<CallPayload<'py>> {
+    static DUMPS_CALL: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let py = f.py();
+    if let Some(h) = fn_head(f)?
         && let Some(p) = encode_call(h.as_bytes(), args, kwargs, repeats)
     {
         return Ok(CallPayload::Small(p));

@@ -10,7 +10,7 @@
 //! holds an uncollected task, submission takes the finished outcomes out of their slots into
 //! their `Task` objects (`Registry::drain`) instead of failing.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -201,6 +201,37 @@ impl Registry {
     }
 }
 
+/// A chunk's function and its calls' argument tuples.
+type ChunkCalls = (Py<PyAny>, Vec<Py<PyAny>>);
+
+/// What the tasks of one chunk of a batch share (`Pool.submit_batch`): the chunk is one task
+/// of the pool, which runs their calls one after another in one worker, and its value is the
+/// list of their outcomes. The tasks share its [`Cell`], so waiting, draining and `wait_any`
+/// treat the chunk as the one task it is.
+pub(crate) struct Chunk {
+    /// The function and the calls' argument tuples, kept until a member's outcome is read:
+    /// members cancelled while the chunk is queued are left out of a new chunk of the others.
+    calls: Mutex<Option<ChunkCalls>>,
+    /// Which members were cancelled.
+    cancelled: Mutex<Vec<bool>>,
+    /// Whether any member was (read without the lock on every outcome).
+    any_cancelled: AtomicBool,
+    /// The outcomes of failed calls, made once (each task raises the same exception object
+    /// every time, as a task of its own does).
+    failed: Mutex<Vec<(usize, Py<PyAny>)>>,
+}
+
+impl Chunk {
+    fn failures(&self) -> MutexGuard<'_, Vec<(usize, Py<PyAny>)>> {
+        self.failed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn is_cancelled(&self, i: usize) -> bool {
+        self.any_cancelled.load(Ordering::Acquire)
+            && self.cancelled.lock().unwrap_or_else(|p| p.into_inner())[i]
+    }
+}
+
 /// A submitted call. `result(timeout)` returns its value or raises its exception (with the
 /// remote traceback as `__cause__`); `await task` works in asyncio.
 #[pyclass(module = "pymizu", name = "Task", frozen, weakref)]
@@ -211,6 +242,8 @@ pub struct Task {
     /// The pool that runs it, kept alive while the task is (`Pool(2).submit(f, x).result()`
     /// works as with `ProcessPoolExecutor`).
     pool: Option<Py<PyAny>>,
+    /// For a call of a batch's chunk: the chunk and the call's position in it.
+    member: Option<(Arc<Chunk>, usize)>,
 }
 
 impl Task {
@@ -226,6 +259,40 @@ impl Task {
             pid: mizu_shm::current_pid(),
             nested,
             pool: None,
+            member: None,
+        }
+    }
+
+    /// The tasks of the calls `calls` of `fn_` that `chunk` (a task running them all) runs.
+    pub(crate) fn members(
+        py: Python<'_>,
+        chunk: Task,
+        fn_: Py<PyAny>,
+        calls: Vec<Py<PyAny>>,
+    ) -> Vec<Task> {
+        let n = calls.len();
+        let shared = Arc::new(Chunk {
+            calls: Mutex::new(Some((fn_, calls))),
+            cancelled: Mutex::new(vec![false; n]),
+            any_cancelled: AtomicBool::new(false),
+            failed: Mutex::new(Vec::new()),
+        });
+        (0..n)
+            .map(|i| Task {
+                cell: chunk.cell.clone(),
+                pid: chunk.pid,
+                nested: chunk.nested,
+                pool: chunk.pool.as_ref().map(|p| p.clone_ref(py)),
+                member: Some((shared.clone(), i)),
+            })
+            .collect()
+    }
+
+    /// The runtime handle of a task nobody has collected (the task is spent).
+    pub(crate) fn into_handle(self) -> Option<mizu_pool::Task> {
+        match std::mem::replace(&mut *self.cell.lock(), State::Collecting) {
+            State::Pending(t) => Some(t),
+            _ => None,
         }
     }
 
@@ -237,6 +304,50 @@ impl Task {
 
     /// The outcome `(ok, value)`, waiting at most `timeout` (None: not finished in time).
     fn outcome(
+        &self,
+        py: Python<'_>,
+        timeout: Option<Duration>,
+    ) -> PyResult<Option<(bool, Py<PyAny>)>> {
+        let Some((chunk, i)) = &self.member else {
+            return self.cell_outcome(py, timeout);
+        };
+        if chunk.is_cancelled(*i) {
+            return decoded(py, 4).map(Some);
+        }
+        let Some((ok, value)) = self.cell_outcome(py, timeout)? else {
+            return Ok(None);
+        };
+        // The chunk has run: nothing will be resubmitted.
+        chunk.calls.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if !ok {
+            // The chunk failed as a whole (its worker died, the pool stopped): so did the call.
+            return Ok(Some((false, value)));
+        }
+        let v = value.bind(py);
+        if let Ok(l) = v.cast_exact::<PyList>() {
+            return Ok(Some((true, l.get_item(*i)?.unbind())));
+        }
+        // Some calls of the chunk failed: `_pool._batch_element` says which.
+        if let Some((_, e)) = chunk.failures().iter().find(|(j, _)| j == i) {
+            return Ok(Some((false, e.clone_ref(py))));
+        }
+        let (ok, value): (bool, Py<PyAny>) = BATCH_ELEMENT
+            .import(py, "pymizu._pool", "_batch_element")?
+            .call1((v, *i))?
+            .extract()?;
+        if ok {
+            return Ok(Some((true, value)));
+        }
+        let mut failed = chunk.failures();
+        if let Some((_, e)) = failed.iter().find(|(j, _)| j == i) {
+            return Ok(Some((false, e.clone_ref(py)))); // another thread made it meanwhile
+        }
+        failed.push((*i, value.clone_ref(py)));
+        Ok(Some((false, value)))
+    }
+
+    /// The outcome of the task the cell holds (for a member, its chunk's).
+    fn cell_outcome(
         &self,
         py: Python<'_>,
         timeout: Option<Duration>,
@@ -360,8 +471,151 @@ impl Task {
     }
 }
 
+impl Task {
+    /// The outcome of the task `slf` (as `outcome`). A member of a chunk is made untracked by
+    /// the garbage collector (`untracked`); once it hands out a value the collector tracks
+    /// (which could come to refer to the task: a kept exception's traceback, a list the
+    /// caller appends the task to), the task is tracked again, so such a cycle is collected.
+    fn outcome_of(
+        slf: &Bound<'_, Self>,
+        timeout: Option<Duration>,
+    ) -> PyResult<Option<(bool, Py<PyAny>)>> {
+        let out = slf.get().outcome(slf.py(), timeout)?;
+        if let Some((_, v)) = &out
+            && slf.get().member.is_some()
+        {
+            // SAFETY: both pointers are live objects (held by `slf` and `v`) and the GIL is
+            // held, which serialises every tracking change; an object is tracked only if it
+            // is not already.
+            unsafe {
+                if pyo3::ffi::PyObject_GC_IsTracked(v.as_ptr()) != 0
+                    && pyo3::ffi::PyObject_GC_IsTracked(slf.as_ptr()) == 0
+                {
+                    pyo3::ffi::PyObject_GC_Track(slf.as_ptr().cast());
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// `tasks` as Python objects the garbage collector does not track: a batch makes
+    /// thousands of members, which hold no Python object until their outcome is read, and
+    /// every collection meanwhile would walk them all (a third of a batch's cost).
+    pub(crate) fn untracked(py: Python<'_>, tasks: Vec<Task>) -> PyResult<Vec<Bound<'_, Task>>> {
+        tasks
+            .into_iter()
+            .map(|t| {
+                let b = Bound::new(py, t)?;
+                // SAFETY: a live object of a garbage-collected type (Task defines
+                // `__traverse__`) that no other code has seen yet; untracking an object is
+                // always allowed, and its deallocation untracks only if tracked.
+                unsafe { pyo3::ffi::PyObject_GC_UnTrack(b.as_ptr().cast()) };
+                Ok(b)
+            })
+            .collect()
+    }
+
+    /// `cancel()` of a task of its own.
+    fn cancel_single(&self, py: Python<'_>) -> bool {
+        if !self.peek(mizu_pool::Task::cancel) {
+            return false;
+        }
+        // Take the cancellation out of the slot now (frees it).
+        if let Some(mut t) = Taken::take(&self.cell) {
+            let r = t.task().result(Some(Duration::ZERO));
+            if r != Err(CollectError::Timeout) {
+                t.task = None;
+                self.settle(py, r);
+            }
+        }
+        true
+    }
+
+    /// `cancel()` of call `i` of a chunk: while the chunk is queued, the chunk is cancelled
+    /// and the calls not cancelled go again as a new chunk (the members keep their positions).
+    fn cancel_member(&self, py: Python<'_>, chunk: &Chunk, i: usize) -> PyResult<bool> {
+        if chunk.is_cancelled(i) {
+            return Ok(true);
+        }
+        if self.pid != mizu_shm::current_pid() {
+            return Ok(false);
+        }
+        // Queued, and nobody is waiting for it (a waiter holds the handle).
+        let Some(mut t) = Taken::take(&self.cell) else {
+            return Ok(false);
+        };
+        if !t.task().cancel() {
+            return Ok(false); // started or finished; `t` puts the handle back
+        }
+        let skip: Vec<usize> = {
+            let mut c = chunk.cancelled.lock().unwrap_or_else(|p| p.into_inner());
+            c[i] = true;
+            chunk.any_cancelled.store(true, Ordering::Release);
+            (0..c.len()).filter(|&j| c[j]).collect()
+        };
+        let calls = chunk
+            .calls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|(f, cs)| {
+                (
+                    f.clone_ref(py),
+                    cs.iter().map(|c| c.clone_ref(py)).collect::<Vec<_>>(),
+                )
+            });
+        let (Some((fn_, calls)), Some(pool)) = (calls, self.pool.as_ref()) else {
+            // (Cannot happen: the calls are kept until an outcome is read, and every member
+            // holds its pool.) The whole chunk stays cancelled.
+            let r = t.task().result(Some(Duration::ZERO));
+            t.finish(r);
+            return Ok(true);
+        };
+        if skip.len() == calls.len() {
+            let r = t.task().result(Some(Duration::ZERO));
+            t.finish(r);
+            return Ok(true);
+        }
+        // The cancelled handle is dropped (its slot frees itself); the new chunk takes its
+        // place in the cell.
+        t.task = None;
+        let again = BATCH_PAYLOAD
+            .import(py, "pymizu._pool", "_batch_payload")?
+            .call1((fn_, calls, skip))
+            .and_then(|p| {
+                let (data, bufs): (Vec<u8>, Bound<'_, PyAny>) = p.extract()?;
+                let pool = pool.bind(py).cast::<crate::pool::Pool>()?;
+                crate::pool::Pool::submit_handle(pool, &data, &bufs)
+            });
+        match again {
+            Ok(handle) => t.task = Some(handle),
+            Err(e) => {
+                // The others fail with the reason (the pool stopped, say).
+                *self.cell.lock() = State::Settled {
+                    ok: false,
+                    value: e.into_value(py).into_any(),
+                    cancelled: false,
+                };
+            }
+        }
+        Ok(true)
+    }
+}
+
 /// `pymizu._pool.decode`, which makes Python objects of pickled outcomes and errors.
 static DECODE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+/// `pymizu._pool._batch_element`: one call's outcome of a chunk some of whose calls failed.
+static BATCH_ELEMENT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+/// `pymizu._pool._batch_payload`: the pickled call of a chunk, leaving some calls out.
+static BATCH_PAYLOAD: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// `(ok, value or exception)` of an outcome with nothing to decode (`status` as `decode`'s).
+fn decoded(py: Python<'_>, status: u8) -> PyResult<(bool, Py<PyAny>)> {
+    DECODE
+        .import(py, "pymizu._pool", "decode")?
+        .call1((status, PyBytes::new(py, b""), PyList::empty(py), 0, 0))?
+        .extract()
+}
 
 /// `(ok, value or exception)` of an outcome: a small value natively, the rest by `pymizu`'s
 /// Python side (unpickling; exceptions of the right classes).
@@ -435,8 +689,9 @@ impl Task {
     /// `TimeoutError` then, and the task stays valid). The task's exception is re-raised as
     /// itself, with the remote traceback as its `__cause__`.
     #[pyo3(signature = (timeout=None))]
-    fn result(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Py<PyAny>> {
-        match self.outcome(py, crate::wait_secs(timeout, "timeout")?)? {
+    fn result(slf: &Bound<'_, Self>, timeout: Option<f64>) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
+        match Task::outcome_of(slf, crate::wait_secs(timeout, "timeout")?)? {
             Some((true, v)) => Ok(v),
             Some((false, e)) => Err(PyErr::from_value(e.into_bound(py))),
             None => Err(timeout_error(timeout)),
@@ -445,8 +700,8 @@ impl Task {
 
     /// The task's exception, or None if it returned a value (waits as `result`).
     #[pyo3(signature = (timeout=None))]
-    fn exception(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Py<PyAny>>> {
-        match self.outcome(py, crate::wait_secs(timeout, "timeout")?)? {
+    fn exception(slf: &Bound<'_, Self>, timeout: Option<f64>) -> PyResult<Option<Py<PyAny>>> {
+        match Task::outcome_of(slf, crate::wait_secs(timeout, "timeout")?)? {
             Some((ok, v)) => Ok((!ok).then_some(v)),
             None => Err(timeout_error(timeout)),
         }
@@ -455,36 +710,39 @@ impl Task {
     /// `(ok, value or exception)`, or None when not finished within `timeout` seconds.
     #[pyo3(signature = (timeout=None))]
     fn _outcome(
-        &self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         timeout: Option<f64>,
     ) -> PyResult<Option<(bool, Py<PyAny>)>> {
-        self.outcome(py, crate::wait_secs(timeout, "timeout")?)
+        Task::outcome_of(slf, crate::wait_secs(timeout, "timeout")?)
     }
 
     /// Whether the task has finished (its outcome is ready).
     fn done(&self) -> bool {
-        self.pid == mizu_shm::current_pid() && self.is_done()
+        self.pid == mizu_shm::current_pid()
+            && (self.is_done()
+                || self
+                    .member
+                    .as_ref()
+                    .is_some_and(|(c, i)| c.is_cancelled(*i)))
     }
 
     /// Cancels the task if it has not started; True if it will never run.
-    fn cancel(&self, py: Python<'_>) -> bool {
-        if !self.peek(mizu_pool::Task::cancel) {
-            return false;
+    fn cancel(&self, py: Python<'_>) -> PyResult<bool> {
+        if let Some((chunk, i)) = &self.member {
+            return self.cancel_member(py, chunk, *i);
         }
-        // Take the cancellation out of the slot now (frees it).
-        if let Some(mut t) = Taken::take(&self.cell) {
-            let r = t.task().result(Some(Duration::ZERO));
-            if r != Err(CollectError::Timeout) {
-                t.task = None;
-                self.settle(py, r);
-            }
-        }
-        true
+        Ok(self.cancel_single(py))
     }
 
     /// Whether the task was cancelled.
     fn cancelled(&self) -> bool {
+        if self
+            .member
+            .as_ref()
+            .is_some_and(|(c, i)| c.is_cancelled(*i))
+        {
+            return true;
+        }
         self.cell.try_lock().is_some_and(|g| match &*g {
             State::Settled { cancelled, .. } => *cancelled,
             State::Raw(r) => matches!(r, Err(CollectError::Task(TaskError::Cancelled))),
@@ -513,6 +771,13 @@ impl Task {
         {
             visit.call(value)?;
         }
+        if let Some((chunk, _)) = &self.member
+            && let Ok(failed) = chunk.failed.try_lock()
+        {
+            for (_, e) in failed.iter() {
+                visit.call(e)?;
+            }
+        }
         Ok(())
     }
 
@@ -521,6 +786,11 @@ impl Task {
             && matches!(*g, State::Settled { .. })
         {
             *g = State::Raw(Err(CollectError::AlreadyCollected));
+        }
+        if let Some((chunk, _)) = &self.member
+            && let Ok(mut failed) = chunk.failed.try_lock()
+        {
+            failed.clear();
         }
     }
 
@@ -596,4 +866,64 @@ pub fn wait_any(
             py.check_signals()?;
         }
     }
+}
+
+/// `Pool.collect_all`: the results of `tasks` in order, waiting at most `timeout` seconds in
+/// all; the first failure by position is raised. Objects that are not `Task`s are asked for
+/// `result(timeout)`.
+#[pyfunction]
+#[pyo3(signature = (tasks, timeout=None))]
+pub fn collect_all<'py>(
+    tasks: &Bound<'py, PyAny>,
+    timeout: Option<f64>,
+) -> PyResult<Vec<Py<PyAny>>> {
+    let py = tasks.py();
+    let start = Instant::now();
+    let limit = crate::wait_secs(timeout, "timeout")?;
+    let left = || limit.map(|t| t.saturating_sub(start.elapsed()));
+    let mut out = Vec::with_capacity(tasks.len().unwrap_or(0));
+    // The values of the last chunk read: its other members need no lock.
+    let mut last: Option<(Arc<Chunk>, Bound<'py, PyList>)> = None;
+    for t in tasks.try_iter()? {
+        let t = t?;
+        match t.cast::<Task>() {
+            Ok(task) => {
+                if let (Some((chunk, i)), Some((c, values))) = (&task.get().member, &last)
+                    && Arc::ptr_eq(chunk, c)
+                    && !chunk.is_cancelled(*i)
+                {
+                    let v = values.get_item(*i)?;
+                    // (A value the collector tracks: `outcome_of` tracks the task.)
+                    // SAFETY: a live object, the GIL held.
+                    if unsafe { pyo3::ffi::PyObject_GC_IsTracked(v.as_ptr()) } == 0 {
+                        out.push(v.unbind());
+                        continue;
+                    }
+                }
+                let r = Task::outcome_of(task, left())?;
+                if let Some((chunk, _)) = &task.get().member
+                    && let Some(g) = task.get().cell.try_lock()
+                    && let State::Settled {
+                        ok: true, value, ..
+                    } = &*g
+                    && let Ok(l) = value.bind(py).cast_exact::<PyList>()
+                {
+                    last = Some((chunk.clone(), l.clone()));
+                }
+                match r {
+                    Some((true, v)) => out.push(v),
+                    Some((false, e)) => return Err(PyErr::from_value(e.into_bound(py))),
+                    None => return Err(timeout_error(timeout)),
+                }
+            }
+            Err(_) => out.push(
+                t.call_method1(
+                    pyo3::intern!(py, "result"),
+                    (left().map(|l| l.as_secs_f64()),),
+                )?
+                .unbind(),
+            ),
+        }
+    }
+    Ok(out)
 }

@@ -275,3 +275,38 @@ def fill_row(out, i, v):
     """Writes `v` into row `i` of `out` (an array the caller made with pymizu.zeros)."""
     out[i] = v
     return i
+
+
+def wait_for(path):
+    """Waits until `path` exists (a gate the test opens; the bound is only a hang guard)."""
+    end = time.monotonic() + 120
+    while not os.path.exists(path) and time.monotonic() < end:
+        time.sleep(0.001)
+    return os.path.exists(path)
+
+
+def mark(folder, i):
+    """Leaves a trace that call `i` ran."""
+    open(os.path.join(folder, str(i)), "w").close()
+    return i
+
+
+def fail_odd(i):
+    if i % 2:
+        raise ValueError(f"odd {i}")
+    return i
+
+
+def die_at(i, bad):
+    if i == bad:
+        os._exit(3)
+    return i
+
+
+def lock_at(i, bad):
+    """A result pickle refuses at `bad`."""
+    return make_lock() if i == bad else i
+
+
+def fresh_list(i):
+    return [i]

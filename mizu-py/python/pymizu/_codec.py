@@ -88,6 +88,17 @@ def dumps_call(fn, args: tuple, kwargs: dict) -> tuple[bytes, list]:
     return head + data, bufs
 
 
+def fn_from_ref(fb: bytes):
+    """The function `fn_ref` pickled as `fb` (unpickled once per process)."""
+    fn = _fn_objs.get(fb)
+    if fn is None:
+        fn = loads(fb)
+        if len(_fn_objs) > 4096:
+            _fn_objs.clear()
+        _fn_objs[fb] = fn
+    return fn
+
+
 def loads_call(data, bufs):
     """`(fn, args, kwargs)` from `dumps_call` (or a plain pickled triple)."""
     if type(data) is not bytes:
@@ -95,13 +106,7 @@ def loads_call(data, bufs):
     if data[0] != _CALL:
         return loads(data, buffers=bufs)
     n = 3 + int.from_bytes(data[1:3], "little")
-    fb = bytes(data[3:n])
-    fn = _fn_objs.get(fb)
-    if fn is None:
-        fn = loads(fb)
-        if len(_fn_objs) > 4096:
-            _fn_objs.clear()
-        _fn_objs[fb] = fn
+    fn = fn_from_ref(bytes(data[3:n]))
     rest = loads(memoryview(data)[n:], buffers=bufs)
     if type(rest) is tuple:
         return fn, rest, {}

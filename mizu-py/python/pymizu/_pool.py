@@ -10,6 +10,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -174,6 +175,90 @@ def _run_chunk(fn, start: int, items: list, star: bool, seed: int | None, offset
     return out
 
 
+# (In a worker) the list the last chunk returned, until its result is pickled: a call's
+# value that cannot be pickled then fails that call alone.
+_batch_out = None
+
+
+class _Batch(list):
+    """A chunk's values when some of its calls failed; `errors` maps a call's position to its
+    pickled `(exception, traceback)` (its value is None)."""
+
+    errors: dict
+
+
+def _failure(e: BaseException, tb: str) -> bytes:
+    try:
+        return pickle.dumps((e, tb), protocol=5)
+    except Exception:
+        return pickle.dumps((TaskError(type(e).__qualname__, str(e), tb), tb), protocol=5)
+
+
+def _run_batch(fn, calls: list, skip) -> list:
+    """Runs the calls of a chunk of `Pool.submit_batch` inside a worker (those at positions in
+    `skip` were cancelled: their values are None)."""
+    global _batch_out
+    out = []
+    append = out.append
+    errors = None
+    it = iter(calls)
+    while True:
+        try:
+            if skip:
+                for args in it:
+                    append(None if len(out) in skip else fn(*args))
+            else:
+                for args in it:
+                    append(fn(*args))
+            break
+        except BaseException as e:  # the call's outcome, as a task's
+            if errors is None:
+                errors = {}
+            errors[len(out)] = _failure(e, traceback.format_exc())
+            append(None)
+    if errors is not None:
+        out = _Batch(out)
+        out.errors = errors
+    _batch_out = out
+    return out
+
+
+def _run_batch_ref(head: bytes, calls: list, skip) -> list:
+    """`_run_batch` of the function pickled by reference as `head` (`_codec.fn_ref`): the
+    chunk's call is then small values only, written natively."""
+    return _run_batch(_codec.fn_from_ref(head), calls, skip)
+
+
+def _batch_result(value):
+    """(In a worker) `value`, the list a chunk returned, whose pickling failed: the values that
+    cannot be pickled become their calls' failures."""
+    errors = dict(getattr(value, "errors", {}))
+    out = _Batch(value)
+    for i, v in enumerate(value):
+        if i in errors:
+            continue
+        try:
+            _codec.dumps(v)
+        except Exception as e:
+            errors[i] = _failure(e, traceback.format_exc())
+            out[i] = None
+    out.errors = errors
+    return out
+
+
+def _batch_element(values: _Batch, i: int) -> tuple[bool, Any]:
+    """(ok, value or exception) of call `i` of a chunk some of whose calls failed."""
+    b = values.errors.get(i)
+    if b is None:
+        return True, values[i]
+    return decode(1, b, [], 0, 0)
+
+
+def _batch_payload(fn, calls: list, skip: list) -> tuple[bytes, list]:
+    """The pickled call of a chunk, leaving out the calls at positions `skip` (cancelled)."""
+    return _codec.dumps_call(_run_batch, (fn, calls, frozenset(skip)), {})
+
+
 class _Progress:
     """A progress bar on stderr: tqdm when installed, else a plain counter line."""
 
@@ -242,15 +327,28 @@ class _Submitter:
         data, bufs = _codec.dumps_call(fn, args, kwargs)
         return self._submit_raw(data, bufs)
 
-    def submit_batch(self, fn: Callable, argss: Iterable[tuple]) -> list[Task]:
-        """Submits `fn(*args)` for every `args` tuple, with one queue publication (and at most
-        one wake) per worker for the whole batch."""
+    def submit_batch(self, fn: Callable, argss: Iterable[tuple], chunksize: int | None = None) -> list[Task]:
+        """Submits `fn(*args)` for every `args` tuple; returns one `Task` per call.
+
+        Calls travel in chunks: a chunk is one task of the pool, whose worker runs its calls
+        one after another. By default chunks shrink as the batch's end nears (at most 128
+        calls, about a quarter of what is left per worker), so the workers end together;
+        `chunksize=n` fixes it, and `chunksize=1` sends every call on its own (for calls that
+        wait for each other, or long ones that should spread over the workers at once). Each
+        task keeps its own outcome: a call's exception is that task's alone. `cancel()` of a
+        task whose chunk is still queued succeeds; the other calls of the chunk go again.
+        A worker that dies fails every call of the chunk it ran.
+        """
+        if chunksize is not None and (not isinstance(chunksize, int) or chunksize < 1):
+            raise ValueError(f"chunksize must be a positive int, got {chunksize!r}")
         if self._language != "python":
             return [self._xsubmit(fn, *a) for a in argss]
         calls = getattr(self, "_submit_calls", None)
-        if calls is not None:
+        if calls is None:
+            return self._submit_all([_codec.dumps_call(fn, tuple(a), {}) for a in argss])
+        if chunksize == 1:
             return calls(fn, argss)
-        return self._submit_all([_codec.dumps_call(fn, tuple(a), {}) for a in argss])
+        return self._submit_chunks(fn, argss, chunksize, self._workers)
 
     def collect_any(self, tasks: list[Task], timeout: float | None = None) -> Task:
         """Waits until one of `tasks` is done and returns it (`TimeoutError` after `timeout`)."""
@@ -268,12 +366,7 @@ class _Submitter:
 
     def collect_all(self, tasks: list[Task], timeout: float | None = None) -> list:
         """The results of `tasks` in order; the first failure (by position) is raised."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        out = []
-        for t in tasks:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            out.append(t.result(left))
-        return out
+        return _native.collect_all(tasks, timeout)
 
     # -- maps ------------------------------------------------------------------------------
 
@@ -573,6 +666,7 @@ class Pool(_Submitter):
         self._submit_small = self._pool.submit_small
         self._submit_all = self._pool.submit_batch
         self._submit_calls = self._pool.submit_calls
+        self._submit_chunks = self._pool.submit_chunks
         # `submit` itself, natively (the method documents it): one call instead of three
         # Python frames on the hot path — unless a subclass overrides `submit`.
         if type(self).submit is _Submitter.submit:
