@@ -196,6 +196,26 @@ impl Pool {
 }
 
 impl Pool {
+    /// `submit`, giving the task before Python sees it.
+    fn submit_task(
+        slf: &Bound<'_, Self>,
+        pickle: &[u8],
+        buffers: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Task> {
+        let py = slf.py();
+        let this = slf.get();
+        let out = match buffers {
+            Some(b) => Outgoing::new(py, pickle, b)?,
+            None => Outgoing::new(py, pickle, &py.None().into_bound(py))?,
+        };
+        this.with(|pool| {
+            submit_draining(py, &this.tasks, false, out.size(), |t| {
+                pool.submit_with(&out, t)
+            })
+        })
+        .map(|t| t.kept(slf.as_any()))
+    }
+
     /// Submits a pickled call, returning the runtime's handle (the chunk that replaces a
     /// cancelled one, see `Task::cancel`).
     pub(crate) fn submit_handle(
@@ -203,7 +223,7 @@ impl Pool {
         pickle: &[u8],
         buffers: &Bound<'_, PyAny>,
     ) -> PyResult<mizu_pool::Task> {
-        Pool::submit(slf, pickle, Some(buffers))?
+        Pool::submit_task(slf, pickle, Some(buffers))?
             .into_handle()
             .ok_or_else(|| crate::MizuError::new_err("pymizu: the chunk could not be resubmitted"))
     }
@@ -265,35 +285,24 @@ impl Pool {
     /// When every task slot holds an uncollected task, finished outcomes are moved into their
     /// `Task` objects to make room (or it waits for a task to finish).
     #[pyo3(signature = (pickle, buffers=None))]
-    fn submit(
-        slf: &Bound<'_, Self>,
+    fn submit<'py>(
+        slf: &Bound<'py, Self>,
         pickle: &[u8],
-        buffers: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Task> {
-        let py = slf.py();
-        let this = slf.get();
-        let out = match buffers {
-            Some(b) => Outgoing::new(py, pickle, b)?,
-            None => Outgoing::new(py, pickle, &py.None().into_bound(py))?,
-        };
-        this.with(|pool| {
-            submit_draining(py, &this.tasks, false, out.size(), |t| {
-                pool.submit_with(&out, t)
-            })
-        })
-        .map(|t| t.kept(slf.as_any()))
+        buffers: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, Task>> {
+        Pool::submit_task(slf, pickle, buffers)?.untracked(slf.py())
     }
 
     /// Submits a call of the function pickled (by reference) as `head` when every argument
     /// is a small value, written natively (no pickle). Returns None, submitting nothing, when
     /// an argument is not small.
     #[pyo3(signature = (head, args, kwargs=None))]
-    fn submit_small(
-        slf: &Bound<'_, Self>,
+    fn submit_small<'py>(
+        slf: &Bound<'py, Self>,
         head: &[u8],
         args: &Bound<'_, PyTuple>,
         kwargs: Option<&Bound<'_, PyDict>>,
-    ) -> PyResult<Option<Task>> {
+    ) -> PyResult<Option<Bound<'py, Task>>> {
         let (py, this) = (slf.py(), slf.get());
         let Some(payload) = crate::small::encode_call(head, args, kwargs, Some(this.id)) else {
             return Ok(None);
@@ -302,8 +311,10 @@ impl Pool {
             submit_draining(py, &this.tasks, false, payload.len(), |t| {
                 pool.submit_with(&payload, t)
             })
-            .map(|t| Some(t.kept(slf.as_any())))
-        })
+        })?
+        .kept(slf.as_any())
+        .untracked(py)
+        .map(Some)
     }
 
     /// Runs `fn(*args, **kwargs)` in a worker; returns its `Task` (`pymizu.Pool.submit`).
@@ -312,12 +323,12 @@ impl Pool {
     /// through shared memory. When every task slot holds an uncollected task, finished
     /// outcomes move into their `Task` objects to make room (or it waits for one).
     #[pyo3(signature = (fn_, /, *args, **kwargs))]
-    fn submit_call(
-        slf: &Bound<'_, Self>,
-        fn_: &Bound<'_, PyAny>,
-        args: &Bound<'_, PyTuple>,
-        kwargs: Option<&Bound<'_, PyDict>>,
-    ) -> PyResult<Task> {
+    fn submit_call<'py>(
+        slf: &Bound<'py, Self>,
+        fn_: &Bound<'py, PyAny>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, Task>> {
         let (py, this) = (slf.py(), slf.get());
         match crate::small::call_payload(fn_, args, kwargs, Some(this.id))? {
             crate::small::CallPayload::Small(payload) => this
@@ -325,8 +336,9 @@ impl Pool {
                     submit_draining(py, &this.tasks, false, payload.len(), |t| {
                         pool.submit_with(&payload, t)
                     })
-                })
-                .map(|t| t.kept(slf.as_any())),
+                })?
+                .kept(slf.as_any())
+                .untracked(py),
             crate::small::CallPayload::Pickled(data, bufs) => {
                 Pool::submit(slf, data.as_bytes(), Some(&bufs))
             }
@@ -386,7 +398,7 @@ impl Pool {
             return Err(refuse());
         }
         let task = match Pool::submit_call(slf, fn_, args, kwargs) {
-            Ok(t) => Bound::new(py, t)?,
+            Ok(t) => t,
             Err(e) if e.is_instance_of::<crate::MizuError>(py) => {
                 if !st.getattr(pyo3::intern!(py, "broken"))?.is_none() {
                     return Err(refuse());
@@ -451,10 +463,10 @@ impl Pool {
 
     /// Submits several pickled calls (`[(pickle, buffers), ...]`) with one publication per
     /// worker queue, making room as `submit` does.
-    fn submit_batch(
-        slf: &Bound<'_, Self>,
+    fn submit_batch<'py>(
+        slf: &Bound<'py, Self>,
         calls: Vec<(Py<PyBytes>, Py<PyAny>)>,
-    ) -> PyResult<Vec<Task>> {
+    ) -> PyResult<Vec<Bound<'py, Task>>> {
         let (py, this) = (slf.py(), slf.get());
         let outs = outgoing(py, &calls)?;
         this.with(|pool| {
@@ -462,17 +474,19 @@ impl Pool {
                 pool.submit_batch_with(rest.iter().map(|o| o as &dyn Fill), Some(slice))
             })
         })
-        .map(|ts| ts.into_iter().map(|t| t.kept(slf.as_any())).collect())
+        .and_then(|ts| {
+            Task::untracked_all(py, ts.into_iter().map(|t| t.kept(slf.as_any())).collect())
+        })
     }
 
     /// Submits `fn_(*args)` for every tuple of `argss` (`pymizu.Pool.submit_batch`) with one
     /// publication per worker queue: calls whose arguments are small values are written
     /// natively (as `submit_call` writes them), the others pickled.
-    fn submit_calls(
-        slf: &Bound<'_, Self>,
-        fn_: &Bound<'_, PyAny>,
-        argss: &Bound<'_, PyAny>,
-    ) -> PyResult<Vec<Task>> {
+    fn submit_calls<'py>(
+        slf: &Bound<'py, Self>,
+        fn_: &Bound<'py, PyAny>,
+        argss: &Bound<'py, PyAny>,
+    ) -> PyResult<Vec<Bound<'py, Task>>> {
         let (py, this) = (slf.py(), slf.get());
         let mut tasks = Vec::new();
         let mut calls = Vec::with_capacity(CALLS_PER_PUBLICATION);
@@ -507,7 +521,7 @@ impl Pool {
             })?;
             tasks.extend(run.into_iter().map(|t| t.kept(slf.as_any())));
         }
-        Ok(tasks)
+        Task::untracked_all(py, tasks)
     }
 
     /// `pymizu.Pool.submit_batch` (which documents it): `fn_(*args)` for every tuple of
@@ -578,11 +592,11 @@ impl Pool {
                 })?
                 .kept(slf.as_any());
             if k == 1 {
-                out.push(Bound::new(py, task)?);
+                out.push(task.untracked(py)?);
             } else {
                 let fn_ = fn_.clone().unbind();
                 let part = part.iter().map(|c| c.clone().unbind()).collect();
-                out.extend(Task::untracked(py, Task::members(py, task, fn_, part))?);
+                out.extend(Task::untracked_all(py, Task::members(py, task, fn_, part))?);
             }
         }
         Ok(out)

@@ -35,6 +35,8 @@ const HOT_WAIT: Duration = Duration::from_micros(20);
 const HOT_WAIT_COLD: Duration = Duration::from_micros(2);
 /// Waits in a row (in this process) whose task outlasted the poll.
 static HOT_MISSES: AtomicU32 = AtomicU32::new(0);
+/// How many tasks behind the oldest pending one a full submitter waits for at most.
+const DRAIN_AHEAD: usize = 512;
 /// How long a thread waits before looking again at a task another thread is collecting.
 const BUSY_NAP: Duration = Duration::from_micros(200);
 
@@ -176,26 +178,42 @@ impl Registry {
             live.retain(|w| w.strong_count() > 0);
             live.iter().filter_map(Weak::upgrade).collect()
         };
-        let mut moved = false;
-        for c in &cells {
-            if let Some(mut t) = Taken::take(c)
-                && t.task().is_done()
-            {
-                let r = t.task().result(Some(Duration::ZERO));
-                t.finish(r);
-                moved = true;
+        let sweep = || {
+            let mut moved = false;
+            for c in &cells {
+                if let Some(mut t) = Taken::take(c)
+                    && t.task().is_done()
+                {
+                    let r = t.task().result(Some(Duration::ZERO));
+                    t.finish(r);
+                    moved = true;
+                }
             }
-        }
-        if moved {
+            moved
+        };
+        if sweep() {
             return;
         }
-        // Nothing finished: wait on the oldest pending task (slots held by dropped tasks free
-        // themselves as those finish).
-        match cells.iter().find_map(|c| Taken::take(c)) {
-            Some(mut t) => match collect(t.task(), SLICE) {
-                Err(CollectError::Timeout) => {}
-                r => t.finish(r),
-            },
+        // Nothing finished: wait for a task a few behind the oldest pending one (slots held
+        // by dropped tasks free themselves as those finish). Workers take tasks in order, so
+        // the ones before it are done by then too, and one sweep makes room for the next
+        // several submissions instead of one.
+        let pending = cells
+            .iter()
+            .filter(|c| {
+                c.try_lock()
+                    .is_some_and(|g| matches!(*g, State::Pending(_)))
+            })
+            .count();
+        let behind = (pending / 8).clamp(1, DRAIN_AHEAD);
+        match cells.iter().filter_map(|c| Taken::take(c)).nth(behind - 1) {
+            Some(mut t) => {
+                match collect(t.task(), SLICE) {
+                    Err(CollectError::Timeout) => drop(t),
+                    r => t.finish(r),
+                }
+                sweep();
+            }
             None => std::thread::sleep(BUSY_NAP),
         }
     }
@@ -472,18 +490,16 @@ impl Task {
 }
 
 impl Task {
-    /// The outcome of the task `slf` (as `outcome`). A member of a chunk is made untracked by
-    /// the garbage collector (`untracked`); once it hands out a value the collector tracks
-    /// (which could come to refer to the task: a kept exception's traceback, a list the
-    /// caller appends the task to), the task is tracked again, so such a cycle is collected.
+    /// The outcome of the task `slf` (as `outcome`). A task is made untracked by the garbage
+    /// collector (`untracked`); once it hands out a value the collector tracks (which could
+    /// come to refer to the task: a kept exception's traceback, a list the caller appends the
+    /// task to), the task is tracked again, so such a cycle is collected.
     fn outcome_of(
         slf: &Bound<'_, Self>,
         timeout: Option<Duration>,
     ) -> PyResult<Option<(bool, Py<PyAny>)>> {
         let out = slf.get().outcome(slf.py(), timeout)?;
-        if let Some((_, v)) = &out
-            && slf.get().member.is_some()
-        {
+        if let Some((_, v)) = &out {
             // SAFETY: both pointers are live objects (held by `slf` and `v`) and the GIL is
             // held, which serialises every tracking change; an object is tracked only if it
             // is not already.
@@ -498,21 +514,24 @@ impl Task {
         Ok(out)
     }
 
-    /// `tasks` as Python objects the garbage collector does not track: a batch makes
-    /// thousands of members, which hold no Python object until their outcome is read, and
-    /// every collection meanwhile would walk them all (a third of a batch's cost).
-    pub(crate) fn untracked(py: Python<'_>, tasks: Vec<Task>) -> PyResult<Vec<Bound<'_, Task>>> {
-        tasks
-            .into_iter()
-            .map(|t| {
-                let b = Bound::new(py, t)?;
-                // SAFETY: a live object of a garbage-collected type (Task defines
-                // `__traverse__`) that no other code has seen yet; untracking an object is
-                // always allowed, and its deallocation untracks only if tracked.
-                unsafe { pyo3::ffi::PyObject_GC_UnTrack(b.as_ptr().cast()) };
-                Ok(b)
-            })
-            .collect()
+    /// `tasks` as Python objects the garbage collector does not track (see `untracked`).
+    pub(crate) fn untracked_all(
+        py: Python<'_>,
+        tasks: Vec<Task>,
+    ) -> PyResult<Vec<Bound<'_, Task>>> {
+        tasks.into_iter().map(|t| t.untracked(py)).collect()
+    }
+
+    /// The task as a Python object the garbage collector does not track: a pipelined loop or
+    /// a batch keeps thousands of tasks, which hold no Python object until their outcome is
+    /// read, and every collection meanwhile would walk them all (a third of a batch's cost).
+    pub(crate) fn untracked(self, py: Python<'_>) -> PyResult<Bound<'_, Task>> {
+        let b = Bound::new(py, self)?;
+        // SAFETY: a live object of a garbage-collected type (Task defines `__traverse__`)
+        // that no other code has seen yet; untracking an object is always allowed, and its
+        // deallocation untracks only if tracked.
+        unsafe { pyo3::ffi::PyObject_GC_UnTrack(b.as_ptr().cast()) };
+        Ok(b)
     }
 
     /// `cancel()` of a task of its own.

@@ -170,3 +170,31 @@ def test_stopping_fails_queued_calls(tmp_path):
     for t in [blocker, *ts]:
         with pytest.raises((pymizu.StoppedError, pymizu.CancelledError, pymizu.WorkerDiedError)):
             t.result(timeout=60)
+
+
+@pytest.mark.parametrize("how", ["submit", "batch of one-call tasks"])
+def test_cycles_through_tasks_of_their_own_are_collected(pool, how):
+    def submit(fn, *args):
+        if how == "submit":
+            return pool.submit(fn, *args)
+        return pool.submit_batch(fn, [args], chunksize=1)[0]
+
+    t = submit(tasks.fresh_list, 1)
+    v = t.result(timeout=60)
+    v.append(t)
+    ref = weakref.ref(t)
+    del t, v
+    gc.collect()
+    assert ref() is None
+
+    def keep_exception():
+        ts = [submit(tasks.fail_odd, 1)]
+        try:
+            ts[0].result(timeout=60)
+        except ValueError as e:
+            return weakref.ref(ts[0]), e
+
+    ref, e = keep_exception()
+    del e
+    gc.collect()
+    assert ref() is None

@@ -55,6 +55,10 @@ class _MizuFuture(Future):
     _exception = None
     _task = None
     _owner = None  # the executor's `_State`
+    # Made on first use (`_condition`). Read as attributes, not through `__dict__`: that would
+    # make every future's dictionary, which CPython otherwise keeps as inline values.
+    _cond = None
+    _notified = False
 
     @property
     def _condition(self):
@@ -110,14 +114,14 @@ class _MizuFuture(Future):
         else:
             self._exception = value
         self._state = _FINISHED
-        if "_cond" in self.__dict__:
+        if self._cond is not None:
             self._notify(ok)
 
     def _notify(self, ok: bool) -> None:
         """What `set_result`/`set_exception` do after the state changed, once."""
         c = self._condition
         with c:
-            if self.__dict__.get("_notified"):
+            if self._notified:
                 return
             self._notified = True
             for waiter in self._waiters:
@@ -166,7 +170,7 @@ class _MizuFuture(Future):
                 self._owner.pending.pop(self, None)
                 self._result = value = outcome[1]
                 self._state = _FINISHED
-                if "_cond" in self.__dict__:
+                if self._cond is not None:
                     self._notify(True)
                 return value
             self._settle(outcome)
@@ -305,7 +309,7 @@ class _State:
                     closing = self.closing
                 if closing and not pending:
                     return
-                watched = [f for f in pending if closing or "_cond" in f.__dict__]
+                watched = [f for f in pending if closing or f._cond is not None]
                 settled = False
                 for fut in watched:
                     if fut._task.done():
