@@ -50,7 +50,7 @@ fn prune_where(wanted: impl Fn(u32) -> bool) -> Result<Vec<String>> {
         } else if let Ok(seg) = SegmentName::parse(&n)
             && !seg.creator().is_alive()
         {
-            match rustix::fs::unlink(seg.path()) {
+            match crate::segment::remove_name(&seg.path()) {
                 Ok(()) => removed.push(n),
                 Err(Errno::NOENT) => {}
                 Err(e) => return Err(ShmError::io("unlink", seg.as_str(), e)),

@@ -3,7 +3,7 @@
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use memmap2::{MmapOptions, MmapRaw};
 use rustix::fd::OwnedFd;
@@ -102,6 +102,24 @@ pub struct Segment {
     identity: Arc<Identity>,
 }
 
+/// How many names of segments this process has removed so far ([`names_removed`]).
+static NAMES_REMOVED: AtomicU64 = AtomicU64::new(0);
+
+/// A count that grows whenever this process removes a segment's name: a caller that saw a
+/// name of this process's own making present at one count knows it is still there while the
+/// count has not moved (no other process removes a living process's names, unless the
+/// caller's protocol lets it).
+pub fn names_removed() -> u64 {
+    NAMES_REMOVED.load(Ordering::Acquire)
+}
+
+/// Removes the segment name at `path`, counting it for [`names_removed`].
+pub(crate) fn remove_name(path: &std::path::Path) -> rustix::io::Result<()> {
+    let r = rustix::fs::unlink(path);
+    NAMES_REMOVED.fetch_add(1, Ordering::AcqRel);
+    r
+}
+
 impl std::fmt::Debug for Segment {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Segment")
@@ -132,7 +150,7 @@ impl Segment {
         };
         // From here on every failure must unlink what we created.
         let fail = |e: ShmError| {
-            let _ = rustix::fs::unlink(name.path());
+            let _ = remove_name(&name.path());
             e
         };
         reserve(&fd, &name, size).map_err(fail)?;
@@ -235,6 +253,12 @@ impl Segment {
         &self.header
     }
 
+    /// Whether this process made the segment (a forked child's copy of the handle did not).
+    pub fn created_here(&self) -> bool {
+        let me = self.identity.id();
+        self.name.creator() == me && me.pid == crate::current_pid()
+    }
+
     /// This process's identity, held alive by this handle.
     pub fn me(&self) -> ProcessId {
         self.identity.id()
@@ -331,7 +355,7 @@ impl Segment {
     /// peer has attached this makes leaking impossible, even on `kill -9`.
     pub fn unlink(&self) -> Result<()> {
         self.unlink_on_drop.store(false, Ordering::Relaxed);
-        match rustix::fs::unlink(self.name.path()) {
+        match remove_name(&self.name.path()) {
             Ok(()) | Err(Errno::NOENT) => Ok(()),
             Err(e) => Err(ShmError::io("unlink", self.name.as_str(), e)),
         }
@@ -348,7 +372,7 @@ impl Drop for Segment {
         let me = rustix::process::getpid().as_raw_nonzero().get() as u32;
         // A forked child must not unlink what its parent still uses.
         if self.unlink_on_drop.load(Ordering::Relaxed) && me == self.identity.id().pid {
-            let _ = rustix::fs::unlink(self.name.path());
+            let _ = remove_name(&self.name.path());
         }
     }
 }

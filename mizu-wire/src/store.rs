@@ -17,6 +17,7 @@
 
 use std::collections::HashMap;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -48,6 +49,9 @@ pub struct DataSegment {
     seg: Segment,
     arena: Extent,
     owned: bool,
+    /// One more than `mizu_shm::segment::names_removed()` when the name was last seen (0:
+    /// never), for a segment this process made (see `Region::still_named`).
+    named_at: AtomicU64,
 }
 
 impl std::fmt::Debug for DataSegment {
@@ -73,6 +77,7 @@ impl DataSegment {
             seg,
             arena,
             owned: true,
+            named_at: AtomicU64::new(0),
         };
         ds.control().attach_owner();
         Ok(ds)
@@ -94,6 +99,7 @@ impl DataSegment {
             seg,
             arena,
             owned: false,
+            named_at: AtomicU64::new(0),
         })
     }
 
@@ -379,7 +385,22 @@ impl Region {
     /// Whether the segment still has its name (nobody removed it: a descriptor sent now can
     /// be adopted).
     pub fn still_named(&self) -> bool {
-        self.seg.name().path().exists()
+        let seg = &self.seg.seg;
+        // While this process holds one of its regions, the name of a segment it made goes
+        // only through this process (`region_released` needs every region gone, `unlink_all`
+        // and the owner's detach run here, and dead processes' cleanups spare the living):
+        // once seen, it stays until this process removes some name. That saves the system
+        // call, most of a small task's cost, on every send of a shared input.
+        let own = seg.created_here();
+        let removed = mizu_shm::segment::names_removed();
+        if own && self.seg.named_at.load(Ordering::Acquire) == removed + 1 {
+            return true;
+        }
+        let named = self.seg.name().path().exists();
+        if named && own {
+            self.seg.named_at.store(removed + 1, Ordering::Release);
+        }
+        named
     }
 }
 

@@ -345,3 +345,19 @@ fn ordinary_segments_stay_while_sends_go_on() {
     }
     eventually("a pause gives both back", || pool.segments() == 0);
 }
+
+#[test]
+fn a_region_sees_its_segment_lose_its_name() {
+    let pool = DataPool::new(1 << 16);
+    let mapper = Mapper::new();
+    let sent = pool.store(b"0123456789").unwrap();
+    // The same segment through a second handle of this process (a result sent back, say).
+    let back = mapper.adopt(&sent.share()).unwrap();
+    for _ in 0..2 {
+        // (The second time, from what the first saw.)
+        assert!(sent.still_named() && back.still_named());
+    }
+    pool.unlink_all();
+    assert!(!sent.still_named());
+    assert!(!back.still_named());
+}
