@@ -145,6 +145,7 @@ fn test(root: &Path) -> Res {
 /// The library crates packaged for crates.io as they would be published, each verified by
 /// building it from its package (in dependency order, against the others' packages).
 fn package(root: &Path) -> Res {
+    forget_packaged_copies();
     let mut cmd = Command::new(cargo());
     cmd.args(["package", "--allow-dirty"]);
     for krate in [
@@ -157,6 +158,29 @@ fn package(root: &Path) -> Res {
         cmd.args(["-p", krate]);
     }
     run(root, &mut cmd)
+}
+
+/// `cargo package` builds each crate against the others' packages through a temporary local
+/// registry, whose crates cargo extracts once per name and version under
+/// `$CARGO_HOME/registry/src/-<hash>/` and never again: a copy an earlier run left there would
+/// be built instead of the one just packaged. This workspace's copies there are removed first.
+fn forget_packaged_copies() {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")));
+    let Some(Ok(registries)) = home.map(|h| std::fs::read_dir(h.join("registry/src"))) else {
+        return;
+    };
+    for reg in registries.flatten() {
+        if !reg.file_name().to_string_lossy().starts_with('-') {
+            continue; // a real registry (crates.io), not a temporary local one
+        }
+        for krate in std::fs::read_dir(reg.path()).into_iter().flatten().flatten() {
+            if krate.file_name().to_string_lossy().starts_with("mizu-") {
+                let _ = std::fs::remove_dir_all(krate.path());
+            }
+        }
+    }
 }
 
 /// Each library crate's example program, run (each checks what it shows and fails otherwise).
