@@ -175,7 +175,11 @@ fn forget_packaged_copies() {
         if !reg.file_name().to_string_lossy().starts_with('-') {
             continue; // a real registry (crates.io), not a temporary local one
         }
-        for krate in std::fs::read_dir(reg.path()).into_iter().flatten().flatten() {
+        for krate in std::fs::read_dir(reg.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             if krate.file_name().to_string_lossy().starts_with("mizu-") {
                 let _ = std::fs::remove_dir_all(krate.path());
             }
