@@ -145,9 +145,11 @@ fn test(root: &Path) -> Res {
 /// The library crates packaged for crates.io as they would be published, each verified by
 /// building it from its package (in dependency order, against the others' packages).
 fn package(root: &Path) -> Res {
-    forget_packaged_copies();
+    let verify = root.join("target/package-verify");
+    forget_packaged_copies(&verify);
     let mut cmd = Command::new(cargo());
     cmd.args(["package", "--allow-dirty"]);
+    cmd.env("CARGO_TARGET_DIR", &verify);
     for krate in [
         "mizu-shm",
         "mizu-rng",
@@ -161,10 +163,28 @@ fn package(root: &Path) -> Res {
 }
 
 /// `cargo package` builds each crate against the others' packages through a temporary local
-/// registry, whose crates cargo extracts once per name and version under
-/// `$CARGO_HOME/registry/src/-<hash>/` and never again: a copy an earlier run left there would
-/// be built instead of the one just packaged. This workspace's copies there are removed first.
-fn forget_packaged_copies() {
+/// registry, whose crates cargo takes as immutable: it extracts one once per name and version
+/// under `$CARGO_HOME/registry/src/-<hash>/`, and reuses what it built of it, so a copy or a
+/// build an earlier run left would be used instead of the crate just packaged. This
+/// workspace's copies there, and what the verification (in `verify`) built of them, are
+/// removed first.
+fn forget_packaged_copies(verify: &Path) {
+    for dir in ["debug/.fingerprint", "debug/deps"] {
+        for e in std::fs::read_dir(verify.join(dir))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("mizu-")
+                || name.starts_with("libmizu_")
+                || name.starts_with("mizu_")
+            {
+                let _ =
+                    std::fs::remove_dir_all(e.path()).or_else(|_| std::fs::remove_file(e.path()));
+            }
+        }
+    }
     let home = std::env::var_os("CARGO_HOME")
         .map(std::path::PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")));
