@@ -51,6 +51,8 @@ use crate::view::{self, Shared, VType};
 const TAG_PLAIN: u8 = b'R';
 pub(crate) const TAG_SMALL: u8 = b'S';
 const TAG_BUFFERS: u8 = b'V';
+/// Buffers as [`TAG_BUFFERS`], with the compact encoding (`small.rs`) as the body.
+const TAG_SMALL_BUFFERS: u8 = b'W';
 /// A runtime error message (see the module docs).
 pub const TAG_TEXT: u8 = b'T';
 const ALIGN: usize = 64;
@@ -398,6 +400,15 @@ impl Outgoing {
         if let Some(bytes) = crate::small::encode(root) {
             return Ok(Outgoing::layout(TAG_SMALL, bytes, Vec::new()));
         }
+        if let Some((bytes, vecs)) = crate::small::encode_oob(root) {
+            // SAFETY: each vector is reachable from `root`, which the caller keeps protected
+            // for the call; the Robj protects it for as long as the payload lives.
+            let bufs = vecs
+                .into_iter()
+                .map(|v| oob_entry(unsafe { Robj::from_sexp(v) }))
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(Outgoing::layout(TAG_SMALL, bytes, bufs));
+        }
         let top = if oob_type(root).is_some() {
             w.placeholder(root, None)
         } else if let Some(f) = w.frame(root) {
@@ -417,62 +428,14 @@ impl Outgoing {
         let skel = skel?;
         let mut bufs = Vec::with_capacity(w.bufs.len());
         for (v, frame) in w.bufs.into_iter().zip(w.frames) {
-            if let Some(f) = frame {
-                bufs.push(Oob {
+            bufs.push(match frame {
+                Some(f) => Oob {
                     vec: v,
                     code: FRAME,
                     len: f.len(),
                     how: How::Arrow(f),
-                });
-                continue;
-            }
-            // SAFETY: `v` is an atomic vector (checked by `oob_type`) protected by its Robj;
-            // DATAPTR_RO is valid for XLENGTH elements while it lives unmodified.
-            let (t, ptr, n) = unsafe {
-                let s = v.get();
-                let t = VType::of(TYPEOF(s)).expect("checked by oob_type");
-                if let Some((how, len, code)) = by_ref(s) {
-                    bufs.push(Oob {
-                        vec: v,
-                        code,
-                        len,
-                        how,
-                    });
-                    continue;
-                }
-                // SAFETY: `v` stays protected (in `bufs`) and unmodified while the payload
-                // that holds the encoding exists.
-                if let Some(enc) = crate::arrow_out::encode(s) {
-                    let enc = enc?;
-                    bufs.push(Oob {
-                        vec: v,
-                        code: ARROW,
-                        len: enc.len(),
-                        how: How::Arrow(enc),
-                    });
-                    continue;
-                }
-                if t == VType::Str {
-                    let len = crate::strview::encoded_len(s);
-                    bufs.push(Oob {
-                        vec: v,
-                        code: t as u8,
-                        len,
-                        how: How::Strings,
-                    });
-                    continue;
-                }
-                (
-                    t,
-                    DATAPTR_RO(s).cast::<u8>(),
-                    XLENGTH(s) as usize * t.size(),
-                )
-            };
-            bufs.push(Oob {
-                vec: v,
-                code: t as u8,
-                len: n,
-                how: How::Bytes(ptr),
+                },
+                None => oob_entry(v)?,
             });
         }
         Ok(Outgoing::layout(TAG_PLAIN, skel, bufs))
@@ -548,7 +511,11 @@ impl Fill for Outgoing {
             return;
         }
         out[..16].fill(0);
-        out[0] = TAG_BUFFERS;
+        out[0] = if self.tag == TAG_SMALL {
+            TAG_SMALL_BUFFERS
+        } else {
+            TAG_BUFFERS
+        };
         out[4..8].copy_from_slice(&(self.bufs.len() as u32).to_le_bytes());
         out[8..16].copy_from_slice(&(skel.len() as u64).to_le_bytes());
         for (i, (b, &at)) in self.bufs.iter().zip(&self.at).enumerate() {
@@ -593,6 +560,58 @@ impl Fill for Outgoing {
             end = at + b.space();
         }
     }
+}
+
+/// How one out-of-band atomic vector `v` goes: by reference when it is an unmodified view of
+/// ours, as Arrow when `arrow_out` encodes it, laid out when it is a character vector, else
+/// its bytes.
+fn oob_entry(v: Robj) -> Result<Oob> {
+    // SAFETY: `v` is an atomic vector (checked by `oob_type` or `small::encode_oob`)
+    // protected by its Robj; DATAPTR_RO is valid for XLENGTH elements while it lives
+    // unmodified.
+    let (t, ptr, n) = unsafe {
+        let s = v.get();
+        let t = VType::of(TYPEOF(s)).expect("an atomic vector (the caller checked)");
+        if let Some((how, len, code)) = by_ref(s) {
+            return Ok(Oob {
+                vec: v,
+                code,
+                len,
+                how,
+            });
+        }
+        // SAFETY: `v` stays protected (in `bufs`) and unmodified while the payload
+        // that holds the encoding exists.
+        if let Some(enc) = crate::arrow_out::encode(s) {
+            let enc = enc?;
+            return Ok(Oob {
+                vec: v,
+                code: ARROW,
+                len: enc.len(),
+                how: How::Arrow(enc),
+            });
+        }
+        if t == VType::Str {
+            let len = crate::strview::encoded_len(s);
+            return Ok(Oob {
+                vec: v,
+                code: t as u8,
+                len,
+                how: How::Strings,
+            });
+        }
+        (
+            t,
+            DATAPTR_RO(s).cast::<u8>(),
+            XLENGTH(s) as usize * t.size(),
+        )
+    };
+    Ok(Oob {
+        vec: v,
+        code: t as u8,
+        len: n,
+        how: How::Bytes(ptr),
+    })
 }
 
 fn bad(why: impl std::fmt::Display) -> Error {
@@ -705,7 +724,7 @@ pub fn decode_small(buf: &Buffer) -> Option<Result<SEXP>> {
 /// the sender (`Region::share`), that only a decoder adopting it would give back. Touches no
 /// R API (it may run on the runtime's threads); malformed input releases nothing.
 pub fn release_refs(b: &[u8]) {
-    if b.first() != Some(&TAG_BUFFERS) {
+    if !matches!(b.first(), Some(&TAG_BUFFERS | &TAG_SMALL_BUFFERS)) {
         return;
     }
     for d in oob::references(b, Dialect::R) {
@@ -730,75 +749,20 @@ pub fn decode(buf: Buffer) -> Result<Decoded> {
         Some(&TAG_TEXT) => Ok(Decoded::Text(
             String::from_utf8_lossy(&b[1..]).replace('\0', "\u{fffd}"),
         )),
+        Some(&TAG_SMALL_BUFFERS) => {
+            let layout = oob::parse(b, Dialect::R).map_err(bad)?;
+            let views = buffer_views(&buf, layout.entries)?;
+            // SAFETY: each view is protected by its Robj in `views` while the value is read.
+            let sexps: Vec<SEXP> = views.iter().map(|v| unsafe { v.get() }).collect();
+            match crate::small::decode_with(&b[layout.body], &sexps) {
+                // SAFETY: a fresh value; Robj protects it.
+                Some(v) => Ok(Decoded::Value(unsafe { Robj::from_sexp(v) })),
+                None => Err(bad("the compact encoding cannot be read")),
+            }
+        }
         Some(&TAG_BUFFERS) => {
             let layout = oob::parse(b, Dialect::R).map_err(bad)?;
-            let mut views = Vec::with_capacity(layout.entries.len());
-            // Data frame values already read for a column sent on by reference (every column
-            // of one frame refers to the same value).
-            let mut tables: Vec<(usize, arrow_array::RecordBatch, Buffer)> = Vec::new();
-            for (i, entry) in layout.entries.into_iter().enumerate() {
-                let kind = entry.code;
-                let by_ref = matches!(entry.place, Place::Ref { .. });
-                let t = match kind {
-                    ARROW => None,
-                    FRAME if !by_ref => None,
-                    FRAME_COL if by_ref => None,
-                    c => Some(
-                        VType::from_code(c)
-                            .ok_or_else(|| bad(format!("buffer {i} has unknown type {kind}")))?,
-                    ),
-                };
-                let (bytes, column) = match entry.place {
-                    Place::Inline(r) => (buf.slice_with_length(r.start, r.len()), None),
-                    Place::Ref {
-                        desc,
-                        offset,
-                        len,
-                        column,
-                    } => {
-                        let region = Arc::new(MAPPER.adopt(&desc).map_err(bad)?);
-                        let end = offset
-                            .checked_add(len)
-                            .filter(|&x| x <= region.len() as u64)
-                            .ok_or_else(|| bad(format!("reference {i} beyond its region")))?;
-                        let whole = Region::buffer(&region);
-                        (
-                            whole.slice_with_length(offset as usize, (end - offset) as usize),
-                            column,
-                        )
-                    }
-                };
-                let copy = !by_ref;
-                views.push(match (t, column) {
-                    (Some(t), _) => view::make(bytes, t, copy)?,
-                    (None, _) if kind == ARROW => crate::arrow_in::view(bytes, copy)?,
-                    (None, Some(col)) => {
-                        let key = bytes.as_ptr() as usize;
-                        let k = match tables.iter().position(|(a, ..)| *a == key) {
-                            Some(k) => k,
-                            None => {
-                                let (batch, src) = crate::arrow_in::table(bytes)?;
-                                tables.push((key, batch, src));
-                                tables.len() - 1
-                            }
-                        };
-                        let (_, batch, src) = &tables[k];
-                        let j = usize::try_from(col)
-                            .ok()
-                            .filter(|&j| j < batch.num_columns())
-                            .ok_or_else(|| bad(format!("reference {i}: no column {col}")))?;
-                        let s = crate::arrow_in::Source {
-                            bytes: src.clone(),
-                            col: Some(j as u32),
-                        };
-                        crate::arrow_in::column(batch.column(j), s, false)?
-                    }
-                    (None, None) => {
-                        let cols = crate::arrow_in::frame(bytes, true)?;
-                        Robj::from(List::from_values(cols))
-                    }
-                });
-            }
+            let views = buffer_views(&buf, layout.entries)?;
             let value = unserialize(&b[layout.body])?;
             // SAFETY: `value` is protected by its Robj.
             let root = unsafe { value.get() };
@@ -814,6 +778,78 @@ pub fn decode(buf: Buffer) -> Result<Decoded> {
         Some(t) => Err(bad(format!("unknown tag {t:#04x}"))),
         None => Err(bad("empty")),
     }
+}
+
+/// The views of a payload's out-of-band buffers (`entries`, parsed from `buf`), in order.
+fn buffer_views(buf: &Buffer, entries: Vec<oob::Entry>) -> Result<Vec<Robj>> {
+    let mut views = Vec::with_capacity(entries.len());
+    // Data frame values already read for a column sent on by reference (every column
+    // of one frame refers to the same value).
+    let mut tables: Vec<(usize, arrow_array::RecordBatch, Buffer)> = Vec::new();
+    for (i, entry) in entries.into_iter().enumerate() {
+        let kind = entry.code;
+        let by_ref = matches!(entry.place, Place::Ref { .. });
+        let t = match kind {
+            ARROW => None,
+            FRAME if !by_ref => None,
+            FRAME_COL if by_ref => None,
+            c => Some(
+                VType::from_code(c)
+                    .ok_or_else(|| bad(format!("buffer {i} has unknown type {kind}")))?,
+            ),
+        };
+        let (bytes, column) = match entry.place {
+            Place::Inline(r) => (buf.slice_with_length(r.start, r.len()), None),
+            Place::Ref {
+                desc,
+                offset,
+                len,
+                column,
+            } => {
+                let region = Arc::new(MAPPER.adopt(&desc).map_err(bad)?);
+                let end = offset
+                    .checked_add(len)
+                    .filter(|&x| x <= region.len() as u64)
+                    .ok_or_else(|| bad(format!("reference {i} beyond its region")))?;
+                let whole = Region::buffer(&region);
+                (
+                    whole.slice_with_length(offset as usize, (end - offset) as usize),
+                    column,
+                )
+            }
+        };
+        let copy = !by_ref;
+        views.push(match (t, column) {
+            (Some(t), _) => view::make(bytes, t, copy)?,
+            (None, _) if kind == ARROW => crate::arrow_in::view(bytes, copy)?,
+            (None, Some(col)) => {
+                let key = bytes.as_ptr() as usize;
+                let k = match tables.iter().position(|(a, ..)| *a == key) {
+                    Some(k) => k,
+                    None => {
+                        let (batch, src) = crate::arrow_in::table(bytes)?;
+                        tables.push((key, batch, src));
+                        tables.len() - 1
+                    }
+                };
+                let (_, batch, src) = &tables[k];
+                let j = usize::try_from(col)
+                    .ok()
+                    .filter(|&j| j < batch.num_columns())
+                    .ok_or_else(|| bad(format!("reference {i}: no column {col}")))?;
+                let s = crate::arrow_in::Source {
+                    bytes: src.clone(),
+                    col: Some(j as u32),
+                };
+                crate::arrow_in::column(batch.column(j), s, false)?
+            }
+            (None, None) => {
+                let cols = crate::arrow_in::frame(bytes, true)?;
+                Robj::from(List::from_values(cols))
+            }
+        });
+    }
+    Ok(views)
 }
 
 /// A runtime error as a payload.

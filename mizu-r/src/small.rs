@@ -5,8 +5,10 @@
 //! Covered: `NULL`; logical, integer, double, complex, character and raw vectors shorter than
 //! the out-of-band floor, with no attributes or only `names`; lists of those (same attribute
 //! rule); symbols; calls. Anything else — another attribute, an object bit, ALTREP vectors,
-//! closures, environments, nesting deeper than 64 — makes [`encode`] return `None` and the
-//! caller uses R's serialization.
+//! closures, environments, nesting deeper than 64 — makes [`encode`] return `None`.
+//! [`encode_oob`] also takes large plain vectors and views of shared memory of ours, as
+//! `R_OOB` items naming the payload's out-of-band buffers (sent by reference for views);
+//! what neither covers takes R's serialization.
 //!
 //! The items are the wire format's compact tagged encoding (`docs/wire-format.md` §3, read and
 //! written with `mizu_wire::compact`): `NULL` is the shared None item and a list without
@@ -79,10 +81,25 @@ fn failed(out: Vec<u8>) -> Option<Vec<u8>> {
 pub fn encode(x: SEXP) -> Option<Vec<u8>> {
     let mut out = buffer();
     // SAFETY: `x` is live (protected by the caller); only reads, no allocation.
-    if unsafe { item(&mut out, x, 0) } {
+    if unsafe { item(&mut out, x, 0, &mut None) } {
         Some(out)
     } else {
         failed(out)
+    }
+}
+
+/// The compact encoding of `x` with its large vectors and views of shared memory out of band
+/// (each an `R_OOB` item with its index in the returned list, which the caller sends as the
+/// payload's buffers); `None` when something else is not covered.
+pub fn encode_oob(x: SEXP) -> Option<(Vec<u8>, Vec<SEXP>)> {
+    let mut out = buffer();
+    let mut oob = Some(Vec::new());
+    // SAFETY: `x` is live (protected by the caller); only reads, no R allocation.
+    if unsafe { item(&mut out, x, 0, &mut oob) } {
+        Some((out, oob.unwrap_or_default()))
+    } else {
+        give_back(out);
+        None
     }
 }
 
@@ -92,8 +109,9 @@ pub fn encode_list3(a: SEXP, b: SEXP, c: SEXP) -> Option<Vec<u8>> {
     let mut out = buffer();
     out.push(tag::LIST);
     varint(&mut out, 3);
+    let no = &mut None;
     // SAFETY: the elements are live (protected by the caller); only reads, no allocation.
-    if unsafe { item(&mut out, a, 1) && item(&mut out, b, 1) && item(&mut out, c, 1) } {
+    if unsafe { item(&mut out, a, 1, no) && item(&mut out, b, 1, no) && item(&mut out, c, 1, no) } {
         Some(out)
     } else {
         failed(out)
@@ -102,7 +120,7 @@ pub fn encode_list3(a: SEXP, b: SEXP, c: SEXP) -> Option<Vec<u8>> {
 
 /// # Safety
 /// `x` is a live SEXP; nothing here allocates or can raise an R error.
-unsafe fn item(out: &mut Vec<u8>, x: SEXP, depth: usize) -> bool {
+unsafe fn item(out: &mut Vec<u8>, x: SEXP, depth: usize, oob: &mut Option<Vec<SEXP>>) -> bool {
     if depth > MAX_DEPTH {
         return false;
     }
@@ -140,11 +158,11 @@ unsafe fn item(out: &mut Vec<u8>, x: SEXP, depth: usize) -> bool {
                     out.push(0);
                 } else {
                     out.push(1);
-                    if !item(out, tag, depth + 1) {
+                    if !item(out, tag, depth + 1, oob) {
                         return false;
                     }
                 }
-                if !item(out, CAR(p), depth + 1) {
+                if !item(out, CAR(p), depth + 1, oob) {
                     return false;
                 }
                 p = CDR(p);
@@ -168,7 +186,8 @@ unsafe fn item(out: &mut Vec<u8>, x: SEXP, depth: usize) -> bool {
             return false;
         }
         let attrs = ffi::ATTRIB(x);
-        if extendr_ffi::ALTREP(x) != 0 || ffi::OBJECT(x) != 0 {
+        let altrep = extendr_ffi::ALTREP(x) != 0;
+        if ffi::OBJECT(x) != 0 || (altrep && oob.is_none()) {
             return false;
         }
         if attrs != R_NilValue {
@@ -176,11 +195,36 @@ unsafe fn item(out: &mut Vec<u8>, x: SEXP, depth: usize) -> bool {
                 return false;
             }
             out.push(tag::R_NAMED);
-            if !item(out, CAR(attrs), depth + 1) {
+            if !item(out, CAR(attrs), depth + 1, oob) {
                 return false;
             }
         }
         let n = XLENGTH(x) as usize;
+        // Out of band (when the caller takes buffers): a large plain vector, or a view of
+        // shared memory of ours (sent by reference). Any other ALTREP vector is not covered.
+        if let Some(list) = oob.as_mut() {
+            let size = match t {
+                SEXPTYPE::LGLSXP | SEXPTYPE::INTSXP => 4,
+                SEXPTYPE::REALSXP => 8,
+                SEXPTYPE::CPLXSXP => 16,
+                SEXPTYPE::RAWSXP => 1,
+                _ => 0,
+            };
+            let ours = altrep && crate::view::shared(x).is_some();
+            if size > 0 && (ours || (!altrep && n * size >= FLOOR)) {
+                // The same vector twice travels once (and arrives as one view).
+                let k = list.iter().position(|&v| v == x).unwrap_or_else(|| {
+                    list.push(x);
+                    list.len() - 1
+                });
+                out.push(tag::R_OOB);
+                varint(out, k as u64);
+                return true;
+            }
+            if altrep {
+                return false;
+            }
+        }
         let fixed = |out: &mut Vec<u8>, code: u8, size: usize| {
             if n * size >= FLOOR {
                 return false;
@@ -213,7 +257,14 @@ unsafe fn item(out: &mut Vec<u8>, x: SEXP, depth: usize) -> bool {
             SEXPTYPE::VECSXP => {
                 out.push(tag::LIST);
                 varint(out, n as u64);
-                (0..n).all(|i| item(out, extendr_ffi::VECTOR_ELT(x, i as R_xlen_t), depth + 1))
+                (0..n).all(|i| {
+                    item(
+                        out,
+                        extendr_ffi::VECTOR_ELT(x, i as R_xlen_t),
+                        depth + 1,
+                        oob,
+                    )
+                })
             }
             _ => false,
         }
@@ -258,6 +309,8 @@ unsafe fn string(out: &mut Vec<u8>, c: SEXP, kind: bool) -> bool {
 /// is made. Plain data: a long-jump out of an R allocation leaves nothing to drop.
 struct Reader<'a> {
     r: compact::Reader<'a>,
+    /// The payload's out-of-band vectors (`R_OOB` items), made and protected by the caller.
+    views: &'a [SEXP],
 }
 
 impl Reader<'_> {
@@ -339,6 +392,10 @@ impl Reader<'_> {
                     Some(s)
                 }
                 tag::R_MISSING => Some(R_MissingArg),
+                tag::R_OOB => {
+                    let k = usize::try_from(self.varint()?).ok()?;
+                    self.views.get(k).copied()
+                }
                 tag::R_CALL => {
                     let n = self.count(2)?;
                     if n == 0 {
@@ -559,6 +616,7 @@ pub unsafe fn decode_expr_task_in_context(bytes: &[u8]) -> Option<SEXP> {
     }
     let mut rd = Reader {
         r: compact::Reader::new(bytes, EXPR_TASK_PREFIX, 0),
+        views: &[],
     };
     // SAFETY: the caller's contract (R's main thread, inside a top-level context).
     let msg = unsafe { rd.expr_task() }?;
@@ -568,17 +626,23 @@ pub unsafe fn decode_expr_task_in_context(bytes: &[u8]) -> Option<SEXP> {
 /// Decodes a compact item that fills `bytes` exactly; `None` when malformed (or R ran out
 /// of memory).
 pub fn decode(bytes: &[u8]) -> Option<SEXP> {
-    // SAFETY: `read_all` calls this on R's main thread inside `R_ToplevelExec`, as the
-    // reader's methods require.
-    read_all(bytes, 0, |rd| unsafe { rd.item(0) })
+    decode_with(bytes, &[])
 }
 
-/// `read` on `bytes` from offset `at`, inside `R_ToplevelExec`; its value if it read every
+/// [`decode`] of an encoding whose `R_OOB` items are `views` (the caller keeps them
+/// protected).
+pub fn decode_with(bytes: &[u8], views: &[SEXP]) -> Option<SEXP> {
+    // SAFETY: `read_all` calls this on R's main thread inside `R_ToplevelExec`, as the
+    // reader's methods require.
+    read_all(bytes, views, |rd| unsafe { rd.item(0) })
+}
+
+/// `read` on `bytes` (its `R_OOB` items `views`), inside `R_ToplevelExec`; its value if it read every
 /// byte, else (malformed, or R ran out of memory) `None`. The value is unprotected.
 ///
 /// `read` runs inside the top-level context: it may allocate (an allocation error long-jumps
 /// back here) and must own nothing that needs dropping.
-fn read_all(bytes: &[u8], at: usize, read: fn(&mut Reader) -> Option<SEXP>) -> Option<SEXP> {
+fn read_all(bytes: &[u8], views: &[SEXP], read: fn(&mut Reader) -> Option<SEXP>) -> Option<SEXP> {
     let mut ok = false;
     let okp = std::ptr::from_mut(&mut ok);
     // SAFETY: R's main thread; the closure owns nothing (the reader is plain data on its own
@@ -586,7 +650,8 @@ fn read_all(bytes: &[u8], at: usize, read: fn(&mut Reader) -> Option<SEXP>) -> O
     let r = unsafe {
         crate::rtry::try_r(move || {
             let mut rd = Reader {
-                r: compact::Reader::new(bytes, at, 0),
+                r: compact::Reader::new(bytes, 0, 0),
+                views,
             };
             match read(&mut rd) {
                 Some(v) if rd.r.at_end() => {

@@ -70,6 +70,9 @@ pub mod tag {
     pub const R_CALL: u8 = 0x1B;
     /// R: the missing argument.
     pub const R_MISSING: u8 = 0x1C;
+    /// R: a vector carried out of band (varint index into the payload's buffers; R's
+    /// same-language payloads with buffers only).
+    pub const R_OOB: u8 = 0x1D;
 }
 
 /// Call forms (the byte after [`tag::CALL`]).

@@ -3,7 +3,9 @@
 //! or by reference to a region of a data segment. Parsing the layout is pure and shared, so it
 //! is fuzzed from Rust (`tests/fuzz.rs`); what the buffers become is the binding's business.
 //!
-//! Layout (integers little-endian): the tag byte (Python `B`, R `V`), three zero bytes, `u32`
+//! Layout (integers little-endian): the tag byte (Python `B`; R `V` when the body is an R
+//! serialization, `W` when it is the compact encoding, whose `R_OOB` items name buffers by
+//! index), three zero bytes, `u32`
 //! count `n` of buffers, `u64` length of the body; a table of `n` entries; the body; then the
 //! buffers' bytes or reference records, each at or after the body's end. A reference record
 //! is a region's 64-byte descriptor and the `u64` offset of the bytes in the region (R: plus a

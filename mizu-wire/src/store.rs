@@ -343,14 +343,12 @@ impl Region {
         let (ptr, len) = (this.ptr(), this.len());
         {
             let mut g = registry().lock().unwrap_or_else(|p| p.into_inner());
-            let (_, holders) = g.entry(ptr.as_ptr() as usize).or_insert((len, Vec::new()));
-            holders.retain(|w| w.strong_count() > 0);
-            if !holders
-                .iter()
-                .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(this)))
-            {
-                holders.push(Arc::downgrade(this));
-            }
+            let (_, holders) = g
+                .entry(ptr.as_ptr() as usize)
+                .or_insert_with(|| (len, HashMap::new()));
+            holders
+                .entry(Arc::as_ptr(this) as usize)
+                .or_insert_with(|| Arc::downgrade(this));
         }
         let owner: Arc<dyn arrow_buffer::alloc::Allocation> = this.clone();
         // SAFETY: ptr..ptr+len is valid, immutable memory for as long as the owner (a counted
@@ -360,9 +358,11 @@ impl Region {
 }
 
 /// Regions of this process that back buffers ([`Region::buffer`]), by start address: its
-/// length, and every reference held to it here (a payload may carry several references to
-/// one region — columns of one data frame — each adopted as a `Region` of its own).
-type Registry = Mutex<std::collections::BTreeMap<usize, (usize, Vec<Weak<Region>>)>>;
+/// length, and every reference held to it here, by the address of its `Region` (a payload
+/// may carry several references to one region — columns of one data frame — each adopted
+/// as a `Region` of its own; and a task's views of a shared input live until R collects
+/// them, thousands at a time: each is registered and removed in constant time).
+type Registry = Mutex<std::collections::BTreeMap<usize, (usize, HashMap<usize, Weak<Region>>)>>;
 
 fn registry() -> &'static Registry {
     static R: std::sync::OnceLock<Registry> = std::sync::OnceLock::new();
@@ -379,7 +379,7 @@ impl Region {
         if a >= start + len {
             return None;
         }
-        Some((holders.iter().find_map(Weak::upgrade)?, a - start))
+        Some((holders.values().find_map(Weak::upgrade)?, a - start))
     }
 
     /// Whether the segment still has its name (nobody removed it: a descriptor sent now can
@@ -413,7 +413,8 @@ impl Drop for Region {
             let mut g = registry().lock().unwrap_or_else(|p| p.into_inner());
             let key = self.ptr().as_ptr() as usize;
             if let Some((_, holders)) = g.get_mut(&key) {
-                holders.retain(|w| w.strong_count() > 0);
+                // (`self` is the `Arc`'s value, at the address `buffer` registered.)
+                holders.remove(&(std::ptr::from_ref(self) as usize));
                 if holders.is_empty() {
                     g.remove(&key);
                 }

@@ -188,9 +188,16 @@ test_that("small plain values take the compact encoding and round-trip exactly",
   }
   latin1 <- iconv("caf\u00e9", "UTF-8", "latin1")
   expect_identical(Encoding(.Call(mizu:::wrap__codec_roundtrip, latin1)), "latin1")
+  # large plain vectors go out of band beside a compact body, inside named lists too
+  big <- runif(1000)
+  for (v in list(big, list(a = big, b = 1L, c = list(big)), list(x = as.raw(1:200)[rep(1, 5000)]))) {
+    b <- .Call(mizu:::wrap__codec_encode, v)
+    expect_identical(rawToChar(b[1]), "W", label = deparse(v)[1])
+    expect_identical(.Call(mizu:::wrap__codec_decode, b), v, label = deparse(v)[1])
+  }
   # everything else takes R's serialization
   other <- list(factor("a"), Sys.Date(), function(x) x, new.env(), 1:3, quote(function(x) x),
-                matrix(1:4, 2), structure(1, foo = "bar"), runif(1000))
+                matrix(1:4, 2), structure(1, foo = "bar"), list(runif(1000), 1:3))
   for (v in other) {
     b <- .Call(mizu:::wrap__codec_encode, v)
     expect_true(rawToChar(b[1]) %in% c("R", "V"), label = deparse(v)[1])
