@@ -137,30 +137,6 @@ def test_waiting_on_calls_of_a_chunk(pool):
     assert asyncio.run(main()) == list(range(20))
 
 
-def test_cycles_through_calls_are_collected(pool):
-    # A value the caller makes refer to its task, and a kept exception whose traceback holds
-    # the list of tasks: both cycles go with the next collection.
-    ts = pool.submit_batch(tasks.fresh_list, [(i,) for i in range(10)], chunksize=10)
-    v = ts[3].result(timeout=60)
-    v.append(ts[3])
-    ref = weakref.ref(ts[3])
-    del ts, v
-    gc.collect()
-    assert ref() is None
-
-    def keep_exception():
-        ts = pool.submit_batch(tasks.fail_odd, [(i,) for i in range(10)], chunksize=10)
-        try:
-            ts[1].result(timeout=60)
-        except ValueError as e:
-            return weakref.ref(ts[1]), e
-
-    ref, e = keep_exception()
-    del e
-    gc.collect()
-    assert ref() is None
-
-
 def test_stopping_fails_queued_calls(tmp_path):
     gate = tmp_path / "open"
     p = pymizu.Pool(1)
@@ -172,27 +148,31 @@ def test_stopping_fails_queued_calls(tmp_path):
             t.result(timeout=60)
 
 
-@pytest.mark.parametrize("how", ["submit", "batch of one-call tasks"])
-def test_cycles_through_tasks_of_their_own_are_collected(pool, how):
-    def submit(fn, *args):
+@pytest.mark.parametrize("how", ["calls of one chunk", "submit", "batch of one-call tasks"])
+def test_cycles_through_tasks_are_collected(pool, how):
+    # A value the caller makes refer to its task, and a kept exception whose traceback holds
+    # the list of tasks: both cycles go with the next collection.
+    def submit_all(fn, argss):
+        if how == "calls of one chunk":
+            return pool.submit_batch(fn, argss, chunksize=len(argss))
         if how == "submit":
-            return pool.submit(fn, *args)
-        return pool.submit_batch(fn, [args], chunksize=1)[0]
+            return [pool.submit(fn, *a) for a in argss]
+        return pool.submit_batch(fn, argss, chunksize=1)
 
-    t = submit(tasks.fresh_list, 1)
-    v = t.result(timeout=60)
-    v.append(t)
-    ref = weakref.ref(t)
-    del t, v
+    ts = submit_all(tasks.fresh_list, [(i,) for i in range(4)])
+    v = ts[3].result(timeout=60)
+    v.append(ts[3])
+    ref = weakref.ref(ts[3])
+    del ts, v
     gc.collect()
     assert ref() is None
 
     def keep_exception():
-        ts = [submit(tasks.fail_odd, 1)]
+        ts = submit_all(tasks.fail_odd, [(i,) for i in range(4)])
         try:
-            ts[0].result(timeout=60)
+            ts[1].result(timeout=60)
         except ValueError as e:
-            return weakref.ref(ts[0]), e
+            return weakref.ref(ts[1]), e
 
     ref, e = keep_exception()
     del e
