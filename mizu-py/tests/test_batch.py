@@ -40,7 +40,7 @@ def test_functions_that_travel_by_value(pool):
     assert pool.collect_all(ts, timeout=60) == [3 * i for i in range(300)]
 
 
-@pytest.mark.parametrize("bad", [0, -1, 2.5, "4"])
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "4", True])
 def test_bad_chunksize(pool, bad):
     with pytest.raises(ValueError, match="chunksize"):
         pool.submit_batch(tasks.add, [(1, 1)], chunksize=bad)

@@ -339,7 +339,7 @@ class _Submitter:
         task whose chunk is still queued succeeds; the other calls of the chunk go again.
         A worker that dies fails every call of the chunk it ran.
         """
-        if chunksize is not None and (not isinstance(chunksize, int) or chunksize < 1):
+        if chunksize is not None and (type(chunksize) is not int or chunksize < 1):
             raise ValueError(f"chunksize must be a positive int, got {chunksize!r}")
         if self._language != "python":
             return [self._xsubmit(fn, *a) for a in argss]
