@@ -1,13 +1,14 @@
 //! `Pool` and `Task`: the caller's side. Every wait releases the GIL and checks for signals
 //! (Ctrl-C) in bounded slices.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{OnceLock, RwLock};
 use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple, PyType};
 
 use mizu_pool::retry::{MakeRoom, retrying};
 use mizu_pool::{Fill, Launcher, PoolConfig, PoolError};
@@ -35,17 +36,26 @@ pub struct Pool {
     tasks: Registry,
     /// Set when a `PoolExecutor` serves through this pool (`bind_executor`).
     executor: OnceLock<ExecutorHooks>,
+    /// The executor's `accepting` flag (its state object sets it through `set_accepting`),
+    /// read by `submit_future` without a Python attribute lookup.
+    accepting: AtomicBool,
 }
 
-/// What `submit_future` needs of a `PoolExecutor`: `object.__new__`, its future class, its
-/// shared state (`accepting`, `broken`, `refuse()`), the state's dict of pending futures, and
-/// the function that makes an already failed future.
+/// What `submit_future` needs of a `PoolExecutor`: its future class, its shared state
+/// (`accepting`, `broken`, `refuse()`), the state's dict of pending futures, and the function
+/// that makes an already failed future.
 struct ExecutorHooks {
-    new: Py<PyAny>,
-    cls: Py<PyAny>,
+    cls: Py<PyType>,
     state: Py<PyAny>,
     pending: Py<PyDict>,
     failed: Py<PyAny>,
+}
+
+/// The dict of pending futures of the executor `task`'s pool serves, if it serves one.
+pub(crate) fn executor_pending(py: Python<'_>, task: &Task) -> Option<Py<PyDict>> {
+    let pool = task.pool()?.bind(py).cast::<Pool>().ok()?;
+    let hooks = pool.get().executor.get()?;
+    Some(hooks.pending.clone_ref(py))
 }
 
 /// One worker in `Pool.status()`: (slot, pid, state, busy, tasks run, steals).
@@ -278,6 +288,7 @@ impl Pool {
             pid: mizu_shm::current_pid(),
             tasks: Registry::default(),
             executor: OnceLock::new(),
+            accepting: AtomicBool::new(true),
         })
     }
 
@@ -351,16 +362,18 @@ impl Pool {
     fn bind_executor(
         &self,
         py: Python<'_>,
-        cls: Py<PyAny>,
+        cls: Bound<'_, PyType>,
         state: &Bound<'_, PyAny>,
         failed: Py<PyAny>,
     ) -> PyResult<()> {
+        let future = PyModule::import(py, "concurrent.futures")?.getattr("Future")?;
+        if !cls.is_subclass(&future)? {
+            return Err(PyValueError::new_err(
+                "an executor's future class must subclass concurrent.futures.Future",
+            ));
+        }
         let hooks = ExecutorHooks {
-            new: py
-                .get_type::<pyo3::types::PyAny>()
-                .getattr("__new__")?
-                .unbind(),
-            cls,
+            cls: cls.unbind(),
             pending: state.getattr("pending")?.cast_into::<PyDict>()?.unbind(),
             state: state.clone().unbind(),
             failed,
@@ -368,6 +381,11 @@ impl Pool {
         self.executor
             .set(hooks)
             .map_err(|_| crate::MizuError::new_err("this pool already serves an executor"))
+    }
+
+    /// Sets whether the executor this pool serves accepts submissions (its `accepting`).
+    fn set_accepting(&self, accepting: bool) {
+        self.accepting.store(accepting, Ordering::SeqCst);
     }
 
     /// `PoolExecutor.submit`, natively (the Python method documents it): one call instead of
@@ -389,12 +407,12 @@ impl Pool {
             .get()
             .ok_or_else(|| crate::MizuError::new_err("this pool serves no executor"))?;
         let st = h.state.bind(py);
-        let accepting = pyo3::intern!(py, "accepting");
+        let accepting = || slf.get().accepting.load(Ordering::SeqCst);
         let refuse = || match st.call_method0(pyo3::intern!(py, "refuse")) {
             Ok(e) => PyErr::from_value(e),
             Err(e) => e,
         };
-        if !st.getattr(accepting)?.is_truthy()? {
+        if !accepting() {
             return Err(refuse());
         }
         let task = match Pool::submit_call(slf, fn_, args, kwargs) {
@@ -411,14 +429,14 @@ impl Pool {
             }
             Err(e) => return Err(e),
         };
-        let fut = h.new.bind(py).call1((h.cls.bind(py),))?;
-        fut.setattr(pyo3::intern!(py, "_task"), &task)?;
-        fut.setattr(pyo3::intern!(py, "_owner"), st)?;
+        let fut = crate::future::new_future(h.cls.bind(py))?;
+        // (A task refers to nothing that refers to the future: it stays untracked.)
+        crate::future::store(&fut, pyo3::intern!(py, "_task"), task.as_any())?;
         let pending = h.pending.bind(py);
         pending.set_item(&fut, py.None())?;
         // A shutdown that began meanwhile either saw the future (and settles it) or is seen
         // here (and the submission is withdrawn).
-        if !st.getattr(accepting)?.is_truthy()? {
+        if !accepting() {
             pending.del_item(&fut)?;
             task.call_method0(pyo3::intern!(py, "cancel"))?;
             return Err(refuse());

@@ -314,6 +314,11 @@ impl Task {
         }
     }
 
+    /// The pool object this task keeps alive, if any.
+    pub(crate) fn pool(&self) -> Option<&Py<PyAny>> {
+        self.pool.as_ref()
+    }
+
     /// The task, keeping `pool` alive while it lives.
     pub(crate) fn kept(mut self, pool: &Bound<'_, PyAny>) -> Task {
         self.pool = Some(pool.clone().unbind());
@@ -494,7 +499,7 @@ impl Task {
     /// collector (`untracked`); once it hands out a value the collector tracks (which could
     /// come to refer to the task: a kept exception's traceback, a list the caller appends the
     /// task to), the task is tracked again, so such a cycle is collected.
-    fn outcome_of(
+    pub(crate) fn outcome_of(
         slf: &Bound<'_, Self>,
         timeout: Option<Duration>,
     ) -> PyResult<Option<(bool, Py<PyAny>)>> {

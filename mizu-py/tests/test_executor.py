@@ -273,3 +273,45 @@ def test_a_worker_whose_exit_status_someone_else_collected_still_fails_its_task(
         with pytest.raises(pymizu.WorkerDiedError):
             t.result(timeout=60)
         assert p.submit(tasks.add, 1, 1).result(timeout=60) == 2
+
+
+@pytest.mark.parametrize("how", ["value", "exception", "done callback", "attribute", "asyncio"])
+def test_cycles_through_futures_are_collected(ex, how):
+    # Futures start untracked by the garbage collector; whatever is stored in them that could
+    # refer back (a value the caller extends, a kept exception, a callback, an attribute, an
+    # asyncio wrapper) makes them tracked again, so each cycle goes with the next collection.
+    import gc
+    import weakref
+
+    def make():
+        if how == "value":
+            f = ex.submit(tasks.fresh_list, 1)
+            f.result(timeout=60).append(f)
+        elif how == "exception":
+            f = ex.submit(tasks.fail_odd, 1)
+            try:
+                f.result(timeout=60)
+            except ValueError as e:
+                f.kept = e  # the traceback holds this frame, which holds `f`
+        elif how == "done callback":
+            f = ex.submit(tasks.add, 1, 1)
+            f.add_done_callback(lambda _, f=f: f)
+            f.result(timeout=60)
+        elif how == "attribute":
+            f = ex.submit(tasks.add, 1, 1)
+            f.result(timeout=60)
+            f.me = f
+        else:
+
+            async def wrap():
+                w = asyncio.wrap_future(f)
+                f.wrapper = w
+                return await w
+
+            f = ex.submit(tasks.add, 1, 1)
+            assert asyncio.run(wrap()) == 2
+        return weakref.ref(f)
+
+    ref = make()
+    gc.collect()
+    assert ref() is None

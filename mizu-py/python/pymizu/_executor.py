@@ -25,13 +25,18 @@ _WATCH_SPIN = 20e-6
 _SLICE = 0.1
 
 
+_track = _native.gc_track
+
+
 def _lazy_list(key: str) -> property:
     """An attribute holding a list made on first use (under `key` in the instance dict)."""
 
     def get(self):
+        _track(self)
         return self.__dict__.setdefault(key, [])
 
     def put(self, v):
+        _track(self)
         self.__dict__[key] = v
 
     return property(get, put)
@@ -48,6 +53,13 @@ class _MizuFuture(Future):
     one that makes it later finds the future finished when it checks, under it, as the base
     class does. The notification happens once (`_notified`), whoever of the caller, the
     collector thread and a breaking executor settles.
+
+    A future is made untracked by the garbage collector: a pipelined loop keeps thousands,
+    which refer to nothing that could refer back to them until something is stored in them,
+    and every collection meanwhile would walk them all. Storing anything but the value of the
+    native `result()` (which tracks the future when that value is tracked) goes through
+    `__setattr__` or `__dict__` here, which track it again, so that cycles through a future (a
+    done-callback's closure, an exception's traceback) are collected.
     """
 
     _state = _PENDING
@@ -60,8 +72,13 @@ class _MizuFuture(Future):
     _cond = None
     _notified = False
 
+    def __setattr__(self, name, value):
+        _track(self)
+        object.__setattr__(self, name, value)
+
     @property
     def _condition(self):
+        _track(self)
         d = self.__dict__
         c = d.get("_cond")
         if c is None:
@@ -159,7 +176,9 @@ class _MizuFuture(Future):
                 return outcome
         return None
 
-    def result(self, timeout=None):
+    def _result_py(self, timeout=None):
+        """`result()`: the native `result` (installed below) takes the common case, a task
+        that returned a value to the thread waiting on it, and hands every other one here."""
         if self._state == _PENDING:
             # `_outcome`, inline: the round trip's hot path.
             outcome = self._task._outcome(_SLICE if timeout is None or timeout > _SLICE else timeout)
@@ -202,7 +221,22 @@ class _MizuFuture(Future):
         return True
 
 
+_native.install_future_result(_MizuFuture)
 _new_future = object.__new__
+
+
+def _prime_attributes(cls) -> None:
+    """Registers the names of every attribute a future may get in the class's shared key
+    table, on a throwaway instance, before the first real future: CPython 3.11 stops adding
+    names to that table after a few dozen instances, and an instance that then gets a name not
+    in it (`_result` on the first futures to finish, say) is given a dictionary of its own."""
+    probe = _new_future(cls)
+    for name in ("_task", "_state", "_result", "_exception", "_cond", "_notified",
+                 "_waiter_list", "_callback_list"):
+        setattr(probe, name, None)
+
+
+_prime_attributes(_MizuFuture)
 
 
 class _State:
@@ -219,8 +253,8 @@ class _State:
         self.wakeup = threading.Event()
         self.kick = self.wakeup.set
         self.closing = False
-        # Neither closing nor broken: `submit`'s one check.
-        self.accepting = True
+        # Neither closing nor broken: `submit`'s one check (see `accepting`).
+        self._accepting = True
         # Why the executor broke (a worker died, or an initializer failed), else None.
         self.broken: str | None = None
         self.deaths = 0
@@ -231,6 +265,24 @@ class _State:
         # Rounds the collector thread made (tests: it waits for events, it does not poll).
         self.rounds = 0
         self.collector: threading.Thread | None = None
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    @accepting.setter
+    def accepting(self, v: bool) -> None:
+        # The native `submit` reads the pool's copy.
+        self._accepting = v
+        self.pool.set_accepting(v)
+
+    def future_class(self) -> type:
+        """This executor's future class: `_MizuFuture` with `_owner` as a class attribute (one
+        store less per future)."""
+        cls = type("_MizuFuture", (_MizuFuture,), {"_owner": self, "__module__": __name__,
+                                                   "__qualname__": _MizuFuture.__qualname__})
+        _prime_attributes(cls)
+        return cls
 
     def close(self, cancel_futures: bool = False) -> None:
         with self.lock:
@@ -483,7 +535,8 @@ class PoolExecutor(Executor):
         weakref.finalize(self, st.close)
         # `submit` itself, natively (the method below documents it) — unless a subclass
         # overrides it.
-        self._pool.bind_executor(_MizuFuture, st, _failed)
+        self._future_class = st.future_class()
+        self._pool.bind_executor(self._future_class, st, _failed)
         if type(self).submit is PoolExecutor.submit:
             self.submit = self._pool.submit_future
 
@@ -494,7 +547,7 @@ class PoolExecutor(Executor):
         st = self._state
         if not st.accepting:
             raise st.refuse()
-        fut = _new_future(_MizuFuture)
+        fut = _new_future(self._future_class)
         try:
             # Pickling happens here, in the caller (small calls are written natively). The
             # native submit refuses a forked child's copy of the pool. When every task slot
@@ -509,7 +562,6 @@ class PoolExecutor(Executor):
             # A call that cannot be pickled fails through its future, as with
             # ProcessPoolExecutor.
             return _failed(e)
-        fut._owner = st
         st.pending[fut] = None
         if not st.accepting:
             st.pending.pop(fut, None)
@@ -523,9 +575,8 @@ class PoolExecutor(Executor):
         with st.lock:
             if not st.accepting:
                 raise st.refuse()
-            fut = _new_future(_MizuFuture)
+            fut = _new_future(self._future_class)
             fut._task = self._pool.submit(data, bufs)
-            fut._owner = st
             st.pending[fut] = None
             return fut
 
