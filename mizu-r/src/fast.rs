@@ -83,13 +83,18 @@ unsafe fn submit_with(pool: SEXP, encode: impl FnOnce() -> Result<Outgoing, Unse
 /// `c("mizu_foreign", "")`: what a submit to a pool of another language's workers returns
 /// for the shim (`shims.c`) to submit the expression's value instead.
 fn foreign_marker() -> SEXP {
+    marker("mizu_foreign")
+}
+
+/// `c(what, "")`: a submit the shim (`shims.c`) completes in R.
+fn marker(what: &str) -> SEXP {
     // SAFETY: R's main thread; the vector is protected while its elements are set.
     unsafe {
         let v = Rf_protect(extendr_ffi::Rf_allocVector(
             extendr_ffi::SEXPTYPE::STRSXP,
             2,
         ));
-        extendr_ffi::SET_STRING_ELT(v, 0, extendr_ffi::STRING_ELT(mk_string("mizu_foreign"), 0));
+        extendr_ffi::SET_STRING_ELT(v, 0, extendr_ffi::STRING_ELT(mk_string(what), 0));
         extendr_ffi::SET_STRING_ELT(v, 1, extendr_ffi::STRING_ELT(mk_string(""), 0));
         Rf_unprotect(1);
         v
@@ -112,6 +117,10 @@ pub unsafe extern "C" fn mizu_rs_submit_expr(pool: SEXP, expr: SEXP, vars: SEXP)
         if pool_at(pool).is_ok_and(|p| p.foreign) {
             // The shim submits the expression's value as a cross-language call.
             return foreign_marker();
+        }
+        // An expression that may use the caller's variables: the shim has R find its globals.
+        if crate::globals::may_use(expr, vars) {
+            return marker("mizu_globals");
         }
         // The common message goes out without being made: its compact encoding is written
         // from its parts (bindings that need a check or another encoding take the list).

@@ -16,6 +16,7 @@ mod channel;
 mod codec;
 mod fast;
 mod ffi;
+mod globals;
 mod handle;
 mod interrupt;
 mod kernels;
@@ -130,6 +131,7 @@ extendr_module! {
     fn shm_names;
     use codec;
     use fast;
+    use globals;
     use pool;
     use worker;
     use rng;

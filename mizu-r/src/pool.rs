@@ -429,7 +429,9 @@ pub(crate) unsafe fn check_msg_sexp(msg: SEXP) -> std::result::Result<(), Unsend
     use extendr_ffi::{TYPEOF, VECTOR_ELT, XLENGTH};
     // SAFETY: reads of live objects (the caller's contract).
     unsafe {
-        if TYPEOF(msg) != SEXPTYPE::VECSXP || XLENGTH(msg) != 3 {
+        // (A fourth element, an expression task's globals, is checked by the R code that
+        // found them.)
+        if TYPEOF(msg) != SEXPTYPE::VECSXP || !matches!(XLENGTH(msg), 3 | 4) {
             return Ok(());
         }
         check_vars_sexp(VECTOR_ELT(msg, 2))

@@ -280,6 +280,7 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
 .maps <- new.env(parent = emptyenv())
 .maps$n <- 0
 .maps$globals <- list()
+.maps$exprs <- list()
 
 # The function of a map's chunks, sent serialized with the map's number (the sending
 # process's pid and its count of maps): unserialized by the map's first chunk on this worker

@@ -255,11 +255,76 @@ print.mizu_call <- function(x, ...) {
   r
 }
 
+# Called by the native submit (src/shims.c) for a mizu_submit() whose expression may use
+# variables it does not bind: the frame below this one is mizu_submit's, whose `.expr` is
+# still an unforced promise of the caller's expression.
+.submit_globals <- function(pool, vars) {
+  f <- sys.frame(-1L)
+  # (`do.call` evaluates in `f` without a context of its own, which `eval` would add and
+  # `parent.frame()` would then answer with.)
+  env <- do.call(parent.frame, list(), envir = f)
+  msg <- .expr_message(eval(quote(substitute(.expr)), f), vars, env)
+  r <- .Call(.native_submit, pool, msg)
+  if (is.character(r)) .raise_failure(r)
+  r
+}
+
+# An expression task's message: list("e", expr, vars), with the globals `expr` uses (found
+# from `env`, where it was written) among the bindings. When one of them is a function of the
+# global environment, which finds its own globals there, they all go as a fourth element
+# instead, bound in the worker's global environment while the task runs.
+.expr_message <- function(expr, vars, env) {
+  g <- .expr_globals(expr, names(vars), env)
+  if (!length(g)) return(list("e", expr, vars))
+  .check_sendable(g, "global ")
+  if (!g$closures) return(list("e", expr, c(vars, g$values)))
+  list("e", expr, vars, g$values)
+}
+
+# The globals of an expression written in `env`: `values`, the names codetools finds in it,
+# other than `bound`, that resolve from `env` to the global environment or to a function's
+# frame (not to a package), with their values, then those of the global functions among them
+# in turn (as for a map's function); `closures`, whether there are such functions. NULL when
+# there are none.
+.expr_globals <- function(expr, bound, env) {
+  where <- .Call(wrap__global_frames, .expr_names(expr), bound, env)
+  if (is.null(where)) return(NULL)
+  out <- list()
+  for (i in seq_along(where$names)) {
+    out[[where$names[[i]]]] <- get(where$names[[i]], envir = where$envs[[i]], inherits = FALSE)
+  }
+  closures <- FALSE
+  for (n in names(out)) {
+    v <- out[[n]]
+    if (typeof(v) == "closure" && identical(environment(v), globalenv())) {
+      closures <- TRUE
+      for (m in setdiff(.global_names(v), c(names(out), bound))) {
+        out[[m]] <- get(m, envir = globalenv(), inherits = FALSE)
+      }
+    }
+  }
+  list(values = out, closures = closures)
+}
+
+# codetools::findGlobals() of an expression, found once per expression and remembered for the
+# next submits of it (a loop submits the same call each time).
+.expr_names <- function(expr) {
+  for (e in .maps$exprs) if (identical(e[[1L]], expr)) return(e[[2L]])
+  f <- function() NULL
+  body(f) <- expr
+  nm <- codetools::findGlobals(f)
+  .maps$exprs <- c(list(list(expr, nm)), utils::head(.maps$exprs, 63L))
+  nm
+}
+
 #' Submit a task
 #'
 #' `.expr` is captured unevaluated and evaluated on a worker, in a new environment whose
 #' bindings are the named values in `...` and whose parent is the worker's global
-#' environment. Values travel through shared memory: vectors and data frames of 4 KiB or
+#' environment. Variables `.expr` uses without a binding in `...` — found where it was
+#' written, in the global environment or a function's frame, the way `future` finds globals
+#' (`codetools`) — travel with it and are bound in the worker's global environment while the
+#' task runs (so are those of the global functions it calls). Values travel through shared memory: vectors and data frames of 4 KiB or
 #' more are copied once and arrive as views. The function's own arguments start with a dot
 #' so that no binding is taken for one of them (R matches a named argument to a formal it
 #' is a prefix of: a binding `e` would otherwise be taken as `expr`). An environment or an
@@ -293,7 +358,8 @@ mizu_submit <- function(.pool, .expr, ...) {
 #' @param .pool A [mizu_pool()].
 #' @param .exprs A list of quoted expressions (e.g. from `quote()`, `bquote()` or
 #'   `lapply(1:3, function(i) bquote(sqrt(.(i))))`).
-#' @param ... Named values: the bindings every expression sees.
+#' @param ... Named values: the bindings every expression sees. Globals are found as for
+#'   [mizu_submit()], from where `mizu_submit_batch()` is called.
 #' @return A list of `mizu_task`s (with the names of `.exprs`).
 #' @examples
 #' \donttest{
@@ -306,7 +372,10 @@ mizu_submit <- function(.pool, .expr, ...) {
 mizu_submit_batch <- function(.pool, .exprs, ...) {
   if (!is.list(.exprs)) stop("`.exprs` must be a list of quoted expressions", call. = FALSE)
   vars <- list(...)
-  msgs <- lapply(.exprs, function(e) list("e", e, vars))
+  env <- parent.frame()
+  msgs <- lapply(.exprs, function(e) {
+    if (.Call(wrap__may_use_globals, e, vars)) .expr_message(e, vars, env) else list("e", e, vars)
+  })
   .submit_many(.pool, msgs, names(.exprs))
 }
 

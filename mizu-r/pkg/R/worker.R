@@ -91,7 +91,14 @@
     return(.run_chunk(msg[[2]], msg[[3]], msg[[4]], msg[[5]], msg[[6]], msg[[7]], msg[[8]],
                       if (length(msg) >= 9L) msg[[9]]))
   }
-  if (identical(msg[[1L]], "e")) return(eval(msg[[2L]], msg[[3L]], globalenv()))
+  if (identical(msg[[1L]], "e")) {
+    if (length(msg) >= 4L) {
+      # The expression's globals (see .expr_message()), bound while it runs.
+      bound <- .bind_globals(msg[[4L]])
+      on.exit(.unbind_globals(bound), add = TRUE)
+    }
+    return(eval(msg[[2L]], msg[[3L]], globalenv()))
+  }
   if (identical(msg[[1L]], "x")) {
     return(.xrun(msg[[2L]], msg[[3L]], msg[[4L]], msg[[5L]], msg[[6L]], msg[[7L]]))
   }

@@ -22,10 +22,21 @@ static SEXP mizu_call1(const char *fun, SEXP arg) {
     return v;
 }
 
+/* fun(a, b), looked up as mizu_call1 does. */
+static SEXP mizu_call2(const char *fun, SEXP a, SEXP b) {
+    SEXP name = PROTECT(mkString("mizu"));
+    SEXP ns = PROTECT(R_FindNamespace(name));
+    SEXP call = PROTECT(lang3(install(fun), a, b));
+    SEXP v = eval(call, ns);
+    UNPROTECT(3);
+    return v;
+}
+
 /* mizu_submit(): the task handle, or the failure `c(class, message)` raised. A pool of
  * another language's workers answers "mizu_foreign": its task is the value of mizu_submit's
  * `expr` (a mizu_call()), which .xsubmit_caller() (the pool's attribute "mizu_xsubmit")
- * forces in mizu_submit's frame. */
+ * forces in mizu_submit's frame. An expression that may use the caller's variables answers
+ * "mizu_globals", and .submit_globals() submits it with them. */
 SEXP mizu_submit_shim(SEXP pool, SEXP expr, SEXP vars) {
     SEXP r = mizu_rs_submit_expr(pool, expr, vars);
     if (TYPEOF(r) != STRSXP) return r;
@@ -41,6 +52,13 @@ SEXP mizu_submit_shim(SEXP pool, SEXP expr, SEXP vars) {
         SEXP call = PROTECT(lang3(f, pool, vars));
         SEXP t = eval(call, R_GlobalEnv);
         UNPROTECT(2);
+        return t;
+    }
+    if (XLENGTH(r) == 2 && strcmp(CHAR(STRING_ELT(r, 0)), "mizu_globals") == 0) {
+        /* The expression may use variables of the caller's: .submit_globals() finds them
+         * (from mizu_submit's frame, the one below its own) and submits. */
+        SEXP t = mizu_call2(".submit_globals", pool, vars);
+        UNPROTECT(1);
         return t;
     }
     mizu_call1(".raise_failure", r);

@@ -248,3 +248,48 @@ test_that("a task missing a variable says how to pass it", {
     expect_match(conditionMessage(e), "mizu_t_nowhere = mizu_t_nowhere")
   })
 })
+
+test_that("a task's expression finds the variables and functions it uses, as future finds them", {
+  ge <- globalenv()
+  on.exit(rm(list = c("mizu_t_k", "mizu_t_g", "mizu_t_f", "mizu_t_env", "mizu_t_pool"),
+             envir = ge))
+  eval(quote({
+    mizu_t_k <- 3
+    mizu_t_g <- function(x) x * mizu_t_k
+    mizu_t_f <- function(x) mizu_t_g(x) + 1
+  }), ge)
+  with_pool(2, function(pool) {
+    # Top-level variables and global functions calling other globals (submitted from the
+    # global environment, as a script would).
+    assign("mizu_t_pool", pool, envir = ge)
+    top <- function(e) mizu_collect(eval(e, ge))
+    expect_equal(top(quote(mizu_submit(mizu_t_pool, mizu_t_k * 2))), 6)
+    expect_equal(top(quote(mizu_submit(mizu_t_pool, mizu_t_f(2)))), 7)
+    # A binding given with the task wins over a global of the same name.
+    expect_equal(top(quote(mizu_submit(mizu_t_pool, mizu_t_k * 2, mizu_t_k = 10))), 20)
+    # Variables of the calling function's frame, and of the frames around it.
+    outer <- function(a) {
+      inner <- function(b) mizu_collect(mizu_submit(pool, a * 100 + b + mizu_t_k))
+      inner(2)
+    }
+    expect_equal(outer(1), 105)
+    local({
+      v <- 7
+      expect_equal(mizu_collect(mizu_submit(pool, v + 1)), 8)
+    })
+    # Batches find them too, and names that are not variables are not taken for globals.
+    got <- eval(quote(mizu_collect_all(mizu_submit_batch(mizu_t_pool, list(
+      quote(mizu_t_g(mizu_t_k)), quote(stats::median(c(1, mizu_t_k, 5))),
+      quote(data.frame(a = mizu_t_k)$a))))), ge)
+    expect_equal(got, list(9, 3, 3))
+    # A variable defined inside the task is its own; a base function stays the worker's.
+    sum <- function(...) "not this one"
+    expect_equal(mizu_collect(mizu_submit(pool, { z <- 4; base::sum(z, 1) })), 5)
+    # The worker keeps nothing after the task.
+    expect_false(mizu_collect(mizu_submit(pool, exists("mizu_t_k", envir = globalenv()))))
+    # A global that cannot be sent is named.
+    assign("mizu_t_env", new.env(), envir = ge)
+    expect_error(eval(quote(mizu_submit(mizu_t_pool, get("a", envir = mizu_t_env))), ge),
+                 "mizu_t_env", class = "mizu_error_not_portable")
+  })
+})
