@@ -119,6 +119,8 @@ struct State {
     /// view relayed without being read costs nothing per element); all once `complete`.
     made: RefCell<Vec<u64>>,
     complete: Cell<bool>,
+    /// Bytes counted for it (`view::account`).
+    counted: usize,
 }
 
 /// Where the strings are.
@@ -376,7 +378,7 @@ unsafe extern "C" fn duplicate(x: SEXP, _deep: Rboolean) -> SEXP {
 
 impl crate::view::Owned for State {
     fn bytes(&self) -> usize {
-        self.buf.len()
+        self.counted
     }
 }
 
@@ -447,7 +449,7 @@ pub fn make_arrow<O: OffsetSizeTrait>(
 const NO_NUL: &str = "mizu-r: no NUL";
 
 fn new_view(buf: Buffer, n: usize, backing: Backing, copy: bool) -> Result<Robj> {
-    crate::view::account(buf.len(), copy);
+    let counted = crate::view::account(buf.len(), copy);
     Ok(crate::view::new_view(
         class(),
         State {
@@ -456,6 +458,7 @@ fn new_view(buf: Buffer, n: usize, backing: Backing, copy: bool) -> Result<Robj>
             backing,
             made: RefCell::new(Vec::new()),
             complete: Cell::new(false),
+            counted,
         },
     ))
 }

@@ -96,6 +96,8 @@ impl VType {
 struct State {
     buf: Buffer,
     len: usize,
+    /// Bytes counted for it (`account`).
+    counted: usize,
     /// The encoded Arrow value the view came in (see `arrow_in.rs`), for re-sending it by
     /// reference; `None` for R's layout.
     src: Option<Source>,
@@ -189,18 +191,25 @@ elt!(elt_raw, u8);
 elt!(elt_cplx, Rcomplex);
 
 thread_local! {
-    /// Views not finalized yet, and their bytes.
+    /// Views not finalized yet, and their bytes (as [`account`] counts them).
     static LIVE: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
 }
 
 /// A view of `bytes` is being made — of a new copy, or (`copy` false) of a region re-sent by
-/// reference — which may make a collection due before the next payload is read.
-pub fn account(bytes: usize, copy: bool) {
+/// reference — which may make a collection due before the next payload is read. Returns the
+/// bytes counted as held for it (to give back with [`released`]): a view by reference counts
+/// as at most [`REF_WEIGHT`], as in the collection budget. Counted whole, a few views of a
+/// large shared object that a young collection found still in use (the task that just ran,
+/// the one being read) outgrew the budget and made every young collection a full one, which
+/// cost a task reading an 80 MB shared vector three times its round trip.
+pub fn account(bytes: usize, copy: bool) -> usize {
     collect_garbage_now_and_then(bytes, copy);
+    let counted = if copy { bytes } else { bytes.min(REF_WEIGHT) };
     LIVE.with(|l| {
         let (n, b) = l.get();
-        l.set((n + 1, b + bytes as u64));
+        l.set((n + 1, b + counted as u64));
     });
+    counted
 }
 
 /// A view of `bytes` was finalized.
@@ -220,7 +229,7 @@ pub(crate) trait Owned {
 
 impl Owned for State {
     fn bytes(&self) -> usize {
-        self.buf.len()
+        self.counted
     }
 }
 
@@ -481,8 +490,16 @@ fn make_from(buf: Buffer, t: VType, copy: bool, src: Option<Source>) -> Result<R
         });
     }
     let class = classes()[t as usize];
-    account(buf.len(), copy);
-    Ok(new_view(class, State { buf, len, src }))
+    let counted = account(buf.len(), copy);
+    Ok(new_view(
+        class,
+        State {
+            buf,
+            len,
+            counted,
+            src,
+        },
+    ))
 }
 
 /// Whether `x` is a mizu view (shared pages or its private copy).
@@ -573,7 +590,7 @@ fn view_is_view(x: Robj) -> bool {
     is_any_view(s)
 }
 
-/// Views in this process not finalized yet: `c(count, bytes)`.
+/// Views in this process not finalized yet: `c(count, bytes)` (bytes as `account` counts them).
 #[extendr]
 fn view_live() -> Vec<f64> {
     let (n, b) = LIVE.with(Cell::get);
