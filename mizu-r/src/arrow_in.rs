@@ -63,9 +63,19 @@ fn aligned(src: Buffer) -> Buffer {
 /// the payload). `copy` as in `view::account`.
 pub fn view(src: Buffer, copy: bool) -> Result<Robj> {
     let src = aligned(src);
+    let plain = |values: Buffer, t: VType, src: Buffer| {
+        crate::view::make_sourced(values, t, copy, Source { bytes: src, col: None })
+    };
+    if let Some((t, values)) = known::find(&src) {
+        return plain(values, t, src);
+    }
     let Value::Array { array, .. } = mizu_wire::decode(&src).map_err(bad)? else {
         return Err(bad("not an array"));
     };
+    if let Some((t, values)) = plain_values(&array) {
+        known::learn(&src, t, &values);
+        return plain(values, t, src);
+    }
     column(
         &array,
         Source {
@@ -74,6 +84,99 @@ pub fn view(src: Buffer, copy: bool) -> Result<Robj> {
         },
         copy,
     )
+}
+
+/// The values of an array without nulls that R views as they are (its type there).
+fn plain_values(array: &ArrayRef) -> Option<(VType, Buffer)> {
+    if array.null_count() > 0 {
+        return None;
+    }
+    Some(match array.data_type() {
+        DataType::Int32 => (VType::Int, array.as_primitive::<Int32Type>().values().inner().clone()),
+        DataType::Float64 => (
+            VType::Real,
+            array.as_primitive::<Float64Type>().values().inner().clone(),
+        ),
+        DataType::Int64 => (VType::Real, array.as_primitive::<Int64Type>().values().inner().clone()),
+        DataType::UInt8 => (VType::Raw, array.as_primitive::<UInt8Type>().values().inner().clone()),
+        _ => return None,
+    })
+}
+
+/// The layouts of the last plain vectors read from shared memory: a task reading a shared
+/// vector gets the same encoded value each time, whose header (Arrow's IPC messages, checked
+/// flatbuffers) costs more to decode than the rest of the task. A range of a shared region is
+/// immutable while it is referenced (as `mizu_wire` relies on for what it validated), so the
+/// same range of the same region, generation and segment holds the same value: its layout is
+/// looked up by that, as `mizu_wire` keys what it validated.
+mod known {
+    use std::cell::RefCell;
+
+    use arrow_buffer::Buffer;
+    use mizu_wire::store::Region;
+
+    use crate::view::VType;
+
+    /// Layouts kept (the most recent first).
+    const KEPT: usize = 8;
+
+    /// Segment name, generation, region offset, offset in the region and length of a value.
+    type Key = (String, u64, u64, usize, usize);
+
+    struct Layout {
+        key: Key,
+        t: VType,
+        /// Where its values are in it.
+        values: std::ops::Range<usize>,
+    }
+
+    thread_local! {
+        static LAYOUTS: RefCell<Vec<Layout>> = const { RefCell::new(Vec::new()) };
+    }
+
+    fn key(src: &Buffer) -> Option<Key> {
+        let (region, at) = Region::containing(src.as_ptr())?;
+        let d = region.describe();
+        Some((d.name, d.generation, d.offset, at, src.len()))
+    }
+
+    /// The type and values of `src` if it is a range of a shared region read before.
+    pub fn find(src: &Buffer) -> Option<(VType, Buffer)> {
+        let key = key(src)?;
+        LAYOUTS.with(|l| {
+            let mut l = l.borrow_mut();
+            let i = l.iter().position(|k| k.key == key)?;
+            let k = l.remove(i);
+            let found = (k.t, src.slice_with_length(k.values.start, k.values.len()));
+            l.insert(0, k);
+            Some(found)
+        })
+    }
+
+    /// Remembers that `src` holds `values` (a slice of it) of type `t`, if it is a range of a
+    /// shared region.
+    pub fn learn(src: &Buffer, t: VType, values: &Buffer) {
+        let start = (values.as_ptr() as usize).wrapping_sub(src.as_ptr() as usize);
+        let Some(end) = start.checked_add(values.len()).filter(|&e| e <= src.len()) else {
+            return;
+        };
+        let Some(key) = key(src) else {
+            return;
+        };
+        LAYOUTS.with(|l| {
+            let mut l = l.borrow_mut();
+            l.retain(|k| k.key != key);
+            l.truncate(KEPT - 1);
+            l.insert(
+                0,
+                Layout {
+                    key,
+                    t,
+                    values: start..end,
+                },
+            );
+        });
+    }
 }
 
 /// The record batch of an out-of-band data frame value (`src` as in [`view`]), and the

@@ -35,6 +35,28 @@ test_that("a shared vector sent to many tasks is never copied again", {
   })
 })
 
+test_that("workers read each shared vector's own values, whatever they read before", {
+  # Workers remember the layout of shared vectors they read (by region); vectors shared one
+  # after another, of the same length and of other types, are each read as themselves.
+  with_pool(1, function(pool) {
+    read <- function(s) mizu_collect(mizu_submit(pool, c(v[[1L]], v[[length(v)]], sum(v)), v = s))
+    for (k in 1:3) {
+      x <- runif(5e4)
+      s <- mizu_share(x)
+      for (j in 1:3) expect_equal(read(s), c(x[[1L]], x[[5e4]], sum(x)))
+      rm(s)
+      invisible(gc())
+      invisible(mizu_collect(mizu_submit(pool, invisible(gc()))))
+    }
+    i <- mizu_share(seq_len(5e4))
+    expect_identical(mizu_collect(mizu_submit(pool, v[2:3], v = i)), 2:3)
+    r <- mizu_share(as.raw(rep(7, 5e4)))
+    expect_identical(mizu_collect(mizu_submit(pool, v[2:3], v = r)), as.raw(c(7, 7)))
+    d <- mizu_share(as.double(seq_len(5e4)))
+    expect_identical(mizu_collect(mizu_submit(pool, v[2:3], v = d)), c(2, 3))
+  })
+})
+
 test_that("a map sends a large extra argument once, shared, for all its chunks", {
   with_pool(2, function(pool) {
     big <- runif(2e5)  # 1.6 MB, not shared by the caller
