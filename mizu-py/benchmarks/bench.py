@@ -107,6 +107,38 @@ def shm_capacity() -> int:
     return min(cap, int(lim)) if lim.isdigit() else cap
 
 
+def write_results(path, workers, quick, floors, names, measures, table):
+    """The run's results as JSON (`cargo xtask bench` sets MIZU_BENCH_JSON; `charts.py` draws
+    them): per measure its unit, which way is better, and every peer's value."""
+    import datetime
+    import json
+    import platform
+
+    doc = {
+        "language": "python",
+        "title": "pymizu vs Python peers",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "workers": workers,
+        "quick": quick,
+        "floor_ns": [f for f in floors if f is not None],
+        "round_trip": "trivial round trip",
+        "throughput": "pipelined, 5000 tasks",
+        "rows": [
+            {
+                "measure": name,
+                "unit": unit,
+                "higher_is_better": unit.startswith("k tasks"),
+                "values": {n: table[(n, name)] for n in names},
+            }
+            for name, unit, _ in measures
+        ],
+    }
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (the demo)")
@@ -181,6 +213,9 @@ def main():
         r_best = mizu / best if higher_better else best / mizu
         cells = " | ".join(f"{v:>20.2f}" for v in vals)
         print(f"| {name:<30} | {unit:<9} | {cells} | {r_ppe:>5.1f}x | {r_best:>19.1f}x |")
+    results = os.environ.get("MIZU_BENCH_JSON")
+    if results:
+        write_results(results, w, a.quick, floors, names, measures, table)
     if all(f is not None for f in floors):
         rt = table[("pymizu.Pool", "trivial round trip")] * 1e3
         print(

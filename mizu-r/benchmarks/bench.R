@@ -168,3 +168,36 @@ if (!is.na(floor_before) && !is.na(floor_after)) {
     "trivial round trip is %.0f of them\n"),
     floor_before, floor_after, rt_mizu * 1e9 / ((floor_before + floor_after) / 2)))
 }
+
+# The run's results as JSON when MIZU_BENCH_JSON names a file (`cargo xtask bench` sets it;
+# mizu-py/benchmarks/charts.py draws them): per benchmark, seconds for mizu and each peer.
+results <- Sys.getenv("MIZU_BENCH_JSON")
+if (nzchar(results)) {
+  q <- function(s) encodeString(s, quote = '"')
+  num <- function(x) if (is.na(x)) "null" else format(x, digits = 6, scientific = TRUE)
+  benches <- unique(out$benchmark)
+  row_json <- vapply(benches, function(b) {
+    x <- out[out$benchmark == b, ]
+    vals <- c(sprintf("%s: %s", q("mizu"), num(x$mizu[[1L]])),
+              sprintf("%s: %s", vapply(x$peer, q, ""), vapply(x$other, num, "")))
+    sprintf('  {"measure": %s, "unit": "s", "higher_is_better": false, "values": {%s}}',
+            q(b), paste(vals, collapse = ", "))
+  }, "")
+  floors <- c(floor_before, floor_after)
+  writeLines(c(
+    "{",
+    ' "language": "r",',
+    ' "title": "mizu vs R peers",',
+    sprintf(' "date": %s,', q(format(Sys.time(), "%Y-%m-%d %H:%M UTC", tz = "UTC"))),
+    sprintf(' "machine": %s,', q(sprintf("%s, %d CPUs, R %s", R.version$arch,
+                                         parallel::detectCores(), getRversion()))),
+    sprintf(' "workers": %d,', workers),
+    sprintf(' "quick": %s,', if (quick) "true" else "false"),
+    sprintf(' "floor_ns": [%s],', paste(vapply(floors[!is.na(floors)], num, ""), collapse = ", ")),
+    ' "round_trip": "trivial task round trip",',
+    ' "throughput": "pipelined throughput (per task)",',
+    ' "rows": [',
+    paste(row_json, collapse = ",\n"),
+    " ]",
+    "}"), results)
+}

@@ -559,7 +559,7 @@ fn bench(root: &Path) -> Res {
         root,
         Command::new(cargo())
             .args(["bench", "-p", "mizu-rng", "--bench", "fill"])
-            .env("MIZU_PYTHON", py),
+            .env("MIZU_PYTHON", &py),
     )?;
     run(
         root,
@@ -568,7 +568,23 @@ fn bench(root: &Path) -> Res {
     pool_bench(root)?;
     python_bench(root, false)?;
     r::r_bench(root, false)?;
-    interop_bench(root, false)
+    interop_bench(root, false)?;
+    // The two main tables' results, drawn (docs/benchmarks.md shows them).
+    run(
+        root,
+        Command::new(&py)
+            .arg("mizu-py/benchmarks/charts.py")
+            .arg(results_file(root, "python")?)
+            .arg(results_file(root, "r")?),
+    )
+}
+
+/// Where a full benchmark run writes `language`'s main table as JSON (beside the chart drawn
+/// from it): `docs/bench/<language>.json`.
+fn results_file(root: &Path, language: &str) -> Result<PathBuf, String> {
+    let dir = root.join("docs/bench");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(dir.join(format!("{language}.json")))
 }
 
 /// Python and R serving each other (`mizu-py/benchmarks/interop.py`): trivial calls both ways
@@ -661,6 +677,8 @@ fn python_bench(root: &Path, quick: bool) -> Res {
     cmd.arg("mizu-py/benchmarks/bench.py");
     if quick {
         cmd.arg("--quick");
+    } else {
+        cmd.env("MIZU_BENCH_JSON", results_file(root, "python")?);
     }
     run(root, &mut cmd)?;
     // Every way of waiting for a completion (as_completed, callbacks, asyncio, ...), then

@@ -220,6 +220,8 @@ pub fn r_bench(root: &Path, quick: bool) -> Res {
         cmd.arg(script);
         if quick {
             cmd.arg("--quick");
+        } else if script.ends_with("bench.R") {
+            cmd.env("MIZU_BENCH_JSON", crate::results_file(root, "r")?);
         }
         run(root, &mut cmd)?;
     }
