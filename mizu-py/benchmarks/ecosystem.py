@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from timing import timed  # noqa: E402
+from timing import peer_timed, timed  # noqa: E402
 
 WORKERS = 2
 
@@ -47,9 +47,11 @@ def joblib_rows(quick):
     big = np.random.default_rng(0).random(100 * 2**20 // 8)  # 100 MB
     rows = {}
     for backend in ("sequential", "mizu", "loky", "multiprocessing"):
+        # (The peers' runs survive joblib's own memory-mapping failures: see `peer_timed`.)
+        t = timed if backend == "mizu" else lambda f, r, n: peer_timed(f"joblib {backend}", f, r, n)
         with parallel_config(backend=backend, n_jobs=WORKERS):
-            trivial = timed(lambda: Parallel()(delayed(_inc)(i) for i in range(n_trivial)), reps, n_trivial)
-            large = timed(lambda: Parallel()(delayed(_pick)(big, i) for i in range(n_big)), reps, n_big)
+            trivial = t(lambda: Parallel()(delayed(_inc)(i) for i in range(n_trivial)), reps, n_trivial)
+            large = t(lambda: Parallel()(delayed(_pick)(big, i) for i in range(n_big)), reps, n_big)
         rows[backend] = (trivial, large)
     # The array shared once by the program (`pymizu.share`): what "share once, read
     # everywhere" gives when the same data feeds several Parallel calls.
@@ -57,7 +59,7 @@ def joblib_rows(quick):
     with parallel_config(backend="mizu", n_jobs=WORKERS):
         pre = timed(lambda: Parallel()(delayed(_pick)(shared, i) for i in range(n_big)), reps, n_big)
     with parallel_config(backend="loky", n_jobs=WORKERS):
-        pre_loky = timed(lambda: Parallel()(delayed(_pick)(shared, i) for i in range(n_big)), reps, n_big)
+        pre_loky = peer_timed("joblib loky", lambda: Parallel()(delayed(_pick)(shared, i) for i in range(n_big)), reps, n_big)
     print(f"\njoblib {__import__('joblib').__version__}: Parallel, {WORKERS} workers, per call")
     print(f"{'':40s} {'mizu':>10s} {'loky':>10s} {'mp':>10s} {'vs loky':>8s} {'vs mp':>7s}  joblib's own (sequential)")
     for k, (label, n) in enumerate(

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import pymizu  # noqa: E402
 import work  # noqa: E402
-from timing import timed  # noqa: E402
+from timing import peer_timed, timed  # noqa: E402
 
 
 
@@ -63,9 +63,11 @@ def main():
     with joblib.parallel_config(backend="loky", n_jobs=w):
         par = joblib.Parallel()
         # joblib memory-maps an array over 1 MB for its workers by itself (dumped once per call).
-        rows["80 MB read by 100 tasks, shared"]["joblib (loky)"] = timed(lambda: par(joblib.delayed(work.first)(big) for _ in range(n_tasks)), reps) / n_tasks
-        rows["map of 200 with an 80 MB extra argument"]["joblib (loky)"] = (
-            timed(lambda: par(joblib.delayed(work.first)(big, i) for i in range(n_map)), reps) / n_map
+        rows["80 MB read by 100 tasks, shared"]["joblib (loky)"] = peer_timed(
+            "joblib", lambda: par(joblib.delayed(work.first)(big) for _ in range(n_tasks)), reps, n_tasks
+        )
+        rows["map of 200 with an 80 MB extra argument"]["joblib (loky)"] = peer_timed(
+            "joblib", lambda: par(joblib.delayed(work.first)(big, i) for i in range(n_map)), reps, n_map
         )
     with ProcessPoolExecutor(w) as ppe:
         k = 5

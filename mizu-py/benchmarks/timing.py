@@ -14,3 +14,16 @@ def timed(f, reps, per=1):
         f()
         runs.append((time.perf_counter() - t) / per)
     return statistics.median(runs)
+
+
+def peer_timed(what, f, reps, per=1):
+    """`timed(f, reps, per)` of a peer, tried up to three times: joblib's loky workers now and
+    then fail to read the memory-mapped file joblib made for them (`BrokenProcessPool: A task
+    has failed to un-serialize`, the file gone from /dev/shm: joblib's own race, seen without
+    pymizu too). NaN (printed as such) when every try fails, so that the run goes on."""
+    for attempt in range(3):
+        try:
+            return timed(f, reps, per)
+        except Exception as e:  # a peer's failure must not end the benchmark
+            print(f"note: {what} failed (try {attempt + 1} of 3): {type(e).__name__}: {str(e).splitlines()[0]}")
+    return float("nan")
