@@ -325,7 +325,7 @@ pub fn make(array: ArrayRef, conv: Conv, copy: bool, src: Source) -> Result<Robj
         } else {
             4
         };
-    let bytes = crate::view::account(bytes, copy);
+    let bytes = crate::view::account(bytes, copy, src.bytes.as_ptr());
     Ok(crate::view::new_view(
         class,
         State {

@@ -449,7 +449,7 @@ pub fn make_arrow<O: OffsetSizeTrait>(
 const NO_NUL: &str = "mizu-r: no NUL";
 
 fn new_view(buf: Buffer, n: usize, backing: Backing, copy: bool) -> Result<Robj> {
-    let counted = crate::view::account(buf.len(), copy);
+    let counted = crate::view::account(buf.len(), copy, buf.as_ptr());
     Ok(crate::view::new_view(
         class(),
         State {

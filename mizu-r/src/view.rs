@@ -202,8 +202,11 @@ thread_local! {
 /// large shared object that a young collection found still in use (the task that just ran,
 /// the one being read) outgrew the budget and made every young collection a full one, which
 /// cost a task reading an 80 MB shared vector three times its round trip.
-pub fn account(bytes: usize, copy: bool) -> usize {
-    collect_garbage_now_and_then(bytes, copy);
+/// `at` is where the viewed bytes are: a view by reference counts against the collection
+/// budget only for the first view of its region since the last collection (see
+/// [`REF_WEIGHT`]).
+pub fn account(bytes: usize, copy: bool, at: *const u8) -> usize {
+    collect_garbage_now_and_then(bytes, copy, !copy && first_view_of_region(at));
     let counted = if copy { bytes } else { bytes.min(REF_WEIGHT) };
     LIVE.with(|l| {
         let (n, b) = l.get();
@@ -336,8 +339,9 @@ thread_local! {
 ///   last one. Views of regions re-sent by reference do not count there: the sender's own view
 ///   usually pins the same region, and collecting for each of them would put a collection on
 ///   every re-send.
-/// * Every [`budget`] bytes of views of either kind (a view by reference counting as at most
-///   [`REF_WEIGHT`]), a young collection too.
+/// * Every [`budget`] bytes of views of either kind (the first view by reference of a region
+///   since the last collection counting as at most [`REF_WEIGHT`], later ones of that region
+///   nothing), a young collection too.
 /// * Views alive at a young collection are promoted and wait for an older one, so when, after
 ///   a young collection, the views alive still grew by more than [`budget`] since the last
 ///   full collection (promoted garbage may be holding that much), a full one follows (tens of
@@ -372,9 +376,47 @@ pub fn collect_under_pressure() {
 /// such views frees little; an idle worker's full collection reclaims them.
 const REF_WEIGHT: usize = 64 << 10;
 
-fn collect_garbage_now_and_then(bytes: usize, copy: bool) {
+thread_local! {
+    /// The regions views by reference were made of since the last collection (see
+    /// [`first_view_of_region`]).
+    static REGIONS_SEEN: std::cell::RefCell<std::collections::HashSet<(String, u64, u64)>> =
+        std::cell::RefCell::new(std::collections::HashSet::new());
+}
+
+/// Regions remembered by [`first_view_of_region`] between collections, at most (past that,
+/// every view by reference counts again: a collection is then near anyway).
+const SEEN_MAX: usize = 4096;
+
+/// Whether a view by reference of the bytes at `at` is the first of their region since the
+/// last collection (or they are in no region this process knows). Later views of the same
+/// region pin nothing more when they die: a loop of tasks reading one shared object made a
+/// young collection (~5 ms here) every 2 048 tasks for views that, collected, freed nothing.
+fn first_view_of_region(at: *const u8) -> bool {
+    let Some((region, _)) = mizu_wire::store::Region::containing(at) else {
+        return true;
+    };
+    let d = region.describe();
+    REGIONS_SEEN.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() >= SEEN_MAX {
+            s.clear();
+        }
+        s.insert((d.name, d.generation, d.offset))
+    })
+}
+
+/// `first_ref`: a view by reference that is the first of its region since the last
+/// collection (it counts as at most [`REF_WEIGHT`]; later ones of the region count nothing).
+fn collect_garbage_now_and_then(bytes: usize, copy: bool, first_ref: bool) {
     let young = SINCE_GC.with(Cell::get) + if copy { bytes } else { 0 };
-    let any = SINCE_ANY.with(Cell::get) + if copy { bytes } else { bytes.min(REF_WEIGHT) };
+    let any = SINCE_ANY.with(Cell::get)
+        + if copy {
+            bytes
+        } else if first_ref {
+            bytes.min(REF_WEIGHT)
+        } else {
+            0
+        };
     SINCE_GC.with(|c| c.set(young));
     SINCE_ANY.with(|c| c.set(any));
     if young >= young_every() || (any as u64) >= budget() {
@@ -419,6 +461,7 @@ pub fn collect_all_garbage_when_idle() {
 pub fn collect_all_garbage_now() {
     SINCE_GC.with(|c| c.set(0));
     SINCE_ANY.with(|c| c.set(0));
+    REGIONS_SEEN.with(|s| s.borrow_mut().clear());
     DUE.with(|d| d.set(false));
     full_collection();
 }
@@ -426,9 +469,16 @@ pub fn collect_all_garbage_now() {
 /// Idle workers collect once they hold this many bytes of views made since the last time.
 const IDLE_GC_MIN: usize = 1 << 20;
 
+thread_local! {
+    /// Collections this module ran (young and full), for tests.
+    static COLLECTIONS: Cell<u64> = const { Cell::new(0) };
+}
+
 fn collect_garbage() {
+    COLLECTIONS.with(|c| c.set(c.get() + 1));
     SINCE_GC.with(|c| c.set(0));
     SINCE_ANY.with(|c| c.set(0));
+    REGIONS_SEEN.with(|s| s.borrow_mut().clear());
     DUE.with(|d| d.set(false));
     r_gc(c"base::gc(FALSE, FALSE, FALSE)");
     let held = || LIVE.with(Cell::get).1;
@@ -440,6 +490,7 @@ fn collect_garbage() {
 }
 
 fn full_collection() {
+    COLLECTIONS.with(|c| c.set(c.get() + 1));
     r_gc(c"base::gc(FALSE, FALSE, TRUE)");
     // What survived a full collection is held by the program.
     BASELINE.with(|b| b.set(LIVE.with(Cell::get).1));
@@ -490,7 +541,7 @@ fn make_from(buf: Buffer, t: VType, copy: bool, src: Option<Source>) -> Result<R
         });
     }
     let class = classes()[t as usize];
-    let counted = account(buf.len(), copy);
+    let counted = account(buf.len(), copy, buf.as_ptr());
     Ok(new_view(
         class,
         State {
@@ -590,6 +641,12 @@ fn view_is_view(x: Robj) -> bool {
     is_any_view(s)
 }
 
+/// Collections of R's garbage this process ran for its views (young and full).
+#[extendr]
+fn view_collections() -> f64 {
+    COLLECTIONS.with(Cell::get) as f64
+}
+
 /// Views in this process not finalized yet: `c(count, bytes)` (bytes as `account` counts them).
 #[extendr]
 fn view_live() -> Vec<f64> {
@@ -600,6 +657,7 @@ fn view_live() -> Vec<f64> {
 extendr_module! {
     mod view;
     fn view_live;
+    fn view_collections;
     fn view_is_shared;
     fn view_is_view;
     fn view_segment;

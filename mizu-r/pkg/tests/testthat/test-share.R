@@ -97,3 +97,17 @@ test_that("Python workers read an R-shared vector in place", {
     expect_identical(paste0(got[[1]], "+", got[[2]]), region(s))
   })
 })
+
+test_that("a worker reading one shared vector task after task does not collect for its views", {
+  # Views of a region the worker already viewed since its last collection pin nothing more:
+  # they do not count towards the bytes that make it collect (3 000 of them counted as 64 KiB
+  # each made a collection every 2 048 tasks).
+  with_pool(1, function(pool) {
+    s <- mizu_share(runif(2e5))
+    collections <- function() mizu_collect(mizu_submit(pool, .Call(mizu:::wrap__view_collections)))
+    invisible(mizu_collect(mizu_submit(pool, v[[1L]], v = s)))
+    before <- collections()
+    for (i in 1:3000) mizu_collect(mizu_submit(pool, v[[1L]], v = s))
+    expect_equal(collections(), before)
+  })
+})
