@@ -64,7 +64,15 @@ fn aligned(src: Buffer) -> Buffer {
 pub fn view(src: Buffer, copy: bool) -> Result<Robj> {
     let src = aligned(src);
     let plain = |values: Buffer, t: VType, src: Buffer| {
-        crate::view::make_sourced(values, t, copy, Source { bytes: src, col: None })
+        crate::view::make_sourced(
+            values,
+            t,
+            copy,
+            Source {
+                bytes: src,
+                col: None,
+            },
+        )
     };
     if let Some((t, values)) = known::find(&src) {
         return plain(values, t, src);
@@ -92,13 +100,22 @@ fn plain_values(array: &ArrayRef) -> Option<(VType, Buffer)> {
         return None;
     }
     Some(match array.data_type() {
-        DataType::Int32 => (VType::Int, array.as_primitive::<Int32Type>().values().inner().clone()),
+        DataType::Int32 => (
+            VType::Int,
+            array.as_primitive::<Int32Type>().values().inner().clone(),
+        ),
         DataType::Float64 => (
             VType::Real,
             array.as_primitive::<Float64Type>().values().inner().clone(),
         ),
-        DataType::Int64 => (VType::Real, array.as_primitive::<Int64Type>().values().inner().clone()),
-        DataType::UInt8 => (VType::Raw, array.as_primitive::<UInt8Type>().values().inner().clone()),
+        DataType::Int64 => (
+            VType::Real,
+            array.as_primitive::<Int64Type>().values().inner().clone(),
+        ),
+        DataType::UInt8 => (
+            VType::Raw,
+            array.as_primitive::<UInt8Type>().values().inner().clone(),
+        ),
         _ => return None,
     })
 }
