@@ -66,9 +66,7 @@ pub(crate) fn new_future<'py>(cls: &Bound<'py, PyType>) -> PyResult<Bound<'py, P
     };
     // Untracked until something that could refer back to it is stored in it (the class's
     // `__setattr__`, `__dict__` users and `result()` track it again).
-    // SAFETY: a live object no other code has seen yet; untracking is always allowed, and its
-    // deallocation untracks only if tracked.
-    unsafe { ffi::PyObject_GC_UnTrack(fut.as_ptr().cast()) };
+    crate::gc::untrack_new(&fut);
     Ok(fut)
 }
 
@@ -87,30 +85,6 @@ pub(crate) fn store(
         Ok(())
     } else {
         Err(PyErr::fetch(fut.py()))
-    }
-}
-
-/// Tracks `obj` for the garbage collector again if it was made untracked (a future, see
-/// `new_future`).
-#[pyfunction]
-pub fn gc_track(obj: &Bound<'_, PyAny>) {
-    track(obj);
-}
-
-fn is_tracked(obj: &Bound<'_, PyAny>) -> bool {
-    // SAFETY: a live object held by the caller; reading its flag needs only the GIL.
-    unsafe { ffi::PyObject_GC_IsTracked(obj.as_ptr()) != 0 }
-}
-
-fn track(obj: &Bound<'_, PyAny>) {
-    // SAFETY: a live object (held by the caller) and the GIL held, which serialises every
-    // tracking change; only objects of garbage-collected types are ever untracked, and an
-    // object is tracked only if it is not already.
-    unsafe {
-        let gc = ffi::PyType_GetFlags(ffi::Py_TYPE(obj.as_ptr())) & ffi::Py_TPFLAGS_HAVE_GC != 0;
-        if gc && ffi::PyObject_GC_IsTracked(obj.as_ptr()) == 0 {
-            ffi::PyObject_GC_Track(obj.as_ptr().cast());
-        }
     }
 }
 
@@ -181,16 +155,14 @@ fn result_call(
 fn settled_value(fut: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
     let py = fut.py();
     let (pending, finished) = (pyo3::intern!(py, "PENDING"), pyo3::intern!(py, "FINISHED"));
-    let state = fut.getattr(pyo3::intern!(py, "_state"))?;
-    // The states are interned strings: compare by identity first.
-    let is_pending = state.is(pending) || (!state.is(finished) && state.eq(pending)?);
-    if !is_pending && (state.is(finished) || state.eq(finished)?) {
-        if fut.getattr(pyo3::intern!(py, "_exception"))?.is_none() {
+    let state = || fut.getattr(pyo3::intern!(py, "_state"));
+    // The states are interned strings: identity first.
+    let same = |s: Bound<'_, PyAny>, name| -> PyResult<bool> { Ok(s.is(name) || s.eq(name)?) };
+    let now = state()?;
+    if !same(now.clone(), pending)? {
+        if same(now, finished)? && fut.getattr(pyo3::intern!(py, "_exception"))?.is_none() {
             return Ok(Some(fut.getattr(pyo3::intern!(py, "_result"))?.unbind()));
         }
-        return Ok(None);
-    }
-    if !is_pending {
         return Ok(None);
     }
     let task = fut.getattr(pyo3::intern!(py, "_task"))?;
@@ -204,12 +176,9 @@ fn settled_value(fut: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
     // untracked, no other thread has settled it or made it a condition, and nothing below
     // runs Python code that would let one in. Once tracked, the wait (which released the GIL)
     // may have let another thread settle it.
-    let watched = is_tracked(fut);
-    if watched {
-        let state = fut.getattr(pyo3::intern!(py, "_state"))?;
-        if !(state.is(pending) || state.eq(pending)?) {
-            return Ok(None);
-        }
+    let watched = crate::gc::is_tracked(fut);
+    if watched && !same(state()?, pending)? {
+        return Ok(None);
     }
     let Some(pending) = crate::pool::executor_pending(py, task.get()) else {
         return Ok(None);
@@ -224,9 +193,7 @@ fn settled_value(fut: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
     let value = value.into_bound(py);
     store(fut, pyo3::intern!(py, "_result"), &value)?;
     store(fut, pyo3::intern!(py, "_state"), finished)?;
-    if is_tracked(&value) {
-        track(fut);
-    }
+    crate::gc::track_holder(fut, &value);
     if watched && !fut.getattr(pyo3::intern!(py, "_cond"))?.is_none() {
         fut.call_method1(pyo3::intern!(py, "_notify"), (true,))?;
     }

@@ -6,6 +6,7 @@
 mod channel;
 mod codec;
 mod future;
+mod gc;
 mod ndarray;
 mod pool;
 mod repeats;
@@ -149,6 +150,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(codec::release_shared, m)?)?;
     m.add_function(wrap_pyfunction!(line_round_trip_ns, m)?)?;
     m.add_function(wrap_pyfunction!(future::install_future_result, m)?)?;
-    m.add_function(wrap_pyfunction!(future::gc_track, m)?)?;
+    m.add_function(wrap_pyfunction!(gc::gc_track, m)?)?;
     Ok(())
 }

@@ -505,16 +505,7 @@ impl Task {
     ) -> PyResult<Option<(bool, Py<PyAny>)>> {
         let out = slf.get().outcome(slf.py(), timeout)?;
         if let Some((_, v)) = &out {
-            // SAFETY: both pointers are live objects (held by `slf` and `v`) and the GIL is
-            // held, which serialises every tracking change; an object is tracked only if it
-            // is not already.
-            unsafe {
-                if pyo3::ffi::PyObject_GC_IsTracked(v.as_ptr()) != 0
-                    && pyo3::ffi::PyObject_GC_IsTracked(slf.as_ptr()) == 0
-                {
-                    pyo3::ffi::PyObject_GC_Track(slf.as_ptr().cast());
-                }
-            }
+            crate::gc::track_holder(slf.as_any(), v.bind(slf.py()));
         }
         Ok(out)
     }
@@ -532,10 +523,8 @@ impl Task {
     /// read, and every collection meanwhile would walk them all (a third of a batch's cost).
     pub(crate) fn untracked(self, py: Python<'_>) -> PyResult<Bound<'_, Task>> {
         let b = Bound::new(py, self)?;
-        // SAFETY: a live object of a garbage-collected type (Task defines `__traverse__`)
-        // that no other code has seen yet; untracking an object is always allowed, and its
-        // deallocation untracks only if tracked.
-        unsafe { pyo3::ffi::PyObject_GC_UnTrack(b.as_ptr().cast()) };
+        // (A garbage-collected type: Task defines `__traverse__`.)
+        crate::gc::untrack_new(b.as_any());
         Ok(b)
     }
 
@@ -918,8 +907,7 @@ pub fn collect_all<'py>(
                 {
                     let v = values.get_item(*i)?;
                     // (A value the collector tracks: `outcome_of` tracks the task.)
-                    // SAFETY: a live object, the GIL held.
-                    if unsafe { pyo3::ffi::PyObject_GC_IsTracked(v.as_ptr()) } == 0 {
+                    if !crate::gc::is_tracked(&v) {
                         out.push(v.unbind());
                         continue;
                     }

@@ -10,7 +10,7 @@
 //! of a record batch, the column's index) to be sent on by reference.
 
 use arrow_array::cast::AsArray;
-use arrow_array::types::{Float64Type, Int32Type, Int64Type, UInt8Type};
+use arrow_array::types::{ArrowPrimitiveType, Float64Type, Int32Type, Int64Type, UInt8Type};
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_buffer::{Buffer, MutableBuffer, NullBuffer};
 use arrow_schema::{DataType, TimeUnit};
@@ -99,23 +99,14 @@ fn plain_values(array: &ArrayRef) -> Option<(VType, Buffer)> {
     if array.null_count() > 0 {
         return None;
     }
+    fn values<T: ArrowPrimitiveType>(a: &ArrayRef) -> Buffer {
+        a.as_primitive::<T>().values().inner().clone()
+    }
     Some(match array.data_type() {
-        DataType::Int32 => (
-            VType::Int,
-            array.as_primitive::<Int32Type>().values().inner().clone(),
-        ),
-        DataType::Float64 => (
-            VType::Real,
-            array.as_primitive::<Float64Type>().values().inner().clone(),
-        ),
-        DataType::Int64 => (
-            VType::Real,
-            array.as_primitive::<Int64Type>().values().inner().clone(),
-        ),
-        DataType::UInt8 => (
-            VType::Raw,
-            array.as_primitive::<UInt8Type>().values().inner().clone(),
-        ),
+        DataType::Int32 => (VType::Int, values::<Int32Type>(array)),
+        DataType::Float64 => (VType::Real, values::<Float64Type>(array)),
+        DataType::Int64 => (VType::Real, values::<Int64Type>(array)),
+        DataType::UInt8 => (VType::Raw, values::<UInt8Type>(array)),
         _ => return None,
     })
 }
@@ -130,15 +121,15 @@ mod known {
     use std::cell::RefCell;
 
     use arrow_buffer::Buffer;
-    use mizu_wire::store::Region;
+    use mizu_wire::store::{Region, RegionDesc};
 
     use crate::view::VType;
 
     /// Layouts kept (the most recent first).
     const KEPT: usize = 8;
 
-    /// Segment name, generation, region offset, offset in the region and length of a value.
-    type Key = (String, u64, u64, usize, usize);
+    /// A value's region, its offset in the region and its length.
+    type Key = (RegionDesc, usize, usize);
 
     struct Layout {
         key: Key,
@@ -153,8 +144,7 @@ mod known {
 
     fn key(src: &Buffer) -> Option<Key> {
         let (region, at) = Region::containing(src.as_ptr())?;
-        let d = region.describe();
-        Some((d.name, d.generation, d.offset, at, src.len()))
+        Some((region.describe(), at, src.len()))
     }
 
     /// The type and values of `src` if it is a range of a shared region read before.

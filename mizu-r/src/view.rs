@@ -195,16 +195,15 @@ thread_local! {
     static LIVE: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
 }
 
-/// A view of `bytes` is being made — of a new copy, or (`copy` false) of a region re-sent by
-/// reference — which may make a collection due before the next payload is read. Returns the
-/// bytes counted as held for it (to give back with [`released`]): a view by reference counts
-/// as at most [`REF_WEIGHT`], as in the collection budget. Counted whole, a few views of a
-/// large shared object that a young collection found still in use (the task that just ran,
-/// the one being read) outgrew the budget and made every young collection a full one, which
-/// cost a task reading an 80 MB shared vector three times its round trip.
-/// `at` is where the viewed bytes are: a view by reference counts against the collection
-/// budget only for the first view of its region since the last collection (see
-/// [`REF_WEIGHT`]).
+/// A view of the `bytes` at `at` is being made — of a new copy, or (`copy` false) of a region
+/// re-sent by reference — which may make a collection due before the next payload is read
+/// (see [`collect_garbage_now_and_then`]).
+///
+/// Returns the bytes counted as held for it (to give back with [`released`]): a view by
+/// reference counts as at most [`REF_WEIGHT`], as in the collection budget. Counted whole, a
+/// few views of a large shared object that a young collection found still in use (the task
+/// that just ran, the one being read) outgrew the budget and made every young collection a
+/// full one.
 pub fn account(bytes: usize, copy: bool, at: *const u8) -> usize {
     collect_garbage_now_and_then(bytes, copy, !copy && first_view_of_region(at));
     let counted = if copy { bytes } else { bytes.min(REF_WEIGHT) };
@@ -379,7 +378,7 @@ const REF_WEIGHT: usize = 64 << 10;
 thread_local! {
     /// The regions views by reference were made of since the last collection (see
     /// [`first_view_of_region`]).
-    static REGIONS_SEEN: std::cell::RefCell<std::collections::HashSet<(String, u64, u64)>> =
+    static REGIONS_SEEN: std::cell::RefCell<std::collections::HashSet<mizu_wire::store::RegionDesc>> =
         std::cell::RefCell::new(std::collections::HashSet::new());
 }
 
@@ -395,13 +394,12 @@ fn first_view_of_region(at: *const u8) -> bool {
     let Some((region, _)) = mizu_wire::store::Region::containing(at) else {
         return true;
     };
-    let d = region.describe();
     REGIONS_SEEN.with(|s| {
         let mut s = s.borrow_mut();
         if s.len() >= SEEN_MAX {
             s.clear();
         }
-        s.insert((d.name, d.generation, d.offset))
+        s.insert(region.describe())
     })
 }
 

@@ -169,8 +169,10 @@ impl Drop for DataSegment {
     }
 }
 
-/// The reference a frame carries: which region, checked by the receiver before use.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The reference a frame carries: which region, checked by the receiver before use. It names
+/// one allocation for as long as the region is referenced (a key for what a process learned of
+/// its bytes, which are immutable meanwhile).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RegionDesc {
     /// Data segment name.
     pub name: String,

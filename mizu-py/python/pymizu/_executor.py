@@ -236,8 +236,6 @@ def _prime_attributes(cls) -> None:
         setattr(probe, name, None)
 
 
-_prime_attributes(_MizuFuture)
-
 
 class _State:
     """What an executor's futures, its collector thread and its finalizer share — not the
