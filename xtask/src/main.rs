@@ -21,7 +21,7 @@ fn main() -> ExitCode {
         "demo" => demo(&root),
         "wheel" => wheel(&root),
         "rpkg" => r::rpkg(&root),
-        "rtarball" if args.iter().any(|a| a == "--test") => rsrc::offline_install_test(&root),
+        "rtarball" if args.iter().any(|a| a == "--test") => rsrc::offline_check(&root),
         "rtarball" => rsrc::source_tarball(&root).map(drop),
         "futures" => venv(&root).and_then(|py| stdlib_futures_tests(&root, &py)),
         "asan" => asan(&root),
@@ -37,8 +37,8 @@ fn main() -> ExitCode {
                  wheel  build the pymizu wheel (manylinux2014) and sdist into target/wheels\n  \
                  rpkg   build and install the mizu R package into target/rlib\n  \
                  rtarball  the R source package that installs offline, anywhere (Rust crates\n           \
-                 vendored), into target/rsrc; --test: install it offline in an empty place\n           \
-                 and run a task (part of `test`)\n  \
+                 vendored), into target/rsrc; --test: R CMD check --as-cran of it, installed offline\n           \
+                 in an empty place, and a task run with it (part of `test`)\n  \
                  futures  CPython's concurrent.futures tests against pymizu.PoolExecutor\n           \
                  (part of `test`; uses the pymizu installed in .venv)\n  \
                  fuzz   every decoder's structure-aware fuzz harness (Rust, Python, R),\n           \
@@ -131,8 +131,7 @@ fn test(root: &Path) -> Res {
     fresh_installs(root, &py)?;
     r::r_tests(root)?;
     r::fuzz_r(root, FUZZ_CASES)?;
-    r::r_check(root)?;
-    rsrc::offline_install_test(root)?;
+    rsrc::offline_check(root)?;
     loom(root)?;
     leak_check()?;
     eprintln!(

@@ -137,44 +137,6 @@ pub fn r_tests(root: &Path) -> Res {
     )
 }
 
-/// `R CMD build` then `R CMD check` of the tarball (without the manual, which needs LaTeX,
-/// and without the tests, which `r_tests` runs): errors and warnings fail.
-pub fn r_check(root: &Path) -> Res {
-    ensure_r(root)?;
-    let dir = root.join("target/rcheck");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    run(
-        &dir,
-        r_command(root, "R")
-            .args(["CMD", "build", "--no-build-vignettes"])
-            .arg(root.join("mizu-r/pkg")),
-    )?;
-    let tarball = built_tarball(&dir)?;
-    run(
-        &dir,
-        r_command(root, "R")
-            .args(["CMD", "check", "--no-manual", "--no-tests"])
-            .arg(&tarball)
-            .env("_R_CHECK_FORCE_SUGGESTS_", "false"),
-    )?;
-    let log = dir.join("mizu.Rcheck/00check.log");
-    let text = std::fs::read_to_string(&log).map_err(|e| format!("{}: {e}", log.display()))?;
-    let bad: Vec<&str> = text
-        .lines()
-        .filter(|l| l.ends_with("WARNING") || l.ends_with("ERROR"))
-        .collect();
-    if bad.is_empty() {
-        eprintln!("\n==> R CMD check: no errors, no warnings");
-        Ok(())
-    } else {
-        Err(format!(
-            "R CMD check reported: {bad:?} (see {})",
-            log.display()
-        ))
-    }
-}
-
 /// The tarball `R CMD build` made in `dir`.
 pub fn built_tarball(dir: &Path) -> Result<PathBuf, String> {
     std::fs::read_dir(dir)
