@@ -77,7 +77,7 @@ pub use {
     mizu_queue::{RecvError, SlotState},
     pool::{Launcher, Pool, PoolConfig, PoolStatus, SubmitterStatus, WorkerStatus},
     shared::{Fill, set_discard_hook},
-    submitter::{CollectError, Task, collect_all, collect_any, wait_until},
+    submitter::{CollectError, Task, Wakeup, collect_all, collect_any, wait_until},
     worker::{
         Executor, TaskContext, exit_if_orphaned_while_starting, run_worker, with_current_task,
     },

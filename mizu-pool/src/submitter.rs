@@ -643,6 +643,40 @@ impl Task {
     pub fn is_done(&self) -> bool {
         self.state().is_some_and(|s| s.is_final())
     }
+
+    /// A handle that wakes whoever waits in [`wait_until`] on this task's submitter.
+    pub fn wakeup(&self) -> Wakeup {
+        Wakeup {
+            core: self.core.clone(),
+        }
+    }
+}
+
+/// Wakes the threads parked in [`wait_until`] on one submitter so that they poll again: for a
+/// waiter whose `poll` also watches something of its own (a flag another thread sets). Set
+/// that first, then [`Wakeup::wake`]: the parker's protocol (announce, fence, re-check) then
+/// lets no waiter sleep through it.
+#[derive(Clone)]
+pub struct Wakeup {
+    core: Arc<SubmitterCore>,
+}
+
+impl std::fmt::Debug for Wakeup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Wakeup(submitter {})", self.core.index)
+    }
+}
+
+impl Wakeup {
+    /// Wakes the parked waiters, if any (no system call when none sleeps).
+    pub fn wake(&self) {
+        self.core
+            .shared
+            .view()
+            .submitter(self.core.index)
+            .park
+            .wake_all();
+    }
 }
 
 impl Drop for Task {

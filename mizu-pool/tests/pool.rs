@@ -233,6 +233,35 @@ fn collect_any_returns_the_first_finished() {
 }
 
 #[test]
+fn a_waiter_watching_its_own_flag_is_woken_for_it() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let p = pool(workers(1));
+    let running = p.submit(b"sleep:100000").unwrap();
+    wait_until("the task starts", || {
+        running.state() == Some(SlotState::Running)
+    });
+    let flag = AtomicBool::new(false);
+    let wakeup = running.wakeup();
+    let got = std::thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            mizu_pool::wait_until(&running, GUARD, || {
+                if flag.load(Ordering::SeqCst) {
+                    Some("flag")
+                } else {
+                    running.is_done().then_some("task")
+                }
+            })
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        flag.store(true, Ordering::SeqCst);
+        wakeup.wake();
+        waiter.join().unwrap()
+    });
+    assert_eq!(got, Some("flag"));
+    assert_eq!(running.state(), Some(SlotState::Running));
+}
+
+#[test]
 fn nested_tasks_never_deadlock_even_with_one_worker() {
     let p = pool(workers(1));
     assert_eq!(

@@ -10,6 +10,7 @@ mod gc;
 mod ndarray;
 mod pool;
 mod repeats;
+mod signal;
 mod small;
 mod task;
 mod wire;
@@ -118,6 +119,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ForkedError", py.get_type::<ForkedError>())?;
     m.add_class::<pool::Pool>()?;
     m.add_class::<task::Task>()?;
+    m.add_class::<signal::Signal>()?;
     m.add_class::<codec::ShmBuffer>()?;
     m.add_class::<channel::Channel>()?;
     m.add_class::<wire::ArrowArray>()?;

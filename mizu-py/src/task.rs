@@ -841,7 +841,6 @@ pub fn wait_any(
 ) -> PyResult<Option<usize>> {
     let start = Instant::now();
     let timeout = crate::wait_secs(timeout, "timeout")?;
-    let ready = |ts: &[Py<Task>]| ts.iter().position(|t| t.get().is_done());
     loop {
         if let Some(i) = ready(&tasks) {
             return Ok(Some(i));
@@ -851,32 +850,51 @@ pub fn wait_any(
             return Ok(None);
         }
         let slice = left.map_or(SLICE, |l| l.min(SLICE));
-        // Park on the submitter of a pending task nobody is collecting right now.
-        let found = py.detach(|| {
-            let probe = tasks.iter().find_map(|t| {
-                let g = t.get().cell.try_lock()?;
-                matches!(*g, State::Pending(_)).then_some(g)
-            });
-            match probe {
-                Some(g) => {
-                    let State::Pending(p) = &*g else {
-                        unreachable!("checked")
-                    };
-                    mizu_pool::wait_until(p, Some(slice), || {
-                        // The probe's lock is held here: test it directly, the rest by lock.
-                        p.is_done()
-                            .then_some(())
-                            .or_else(|| ready(&tasks).map(|_| ()))
-                    })
-                }
-                None => {
-                    std::thread::sleep(BUSY_NAP);
-                    None
-                }
-            }
-        });
+        let found = py.detach(|| park_any(&tasks, slice, &|| false, &mut |_| {}));
         if found.is_none() {
             py.check_signals()?;
+        }
+    }
+}
+
+/// The position of a task of `tasks` that is done.
+pub(crate) fn ready(tasks: &[Py<Task>]) -> Option<usize> {
+    tasks.iter().position(|t| t.get().is_done())
+}
+
+/// One bounded wait (the GIL released by the caller): parks on the submitter of a pending task
+/// of `tasks` that nobody else is collecting, for at most `slice`, until one of them is done or
+/// `also()` holds. `parked` is told the wake handle of where it parks (`Some`) and when it
+/// stops (`None`). `None` when nothing happened: the slice ended, or every pending task is
+/// being collected by another thread (then it naps briefly).
+pub(crate) fn park_any(
+    tasks: &[Py<Task>],
+    slice: Duration,
+    also: &dyn Fn() -> bool,
+    parked: &mut dyn FnMut(Option<mizu_pool::Wakeup>),
+) -> Option<()> {
+    let probe = tasks.iter().find_map(|t| {
+        let g = t.get().cell.try_lock()?;
+        matches!(*g, State::Pending(_)).then_some(g)
+    });
+    match probe {
+        Some(g) => {
+            let State::Pending(p) = &*g else {
+                unreachable!("checked")
+            };
+            parked(Some(p.wakeup()));
+            let r = mizu_pool::wait_until(p, Some(slice), || {
+                // The probe's lock is held here: test it directly, the rest by lock.
+                (p.is_done() || also())
+                    .then_some(())
+                    .or_else(|| ready(tasks).map(|_| ()))
+            });
+            parked(None);
+            r
+        }
+        None => {
+            std::thread::sleep(BUSY_NAP.min(slice));
+            None
         }
     }
 }

@@ -97,3 +97,48 @@ def test_a_cancelled_future_seen_by_a_waiter(ex):
         assert done == {queued} and queued.cancelled()
         assert queued.cancel()  # again: still cancelled, no error
     assert blocker.result(timeout=60) == 0.3
+
+
+def test_wait_and_as_completed_settle_their_futures_themselves(ex):
+    # A thread in `wait` or `as_completed` waits where the pool's outcomes wake it and settles
+    # the future itself: the collector thread (which must be woken first) makes no round.
+    for how in ("wait", "as_completed"):
+        f = ex.submit(tasks.sleep, 0.3)
+        time.sleep(0.05)
+        before = ex._collector_rounds
+        if how == "wait":
+            done, _ = cf.wait([f], timeout=60)
+            assert done == {f}
+        else:
+            assert list(cf.as_completed([f], timeout=60)) == [f]
+        assert f.result() == 0.3
+        assert ex._collector_rounds == before
+
+
+def test_a_waiter_on_a_pending_task_is_woken_by_a_future_of_another_kind(ex):
+    # `wait` parks on the pool for the pymizu future; a plain Future set by another thread
+    # wakes it there (the slow task still runs when it returns).
+    slow = ex.submit(tasks.sleep, 3)
+    plain = cf.Future()
+    timer = threading.Timer(0.2, plain.set_result, (7,))
+    timer.start()
+    done, not_done = cf.wait([slow, plain], timeout=60, return_when=cf.FIRST_COMPLETED)
+    assert done == {plain} and not_done == {slow}
+
+
+def test_a_waiter_across_executors_and_all_completed(ex):
+    with pymizu.PoolExecutor(1) as other:
+        slow = ex.submit(tasks.sleep, 3)
+        fast = other.submit(tasks.sleep, 0.2)
+        done, not_done = cf.wait([slow, fast], timeout=60, return_when=cf.FIRST_COMPLETED)
+        assert done == {fast} and not_done == {slow}
+        # Every one of several futures, settled by the waiting thread as each finishes.
+        fs = [other.submit(tasks.add, i, 1) for i in range(20)]
+        done, not_done = cf.wait(fs, timeout=60)
+        assert done == set(fs) and not not_done
+        assert [f.result() for f in fs] == [i + 1 for i in range(20)]
+        # A timeout still times out, with the future unfinished.
+        longer = other.submit(tasks.sleep, 1)
+        done, not_done = cf.wait([longer], timeout=0.05)
+        assert not done and not_done == {longer}
+        assert longer.result(timeout=60) == 1

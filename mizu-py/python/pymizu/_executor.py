@@ -28,16 +28,91 @@ _SLICE = 0.1
 _track = _native.gc_track
 
 
-def _lazy_list(key: str) -> property:
-    """An attribute holding a list made on first use (under `key` in the instance dict)."""
+class _WaiterEvent:
+    """The event of a `concurrent.futures` waiter (what `wait` and `as_completed` block on)
+    installed on a pymizu future, in place of its `threading.Event`.
+
+    With the standard event, the thread that settles the future and sets the event is the
+    executor's collector, which must be woken first: two thread wake-ups after the worker
+    finishes. A thread waiting here parks where the pool's outcomes wake it, as `result()`
+    does, and settles the finished future itself: one wake-up. Any other `set()` (a future of
+    another kind finishing, a cancellation, a broken executor) wakes it there too.
+    """
+
+    __slots__ = ("_signal", "_futures", "set", "clear", "is_set")
+
+    def __init__(self, was_set: bool):
+        sig = self._signal = _native.Signal()
+        self.set, self.clear, self.is_set = sig.set, sig.clear, sig.is_set
+        # The pymizu futures the waiter is installed on.
+        self._futures = []
+        if was_set:
+            sig.set()
+
+    def wait(self, timeout=None) -> bool:
+        sig = self._signal
+        end = None if timeout is None else time.monotonic() + timeout
+        while not sig.is_set():
+            pending = [f for f in self._futures if f._state == _PENDING]
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            i = sig.wait([f._task for f in pending], left)
+            if i is None:
+                break
+            if i >= 0:
+                # Settling it notifies the waiter, which sets this event if it is done.
+                fut = pending[i]
+                fut._settle(fut._task._outcome(0.0))
+        return sig.is_set()
+
+
+class _WaiterList(list):
+    """A future's waiters: a waiter added while the future is pending waits on a
+    `_WaiterEvent` that knows the future."""
+
+    __slots__ = ("_future",)
+
+    def append(self, waiter) -> None:
+        fut = self._future
+        if fut._state == _PENDING:
+            ev = waiter.event
+            if type(ev) is not _WaiterEvent:
+                ev = waiter.event = _WaiterEvent(ev.is_set())
+            ev._futures.append(fut)
+        list.append(self, waiter)
+
+
+class _CallbackList(list):
+    """A future's done-callbacks: one added while the future is pending has the executor's
+    collector thread watch the future, to run it as soon as the task finishes."""
+
+    __slots__ = ("_future",)
+
+    def append(self, fn) -> None:
+        list.append(self, fn)
+        fut = self._future
+        if fut._state == _PENDING:
+            fut._owner.kick()
+
+
+def _future_list(key: str, kind: type) -> property:
+    """A future's attribute holding a list of `kind` made on first use (under `key` in its
+    dict)."""
 
     def get(self):
         _track(self)
-        return self.__dict__.setdefault(key, [])
+        d = self.__dict__
+        v = d.get(key)
+        if v is None:
+            v = d[key] = kind()
+            v._future = self
+        return v
 
     def put(self, v):
         _track(self)
-        self.__dict__[key] = v
+        v = self.__dict__[key] = kind(v)
+        v._future = self
 
     return property(get, put)
 
@@ -85,7 +160,7 @@ class _MizuFuture(Future):
             # Someone other than `result()` is about to wait on this future (`wait`,
             # `as_completed`, a done-callback, asyncio). A short task's outcome arrives within
             # microseconds: look for it first (as `result()` does), so that such a caller
-            # finds the future finished instead of waiting for two thread wake-ups.
+            # finds the future finished instead of waiting at all.
             task = self._task
             if self._state == _PENDING and task is not None:
                 end = time.perf_counter() + _WATCH_SPIN
@@ -97,13 +172,10 @@ class _MizuFuture(Future):
                     if outcome is not None and not isinstance(outcome[1], CancelledError):
                         self._settle(outcome)
             c = d.setdefault("_cond", threading.Condition())
-            # Else the collector thread watches it from now on.
-            if self._owner is not None and self._state == _PENDING:
-                self._owner.kick()
         return c
 
-    _waiters = _lazy_list("_waiter_list")
-    _done_callbacks = _lazy_list("_callback_list")
+    _waiters = _future_list("_waiter_list", _WaiterList)
+    _done_callbacks = _future_list("_callback_list", _CallbackList)
 
     def _settle(self, outcome) -> None:
         """Completes the future with the task's outcome (the caller and the collector thread
@@ -248,7 +320,9 @@ class _State:
         self.lock = threading.Lock()
         # Futures not settled yet (settling removes them): what the collector looks at.
         self.pending: dict[_MizuFuture, None] = {}
-        self.wakeup = threading.Event()
+        # Set by a kick (a future newly watched, shutdown): wakes the collector also while it
+        # waits for its watched tasks.
+        self.wakeup = _native.Signal()
         self.kick = self.wakeup.set
         self.closing = False
         # Neither closing nor broken: `submit`'s one check (see `accepting`).
@@ -347,33 +421,32 @@ class _State:
 
         While any is pending, this thread waits natively (GIL released) for the tasks of
         those futures — the pool wakes it when one finishes, after a short spin — and settles
-        them at once. With none watched it sleeps on its event: nothing spins or polls while
-        nothing is pending, and callers blocked in `result()` settle their own futures.
+        them at once; a kick wakes it too. With none watched it sleeps until kicked: nothing
+        spins or polls while nothing is pending, and callers blocked in `result()` settle
+        their own futures.
         Once the executor closes, it settles every pending future, then stops the pool.
         """
         try:
             while True:
                 self.rounds += 1
                 with self.lock:
-                    pending = list(self.pending)
                     closing = self.closing
-                if closing and not pending:
-                    return
-                watched = [f for f in pending if closing or f._cond is not None]
-                settled = False
-                for fut in watched:
-                    if fut._task.done():
-                        fut._settle(fut._task._outcome(0.0))
-                        settled = True
-                if settled:
+                    if closing and not self.pending:
+                        return
+                    watched = [f for f in self.pending if closing or _has_callbacks(f)]
+                if _settle_finished(watched):
                     continue
-                if watched:
-                    # Returns when one of them finishes (or after a slice: a kick for another
-                    # future, shutdown or a dead worker is seen then at the latest).
-                    _native.wait_any([f._task for f in watched], 0.05)
+                # Returns when one of them finishes or on a kick (a dead worker is seen after
+                # a slice at the latest). The futures are not held meanwhile: one settled by
+                # its caller is freed as soon as the caller drops it.
+                tasks = [f._task for f in watched]
+                del watched
+                if tasks:
+                    self.wakeup.wait(tasks, 0.05)
+                    del tasks
                     self.look_for_deaths()
                 else:
-                    self.wakeup.wait()
+                    self.wakeup.wait(tasks)
                 self.wakeup.clear()
         finally:
             try:
@@ -383,6 +456,20 @@ class _State:
             finally:
                 self.stopped.set()
                 _running.discard(self)
+
+
+def _has_callbacks(fut) -> bool:
+    return fut._cond is not None and bool(fut.__dict__.get("_callback_list"))
+
+
+def _settle_finished(futures) -> bool:
+    """Settles those of `futures` whose task is done; whether there was one."""
+    settled = False
+    for fut in futures:
+        if fut._task.done():
+            fut._settle(fut._task._outcome(0.0))
+            settled = True
+    return settled
 
 
 # Executors whose collector runs (their work is finished at interpreter exit).
