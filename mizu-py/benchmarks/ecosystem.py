@@ -69,17 +69,18 @@ def joblib_rows(quick):
         print(f"{label:40s} {m*1e6:8.1f}us {lo*1e6:8.1f}us {mp*1e6:8.1f}us {lo/m:7.1f}x {mp/m:6.1f}x  {seq*1e6:.1f}us")
     print(f"{'... the array pymizu.share()d once':40s} {pre*1e6:8.1f}us {pre_loky*1e6:8.1f}us {'':10s} {pre_loky/pre:7.1f}x")
     # What bounds the 100 MB row from below for any backend that is handed an array it does not
-    # hold yet: one copy of it per Parallel call (at memory bandwidth), plus what the same calls
-    # cost with a small array (joblib's dispatch and its retrieval loop, which sleeps 10 ms
-    # whenever the next result is not in yet).
+    # hold yet: one copy of it per Parallel call (at memory bandwidth). Beside it, the same
+    # calls with a small array: joblib's dispatch and its retrieval loop, which sleeps 10 ms
+    # whenever the next result is not in yet (with the large array the copy usually covers
+    # that wait).
     copy = timed(lambda: pymizu.share(big), reps) / n_big
-    small = big[:128].copy()
+    small = big[:n_big].copy()
     with parallel_config(backend="mizu", n_jobs=WORKERS):
         light = timed(lambda: Parallel()(delayed(_pick)(small, i) for i in range(n_big)), reps, n_big)
-    print(f"{'... floor: one 100 MB copy per call':40s} {copy*1e6:8.1f}us")
-    print(f"{'... floor: the same calls, 1 KB array':40s} {light*1e6:8.1f}us")
-    print(f"  ({n_big} calls per Parallel: ten times loky needs {rows['loky'][1]/10*1e6:.0f} us per call, "
-          f"the copy and joblib's own work alone take {(copy + light)*1e6:.0f} us)")
+    print(f"{'... one 100 MB copy, per call':40s} {copy*1e6:8.1f}us")
+    print(f"{'... the same calls with a small array':40s} {light*1e6:8.1f}us")
+    print(f"  ({n_big} calls per Parallel: ten times loky is {rows['loky'][1]/10*1e6:.0f} us per call; "
+          f"the one copy per Parallel call alone takes {copy*1e6:.0f} us of it)")
 
 
 def dask_rows(quick):

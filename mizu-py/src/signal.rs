@@ -12,11 +12,11 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pyo3::prelude::*;
 
-use crate::task::{SLICE, Task, park_any, ready};
+use crate::task::{Task, park_any, ready, wait_loop};
 
 /// A settable flag that a thread can wait on together with pool tasks.
 #[pyclass(module = "pymizu", name = "Signal", frozen)]
@@ -77,36 +77,25 @@ impl Signal {
         tasks: Vec<Py<Task>>,
         timeout: Option<f64>,
     ) -> PyResult<Option<isize>> {
-        let start = Instant::now();
-        let timeout = crate::wait_secs(timeout, "timeout")?;
-        loop {
+        let found = || {
             if self.is_set() {
-                return Ok(Some(-1));
+                Some(-1)
+            } else {
+                ready(&tasks).map(|i| i as isize)
             }
-            if let Some(i) = ready(&tasks) {
-                return Ok(Some(i as isize));
+        };
+        wait_loop(py, timeout, found, |slice| {
+            if tasks.is_empty() {
+                self.sleep_for(slice)
+            } else {
+                let key = thread_key();
+                park_any(&tasks, slice, &|| self.is_set(), &mut |w| {
+                    let mut parked = lock(&self.parked);
+                    parked.retain(|(k, _)| *k != key);
+                    parked.extend(w.map(|w| (key, w)));
+                })
             }
-            let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
-            if left.is_some_and(|l| l.is_zero()) {
-                return Ok(None);
-            }
-            let slice = left.map_or(SLICE, |l| l.min(SLICE));
-            let woke = py.detach(|| {
-                if tasks.is_empty() {
-                    self.sleep_for(slice)
-                } else {
-                    let key = thread_key();
-                    park_any(&tasks, slice, &|| self.is_set(), &mut |w| {
-                        let mut parked = lock(&self.parked);
-                        parked.retain(|(k, _)| *k != key);
-                        parked.extend(w.map(|w| (key, w)));
-                    })
-                }
-            });
-            if woke.is_none() {
-                py.check_signals()?;
-            }
-        }
+        })
     }
 }
 

@@ -839,19 +839,36 @@ pub fn wait_any(
     tasks: Vec<Py<Task>>,
     timeout: Option<f64>,
 ) -> PyResult<Option<usize>> {
+    wait_loop(
+        py,
+        timeout,
+        || ready(&tasks),
+        |slice| park_any(&tasks, slice, &|| false, &mut |_| {}),
+    )
+}
+
+/// A bounded wait's loop: `found()` until it answers, else `park(slice)` with the GIL released,
+/// in slices of at most [`SLICE`] for the rest of `timeout` seconds, checking for signals
+/// (Ctrl-C) after each slice in which nothing happened (`park` gave None). None after
+/// `timeout`.
+pub(crate) fn wait_loop<T>(
+    py: Python<'_>,
+    timeout: Option<f64>,
+    mut found: impl FnMut() -> Option<T>,
+    park: impl Fn(Duration) -> Option<()> + Sync,
+) -> PyResult<Option<T>> {
     let start = Instant::now();
     let timeout = crate::wait_secs(timeout, "timeout")?;
     loop {
-        if let Some(i) = ready(&tasks) {
-            return Ok(Some(i));
+        if let Some(v) = found() {
+            return Ok(Some(v));
         }
         let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
         if left.is_some_and(|l| l.is_zero()) {
             return Ok(None);
         }
         let slice = left.map_or(SLICE, |l| l.min(SLICE));
-        let found = py.detach(|| park_any(&tasks, slice, &|| false, &mut |_| {}));
-        if found.is_none() {
+        if py.detach(|| park(slice)).is_none() {
             py.check_signals()?;
         }
     }

@@ -56,17 +56,7 @@ pub fn source_tarball(root: &Path) -> Result<PathBuf, String> {
         let m = read(&root.join(c).join("Cargo.toml"))?;
         write(&rust.join(c).join("Cargo.toml"), &library_manifest(&m))?;
     }
-    let vendored = Command::new(cargo())
-        .current_dir(&rust)
-        .args(["vendor", "vendor"])
-        .output()
-        .map_err(|e| format!("cargo vendor: {e}"))?;
-    if !vendored.status.success() {
-        return Err(format!(
-            "cargo vendor failed:\n{}",
-            String::from_utf8_lossy(&vendored.stderr)
-        ));
-    }
+    cargo_output(&rust, &["vendor", "vendor"])?;
     slim_vendored(&rust.join("vendor"))?;
     // Paths in a cargo configuration file are relative to the parent of its directory.
     std::fs::create_dir_all(rust.join("cargo")).map_err(|e| e.to_string())?;
@@ -129,21 +119,25 @@ const TARGETS: &[&str] = &[
 fn stub_unbuilt(rust: &Path) -> Res {
     let mut built = std::collections::BTreeSet::new();
     for t in TARGETS {
-        let out = Command::new(cargo())
-            .current_dir(rust)
-            .args(["tree", "--offline", "--config", "cargo/vendor.toml"])
-            .args(["-e", "normal,build", "--prefix", "none", "-f", "{p}"])
-            .args(["--target", t])
-            .output()
-            .map_err(|e| format!("cargo tree: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "cargo tree --target {t} failed:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
+        let tree = cargo_output(
+            rust,
+            &[
+                "tree",
+                "--offline",
+                "--config",
+                "cargo/vendor.toml",
+                "-e",
+                "normal,build",
+                "--prefix",
+                "none",
+                "-f",
+                "{p}",
+                "--target",
+                t,
+            ],
+        )?;
         // "name v1.2.3", "name v1.2.3 (*)", "name v1.2.3 (proc-macro)", "name v0.1.0 (/path)".
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
+        for line in tree.lines() {
             let mut w = line.split_whitespace();
             if let (Some(name), Some(v)) = (w.next(), w.next()) {
                 built.insert((name.to_string(), v.trim_start_matches('v').to_string()));
@@ -373,6 +367,23 @@ fn check_log(log: &Path) -> Res {
             log.display()
         ))
     }
+}
+
+/// What `cargo <args>` run in `dir` prints; its error output when it fails.
+fn cargo_output(dir: &Path, args: &[&str]) -> Result<String, String> {
+    let shown = format!("cargo {}", args.join(" "));
+    let out = Command::new(cargo())
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .map_err(|e| format!("{shown}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{shown} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn read(p: &Path) -> Result<String, String> {
