@@ -173,11 +173,14 @@ fn settled_value(fut: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
         return Ok(None);
     };
     // Every store of Python code tracks the future (`__setattr__`, `__dict__`): while it is
-    // untracked, no other thread has settled it or made it a condition, and nothing below
-    // runs Python code that would let one in. Once tracked, the wait (which released the GIL)
-    // may have let another thread settle it.
+    // untracked, no other thread has settled it or made it a condition. Once tracked, the
+    // wait (which released the GIL) may have let another thread settle it, or make it a
+    // condition: then the Python method settles it under that condition (`_finish`), so that
+    // a waiter installed under it is notified exactly when it found the future pending. From
+    // here to the stores nothing runs Python code, so no condition can be made in between.
     let watched = crate::gc::is_tracked(fut);
-    if watched && !same(state()?, pending)? {
+    if watched && (!same(state()?, pending)? || !fut.getattr(pyo3::intern!(py, "_cond"))?.is_none())
+    {
         return Ok(None);
     }
     let Some(pending) = crate::pool::executor_pending(py, task.get()) else {
@@ -194,9 +197,6 @@ fn settled_value(fut: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
     store(fut, pyo3::intern!(py, "_result"), &value)?;
     store(fut, pyo3::intern!(py, "_state"), finished)?;
     crate::gc::track_holder(fut, &value);
-    if watched && !fut.getattr(pyo3::intern!(py, "_cond"))?.is_none() {
-        fut.call_method1(pyo3::intern!(py, "_notify"), (true,))?;
-    }
     Ok(Some(value.unbind()))
 }
 

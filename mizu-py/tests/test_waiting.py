@@ -142,3 +142,26 @@ def test_a_waiter_across_executors_and_all_completed(ex):
         done, not_done = cf.wait([longer], timeout=0.05)
         assert not done and not_done == {longer}
         assert longer.result(timeout=60) == 1
+
+
+def test_a_future_settled_while_a_waiter_is_installed_is_reported_once():
+    # Other threads settle futures (by `result()`, and the collector thread those with
+    # callbacks) while `as_completed` and `wait` install their waiters: each future must count
+    # either as finished when the waiter looked or as notified later, never both
+    # (`as_completed` would yield it twice, or fail).
+    with pymizu.PoolExecutor(2) as ex:
+        for _ in range(4):
+            fs = [ex.submit(tasks.sleep, 0.0001) for _ in range(2000)]
+            for f in fs[::2]:
+                f.add_done_callback(lambda _: None)
+            reader = threading.Thread(target=lambda: [f.result(timeout=120) for f in fs[1::2]])
+            reader.start()
+            got = list(cf.as_completed(fs, timeout=120))
+            reader.join()
+            assert len(got) == len(fs) and set(got) == set(fs)
+            fs = [ex.submit(tasks.sleep, 0.0001) for _ in range(2000)]
+            reader = threading.Thread(target=lambda: [f.result(timeout=120) for f in fs[::-1]])
+            reader.start()
+            done, not_done = cf.wait(fs, timeout=120)
+            reader.join()
+            assert done == set(fs) and not not_done

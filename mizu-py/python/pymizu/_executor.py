@@ -26,6 +26,9 @@ _SLICE = 0.1
 
 
 _track = _native.gc_track
+# Held while a future's condition is made, and while a future without one is settled (see
+# `_MizuFuture._finish`).
+_MADE = threading.Lock()
 
 
 class _WaiterEvent:
@@ -61,9 +64,10 @@ class _WaiterEvent:
             if i is None:
                 break
             if i >= 0:
-                # Settling it notifies the waiter, which sets this event if it is done.
-                fut = pending[i]
-                fut._settle(fut._task._outcome(0.0))
+                # Settling notifies the waiter, which sets this event if it is done. Every
+                # future whose task is done goes at once: a waiter on thousands (`as_completed`
+                # of a large batch) is not woken once per future.
+                _settle_finished(pending)
         return sig.is_set()
 
 
@@ -123,11 +127,10 @@ class _MizuFuture(Future):
 
     Made without `Future.__init__` (see `PoolExecutor.submit`): its immutable fields are class
     defaults, and its condition and lists are made on first use — most futures are settled by
-    the thread that waits on them and never need them. Settling writes the outcome first and
-    then looks for a condition: a thread that made one before that look is notified under it;
-    one that makes it later finds the future finished when it checks, under it, as the base
-    class does. The notification happens once (`_notified`), whoever of the caller, the
-    collector thread and a breaking executor settles.
+    the thread that waits on them and never need them. A future with a condition changes state
+    under it, as in the base class; one without changes state under the lock its condition
+    would be made under (`_finish`), so the two never cross. Whoever of the caller, a waiter,
+    the collector thread and a breaking executor settles it first notifies, once.
 
     A future is made untracked by the garbage collector: a pipelined loop keeps thousands,
     which refer to nothing that could refer back to them until something is stored in them,
@@ -145,7 +148,6 @@ class _MizuFuture(Future):
     # Made on first use (`_condition`). Read as attributes, not through `__dict__`: that would
     # make every future's dictionary, which CPython otherwise keeps as inline values.
     _cond = None
-    _notified = False
 
     def __setattr__(self, name, value):
         _track(self)
@@ -171,7 +173,8 @@ class _MizuFuture(Future):
                     # (A cancelled task settles through `cancel()`, which needs the condition.)
                     if outcome is not None and not isinstance(outcome[1], CancelledError):
                         self._settle(outcome)
-            c = d.setdefault("_cond", threading.Condition())
+            with _MADE:
+                c = d.setdefault("_cond", threading.Condition())
         return c
 
     _waiters = _future_list("_waiter_list", _WaiterList)
@@ -195,32 +198,41 @@ class _MizuFuture(Future):
         self._finish(ok, value)
 
     def _finish(self, ok: bool, value) -> None:
-        if self._state != _PENDING:
-            return
-        self._owner.pending.pop(self, None)
-        if ok:
-            self._result = value
-        else:
-            self._exception = value
-        self._state = _FINISHED
-        if self._cond is not None:
-            self._notify(ok)
-
-    def _notify(self, ok: bool) -> None:
-        """What `set_result`/`set_exception` do after the state changed, once."""
-        c = self._condition
+        """What `set_result`/`set_exception` do. With a condition, the state changes under it,
+        as in the base class: a waiter installed under it (`wait`, `as_completed`) finds the
+        future either still pending, and is notified, or finished, and is not — never both.
+        Without one, the state changes under `_MADE`, the lock `_condition` makes one under,
+        so that whoever makes it later finds the future finished."""
+        c = self._cond
+        if c is None:
+            with _MADE:
+                if self._cond is None:
+                    self._complete(ok, value)
+                    return
+            c = self._cond
         with c:
-            if self._notified:
+            if not self._complete(ok, value):
                 return
-            self._notified = True
             for waiter in self._waiters:
                 if ok:
                     waiter.add_result(self)
                 else:
                     waiter.add_exception(self)
             c.notify_all()
-        if self._done_callbacks:
+        if self.__dict__.get("_callback_list"):
             self._invoke_callbacks()
+
+    def _complete(self, ok: bool, value) -> bool:
+        """Stores the outcome of a pending future; whether it was pending."""
+        if self._state != _PENDING:
+            return False
+        self._owner.pending.pop(self, None)
+        if ok:
+            self._result = value
+        else:
+            self._exception = value
+        self._state = _FINISHED
+        return True
 
     def _outcome(self, timeout):
         """The task's outcome; None when the future was settled meanwhile (the executor
@@ -256,14 +268,6 @@ class _MizuFuture(Future):
             outcome = self._task._outcome(_SLICE if timeout is None or timeout > _SLICE else timeout)
             if outcome is None:
                 outcome = self._wait_on(timeout)
-            if outcome is not None and outcome[0] and self._state == _PENDING:
-                # `_settle` of a value, inline: the round trip's hot path.
-                self._owner.pending.pop(self, None)
-                self._result = value = outcome[1]
-                self._state = _FINISHED
-                if self._cond is not None:
-                    self._notify(True)
-                return value
             self._settle(outcome)
         if self._state == _FINISHED and self._exception is None:
             return self._result
@@ -303,7 +307,7 @@ def _prime_attributes(cls) -> None:
     names to that table after a few dozen instances, and an instance that then gets a name not
     in it (`_result` on the first futures to finish, say) is given a dictionary of its own."""
     probe = _new_future(cls)
-    for name in ("_task", "_state", "_result", "_exception", "_cond", "_notified",
+    for name in ("_task", "_state", "_result", "_exception", "_cond",
                  "_waiter_list", "_callback_list"):
         setattr(probe, name, None)
 
