@@ -13,6 +13,7 @@ use std::panic::AssertUnwindSafe;
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
 
 use crate::task::{SLICE, Task};
@@ -35,6 +36,10 @@ pub fn install_future_result(cls: &Bound<'_, PyType>) -> PyResult<()> {
         ml_doc: c"result(timeout=None)\n--\n\nThe task's value: concurrent.futures.Future.result."
             .as_ptr(),
     }));
+    let slots = Slots::probe(cls)?;
+    LAYOUT
+        .set(cls.py(), (cls.clone().unbind(), slots))
+        .map_err(|_| PyTypeError::new_err("the future class is already installed"))?;
     // SAFETY: `cls` is a live type object (held by the caller) and `def` is never freed.
     let descr = unsafe { ffi::PyDescr_NewMethod(cls.as_ptr().cast(), def) };
     // SAFETY: a new reference or null with the error set, as the function documents.
@@ -42,30 +47,191 @@ pub fn install_future_result(cls: &Bound<'_, PyType>) -> PyResult<()> {
     cls.setattr("result", descr)
 }
 
-/// A new instance of the future class `cls`, made as `object.__new__(cls)` makes one (no
-/// `__init__`: the class's fields are class defaults) but without a Python call. (`object`'s
-/// own constructor, not the bare allocator: on CPython 3.11 it also sets up the instance's
-/// attribute values inline, without which every future would get a dictionary.)
-pub(crate) fn new_future<'py>(cls: &Bound<'py, PyType>) -> PyResult<Bound<'py, PyAny>> {
-    let py = cls.py();
-    let object = py.get_type::<PyAny>();
-    // SAFETY: `object` is a live type object; its `tp_new` slot is always set.
-    let new = unsafe { ffi::PyType_GetSlot(object.as_ptr().cast(), ffi::Py_tp_new) };
-    if new.is_null() {
-        return Err(PyTypeError::new_err("object has no constructor"));
+/// The future class's fields, in the order of [`Slots`]: `__slots__` of the class, so that
+/// the hot paths read and write them at a fixed place in the object instead of through
+/// Python's attribute lookup (~190 instructions each).
+const SLOT_NAMES: [&str; 7] = [
+    "_state",
+    "_result",
+    "_exception",
+    "_task",
+    "_cond",
+    "_waiter_list",
+    "_callback_list",
+];
+
+/// Byte offsets of the future class's slot fields within an instance.
+#[derive(Clone, Copy)]
+struct Slots {
+    state: usize,
+    result: usize,
+    exception: usize,
+    task: usize,
+    cond: usize,
+    waiters: usize,
+    callbacks: usize,
+}
+
+/// The installed future class and where its fields are.
+static LAYOUT: PyOnceLock<(Py<PyType>, Slots)> = PyOnceLock::new();
+
+impl Slots {
+    /// Finds where each field of [`SLOT_NAMES`] lives: each must be a slot of `cls` (a member
+    /// descriptor in its own dictionary); a probe instance gets a distinct marker object in
+    /// each, and the one word within the instance's basic size that holds the marker is the
+    /// field. (The offsets CPython keeps in its member descriptors are outside the stable
+    /// ABI this module is built for; the instance's basic size is not.)
+    fn probe(cls: &Bound<'_, PyType>) -> PyResult<Slots> {
+        let py = cls.py();
+        let member = PyModule::import(py, "types")?.getattr("MemberDescriptorType")?;
+        let own = cls.getattr("__dict__")?;
+        let basic: usize = cls.getattr("__basicsize__")?.extract()?;
+        let probe = new_object(cls)?;
+        let word = std::mem::size_of::<*mut ffi::PyObject>();
+        let mut found = [0usize; SLOT_NAMES.len()];
+        for (name, at) in SLOT_NAMES.iter().zip(found.iter_mut()) {
+            let d = own.get_item(name).map_err(|_| {
+                PyTypeError::new_err(format!("the future class has no slot `{name}`"))
+            })?;
+            if !d.is_instance(&member)? {
+                return Err(PyTypeError::new_err(format!(
+                    "the future class's `{name}` is not a slot"
+                )));
+            }
+            let marker = py.get_type::<PyAny>().call0()?;
+            store(&probe, &pyo3::types::PyString::new(py, name), &marker)?;
+            let hits: Vec<usize> = (word..basic)
+                .step_by(word)
+                .filter(|&off| {
+                    // SAFETY: `off + word <= basic`, the size of the instance's own memory,
+                    // which is initialised (slots start null); aligned to a word as every
+                    // object is.
+                    let v = unsafe {
+                        *probe
+                            .as_ptr()
+                            .cast::<u8>()
+                            .add(off)
+                            .cast::<*mut ffi::PyObject>()
+                    };
+                    v == marker.as_ptr()
+                })
+                .collect();
+            let [off] = hits[..] else {
+                return Err(PyTypeError::new_err(format!(
+                    "cannot find the slot `{name}` in a future"
+                )));
+            };
+            *at = off;
+        }
+        let [state, result, exception, task, cond, waiters, callbacks] = found;
+        Ok(Slots {
+            state,
+            result,
+            exception,
+            task,
+            cond,
+            waiters,
+            callbacks,
+        })
     }
-    // SAFETY: the slot holds a `newfunc` (the type of `tp_new`).
-    let new: ffi::newfunc = unsafe { std::mem::transmute(new) };
-    let none = PyTuple::empty(py);
-    // SAFETY: `object.__new__(cls)`: `cls` is a live subtype of `object` whose instances it
-    // makes (a Python subclass of `Future`, checked when the executor binds it), with an
-    // empty argument tuple and no keywords; a new reference or null with an error set.
-    let fut = unsafe {
-        let obj = new(cls.as_ptr().cast(), none.as_ptr(), std::ptr::null_mut());
-        Bound::from_owned_ptr_or_err(py, obj)?
+}
+
+/// The slots of `fut` when it is an instance of the installed future class (or a subclass).
+fn slots_of(fut: &Bound<'_, PyAny>) -> Option<Slots> {
+    let (cls, slots) = LAYOUT.get(fut.py())?;
+    fut.is_instance(cls.bind(fut.py())).ok()?.then_some(*slots)
+}
+
+/// The field at `off` of `fut` (borrowed; None when unset).
+///
+/// # Safety
+/// `fut` is an instance of the installed future class and `off` one of its [`Slots`].
+unsafe fn get<'py>(fut: &Bound<'py, PyAny>, off: usize) -> Option<Bound<'py, PyAny>> {
+    // SAFETY: the caller's contract: a slot field of a live instance, holding an object
+    // pointer or null; the GIL is held, so no other thread changes it meanwhile.
+    unsafe {
+        let p = *fut
+            .as_ptr()
+            .cast::<u8>()
+            .add(off)
+            .cast::<*mut ffi::PyObject>();
+        (!p.is_null()).then(|| Bound::from_borrowed_ptr(fut.py(), p))
+    }
+}
+
+/// Sets the field at `off` of `fut` to `value`, as a member descriptor's store does.
+///
+/// # Safety
+/// As for [`get`].
+unsafe fn set(fut: &Bound<'_, PyAny>, off: usize, value: &Bound<'_, PyAny>) {
+    // SAFETY: the caller's contract; the new value's reference moves into the field, and the
+    // old one is released after the store, as CPython's own member store does.
+    unsafe {
+        let at = fut
+            .as_ptr()
+            .cast::<u8>()
+            .add(off)
+            .cast::<*mut ffi::PyObject>();
+        let old = std::mem::replace(&mut *at, value.clone().into_ptr());
+        if !old.is_null() {
+            ffi::Py_DecRef(old);
+        }
+    }
+}
+
+/// A new instance of `cls`, from the type's allocator (what `object.__new__` calls, less
+/// setting up attribute values inline for a dictionary: every field a future uses is a slot,
+/// and an attribute a user stores makes the dictionary then).
+fn new_object<'py>(cls: &Bound<'py, PyType>) -> PyResult<Bound<'py, PyAny>> {
+    let py = cls.py();
+    // SAFETY: `cls` is a live type object; a heap type always has its `tp_alloc` slot.
+    let alloc = unsafe { ffi::PyType_GetSlot(cls.as_ptr().cast(), ffi::Py_tp_alloc) };
+    if alloc.is_null() {
+        return Err(PyTypeError::new_err("the future class has no allocator"));
+    }
+    // SAFETY: the slot holds an `allocfunc` (the type of `tp_alloc`).
+    let alloc: ffi::allocfunc = unsafe { std::mem::transmute(alloc) };
+    // SAFETY: `cls` is a live, fixed-size type whose instances its allocator makes (zeroed:
+    // every slot null until set); a new reference or null with an error set.
+    unsafe { Bound::from_owned_ptr_or_err(py, alloc(cls.as_ptr().cast(), 0)) }
+}
+
+/// A new pending future of `cls` (the installed future class or a subclass) holding `task`:
+/// made without `__init__`, its fields set in place. It is untracked by the garbage
+/// collector until something that could refer back to it is stored in it (the class's
+/// `__setattr__`, and `result()`, track it again).
+#[pyfunction]
+pub(crate) fn new_future<'py>(
+    cls: &Bound<'py, PyType>,
+    task: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = cls.py();
+    let Some((base, slots)) = LAYOUT.get(py) else {
+        return Err(PyTypeError::new_err("no future class is installed"));
     };
-    // Untracked until something that could refer back to it is stored in it (the class's
-    // `__setattr__`, `__dict__` users and `result()` track it again).
+    if !cls.is_subclass(base.bind(py))? {
+        return Err(PyTypeError::new_err(
+            "not a subclass of the installed future class",
+        ));
+    }
+    let fut = new_object(cls)?;
+    let none = py.None().into_bound(py);
+    let pending = pyo3::intern!(py, "PENDING").as_any();
+    // SAFETY: `fut` is a new instance of a subclass of the installed class, whose fields are
+    // at `slots`.
+    unsafe {
+        set(&fut, slots.state, pending);
+        for off in [
+            slots.result,
+            slots.exception,
+            slots.cond,
+            slots.waiters,
+            slots.callbacks,
+        ] {
+            set(&fut, off, &none);
+        }
+        set(&fut, slots.task, task);
+    }
     crate::gc::untrack_new(&fut);
     Ok(fut)
 }
@@ -154,48 +320,59 @@ fn result_call(
 /// meanwhile by another thread), which the Python method handles.
 fn settled_value(fut: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
     let py = fut.py();
+    let Some(slots) = slots_of(fut) else {
+        return Ok(None);
+    };
     let (pending, finished) = (pyo3::intern!(py, "PENDING"), pyo3::intern!(py, "FINISHED"));
-    let state = || fut.getattr(pyo3::intern!(py, "_state"));
+    // SAFETY: `fut` is an instance of the installed class (`slots_of`), `off` one of its
+    // slots.
+    let field = |off| unsafe { get(fut, off) };
     // The states are interned strings: identity first.
-    let same = |s: Bound<'_, PyAny>, name| -> PyResult<bool> { Ok(s.is(name) || s.eq(name)?) };
-    let now = state()?;
-    if !same(now.clone(), pending)? {
-        if same(now, finished)? && fut.getattr(pyo3::intern!(py, "_exception"))?.is_none() {
-            return Ok(Some(fut.getattr(pyo3::intern!(py, "_result"))?.unbind()));
+    let is =
+        |v: Option<Bound<'_, PyAny>>, name: &Bound<'_, pyo3::types::PyString>| -> PyResult<bool> {
+            match v {
+                Some(v) => Ok(v.is(name) || v.eq(name)?),
+                None => Ok(false),
+            }
+        };
+    if !is(field(slots.state), pending)? {
+        if is(field(slots.state), finished)? && field(slots.exception).is_some_and(|e| e.is_none())
+        {
+            return Ok(field(slots.result).map(Bound::unbind));
         }
         return Ok(None);
     }
-    let task = fut.getattr(pyo3::intern!(py, "_task"))?;
-    let Ok(task) = task.cast::<Task>() else {
+    let Some(task) = field(slots.task) else {
         return Ok(None);
     };
-    let Some((true, value)) = Task::outcome_of(task, Some(SLICE))? else {
+    let Ok(task) = task.cast_into::<Task>() else {
         return Ok(None);
     };
-    // Every store of Python code tracks the future (`__setattr__`, `__dict__`): while it is
-    // untracked, no other thread has settled it or made it a condition. Once tracked, the
-    // wait (which released the GIL) may have let another thread settle it, or make it a
-    // condition: then the Python method settles it under that condition (`_finish`), so that
-    // a waiter installed under it is notified exactly when it found the future pending. From
-    // here to the stores nothing runs Python code, so no condition can be made in between.
+    let Some((true, value)) = Task::outcome_of(&task, Some(SLICE))? else {
+        return Ok(None);
+    };
+    // Every store of Python code tracks the future (`__setattr__`): while it is untracked, no
+    // other thread has settled it or made it a condition. Once tracked, the wait (which
+    // released the GIL) may have let another thread settle it, or make it a condition: then
+    // the Python method settles it under that condition (`_finish`), so that a waiter
+    // installed under it is notified exactly when it found the future pending. From here to
+    // the stores nothing runs Python code, so no condition can be made in between.
     let watched = crate::gc::is_tracked(fut);
-    if watched && (!same(state()?, pending)? || !fut.getattr(pyo3::intern!(py, "_cond"))?.is_none())
+    if watched
+        && (!is(field(slots.state), pending)? || field(slots.cond).is_none_or(|c| !c.is_none()))
     {
         return Ok(None);
     }
     let Some(pending) = crate::pool::executor_pending(py, task.get()) else {
         return Ok(None);
     };
-    pending.bind(py).del_item(fut).or_else(|e| {
-        if e.is_instance_of::<pyo3::exceptions::PyKeyError>(py) {
-            Ok(())
-        } else {
-            Err(e)
-        }
-    })?;
+    pending.get().remove(fut);
     let value = value.into_bound(py);
-    store(fut, pyo3::intern!(py, "_result"), &value)?;
-    store(fut, pyo3::intern!(py, "_state"), finished)?;
+    // SAFETY: `fut` is an instance of the installed class (`slots_of`).
+    unsafe {
+        set(fut, slots.result, &value);
+        set(fut, slots.state, finished.as_any());
+    }
     crate::gc::track_holder(fut, &value);
     Ok(Some(value.unbind()))
 }

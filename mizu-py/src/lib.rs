@@ -5,9 +5,11 @@
 
 mod channel;
 mod codec;
+mod fastcall;
 mod future;
 mod gc;
 mod ndarray;
+mod pending;
 mod pool;
 mod repeats;
 mod signal;
@@ -120,6 +122,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pool::Pool>()?;
     m.add_class::<task::Task>()?;
     m.add_class::<signal::Signal>()?;
+    m.add_class::<pending::PendingSet>()?;
     m.add_class::<codec::ShmBuffer>()?;
     m.add_class::<channel::Channel>()?;
     m.add_class::<wire::ArrowArray>()?;
@@ -152,6 +155,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(codec::release_shared, m)?)?;
     m.add_function(wrap_pyfunction!(line_round_trip_ns, m)?)?;
     m.add_function(wrap_pyfunction!(future::install_future_result, m)?)?;
+    m.add_function(wrap_pyfunction!(future::new_future, m)?)?;
     m.add_function(wrap_pyfunction!(gc::gc_track, m)?)?;
     Ok(())
 }

@@ -14,6 +14,7 @@ use mizu_pool::retry::{MakeRoom, retrying};
 use mizu_pool::{Fill, Launcher, PoolConfig, PoolError};
 
 use crate::codec::Outgoing;
+use crate::small::Args;
 use crate::task::{Registry, SLICE, Task};
 use crate::{SlotsFull, err, forked};
 
@@ -47,12 +48,15 @@ pub struct Pool {
 struct ExecutorHooks {
     cls: Py<PyType>,
     state: Py<PyAny>,
-    pending: Py<PyDict>,
+    pending: Py<crate::pending::PendingSet>,
     failed: Py<PyAny>,
 }
 
-/// The dict of pending futures of the executor `task`'s pool serves, if it serves one.
-pub(crate) fn executor_pending(py: Python<'_>, task: &Task) -> Option<Py<PyDict>> {
+/// The pending futures of the executor `task`'s pool serves, if it serves one.
+pub(crate) fn executor_pending(
+    py: Python<'_>,
+    task: &Task,
+) -> Option<Py<crate::pending::PendingSet>> {
     let pool = task.pool()?.bind(py).cast::<Pool>().ok()?;
     let hooks = pool.get().executor.get()?;
     Some(hooks.pending.clone_ref(py))
@@ -206,6 +210,82 @@ impl Pool {
 }
 
 impl Pool {
+    /// `submit_call` of arguments given as [`Args`].
+    pub(crate) fn submit_call_of<'py>(
+        slf: &Bound<'py, Self>,
+        fn_: &Bound<'py, PyAny>,
+        args: Args<'_, 'py>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, Task>> {
+        let (py, this) = (slf.py(), slf.get());
+        match crate::small::call_payload_of(fn_, args, kwargs, Some(this.id))? {
+            crate::small::CallPayload::Small(payload) => this
+                .with(|pool| {
+                    submit_draining(py, &this.tasks, false, payload.len(), |t| {
+                        pool.submit_with(&payload, t)
+                    })
+                })?
+                .kept(slf.as_any())
+                .untracked(py),
+            crate::small::CallPayload::Pickled(data, bufs) => {
+                Pool::submit(slf, data.as_bytes(), Some(&bufs))
+            }
+        }
+    }
+
+    /// `PoolExecutor.submit` of arguments given as [`Args`]: the future is the executor's
+    /// class, made without `__init__`, holding the task and the executor's state; a call that
+    /// cannot be pickled gives an already failed future; a refused submission raises what the
+    /// state's `refuse()` says.
+    pub(crate) fn submit_future_of(
+        slf: &Bound<'_, Self>,
+        fn_: &Bound<'_, PyAny>,
+        args: Args<'_, '_>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
+        let h = slf
+            .get()
+            .executor
+            .get()
+            .ok_or_else(|| crate::MizuError::new_err("this pool serves no executor"))?;
+        let st = h.state.bind(py);
+        let accepting = || slf.get().accepting.load(Ordering::SeqCst);
+        let refuse = || match st.call_method0(pyo3::intern!(py, "refuse")) {
+            Ok(e) => PyErr::from_value(e),
+            Err(e) => e,
+        };
+        if !accepting() {
+            return Err(refuse());
+        }
+        let task = match Pool::submit_call_of(slf, fn_, args, kwargs) {
+            Ok(t) => t,
+            Err(e) if e.is_instance_of::<crate::MizuError>(py) => {
+                if !st.getattr(pyo3::intern!(py, "broken"))?.is_none() {
+                    return Err(refuse());
+                }
+                return Err(e);
+            }
+            // Not picklable: fails through its future, as with ProcessPoolExecutor.
+            Err(e) if e.is_instance_of::<pyo3::exceptions::PyException>(py) => {
+                return h.failed.call1(py, (e.into_value(py),));
+            }
+            Err(e) => return Err(e),
+        };
+        // (A task refers to nothing that refers to the future: it stays untracked.)
+        let fut = crate::future::new_future(h.cls.bind(py), task.as_any())?;
+        let pending = h.pending.get();
+        pending.insert(&fut);
+        // A shutdown that began meanwhile either saw the future (and settles it) or is seen
+        // here (and the submission is withdrawn).
+        if !accepting() {
+            pending.remove(&fut);
+            task.call_method0(pyo3::intern!(py, "cancel"))?;
+            return Err(refuse());
+        }
+        Ok(fut.unbind())
+    }
+
     /// `submit`, giving the task before Python sees it.
     fn submit_task(
         slf: &Bound<'_, Self>,
@@ -340,20 +420,19 @@ impl Pool {
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, Task>> {
-        let (py, this) = (slf.py(), slf.get());
-        match crate::small::call_payload(fn_, args, kwargs, Some(this.id))? {
-            crate::small::CallPayload::Small(payload) => this
-                .with(|pool| {
-                    submit_draining(py, &this.tasks, false, payload.len(), |t| {
-                        pool.submit_with(&payload, t)
-                    })
-                })?
-                .kept(slf.as_any())
-                .untracked(py),
-            crate::small::CallPayload::Pickled(data, bufs) => {
-                Pool::submit(slf, data.as_bytes(), Some(&bufs))
-            }
-        }
+        Pool::submit_call_of(slf, fn_, Args::Tuple(args), kwargs)
+    }
+
+    /// `submit_call` (`kind` "task") or `submit_future` ("future") as a function bound to
+    /// this pool that reads its arguments in place: what `Pool.submit` and
+    /// `PoolExecutor.submit` are.
+    fn submit_function<'py>(slf: &Bound<'py, Self>, kind: &str) -> PyResult<Bound<'py, PyAny>> {
+        let kind = match kind {
+            "task" => crate::fastcall::Kind::Task,
+            "future" => crate::fastcall::Kind::Future,
+            _ => return Err(PyValueError::new_err("kind must be 'task' or 'future'")),
+        };
+        crate::fastcall::bound(slf, kind)
     }
 
     /// Makes this pool serve a `PoolExecutor` through `submit_future`: its future class
@@ -374,7 +453,10 @@ impl Pool {
         }
         let hooks = ExecutorHooks {
             cls: cls.unbind(),
-            pending: state.getattr("pending")?.cast_into::<PyDict>()?.unbind(),
+            pending: state
+                .getattr("pending")?
+                .cast_into::<crate::pending::PendingSet>()?
+                .unbind(),
             state: state.clone().unbind(),
             failed,
         };
@@ -388,11 +470,8 @@ impl Pool {
         self.accepting.store(accepting, Ordering::SeqCst);
     }
 
-    /// `PoolExecutor.submit`, natively (the Python method documents it): one call instead of
-    /// a Python frame that repacks the arguments. The future is the executor's class, made
-    /// without `__init__`, holding the task and the executor's state; a call that cannot be
-    /// pickled gives an already failed future; a refused submission raises what the state's
-    /// `refuse()` says.
+    /// `PoolExecutor.submit`, natively (the Python method documents it; `submit_function`
+    /// makes the form it is called in).
     #[pyo3(signature = (fn_, /, *args, **kwargs))]
     fn submit_future(
         slf: &Bound<'_, Self>,
@@ -400,48 +479,7 @@ impl Pool {
         args: &Bound<'_, PyTuple>,
         kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Py<PyAny>> {
-        let py = slf.py();
-        let h = slf
-            .get()
-            .executor
-            .get()
-            .ok_or_else(|| crate::MizuError::new_err("this pool serves no executor"))?;
-        let st = h.state.bind(py);
-        let accepting = || slf.get().accepting.load(Ordering::SeqCst);
-        let refuse = || match st.call_method0(pyo3::intern!(py, "refuse")) {
-            Ok(e) => PyErr::from_value(e),
-            Err(e) => e,
-        };
-        if !accepting() {
-            return Err(refuse());
-        }
-        let task = match Pool::submit_call(slf, fn_, args, kwargs) {
-            Ok(t) => t,
-            Err(e) if e.is_instance_of::<crate::MizuError>(py) => {
-                if !st.getattr(pyo3::intern!(py, "broken"))?.is_none() {
-                    return Err(refuse());
-                }
-                return Err(e);
-            }
-            // Not picklable: fails through its future, as with ProcessPoolExecutor.
-            Err(e) if e.is_instance_of::<pyo3::exceptions::PyException>(py) => {
-                return h.failed.call1(py, (e.into_value(py),));
-            }
-            Err(e) => return Err(e),
-        };
-        let fut = crate::future::new_future(h.cls.bind(py))?;
-        // (A task refers to nothing that refers to the future: it stays untracked.)
-        crate::future::store(&fut, pyo3::intern!(py, "_task"), task.as_any())?;
-        let pending = h.pending.bind(py);
-        pending.set_item(&fut, py.None())?;
-        // A shutdown that began meanwhile either saw the future (and settles it) or is seen
-        // here (and the submission is withdrawn).
-        if !accepting() {
-            pending.del_item(&fut)?;
-            task.call_method0(pyo3::intern!(py, "cancel"))?;
-            return Err(refuse());
-        }
-        Ok(fut.unbind())
+        Pool::submit_future_of(slf, fn_, Args::Tuple(args), kwargs)
     }
 
     /// Submits a cross-language task: `call` (a `pymizu.wire.Call`).

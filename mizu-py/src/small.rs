@@ -206,6 +206,64 @@ impl Writer {
     }
 }
 
+/// A call's positional arguments: a tuple, or the argument array of a vectorcall (read in
+/// place, without making a tuple).
+#[derive(Clone, Copy)]
+pub enum Args<'a, 'py> {
+    /// A tuple of the arguments.
+    Tuple(&'a Bound<'py, PyTuple>),
+    /// Borrowed pointers to the arguments (made by [`Args::array`]).
+    Array(Python<'py>, RawArgs<'a>),
+}
+
+/// A vectorcall's argument array, live for the call (only [`Args::array`] makes one).
+#[derive(Clone, Copy)]
+pub struct RawArgs<'a>(&'a [*mut pyo3::ffi::PyObject]);
+
+impl<'a, 'py> Args<'a, 'py> {
+    /// The arguments at `args`.
+    ///
+    /// # Safety
+    /// Every pointer is a live object for `'a` (a vectorcall's arguments, for the call).
+    pub unsafe fn array(py: Python<'py>, args: &'a [*mut pyo3::ffi::PyObject]) -> Self {
+        Args::Array(py, RawArgs(args))
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Args::Tuple(t) => t.len(),
+            Args::Array(_, a) => a.0.len(),
+        }
+    }
+
+    /// Whether `f` holds for every argument, in order.
+    fn all(&self, mut f: impl FnMut(&Bound<'py, PyAny>) -> bool) -> bool {
+        match self {
+            Args::Tuple(t) => t.iter().all(|x| f(&x)),
+            Args::Array(py, a) => a.0.iter().all(|&p| {
+                // SAFETY: a live object for the call (`Args::array`'s contract), borrowed.
+                let x = unsafe { pyo3::Borrowed::from_ptr(*py, p) };
+                f(&x)
+            }),
+        }
+    }
+
+    /// The arguments as a tuple.
+    pub fn tuple(&self) -> PyResult<Bound<'py, PyTuple>> {
+        match self {
+            Args::Tuple(t) => Ok((*t).clone()),
+            Args::Array(py, a) => {
+                let mut items = Vec::with_capacity(a.0.len());
+                self.all(|x| {
+                    items.push(x.clone());
+                    true
+                });
+                PyTuple::new(*py, items)
+            }
+        }
+    }
+}
+
 /// A small-value payload ready to write: the values (`V` or `C`), and the out-of-band arrays
 /// that follow them (then it is a `W` payload: `W`, 3 zero bytes, `u32` body length `m`, the
 /// body, zeros up to the array area at the next multiple of 64, each array at its offset).
@@ -312,6 +370,16 @@ pub fn encode_call(
     kwargs: Option<&Bound<'_, PyDict>>,
     repeats: Option<u64>,
 ) -> Option<Payload> {
+    encode_call_of(head, Args::Tuple(args), kwargs, repeats)
+}
+
+/// [`encode_call`] of arguments given as [`Args`].
+fn encode_call_of(
+    head: &[u8],
+    args: Args<'_, '_>,
+    kwargs: Option<&Bound<'_, PyDict>>,
+    repeats: Option<u64>,
+) -> Option<Payload> {
     let mut w = Writer {
         refs_ok: true,
         repeats,
@@ -322,7 +390,8 @@ pub fn encode_call(
         .extend_from_slice(&[TAG_CALL, tag::CALL, form::NATIVE]);
     compact::put_varint(&mut w.out, head.len() as u64);
     w.out.extend_from_slice(head);
-    if !w.items(args, 1) {
+    w.count(args.len());
+    if !args.all(|x| w.value(x, 1)) {
         return None;
     }
     match kwargs {
@@ -697,13 +766,24 @@ pub fn call_payload<'py>(
     kwargs: Option<&Bound<'py, PyDict>>,
     repeats: Option<u64>,
 ) -> PyResult<CallPayload<'py>> {
+    call_payload_of(f, Args::Tuple(args), kwargs, repeats)
+}
+
+/// [`call_payload`] of arguments given as [`Args`].
+pub fn call_payload_of<'py>(
+    f: &Bound<'py, PyAny>,
+    args: Args<'_, 'py>,
+    kwargs: Option<&Bound<'py, PyDict>>,
+    repeats: Option<u64>,
+) -> PyResult<CallPayload<'py>> {
     static DUMPS_CALL: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let py = f.py();
     if let Some(h) = fn_head(f)?
-        && let Some(p) = encode_call(h.as_bytes(), args, kwargs, repeats)
+        && let Some(p) = encode_call_of(h.as_bytes(), args, kwargs, repeats)
     {
         return Ok(CallPayload::Small(p));
     }
+    let args = args.tuple()?;
     let kw = match kwargs {
         Some(k) => k.clone(),
         None => PyDict::new(py),

@@ -149,7 +149,14 @@ fn collect(task: &mut mizu_pool::Task, wait: Duration) -> Result<Buffer, Collect
 /// The tasks of one submitter (a pool, or the nested submissions of a worker), held weakly.
 #[derive(Default)]
 pub(crate) struct Registry {
-    live: Mutex<Vec<Weak<Cell>>>,
+    live: Mutex<Live>,
+}
+
+/// A registry's list, and how long it was after its last pruning.
+#[derive(Default)]
+struct Live {
+    cells: Vec<Weak<Cell>>,
+    kept: usize,
 }
 
 /// The nested submissions of this process (inside a worker).
@@ -158,15 +165,13 @@ pub(crate) static NESTED: LazyLock<Registry> = LazyLock::new(Registry::default);
 impl Registry {
     fn track(&self, cell: &Arc<Cell>) {
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        live.push(Arc::downgrade(cell));
-        // Forget dropped and finished tasks once the list has doubled since last time.
-        if live.len() >= 256 && live.len().is_power_of_two() {
-            live.retain(|w| {
-                w.upgrade().is_some_and(|c| {
-                    c.try_lock()
-                        .is_none_or(|g| matches!(*g, State::Pending(_) | State::Collecting))
-                })
-            });
+        live.cells.push(Arc::downgrade(cell));
+        // Forget dropped tasks once the list has doubled since it was last pruned: each entry
+        // is looked at about once per push, by a read of its count alone (finished tasks still
+        // held go at the next drain).
+        if live.cells.len() >= 256 && live.cells.len() >= 2 * live.kept {
+            live.cells.retain(|w| w.strong_count() > 0);
+            live.kept = live.cells.len();
         }
     }
 
@@ -175,8 +180,15 @@ impl Registry {
     pub(crate) fn drain(&self) {
         let cells: Vec<Arc<Cell>> = {
             let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
-            live.retain(|w| w.strong_count() > 0);
-            live.iter().filter_map(Weak::upgrade).collect()
+            // (Here finished tasks are forgotten too: only pending ones can give room.)
+            live.cells.retain(|w| {
+                w.upgrade().is_some_and(|c| {
+                    c.try_lock()
+                        .is_none_or(|g| matches!(*g, State::Pending(_) | State::Collecting))
+                })
+            });
+            live.kept = live.cells.len();
+            live.cells.iter().filter_map(Weak::upgrade).collect()
         };
         let sweep = || {
             let mut moved = false;

@@ -315,3 +315,42 @@ def test_cycles_through_futures_are_collected(ex, how):
     ref = make()
     gc.collect()
     assert ref() is None
+
+
+def test_submit_takes_keywords_and_refuses_a_call_without_a_function(ex):
+    # `submit` reads its arguments in place (a C function, not a method with *args).
+    assert ex.submit(tasks.kw_pair, 1, b=2).result(timeout=60) == tasks.kw_pair(1, b=2)
+    assert ex.submit(tasks.kw_pair, a=3, b=4).result(timeout=60) == tasks.kw_pair(3, b=4)
+    with pytest.raises(TypeError):
+        ex.submit()
+    with pytest.raises(TypeError):
+        ex.submit(fn=tasks.add)
+    with pymizu.Pool(1) as p:
+        assert p.submit(tasks.kw_pair, 5, b=6).result(timeout=60) == tasks.kw_pair(5, b=6)
+        with pytest.raises(TypeError):
+            p.submit()
+    assert ex.submit.__name__ == "submit"
+
+
+def test_a_future_takes_attributes_of_its_users(ex):
+    # Its own fields are slots; what a framework stores on it goes in its dictionary.
+    f = ex.submit(tasks.add, 1, 2)
+    f.key = ("x", 1)
+    f.priority = 3
+    assert f.result(timeout=60) == 3
+    assert (f.key, f.priority) == (("x", 1), 3)
+    assert vars(f) == {"key": ("x", 1), "priority": 3}
+    g = ex.submit(tasks.add, 2, 2)
+    g.key = "y"
+    assert cf.wait([g], timeout=60).done == {g}
+    assert g.result() == 4 and g.key == "y"
+
+
+def test_settled_futures_leave_the_executor(ex):
+    fs = [ex.submit(tasks.add, i, 1) for i in range(200)]
+    fs += [ex.submit(tasks.fail_with, "no") for _ in range(5)]
+    assert [f.result(timeout=60) for f in fs[:200]] == [i + 1 for i in range(200)]
+    assert all(isinstance(f.exception(timeout=60), Exception) for f in fs[200:])
+    pending = ex._state.pending
+    assert len(pending) == 0 and not any(f in pending for f in fs)
+    assert list(pending) == []

@@ -101,22 +101,20 @@ class _CallbackList(list):
 
 
 def _future_list(key: str, kind: type) -> property:
-    """A future's attribute holding a list of `kind` made on first use (under `key` in its
-    dict)."""
+    """A future's attribute holding a list of `kind` made on first use (in its slot `key`)."""
 
     def get(self):
-        _track(self)
-        d = self.__dict__
-        v = d.get(key)
+        v = getattr(self, key)
         if v is None:
-            v = d[key] = kind()
+            v = kind()
             v._future = self
+            self.__setattr__(key, v)
         return v
 
     def put(self, v):
-        _track(self)
-        v = self.__dict__[key] = kind(v)
+        v = kind(v)
         v._future = self
+        self.__setattr__(key, v)
 
     return property(get, put)
 
@@ -125,9 +123,10 @@ class _MizuFuture(Future):
     """A real `Future`; `result()` collects the task in the calling thread (GIL released while
     it waits) instead of waiting for the collector thread to be scheduled.
 
-    Made without `Future.__init__` (see `PoolExecutor.submit`): its immutable fields are class
-    defaults, and its condition and lists are made on first use — most futures are settled by
-    the thread that waits on them and never need them. A future with a condition changes state
+    Made without `Future.__init__` (`_native.new_future`): its fields are slots, set when it is
+    made, which the native code reads and writes at their place in the object; its condition
+    and lists are made on first use — most futures are settled by the thread that waits on
+    them and never need them. A future with a condition changes state
     under it, as in the base class; one without changes state under the lock its condition
     would be made under (`_finish`), so the two never cross. Whoever of the caller, a waiter,
     the collector thread and a breaking executor settles it first notifies, once.
@@ -136,18 +135,14 @@ class _MizuFuture(Future):
     which refer to nothing that could refer back to them until something is stored in them,
     and every collection meanwhile would walk them all. Storing anything but the value of the
     native `result()` (which tracks the future when that value is tracked) goes through
-    `__setattr__` or `__dict__` here, which track it again, so that cycles through a future (a
+    `__setattr__` here, which tracks it again, so that cycles through a future (a
     done-callback's closure, an exception's traceback) are collected.
     """
 
-    _state = _PENDING
-    _result = None
-    _exception = None
-    _task = None
+    # (The condition and the lists are None until used.)
+    __slots__ = ("_state", "_result", "_exception", "_task", "_cond",
+                 "_waiter_list", "_callback_list")
     _owner = None  # the executor's `_State`
-    # Made on first use (`_condition`). Read as attributes, not through `__dict__`: that would
-    # make every future's dictionary, which CPython otherwise keeps as inline values.
-    _cond = None
 
     def __setattr__(self, name, value):
         _track(self)
@@ -156,8 +151,7 @@ class _MizuFuture(Future):
     @property
     def _condition(self):
         _track(self)
-        d = self.__dict__
-        c = d.get("_cond")
+        c = self._cond
         if c is None:
             # Someone other than `result()` is about to wait on this future (`wait`,
             # `as_completed`, a done-callback, asyncio). A short task's outcome arrives within
@@ -174,7 +168,9 @@ class _MizuFuture(Future):
                     if outcome is not None and not isinstance(outcome[1], CancelledError):
                         self._settle(outcome)
             with _MADE:
-                c = d.setdefault("_cond", threading.Condition())
+                c = self._cond
+                if c is None:
+                    c = self._cond = threading.Condition()
         return c
 
     _waiters = _future_list("_waiter_list", _WaiterList)
@@ -188,7 +184,7 @@ class _MizuFuture(Future):
         ok, value = outcome
         if not ok:
             if isinstance(value, CancelledError):
-                self._owner.pending.pop(self, None)
+                self._owner.pending.discard(self)
                 self.cancel()
                 return
             if isinstance(value, (WorkerDiedError, InitializerError)):
@@ -219,14 +215,14 @@ class _MizuFuture(Future):
                 else:
                     waiter.add_exception(self)
             c.notify_all()
-        if self.__dict__.get("_callback_list"):
+        if self._callback_list:
             self._invoke_callbacks()
 
     def _complete(self, ok: bool, value) -> bool:
         """Stores the outcome of a pending future; whether it was pending."""
         if self._state != _PENDING:
             return False
-        self._owner.pending.pop(self, None)
+        self._owner.pending.discard(self)
         if ok:
             self._result = value
         else:
@@ -287,7 +283,7 @@ class _MizuFuture(Future):
         with self._condition:
             if self._state == _PENDING and not self._task.cancel():
                 return False
-        self._owner.pending.pop(self, None)
+        self._owner.pending.discard(self)
         if not super().cancel():
             return False
         # The task will never run: what ProcessPoolExecutor does when it drops a cancelled
@@ -298,19 +294,7 @@ class _MizuFuture(Future):
 
 
 _native.install_future_result(_MizuFuture)
-_new_future = object.__new__
-
-
-def _prime_attributes(cls) -> None:
-    """Registers the names of every attribute a future may get in the class's shared key
-    table, on a throwaway instance, before the first real future: CPython 3.11 stops adding
-    names to that table after a few dozen instances, and an instance that then gets a name not
-    in it (`_result` on the first futures to finish, say) is given a dictionary of its own."""
-    probe = _new_future(cls)
-    for name in ("_task", "_state", "_result", "_exception", "_cond",
-                 "_waiter_list", "_callback_list"):
-        setattr(probe, name, None)
-
+_new_future = _native.new_future
 
 
 class _State:
@@ -323,7 +307,7 @@ class _State:
         self.pool = mpool._pool
         self.lock = threading.Lock()
         # Futures not settled yet (settling removes them): what the collector looks at.
-        self.pending: dict[_MizuFuture, None] = {}
+        self.pending = _native.PendingSet()
         # Set by a kick (a future newly watched, shutdown): wakes the collector also while it
         # waits for its watched tasks.
         self.wakeup = _native.Signal()
@@ -357,7 +341,6 @@ class _State:
         store less per future)."""
         cls = type("_MizuFuture", (_MizuFuture,), {"_owner": self, "__module__": __name__,
                                                    "__qualname__": _MizuFuture.__qualname__})
-        _prime_attributes(cls)
         return cls
 
     def close(self, cancel_futures: bool = False) -> None:
@@ -463,7 +446,7 @@ class _State:
 
 
 def _has_callbacks(fut) -> bool:
-    return fut._cond is not None and bool(fut.__dict__.get("_callback_list"))
+    return fut._cond is not None and bool(fut._callback_list)
 
 
 def _settle_finished(futures) -> bool:
@@ -627,7 +610,7 @@ class PoolExecutor(Executor):
         self._future_class = st.future_class()
         self._pool.bind_executor(self._future_class, st, _failed)
         if type(self).submit is PoolExecutor.submit:
-            self.submit = self._pool.submit_future
+            self.submit = self._pool.submit_function("future")
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
         # No lock on this hot path: a submit racing `shutdown` looks at the flag again once
@@ -636,13 +619,12 @@ class PoolExecutor(Executor):
         st = self._state
         if not st.accepting:
             raise st.refuse()
-        fut = _new_future(self._future_class)
         try:
             # Pickling happens here, in the caller (small calls are written natively). The
             # native submit refuses a forked child's copy of the pool. When every task slot
             # holds an uncollected result (e.g. a large `map`), it moves finished outcomes
             # into their tasks to make room.
-            fut._task = task = self._pool.submit_call(fn, *args, **kwargs)
+            task = self._pool.submit_call(fn, *args, **kwargs)
         except MizuError:
             if st.broken is not None:
                 raise st.refuse() from None
@@ -651,9 +633,10 @@ class PoolExecutor(Executor):
             # A call that cannot be pickled fails through its future, as with
             # ProcessPoolExecutor.
             return _failed(e)
-        st.pending[fut] = None
+        fut = _new_future(self._future_class, task)
+        st.pending.add(fut)
         if not st.accepting:
-            st.pending.pop(fut, None)
+            st.pending.discard(fut)
             task.cancel()
             raise st.refuse()
         return fut
@@ -664,9 +647,8 @@ class PoolExecutor(Executor):
         with st.lock:
             if not st.accepting:
                 raise st.refuse()
-            fut = _new_future(self._future_class)
-            fut._task = self._pool.submit(data, bufs)
-            st.pending[fut] = None
+            fut = _new_future(self._future_class, self._pool.submit(data, bufs))
+            st.pending.add(fut)
             return fut
 
     def map(self, fn, *iterables, timeout: float | None = None, chunksize: int | None = None):

@@ -670,7 +670,7 @@ class Pool(_Submitter):
         # `submit` itself, natively (the method documents it): one call instead of three
         # Python frames on the hot path — unless a subclass overrides `submit`.
         if type(self).submit is _Submitter.submit:
-            self.submit = self._pool.submit_call
+            self.submit = self._pool.submit_function("task")
 
     def _check(self) -> None:
         if _forked:

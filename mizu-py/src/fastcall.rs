@@ -1,0 +1,170 @@
+//! The two submit calls of the hot path (`Pool.submit`, `PoolExecutor.submit`) as C functions
+//! taking their arguments in CPython's vectorcall form, bound to their pool: `fn(*args,
+//! **kwargs)` is read in place, where a method with `*args` would get a new tuple of
+//! everything and then a second one of all but `fn`.
+
+use std::panic::AssertUnwindSafe;
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::pool::Pool;
+use crate::small::Args;
+
+/// Which submit a bound function makes.
+#[derive(Clone, Copy)]
+pub(crate) enum Kind {
+    /// `Pool.submit`: a `Task`.
+    Task,
+    /// `PoolExecutor.submit`: an executor future.
+    Future,
+}
+
+/// `submit(fn, /, *args, **kwargs)` of `kind` bound to `pool`.
+pub(crate) fn bound<'py>(pool: &Bound<'py, Pool>, kind: Kind) -> PyResult<Bound<'py, PyAny>> {
+    let def: &'static ffi::PyMethodDef = match kind {
+        Kind::Task => &TASK,
+        Kind::Future => &FUTURE,
+    };
+    // SAFETY: `def` is static; `pool` is a live object the function holds a reference to;
+    // a new reference or null with the error set.
+    unsafe {
+        let f = ffi::PyCFunction_NewEx(
+            std::ptr::from_ref(def).cast_mut(),
+            pool.as_ptr(),
+            std::ptr::null_mut(),
+        );
+        Bound::from_owned_ptr_or_err(pool.py(), f)
+    }
+}
+
+/// A method definition CPython reads but never writes (its pointers are static strings).
+struct Def(ffi::PyMethodDef);
+
+// SAFETY: immutable after construction; its pointers are to static data.
+unsafe impl Sync for Def {}
+
+impl std::ops::Deref for Def {
+    type Target = ffi::PyMethodDef;
+    fn deref(&self) -> &ffi::PyMethodDef {
+        &self.0
+    }
+}
+
+static TASK: Def = Def(ffi::PyMethodDef {
+    ml_name: c"submit".as_ptr(),
+    ml_meth: ffi::PyMethodDefPointer {
+        PyCFunctionFastWithKeywords: task_entry,
+    },
+    ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
+    ml_doc:
+        c"submit(fn, /, *args, **kwargs)\n--\n\nRuns fn(*args, **kwargs) in a worker: its Task."
+            .as_ptr(),
+});
+
+static FUTURE: Def = Def(ffi::PyMethodDef {
+    ml_name: c"submit".as_ptr(),
+    ml_meth: ffi::PyMethodDefPointer {
+        PyCFunctionFastWithKeywords: future_entry,
+    },
+    ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
+    ml_doc: c"submit(fn, /, *args, **kwargs)\n--\n\nSchedules fn(*args, **kwargs): a Future."
+        .as_ptr(),
+});
+
+/// The C entry of `Pool.submit`.
+unsafe extern "C" fn task_entry(
+    slf: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: CPython's vectorcall contract, passed on.
+    unsafe { entry(slf, args, nargs, kwnames, Kind::Task) }
+}
+
+/// The C entry of `PoolExecutor.submit`.
+unsafe extern "C" fn future_entry(
+    slf: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: CPython's vectorcall contract, passed on.
+    unsafe { entry(slf, args, nargs, kwnames, Kind::Future) }
+}
+
+/// Runs a submit: `slf` is the bound pool; `nargs` positional arguments at `args`, followed
+/// by the values of the names in `kwnames` (a tuple, or null).
+///
+/// # Safety
+/// CPython's vectorcall contract: called with the GIL held, every pointer live for the call.
+unsafe fn entry(
+    slf: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+    kind: Kind,
+) -> *mut ffi::PyObject {
+    // CPython calls a function with the GIL held: `attach` only records that.
+    Python::attach(|py| {
+        let run = AssertUnwindSafe(|| -> PyResult<Py<PyAny>> {
+            // SAFETY: the bound object, live while the function is (`bound` made it a pool).
+            let pool = unsafe { Bound::from_borrowed_ptr(py, slf) };
+            let pool = pool.cast::<Pool>()?;
+            let nkw = if kwnames.is_null() {
+                0
+            } else {
+                // SAFETY: a non-null `kwnames` is a tuple of the names (vectorcall convention).
+                unsafe { Bound::from_borrowed_ptr(py, kwnames) }.len()?
+            };
+            let nargs = nargs as usize;
+            if nargs == 0 {
+                return Err(PyTypeError::new_err(
+                    "submit() missing 1 required positional argument: 'fn'",
+                ));
+            }
+            // SAFETY: the convention gives `nargs` positional and `nkw` named values at `args`.
+            let given = unsafe { std::slice::from_raw_parts(args, nargs + nkw) };
+            // SAFETY: live for the call (the convention).
+            let f = unsafe { Bound::from_borrowed_ptr(py, given[0]) };
+            // SAFETY: as above.
+            let positional = unsafe { Args::array(py, &given[1..nargs]) };
+            let named = if nkw == 0 {
+                None
+            } else {
+                let d = PyDict::new(py);
+                // SAFETY: as above.
+                let names = unsafe { Bound::from_borrowed_ptr(py, kwnames) };
+                for (k, &v) in names.try_iter()?.zip(&given[nargs..]) {
+                    // SAFETY: as above.
+                    d.set_item(k?, unsafe { Bound::from_borrowed_ptr(py, v) })?;
+                }
+                Some(d)
+            };
+            match kind {
+                Kind::Task => Ok(Pool::submit_call_of(pool, &f, positional, named.as_ref())?
+                    .into_any()
+                    .unbind()),
+                Kind::Future => Pool::submit_future_of(pool, &f, positional, named.as_ref()),
+            }
+        });
+        let r = std::panic::catch_unwind(run).unwrap_or_else(|p| {
+            Err(pyo3::panic::PanicException::new_err(
+                p.downcast_ref::<&str>().map_or_else(
+                    || p.downcast_ref::<String>().cloned().unwrap_or_default(),
+                    |s| s.to_string(),
+                ),
+            ))
+        });
+        match r {
+            Ok(v) => v.into_ptr(),
+            Err(e) => {
+                e.restore(py);
+                std::ptr::null_mut()
+            }
+        }
+    })
+}
