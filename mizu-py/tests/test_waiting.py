@@ -165,3 +165,24 @@ def test_a_future_settled_while_a_waiter_is_installed_is_reported_once():
             done, not_done = cf.wait(fs, timeout=120)
             reader.join()
             assert done == set(fs) and not not_done
+
+
+def test_waiting_on_many_running_tasks_looks_for_their_outcome_once(monkeypatch):
+    # A future's first waiter other than `result()` spins briefly for a short task's outcome;
+    # once one such look finds its task still running, the other futures of the same
+    # `as_completed`/`wait` are not looked at one by one.
+    from pymizu import _executor
+
+    looks = []
+    real = _executor._look_for
+    monkeypatch.setattr(_executor, "_look_for", lambda task: (looks.append(task), real(task)))
+    monkeypatch.setattr(_executor, "_WATCH_PAUSE", 600.0)
+    monkeypatch.setattr(_executor, "_watch_again", 0.0)
+    with pymizu.PoolExecutor(2) as ex:
+        fs = [ex.submit(tasks.sleep, 2) for _ in range(30)]
+        try:
+            done, not_done = cf.wait(fs, timeout=0.01)
+            assert not done and len(not_done) == 30
+            assert len(looks) == 1
+        finally:
+            ex.shutdown(cancel_futures=True)

@@ -20,6 +20,9 @@ from ._pool import Pool, _run_chunk
 _PENDING, _FINISHED = "PENDING", "FINISHED"
 # Seconds a future's first waiter other than `result()` looks for the outcome itself.
 _WATCH_SPIN = 20e-6
+# Seconds without such looks after one that found its task still running (see `_condition`).
+_WATCH_PAUSE = 1e-3
+_watch_again = 0.0
 # A waiter longer than this looks, once per slice, whether a worker died (which breaks the
 # executor, as it breaks a ProcessPoolExecutor); a short task never reaches it.
 _SLICE = 0.1
@@ -119,6 +122,18 @@ def _future_list(key: str, kind: type) -> property:
     return property(get, put)
 
 
+def _look_for(task) -> None:
+    """Spins up to `_WATCH_SPIN` for `task` to finish. One that finds it still running stops
+    the next looks for `_WATCH_PAUSE` (`wait`/`as_completed` over thousands of queued tasks
+    would otherwise spend `_WATCH_SPIN` on each)."""
+    global _watch_again
+    end = time.perf_counter() + _WATCH_SPIN
+    while not task.done() and time.perf_counter() < end:
+        pass
+    if not task.done():
+        _watch_again = time.perf_counter() + _WATCH_PAUSE
+
+
 class _MizuFuture(Future):
     """A real `Future`; `result()` collects the task in the calling thread (GIL released while
     it waits) instead of waiting for the collector thread to be scheduled.
@@ -159,9 +174,8 @@ class _MizuFuture(Future):
             # finds the future finished instead of waiting at all.
             task = self._task
             if self._state == _PENDING and task is not None:
-                end = time.perf_counter() + _WATCH_SPIN
-                while not task.done() and time.perf_counter() < end:
-                    pass
+                if time.perf_counter() >= _watch_again:
+                    _look_for(task)
                 if task.done():
                     outcome = task._outcome(0.0)
                     # (A cancelled task settles through `cancel()`, which needs the condition.)
