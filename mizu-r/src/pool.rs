@@ -980,6 +980,10 @@ pub(crate) unsafe fn collect_protected(
         INTEGER, R_ExternalPtrProtected, R_SetExternalPtrProtected, Rf_protect, VECTOR_ELT,
     };
     let start = Instant::now();
+    // After a whole slice without the outcome, a nearly full `/dev/shm` may be what holds the
+    // worker up (see `view::collect_if_pressed`; the task's own batch stays alive meanwhile,
+    // so no finalizer reaches this cell).
+    let mut pressed_check = false;
     let mut g = t.cell.borrow_mut();
     let r = match &mut *g {
         TaskState::Done { outcome } => {
@@ -1003,6 +1007,10 @@ pub(crate) unsafe fn collect_protected(
             r
         }
         TaskState::Pending(task) => loop {
+            if pressed_check {
+                crate::view::collect_if_pressed();
+            }
+            pressed_check = true;
             let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
             let slice = left.map_or(SLICE, |l| l.min(SLICE));
             let r = with_context(|ctx| match ctx {

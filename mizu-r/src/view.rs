@@ -405,6 +405,18 @@ fn first_view_of_region(at: *const u8) -> bool {
 
 /// `first_ref`: a view by reference that is the first of its region since the last
 /// collection (it counts as at most [`REF_WEIGHT`]; later ones of the region count nothing).
+/// The caller has waited a whole slice for a task while `/dev/shm` is nearly full (less than
+/// a quarter free): the worker may be waiting for room that views this session no longer uses
+/// hold (R's collector knows nothing of their size). A full collection frees them, when views
+/// were made since the last one. Called from a wait, where no payload is being read or written.
+pub fn collect_if_pressed() {
+    if LIVE.with(Cell::get).1 > BASELINE.with(Cell::get)
+        && mizu_shm::space::available() < mizu_shm::space::capacity() / 4
+    {
+        collect_under_pressure();
+    }
+}
+
 fn collect_garbage_now_and_then(bytes: usize, copy: bool, first_ref: bool) {
     let young = SINCE_GC.with(Cell::get) + if copy { bytes } else { 0 };
     let any = SINCE_ANY.with(Cell::get)

@@ -446,6 +446,28 @@ test_that("a small /dev/shm carries a data-frame loop and a full one fails clear
   expect_true("after 2 " %in% out, info = paste(out, collapse = "\n"))
 })
 
+test_that("a worker short of /dev/shm gets the room the caller's garbage views hold", {
+  # The caller waits for a result while the views of earlier results, garbage R has not
+  # collected (it knows nothing of their size), fill /dev/shm: the worker storing this result
+  # finds no room. A caller whose wait outlasts a slice under such pressure collects them.
+  files <- list.files("/dev/shm", "^mizu_", full.names = TRUE)
+  limit <- sum(file.size(files), na.rm = TRUE) + 40 * 2^20
+  out <- run_r(c(
+    sprintf('Sys.setenv(MIZU_SHM_BYTES = "%.0f")', limit),
+    "library(mizu)",
+    "pool <- mizu_pool(2)",
+    "nr <- 54000L",
+    "df <- data.frame(a = runif(nr), b = rnorm(nr), c = seq_len(nr),",
+    "                 e = factor(sample(letters[1:5], nr, TRUE)), f = runif(nr), g = rnorm(nr),",
+    "                 h = sample(1000L, nr, TRUE), j = runif(nr), k = runif(nr), l = runif(nr))",
+    "add_col <- function(d) { d$m <- d$a + d$c; d }",
+    "for (i in 1:60) r <- mizu_collect(mizu_submit(pool, f(d), f = add_col, d = df))",
+    "cat('same', identical(r, add_col(df)), '\n')",
+    "mizu_pool_stop(pool)"
+  ), timeout = 300)
+  expect_true("same TRUE " %in% out, info = paste(out, collapse = "\n"))
+})
+
 test_that("the same vector twice in a value travels once and arrives as one view", {
   x <- runif(1e5)
   size <- function(v) .Call(mizu:::wrap__codec_size, v)
