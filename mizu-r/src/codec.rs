@@ -401,13 +401,7 @@ impl Outgoing {
             return Ok(Outgoing::layout(TAG_SMALL, bytes, Vec::new()));
         }
         if let Some((bytes, vecs)) = crate::small::encode_oob(root) {
-            // SAFETY: each vector is reachable from `root`, which the caller keeps protected
-            // for the call; the Robj protects it for as long as the payload lives.
-            let bufs = vecs
-                .into_iter()
-                .map(|v| oob_entry(unsafe { Robj::from_sexp(v) }))
-                .collect::<Result<Vec<_>>>()?;
-            return Ok(Outgoing::layout(TAG_SMALL, bytes, bufs));
+            return Outgoing::with_oob(bytes, vecs);
         }
         let top = if oob_type(root).is_some() {
             w.placeholder(root, None)
@@ -442,12 +436,28 @@ impl Outgoing {
     }
 
     /// The compact payload of `list("e", expr, vars)` (an expression task), made without
-    /// the list; `None` when the message takes another encoding.
-    pub fn encode_expr_task(expr: SEXP, vars: SEXP) -> Option<Outgoing> {
+    /// the list, with large vectors and views of shared memory out of band (a binding that is
+    /// a shared view, say); `None` when the message takes another encoding.
+    pub fn encode_expr_task(expr: SEXP, vars: SEXP) -> Option<Result<Outgoing>> {
         // SAFETY: R's main thread; the kind string is kept for the session.
         let kind = unsafe { crate::handle::kept_expr_kind() };
         crate::small::encode_list3(kind, expr, vars)
-            .map(|bytes| Outgoing::layout(TAG_SMALL, bytes, Vec::new()))
+            .map(|(bytes, vecs)| Outgoing::with_oob(bytes, vecs))
+    }
+
+    /// A compact payload `bytes` whose out-of-band items are `vecs` (each reachable from a
+    /// value the caller keeps protected for the call).
+    fn with_oob(bytes: Vec<u8>, vecs: Vec<SEXP>) -> Result<Outgoing> {
+        if vecs.is_empty() {
+            return Ok(Outgoing::layout(TAG_SMALL, bytes, Vec::new()));
+        }
+        // SAFETY: the caller's contract; the Robj protects each vector for as long as the
+        // payload lives.
+        let bufs = vecs
+            .into_iter()
+            .map(|v| oob_entry(unsafe { Robj::from_sexp(v) }))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Outgoing::layout(TAG_SMALL, bytes, bufs))
     }
 
     fn layout(tag: u8, skel: Vec<u8>, bufs: Vec<Oob>) -> Outgoing {

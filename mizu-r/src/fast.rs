@@ -123,11 +123,12 @@ pub unsafe extern "C" fn mizu_rs_submit_expr(pool: SEXP, expr: SEXP, vars: SEXP)
             return marker("mizu_globals");
         }
         // The common message goes out without being made: its compact encoding is written
-        // from its parts (bindings that need a check or another encoding take the list).
+        // from its parts, large vectors and shared views out of band (bindings that need a
+        // check or another encoding take the list).
         if check_vars_sexp(vars).is_ok()
             && let Some(out) = Outgoing::encode_expr_task(expr, vars)
         {
-            return submit_with(pool, || Ok(out));
+            return submit_with(pool, || out.map_err(|e| Unsendable::from(e.to_string())));
         }
         let msg = Rf_protect(extendr_ffi::Rf_allocVector(
             extendr_ffi::SEXPTYPE::VECSXP,

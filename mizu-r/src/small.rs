@@ -103,18 +103,25 @@ pub fn encode_oob(x: SEXP) -> Option<(Vec<u8>, Vec<SEXP>)> {
     }
 }
 
-/// The compact encoding of the list `list(a, b, c)` (no names), without the list: what
-/// [`encode`] makes of it, or `None` when an element is not covered.
-pub fn encode_list3(a: SEXP, b: SEXP, c: SEXP) -> Option<Vec<u8>> {
+/// The compact encoding of the list `list(a, b, c)` (no names), without the list, with large
+/// vectors and views of shared memory out of band: what [`encode_oob`] makes of it (the same
+/// bytes as [`encode`] when nothing goes out of band), or `None` when an element is not
+/// covered.
+pub fn encode_list3(a: SEXP, b: SEXP, c: SEXP) -> Option<(Vec<u8>, Vec<SEXP>)> {
     let mut out = buffer();
     out.push(tag::LIST);
     varint(&mut out, 3);
-    let no = &mut None;
+    let mut oob = Some(Vec::new());
     // SAFETY: the elements are live (protected by the caller); only reads, no allocation.
-    if unsafe { item(&mut out, a, 1, no) && item(&mut out, b, 1, no) && item(&mut out, c, 1, no) } {
-        Some(out)
+    if unsafe {
+        item(&mut out, a, 1, &mut oob)
+            && item(&mut out, b, 1, &mut oob)
+            && item(&mut out, c, 1, &mut oob)
+    } {
+        Some((out, oob.unwrap_or_default()))
     } else {
-        failed(out)
+        give_back(out);
+        None
     }
 }
 

@@ -378,9 +378,13 @@ const REF_WEIGHT: usize = 64 << 10;
 thread_local! {
     /// The regions views by reference were made of since the last collection (see
     /// [`first_view_of_region`]).
-    static REGIONS_SEEN: std::cell::RefCell<std::collections::HashSet<mizu_wire::store::RegionDesc>> =
-        std::cell::RefCell::new(std::collections::HashSet::new());
+    static REGIONS_SEEN: std::cell::RefCell<SeenRegions> = std::cell::RefCell::default();
 }
+
+/// Regions by where they start in this process (a region given back and another made at the
+/// same place before the next collection counts as seen: this only paces collections).
+type SeenRegions =
+    std::collections::HashSet<usize, std::hash::BuildHasherDefault<rustc_hash::FxHasher>>;
 
 /// Regions remembered by [`first_view_of_region`] between collections, at most (past that,
 /// every view by reference counts again: a collection is then near anyway).
@@ -391,7 +395,7 @@ const SEEN_MAX: usize = 4096;
 /// region pin nothing more when they die: a loop of tasks reading one shared object made a
 /// young collection (~5 ms here) every 2 048 tasks for views that, collected, freed nothing.
 fn first_view_of_region(at: *const u8) -> bool {
-    let Some((region, _)) = mizu_wire::store::Region::containing(at) else {
+    let Some((_, offset)) = mizu_wire::store::Region::containing(at) else {
         return true;
     };
     REGIONS_SEEN.with(|s| {
@@ -399,12 +403,10 @@ fn first_view_of_region(at: *const u8) -> bool {
         if s.len() >= SEEN_MAX {
             s.clear();
         }
-        s.insert(region.describe())
+        s.insert(at as usize - offset)
     })
 }
 
-/// `first_ref`: a view by reference that is the first of its region since the last
-/// collection (it counts as at most [`REF_WEIGHT`]; later ones of the region count nothing).
 /// The caller has waited a whole slice for a task while `/dev/shm` is nearly full (less than
 /// a quarter free): the worker may be waiting for room that views this session no longer uses
 /// hold (R's collector knows nothing of their size). A full collection frees them, when views
@@ -417,6 +419,8 @@ pub fn collect_if_pressed() {
     }
 }
 
+/// `first_ref`: a view by reference that is the first of its region since the last
+/// collection (it counts as at most [`REF_WEIGHT`]; later ones of the region count nothing).
 fn collect_garbage_now_and_then(bytes: usize, copy: bool, first_ref: bool) {
     let young = SINCE_GC.with(Cell::get) + if copy { bytes } else { 0 };
     let any = SINCE_ANY.with(Cell::get)
