@@ -238,22 +238,65 @@ unsafe fn new_array<'py>(
 
 /// The `str` of a dtype sent inline (`'<f8'`, `'|b1'`, `'<M8[ns]'`): built from its fields
 /// for numbers, asked of numpy for the parametric kinds (dates, strings).
-fn dtype_str(d: &Bound<'_, PyArrayDescr>) -> PyResult<String> {
+fn dtype_str(d: &Bound<'_, PyArrayDescr>) -> PyResult<DtypeStr> {
     let kind = d.kind();
     if b"biufc".contains(&kind) {
         let size = d.itemsize();
         let order = match (size, d.byteorder()) {
-            (1, _) | (_, b'|') => '|',
-            (_, b'>') => '>',
-            (_, b'<') => '<',
+            (1, _) | (_, b'|') => b'|',
+            (_, b'>') => b'>',
+            (_, b'<') => b'<',
             // Native order ('='): numpy's `str` names it.
-            _ if cfg!(target_endian = "little") => '<',
-            _ => '>',
+            _ if cfg!(target_endian = "little") => b'<',
+            _ => b'>',
         };
-        return Ok(format!("{order}{}{size}", kind as char));
+        // (Written without `format!`: this is on the path of every array sent.)
+        let mut s = DtypeStr::Short([0; 8], 0);
+        s.push(order);
+        s.push(kind);
+        let mut digits = [0u8; 20];
+        let (mut k, mut rest) = (digits.len(), size);
+        loop {
+            k -= 1;
+            digits[k] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+            if rest == 0 {
+                break;
+            }
+        }
+        digits[k..].iter().for_each(|&b| s.push(b));
+        return Ok(s);
     }
     let s = d.getattr(intern!(d.py(), "str"))?;
-    Ok(s.cast::<PyString>()?.to_str()?.to_owned())
+    Ok(DtypeStr::Long(s.cast::<PyString>()?.to_str()?.to_owned()))
+}
+
+/// numpy's `dtype.str`: short ones (a number type) on the stack.
+enum DtypeStr {
+    Short([u8; 8], usize),
+    Long(String),
+}
+
+impl DtypeStr {
+    fn push(&mut self, b: u8) {
+        if let DtypeStr::Short(buf, n) = self {
+            if *n < buf.len() {
+                buf[*n] = b;
+                *n += 1;
+            }
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            DtypeStr::Short(buf, n) => &buf[..*n],
+            DtypeStr::Long(s) => s.as_bytes(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.as_bytes().len()
+    }
 }
 impl Writer {
     /// A numpy array of a plain dtype (numbers, booleans, dates, fixed-width strings), C- or

@@ -385,7 +385,8 @@ fn encode_call_of(
         repeats,
         ..Writer::default()
     };
-    w.out.reserve(head.len() + 32);
+    // (Room for a few small values, or one array sent by reference, without growing.)
+    w.out.reserve(head.len() + 128);
     w.out
         .extend_from_slice(&[TAG_CALL, tag::CALL, form::NATIVE]);
     compact::put_varint(&mut w.out, head.len() as u64);
