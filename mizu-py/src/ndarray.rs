@@ -279,11 +279,11 @@ enum DtypeStr {
 
 impl DtypeStr {
     fn push(&mut self, b: u8) {
-        if let DtypeStr::Short(buf, n) = self {
-            if *n < buf.len() {
-                buf[*n] = b;
-                *n += 1;
-            }
+        if let DtypeStr::Short(buf, n) = self
+            && *n < buf.len()
+        {
+            buf[*n] = b;
+            *n += 1;
         }
     }
 
