@@ -151,20 +151,29 @@ unsafe fn entry(
                 Kind::Future => Pool::submit_future_of(pool, &f, positional, named.as_ref()),
             }
         });
-        let r = std::panic::catch_unwind(run).unwrap_or_else(|p| {
-            Err(pyo3::panic::PanicException::new_err(
-                p.downcast_ref::<&str>().map_or_else(
-                    || p.downcast_ref::<String>().cloned().unwrap_or_default(),
-                    |s| s.to_string(),
-                ),
-            ))
-        });
-        match r {
-            Ok(v) => v.into_ptr(),
-            Err(e) => {
-                e.restore(py);
-                std::ptr::null_mut()
-            }
-        }
+        c_return(py, run)
     })
+}
+
+/// What a C entry CPython calls returns for `run`: its value as a new reference, or null with
+/// its error set (a panic becomes a `PanicException`; nothing unwinds into CPython).
+pub(crate) fn c_return(
+    py: Python<'_>,
+    run: impl FnOnce() -> PyResult<Py<PyAny>> + std::panic::UnwindSafe,
+) -> *mut ffi::PyObject {
+    let r = std::panic::catch_unwind(run).unwrap_or_else(|p| {
+        Err(pyo3::panic::PanicException::new_err(
+            p.downcast_ref::<&str>().map_or_else(
+                || p.downcast_ref::<String>().cloned().unwrap_or_default(),
+                |s| s.to_string(),
+            ),
+        ))
+    });
+    match r {
+        Ok(v) => v.into_ptr(),
+        Err(e) => {
+            e.restore(py);
+            std::ptr::null_mut()
+        }
+    }
 }

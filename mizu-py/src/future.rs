@@ -298,21 +298,7 @@ fn result_call(
         }
         slow(&fut, given, nargs as usize, kwnames)
     });
-    let r = std::panic::catch_unwind(run).unwrap_or_else(|p| {
-        Err(pyo3::panic::PanicException::new_err(
-            p.downcast_ref::<&str>().map_or_else(
-                || p.downcast_ref::<String>().cloned().unwrap_or_default(),
-                |s| s.to_string(),
-            ),
-        ))
-    });
-    match r {
-        Ok(v) => v.into_ptr(),
-        Err(e) => {
-            e.restore(py);
-            std::ptr::null_mut()
-        }
-    }
+    crate::fastcall::c_return(py, run)
 }
 
 /// The value of a future that is, or becomes within a slice of waiting, finished with a

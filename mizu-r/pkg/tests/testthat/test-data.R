@@ -404,6 +404,17 @@ test_that("a forked child dropping a view does not give back the parent's memory
   })
 })
 
+# The benchmark's data-frame round trip in a loop (R code for `run_r`): prints "same TRUE".
+df_loop <- c(
+  "nr <- 54000L",
+  "df <- data.frame(a = runif(nr), b = rnorm(nr), c = seq_len(nr),",
+  "                 e = factor(sample(letters[1:5], nr, TRUE)), f = runif(nr), g = rnorm(nr),",
+  "                 h = sample(1000L, nr, TRUE), j = runif(nr), k = runif(nr), l = runif(nr))",
+  "add_col <- function(d) { d$m <- d$a + d$c; d }",
+  "for (i in 1:60) r <- mizu_collect(mizu_submit(pool, f(d), f = add_col, d = df))",
+  "cat('same', identical(r, add_col(df)), '\n')"
+)
+
 test_that("a small /dev/shm carries a data-frame loop and a full one fails clearly", {
   # A container's /dev/shm is 64 MiB by default (MIZU_SHM_BYTES makes mizu behave so here).
   # The benchmark's data-frame round trip in a loop failed after five rounds (16 MiB segments
@@ -415,13 +426,7 @@ test_that("a small /dev/shm carries a data-frame loop and a full one fails clear
     sprintf('Sys.setenv(MIZU_SHM_BYTES = "%.0f")', limit),
     "library(mizu)",
     "pool <- mizu_pool(2)",
-    "nr <- 54000L",
-    "df <- data.frame(a = runif(nr), b = rnorm(nr), c = seq_len(nr),",
-    "                 e = factor(sample(letters[1:5], nr, TRUE)), f = runif(nr), g = rnorm(nr),",
-    "                 h = sample(1000L, nr, TRUE), j = runif(nr), k = runif(nr), l = runif(nr))",
-    "add_col <- function(d) { d$m <- d$a + d$c; d }",
-    "for (i in 1:60) r <- mizu_collect(mizu_submit(pool, f(d), f = add_col, d = df))",
-    "cat('same', identical(r, add_col(df)), '\n')",
+    df_loop,
     "e <- tryCatch(mizu_collect(mizu_submit(pool, length(x), x = runif(1e7))), error = identity)",
     "cat('class', class(e)[1], '\n')",
     "cat('message', conditionMessage(e), '\n')",
@@ -456,13 +461,7 @@ test_that("a worker short of /dev/shm gets the room the caller's garbage views h
     sprintf('Sys.setenv(MIZU_SHM_BYTES = "%.0f")', limit),
     "library(mizu)",
     "pool <- mizu_pool(2)",
-    "nr <- 54000L",
-    "df <- data.frame(a = runif(nr), b = rnorm(nr), c = seq_len(nr),",
-    "                 e = factor(sample(letters[1:5], nr, TRUE)), f = runif(nr), g = rnorm(nr),",
-    "                 h = sample(1000L, nr, TRUE), j = runif(nr), k = runif(nr), l = runif(nr))",
-    "add_col <- function(d) { d$m <- d$a + d$c; d }",
-    "for (i in 1:60) r <- mizu_collect(mizu_submit(pool, f(d), f = add_col, d = df))",
-    "cat('same', identical(r, add_col(df)), '\n')",
+    df_loop,
     "mizu_pool_stop(pool)"
   ), timeout = 300)
   expect_true("same TRUE " %in% out, info = paste(out, collapse = "\n"))
