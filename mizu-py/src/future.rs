@@ -136,12 +136,6 @@ impl Slots {
     }
 }
 
-/// The slots of `fut` when it is an instance of the installed future class (or a subclass).
-fn slots_of(fut: &Bound<'_, PyAny>) -> Option<Slots> {
-    let (cls, slots) = LAYOUT.get(fut.py())?;
-    fut.is_instance(cls.bind(fut.py())).ok()?.then_some(*slots)
-}
-
 /// The field at `off` of `fut` (borrowed; None when unset).
 ///
 /// # Safety
@@ -205,15 +199,32 @@ pub(crate) fn new_future<'py>(
     cls: &Bound<'py, PyType>,
     task: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let py = cls.py();
-    let Some((base, slots)) = LAYOUT.get(py) else {
-        return Err(PyTypeError::new_err("no future class is installed"));
-    };
-    if !cls.is_subclass(base.bind(py))? {
+    if !is_future_class(cls)? {
         return Err(PyTypeError::new_err(
             "not a subclass of the installed future class",
         ));
     }
+    make_future(cls, task)
+}
+
+/// Whether `cls` is the installed future class or a subclass of it.
+pub(crate) fn is_future_class(cls: &Bound<'_, PyType>) -> PyResult<bool> {
+    match LAYOUT.get(cls.py()) {
+        Some((base, _)) => cls.is_subclass(base.bind(cls.py())),
+        None => Ok(false),
+    }
+}
+
+/// [`new_future`] of a class already checked with [`is_future_class`] (an executor's, when
+/// the pool was bound to it).
+pub(crate) fn make_future<'py>(
+    cls: &Bound<'py, PyType>,
+    task: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = cls.py();
+    let Some((_, slots)) = LAYOUT.get(py) else {
+        return Err(PyTypeError::new_err("no future class is installed"));
+    };
     let fut = new_object(cls)?;
     let none = py.None().into_bound(py);
     let pending = pyo3::intern!(py, "PENDING").as_any();
@@ -303,14 +314,17 @@ fn result_call(
 
 /// The value of a future that is, or becomes within a slice of waiting, finished with a
 /// value; None for every other case (an exception, cancellation, a timeout, a future settled
-/// meanwhile by another thread), which the Python method handles.
+/// meanwhile by another thread), which the Python method handles. `fut` is an instance of the
+/// installed class (what `result` is called on).
 fn settled_value(fut: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
     let py = fut.py();
-    let Some(slots) = slots_of(fut) else {
+    // (`fut` is an instance of the installed class: `result` is a method descriptor of that
+    // class, which checks the type of what it is called on.)
+    let Some((_, slots)) = LAYOUT.get(py) else {
         return Ok(None);
     };
     let (pending, finished) = (pyo3::intern!(py, "PENDING"), pyo3::intern!(py, "FINISHED"));
-    // SAFETY: `fut` is an instance of the installed class (`slots_of`), `off` one of its
+    // SAFETY: `fut` is an instance of the installed class (see above), `off` one of its
     // slots.
     let field = |off| unsafe { get(fut, off) };
     // The states are interned strings: identity first.
@@ -354,7 +368,7 @@ fn settled_value(fut: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
     };
     pending.get().remove(fut);
     let value = value.into_bound(py);
-    // SAFETY: `fut` is an instance of the installed class (`slots_of`).
+    // SAFETY: `fut` is an instance of the installed class (see above).
     unsafe {
         set(fut, slots.result, &value);
         set(fut, slots.state, finished.as_any());

@@ -38,12 +38,12 @@ pub struct Pool {
     /// Set when a `PoolExecutor` serves through this pool (`bind_executor`).
     executor: OnceLock<ExecutorHooks>,
     /// The executor's `accepting` flag (its state object sets it through `set_accepting`),
-    /// read by `submit_future` without a Python attribute lookup.
+    /// read by the executor's submit without a Python attribute lookup.
     accepting: AtomicBool,
 }
 
-/// What `submit_future` needs of a `PoolExecutor`: its future class, its shared state
-/// (`accepting`, `broken`, `refuse()`), the state's dict of pending futures, and the function
+/// What the executor's submit needs of a `PoolExecutor`: its future class, its shared state
+/// (`accepting`, `broken`, `refuse()`), the state's set of pending futures, and the function
 /// that makes an already failed future.
 struct ExecutorHooks {
     cls: Py<PyType>,
@@ -273,7 +273,7 @@ impl Pool {
             Err(e) => return Err(e),
         };
         // (A task refers to nothing that refers to the future: it stays untracked.)
-        let fut = crate::future::new_future(h.cls.bind(py), task.as_any())?;
+        let fut = crate::future::make_future(h.cls.bind(py), task.as_any())?;
         let pending = h.pending.get();
         pending.insert(&fut);
         // A shutdown that began meanwhile either saw the future (and settles it) or is seen
@@ -423,9 +423,9 @@ impl Pool {
         Pool::submit_call_of(slf, fn_, Args::Tuple(args), kwargs)
     }
 
-    /// `submit_call` (`kind` "task") or `submit_future` ("future") as a function bound to
-    /// this pool that reads its arguments in place: what `Pool.submit` and
-    /// `PoolExecutor.submit` are.
+    /// `submit_call` (`kind` "task") or the executor's submit ("future", `submit_future_of`)
+    /// as a function bound to this pool that reads its arguments in place: what `Pool.submit`
+    /// and `PoolExecutor.submit` are.
     fn submit_function<'py>(slf: &Bound<'py, Self>, kind: &str) -> PyResult<Bound<'py, PyAny>> {
         let kind = match kind {
             "task" => crate::fastcall::Kind::Task,
@@ -440,15 +440,13 @@ impl Pool {
     /// `failed(exc)`, which returns a future that already failed with `exc`.
     fn bind_executor(
         &self,
-        py: Python<'_>,
         cls: Bound<'_, PyType>,
         state: &Bound<'_, PyAny>,
         failed: Py<PyAny>,
     ) -> PyResult<()> {
-        let future = PyModule::import(py, "concurrent.futures")?.getattr("Future")?;
-        if !cls.is_subclass(&future)? {
+        if !crate::future::is_future_class(&cls)? {
             return Err(PyValueError::new_err(
-                "an executor's future class must subclass concurrent.futures.Future",
+                "an executor's future class must subclass the installed future class",
             ));
         }
         let hooks = ExecutorHooks {
@@ -468,18 +466,6 @@ impl Pool {
     /// Sets whether the executor this pool serves accepts submissions (its `accepting`).
     fn set_accepting(&self, accepting: bool) {
         self.accepting.store(accepting, Ordering::SeqCst);
-    }
-
-    /// `PoolExecutor.submit`, natively (the Python method documents it; `submit_function`
-    /// makes the form it is called in).
-    #[pyo3(signature = (fn_, /, *args, **kwargs))]
-    fn submit_future(
-        slf: &Bound<'_, Self>,
-        fn_: &Bound<'_, PyAny>,
-        args: &Bound<'_, PyTuple>,
-        kwargs: Option<&Bound<'_, PyDict>>,
-    ) -> PyResult<Py<PyAny>> {
-        Pool::submit_future_of(slf, fn_, Args::Tuple(args), kwargs)
     }
 
     /// Submits a cross-language task: `call` (a `pymizu.wire.Call`).
