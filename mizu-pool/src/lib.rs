@@ -66,6 +66,8 @@ mod shared;
 #[cfg(not(mizu_loom))]
 mod submitter;
 #[cfg(not(mizu_loom))]
+mod watch;
+#[cfg(not(mizu_loom))]
 mod worker;
 
 #[cfg(not(mizu_loom))]
@@ -78,6 +80,7 @@ pub use {
     pool::{Launcher, Pool, PoolConfig, PoolStatus, SubmitterStatus, WorkerStatus},
     shared::{Fill, set_discard_hook},
     submitter::{CollectError, Task, Wakeup, collect_all, collect_any, wait_until},
+    watch::{WATCH, Watch},
     worker::{
         Executor, TaskContext, exit_if_orphaned_while_starting, run_worker, with_current_task,
     },

@@ -178,6 +178,11 @@ pub struct PoolStatus {
     pub collected: u64,
     /// Workers replaced after dying.
     pub respawns: u64,
+    /// This controller's waits for outcomes that ended while it watched for them (see
+    /// [`crate::WATCH`]).
+    pub watched: u64,
+    /// Times this controller's waits for outcomes slept in the kernel.
+    pub parks: u64,
 }
 
 struct Children {
@@ -472,12 +477,15 @@ impl Pool {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .respawns;
+        let (watched, parks) = self.core.waits();
         PoolStatus {
             workers,
             submitters,
             submitted: s.submitted.load(Ordering::Relaxed),
             collected: s.collected.load(Ordering::Relaxed),
             respawns,
+            watched,
+            parks,
         }
     }
 

@@ -1,7 +1,7 @@
 //! Submitting tasks and collecting their results: what the controller, attached processes and
 //! workers (for nested tasks) share.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -12,6 +12,7 @@ use mizu_shm::{WaitError, Waiter};
 use crate::error::{PoolError, Result, TaskError};
 use crate::layout::{PoolView, TaskId, reason, wstate};
 use crate::shared::{Fill, Shared};
+use crate::watch::{Unwatched, WATCH, Watch, watch};
 
 /// Why collecting a result did not return it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -53,6 +54,13 @@ pub struct SubmitterCore {
     /// taken from the workers on a 2-CPU machine), while one in a fast stream keeps the full
     /// budget (an outcome caught while spinning restores it).
     learned_spin: AtomicU64,
+    /// Whether a wait may watch (see [`crate::watch`]): cleared by a watch that the task
+    /// outlasted, set again by an outcome that came sooner than a watch lasts. Workers never
+    /// watch (their CPU is counted as busy already).
+    watch_pays: AtomicBool,
+    /// Waits for outcomes that ended while watching, and times such waits slept.
+    watched: AtomicU64,
+    parks: AtomicU64,
     last_freed: std::sync::atomic::AtomicUsize,
     /// The thread that owns `Inner::deque` (only it may push there).
     owner: Option<std::thread::ThreadId>,
@@ -91,6 +99,9 @@ impl SubmitterCore {
             index,
             spin,
             learned_spin: AtomicU64::new(spin.as_nanos() as u64),
+            watch_pays: AtomicBool::new(!spin.is_zero()),
+            watched: AtomicU64::new(0),
+            parks: AtomicU64::new(0),
             last_freed: std::sync::atomic::AtomicUsize::new(usize::MAX),
             owner: None,
         })
@@ -112,6 +123,7 @@ impl SubmitterCore {
             .unwrap_or_else(|p| p.into_inner())
             .deque = Some(d);
         core.owner = Some(std::thread::current().id());
+        core.watch_pays = AtomicBool::new(false);
         Arc::new(core)
     }
 
@@ -402,6 +414,63 @@ impl SubmitterCore {
     fn learn(&self, w: &Waiter) {
         self.learned_spin
             .store(w.spin_budget().as_nanos() as u64, Ordering::Relaxed);
+        if w.parks() > 0 {
+            self.parks.fetch_add(w.parks(), Ordering::Relaxed);
+        }
+    }
+
+    /// Waits for outcomes (in this process) that ended while watching, and the times such
+    /// waits slept in the kernel.
+    pub fn waits(&self) -> (u64, u64) {
+        (
+            self.watched.load(Ordering::Relaxed),
+            self.parks.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Watches for `poll` through the rest of a running task while a CPU is free for it (see
+    /// [`crate::watch`]), for at most `timeout`; None when the caller should park.
+    fn watch_for<T>(
+        &self,
+        timeout: Option<Duration>,
+        poll: impl FnMut() -> Option<T>,
+    ) -> Option<T> {
+        if !self.watch_pays.load(Ordering::Relaxed) {
+            return None;
+        }
+        let limit = timeout.map_or(WATCH, |t| t.min(WATCH));
+        match watch(self.shared.view(), limit, poll) {
+            Ok(found) => {
+                self.watched.fetch_add(1, Ordering::Relaxed);
+                Some(found)
+            }
+            Err(Unwatched::Outlasted) if limit == WATCH => {
+                self.outlasted();
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// Whether waits on this submitter's tasks watch (see [`crate::watch`]).
+    pub(crate) fn watch_pays(&self) -> bool {
+        self.watch_pays.load(Ordering::Relaxed)
+    }
+
+    /// A task outlasted a whole watch: the next waits park straight away.
+    pub(crate) fn outlasted(&self) {
+        self.watch_pays.store(false, Ordering::Relaxed);
+    }
+
+    /// A parked wait that began at `start` got its outcome: had it come within a watch, the
+    /// next waits watch again.
+    fn parked_until(&self, start: Instant) {
+        if start.elapsed() < WATCH && !self.watch_pays.load(Ordering::Relaxed) {
+            self.watch_pays.store(
+                self.owner.is_none() && !self.spin.is_zero(),
+                Ordering::Relaxed,
+            );
+        }
     }
 
     /// [`SubmitterCore::wait_final`]'s wait, once the first poll found nothing.
@@ -427,6 +496,9 @@ impl SubmitterCore {
                 return r;
             }
         }
+        if let Some(r) = self.watch_for(timeout.map(|t| t.saturating_sub(start.elapsed())), poll) {
+            return r;
+        }
         loop {
             let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
             match w.wait(
@@ -435,7 +507,10 @@ impl SubmitterCore {
                 left.map(|l| l.min(Duration::from_millis(2))),
                 || Ok::<(), ()>(()),
             ) {
-                Ok(r) => return r,
+                Ok(r) => {
+                    self.parked_until(start);
+                    return r;
+                }
                 Err(WaitError::TimedOut) | Err(WaitError::Aborted(())) => {
                     if left.is_some_and(|l| l.is_zero()) {
                         return Err(CollectError::Timeout);
@@ -644,6 +719,12 @@ impl Task {
         self.state().is_some_and(|s| s.is_final())
     }
 
+    /// A watch over this task's outcome that the caller runs itself, looking now and then
+    /// (see [`Watch`]); None when it should wait elsewhere.
+    pub fn watch(&self) -> Option<Watch> {
+        Watch::start(&self.core)
+    }
+
     /// A handle that wakes whoever waits in [`wait_until`] on this task's submitter.
     pub fn wakeup(&self) -> Wakeup {
         Wakeup {
@@ -720,6 +801,9 @@ pub fn wait_until<T>(
     let core = probe.core.clone();
     let park = &core.shared.view().submitter(core.index).park;
     let mut w = core.waiter();
+    if let Some(found) = core.watch_for(timeout, &mut poll) {
+        return Some(found);
+    }
     let found = loop {
         let left = timeout.map(|d| d.saturating_sub(start.elapsed()));
         match w.wait(
@@ -728,7 +812,10 @@ pub fn wait_until<T>(
             left.map(|l| l.min(Duration::from_millis(50))),
             || Ok::<(), ()>(()),
         ) {
-            Ok(i) => break Some(i),
+            Ok(i) => {
+                core.parked_until(start);
+                break Some(i);
+            }
             Err(_) if left.is_some_and(|l| l.is_zero()) => break None,
             Err(_) => {}
         }

@@ -104,6 +104,96 @@ def await_pool(pool, fn, args, n, reps):
     return per_task(go, n, reps)
 
 
+def reach(ex, pool, us, n):
+    """Median time from the worker finishing a `us` µs task to each way of waiting having its
+    outcome (`pool`: also `await task` on a `pymizu.Pool`)."""
+    fn = work.spin_stamp
+
+    def result():
+        v = ex.submit(fn, us).result()
+        return time.perf_counter() - v
+
+    def completed():
+        for f in as_completed([ex.submit(fn, us)]):
+            return time.perf_counter() - f.result()
+
+    def waited():
+        f = ex.submit(fn, us)
+        wait([f], return_when=FIRST_COMPLETED)
+        return time.perf_counter() - f.result()
+
+    def callback():
+        ev, box = threading.Event(), []
+        f = ex.submit(fn, us)
+        f.add_done_callback(lambda _f: (box.append(time.perf_counter()), ev.set()))
+        ev.wait()
+        return box[0] - f.result()
+
+    def looped(make):
+        async def go():
+            out = []
+            for _ in range(n + 2):
+                v = await make()
+                out.append(time.perf_counter() - v)
+            return statistics.median(out[2:])
+
+        return asyncio.run(go())
+
+    out = {}
+    for name, f in [(".result()", result), ("as_completed", completed), ("wait(FIRST_COMPLETED)", waited), ("add_done_callback", callback)]:
+        f(), f()
+        out[name] = statistics.median([f() for _ in range(n)])
+    out["await wrap_future"] = looped(lambda: asyncio.wrap_future(ex.submit(fn, us)))
+    out["await run_in_executor"] = looped(lambda: asyncio.get_running_loop().run_in_executor(ex, fn, us))
+    if pool is not None:
+        out["await task (pymizu.Pool)"] = looped(lambda: pool.submit(fn, us))
+    return out
+
+
+def wake_floor(n):
+    """A thread asleep in the kernel (blocked on a pipe) woken by another process that has just
+    spun 1 ms: the cost every waiter that sleeps pays once the worker finishes."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        for _ in range(n):
+            work.spin_stamp(1000.0)
+            os.write(w, repr(time.perf_counter()).encode().ljust(32))
+        os._exit(0)
+    os.close(w)
+    out = []
+    for _ in range(n):
+        sent = float(os.read(r, 32))
+        out.append(time.perf_counter() - sent)
+    os.close(r)
+    os.waitpid(pid, 0)
+    return statistics.median(out)
+
+
+def loop_floor(n):
+    """asyncio's own cost from a concurrent future set in the loop's thread to the coroutine
+    awaiting it running again."""
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        out, box = [], [0.0]
+
+        def fire(f):
+            box[0] = time.perf_counter()
+            f.set_result(None)
+
+        for _ in range(n):
+            f = Future()
+            aw = asyncio.wrap_future(f)
+            loop.call_soon(fire, f)
+            await aw
+            out.append(time.perf_counter() - box[0])
+        return statistics.median(out)
+
+    return asyncio.run(go())
+
+
 def asyncio_floor(n):
     """asyncio's own cost of awaiting a concurrent future that is already finished."""
 
@@ -125,32 +215,35 @@ def main():
     q = 0.25 if a.quick else 1.0
     n, reps = max(50, int(400 * q)), 3 if a.quick else 5
     n_long = max(20, int(100 * q))
-    table = {}
+    table, reached = {}, {}
     for name, make in [("pymizu.PoolExecutor", lambda: pymizu.PoolExecutor(2)), ("ProcessPoolExecutor", lambda: ProcessPoolExecutor(2))]:
         ex = make()
         k = n if name.startswith("pymizu") else max(20, n // 10)
         table[name] = paths(ex, work.add, (1, 1), k, reps)
-        long = paths(ex, work.spin, (0, 1000.0), n_long, reps)
-        for row, v in long.items():
-            table[name][row + " (1 ms task, time past 1 ms)"] = v - 1e-3
+        if name.startswith("pymizu"):
+            with pymizu.Pool(2) as p:
+                table[name]["await task (pymizu.Pool)"] = await_pool(p, work.add, (1, 1), n, reps)
+                reached[name] = reach(ex, p, 1000.0, n_long)
+        else:
+            reached[name] = reach(ex, None, 1000.0, n_long)
         ex.shutdown()
         time.sleep(0.3)
-    with pymizu.Pool(2) as p:
-        table["pymizu.PoolExecutor"]["await task (pymizu.Pool)"] = await_pool(p, work.add, (1, 1), n, reps)
-        table["pymizu.PoolExecutor"]["await task (pymizu.Pool) (1 ms task, time past 1 ms)"] = (
-            await_pool(p, work.spin, (0, 1000.0), n_long, reps) - 1e-3
-        )
-    rows = list(table["pymizu.PoolExecutor"])
-    print("\nA completion reaching each way of waiting: 2 workers, time per task (median of runs)")
-    print("| way of waiting | pymizu | ProcessPoolExecutor | ratio |")
-    print("|---|---:|---:|---:|")
-    for r in rows:
-        m = table["pymizu.PoolExecutor"][r]
-        p = table["ProcessPoolExecutor"].get(r.replace("await task (pymizu.Pool)", "await wrap_future"))
-        ratio = f"{p / m:.0f}x" if p and m > 0 else ""
-        ps = f"{p * 1e6:.1f} us" if p else ""
-        print(f"| {r} | {m * 1e6:.1f} us | {ps} | {ratio} |")
-    print(f"asyncio's own floor (awaiting an already finished concurrent future): {asyncio_floor(2000) * 1e6:.1f} us")
+
+    def show(title, t):
+        print(title)
+        print("| way of waiting | pymizu | ProcessPoolExecutor | ratio |")
+        print("|---|---:|---:|---:|")
+        for r, m in t["pymizu.PoolExecutor"].items():
+            p = t["ProcessPoolExecutor"].get(r.replace("await task (pymizu.Pool)", "await wrap_future"))
+            ratio = f"{p / m:.0f}x" if p and m > 0 else ""
+            ps = f"{p * 1e6:.1f} us" if p else ""
+            print(f"| {r} | {m * 1e6:.1f} us | {ps} | {ratio} |")
+
+    show("\nA completion reaching each way of waiting: 2 workers, trivial task, time per task with its submit (median of runs)", table)
+    show("\nA 1 ms task on an idle pool: from the worker finishing to the waiter having the outcome (median)", reached)
+    print(f"The machine's floors: a sleeping thread woken by another process {wake_floor(n_long) * 1e6:.1f} us; "
+          f"asyncio resuming a coroutine whose future is set in the loop's thread {loop_floor(2000) * 1e6:.1f} us; "
+          f"asyncio awaiting an already finished concurrent future {asyncio_floor(2000) * 1e6:.1f} us")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,15 @@ def spin(x, us=5.0):
     return x
 
 
+def spin_stamp(us):
+    """Busy for `us` microseconds, then returns the moment it finished (`time.perf_counter()`
+    reads CLOCK_MONOTONIC, the same clock in every process of the machine)."""
+    end = time.perf_counter() + us * 1e-6
+    while time.perf_counter() < end:
+        pass
+    return time.perf_counter()
+
+
 def nrows(df):
     return len(df)
 

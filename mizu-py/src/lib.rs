@@ -121,6 +121,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ForkedError", py.get_type::<ForkedError>())?;
     m.add_class::<pool::Pool>()?;
     m.add_class::<task::Task>()?;
+    m.add_class::<task::Watch>()?;
     m.add_class::<signal::Signal>()?;
     m.add_class::<pending::PendingSet>()?;
     m.add_class::<codec::ShmBuffer>()?;

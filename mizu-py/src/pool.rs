@@ -668,6 +668,17 @@ impl Pool {
             .collect())
     }
 
+    /// `(watched, parks)`: this process's waits for outcomes that ended while it watched for
+    /// them, and the times such waits slept (0, 0 once the pool stopped).
+    fn waits(&self) -> PyResult<(u64, u64)> {
+        forked(self.pid)?;
+        let g = self.inner.read().map_err(err)?;
+        Ok(g.as_ref().map_or((0, 0), |p| {
+            let st = p.status();
+            (st.watched, st.parks)
+        }))
+    }
+
     /// How many workers died on their own so far (not retired, recycled, timed out or
     /// stopped); 0 once the pool stopped.
     fn deaths(&self) -> PyResult<u64> {

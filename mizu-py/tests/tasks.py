@@ -35,6 +35,14 @@ def sleep(s):
     return s
 
 
+def spin(s):
+    """Keeps a CPU busy for `s` seconds."""
+    end = time.perf_counter() + s
+    while time.perf_counter() < end:
+        pass
+    return s
+
+
 def hold(x, s):
     """Holds `x` (a view of the caller's memory) for `s` seconds."""
     time.sleep(s)

@@ -4,6 +4,7 @@ itself: `as_completed`, `wait`, done-callbacks, `asyncio.wrap_future`, `run_in_e
 
 import asyncio
 import concurrent.futures as cf
+import os
 import threading
 import time
 
@@ -186,3 +187,94 @@ def test_waiting_on_many_running_tasks_looks_for_their_outcome_once(monkeypatch)
             assert len(looks) == 1
         finally:
             ex.shutdown(cancel_futures=True)
+
+
+# Whether a CPU is left for a caller beside one busy worker: callers watch for outcomes
+# (poll without sleeping) only then.
+SPARE_CPU = (os.cpu_count() or 1) >= 2
+
+
+def test_a_caller_with_a_cpu_free_watches_a_short_task_instead_of_sleeping():
+    with pymizu.Pool(1) as p:
+        assert p.submit(tasks.add, 1, 1).result(timeout=60) == 2
+        before = p.status()["waits"]
+        for _ in range(10):
+            assert p.submit(tasks.spin, 0.001).result(timeout=60) == 0.001
+        after = p.status()["waits"]
+    watched = after["watched"] - before["watched"]
+    if SPARE_CPU:
+        # A watch lasts 5 ms: only a machine stalled for longer than that makes one sleep.
+        assert watched >= 5
+    else:
+        assert watched == 0 and after["parks"] > before["parks"]
+
+
+def test_a_caller_sleeps_while_every_cpu_runs_a_worker():
+    n = os.cpu_count() or 1
+    with pymizu.Pool(n) as p:
+        assert p.submit(tasks.add, 1, 1).result(timeout=60) == 2
+        before = p.status()["waits"]
+        first = p.submit(tasks.spin, 0.1)
+        rest = [p.submit(tasks.spin, 1.0) for _ in range(n - 1)]
+        deadline = time.monotonic() + 60
+        while sum(w["busy"] for w in p.status()["workers"]) < n:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        assert first.result(timeout=60) == 0.1
+        after = p.status()["waits"]
+        assert [t.result(timeout=60) for t in rest] == [1.0] * (n - 1)
+    assert after["watched"] == before["watched"]
+    assert after["parks"] > before["parks"]
+
+
+def test_an_event_loop_looks_for_short_outcomes_itself(monkeypatch):
+    from pymizu import _pool
+
+    handovers = []
+    real = _pool._Watcher.watch
+    monkeypatch.setattr(_pool._Watcher, "watch", lambda self, *a: (handovers.append(a), real(self, *a)))
+    with pymizu.Pool(1) as p, pymizu.PoolExecutor(1) as ex:
+        ran_in = []
+
+        async def main():
+            loop = asyncio.get_running_loop()
+            got = []
+            for _ in range(10):
+                got.append(await p.submit(tasks.spin, 0.002))
+                got.append(await loop.run_in_executor(ex, tasks.spin, 0.002))
+                f = ex.submit(tasks.spin, 0.002)
+                f.add_done_callback(lambda _f: ran_in.append(threading.current_thread().name))
+                got.append(await asyncio.wrap_future(f))
+            return got
+
+        assert asyncio.run(main()) == [0.002] * 30
+    assert len(ran_in) == 10
+    if SPARE_CPU:
+        # Settled by the loop itself, not handed to a thread that sleeps until the worker
+        # wakes it (only a machine stalled for longer than a watch hands one over).
+        assert len(handovers) <= 5
+        assert ran_in.count("MainThread") >= 5
+    else:
+        assert len(handovers) == 10 and ran_in == ["pymizu-collector"] * 10
+
+
+def test_a_loop_closed_while_it_watched_hands_its_futures_on():
+    with pymizu.PoolExecutor(1) as ex:
+        ran = threading.Event()
+
+        async def first():
+            f = ex.submit(tasks.spin, 0.005)
+            f.add_done_callback(lambda _f: ran.set())
+            return f
+
+        f = asyncio.run(first())
+        # The task finishes and the closed loop's watch runs out meanwhile: the next loop may
+        # watch, and a short task of its own ends that watch before it runs out.
+        time.sleep(0.05)
+
+        async def second():
+            return await asyncio.wrap_future(ex.submit(tasks.spin, 0.002))
+
+        assert asyncio.run(second()) == 0.002
+        assert ran.wait(60)
+        assert f.result(timeout=60) == 0.005

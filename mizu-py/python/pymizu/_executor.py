@@ -14,7 +14,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 from . import _codec, _native, _share
 from ._errors import CancelledError, InitializerError, MizuError, WorkerDiedError
-from ._pool import Pool, _run_chunk
+from ._pool import Pool, _run_chunk, watch_in_loop
 
 
 _PENDING, _FINISHED = "PENDING", "FINISHED"
@@ -91,8 +91,10 @@ class _WaiterList(list):
 
 
 class _CallbackList(list):
-    """A future's done-callbacks: one added while the future is pending has the executor's
-    collector thread watch the future, to run it as soon as the task finishes."""
+    """A future's done-callbacks: one added while the future is pending has the future
+    watched, to run it as soon as the task finishes — by the running event loop of the thread
+    that adds it, while a CPU is free for that (asyncio's `wrap_future`, `run_in_executor`),
+    else by the executor's collector thread."""
 
     __slots__ = ("_future",)
 
@@ -100,7 +102,10 @@ class _CallbackList(list):
         list.append(self, fn)
         fut = self._future
         if fut._state == _PENDING:
-            fut._owner.kick()
+            task = fut._task
+            kick = fut._owner.kick
+            if task is None or not watch_in_loop(task, lambda: fut._settle(task._outcome(0.0)), kick):
+                kick()
 
 
 def _future_list(key: str, kind: type) -> property:
@@ -223,7 +228,7 @@ class _MizuFuture(Future):
         with c:
             if not self._complete(ok, value):
                 return
-            for waiter in self._waiters:
+            for waiter in self._waiter_list or ():
                 if ok:
                     waiter.add_result(self)
                 else:

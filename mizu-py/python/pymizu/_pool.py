@@ -117,23 +117,100 @@ _AWAIT_SPIN = 20e-6
 _watcher_lock = threading.Lock()
 
 
+class _LoopWatch:
+    """Looks for outcomes once per round of an event loop, while a CPU is free for it (the
+    native `Watch`): a loop asleep in its selector needs another thread to wake it after the
+    worker finishes, and each such wake-up costs tens of microseconds in a VM. A round of the
+    loop still runs its other callbacks and I/O; the watch ends when a worker needs the CPU
+    back, after a few milliseconds, or when nothing it watches is pending. Whatever is still
+    pending then goes to `handover` (a thread that waits natively). One watch at a time per
+    process."""
+
+    __slots__ = ("loop", "watch", "items")
+
+    def __init__(self, loop, watch):
+        self.loop = loop
+        self.watch = watch
+        # (task, run when it is done, run if the watch ends first)
+        self.items: list = []
+
+    def __call__(self) -> None:
+        global _loop_watch
+        items, self.items = self.items, []
+        for it in items:
+            if it[0].done():
+                it[1]()
+            else:
+                self.items.append(it)
+        if self.items and self.watch.go_on():
+            self.loop.call_soon(self)
+            return
+        with _loop_watch_lock:
+            if _loop_watch is self:
+                _loop_watch = None
+            self.watch.close()
+            items, self.items = self.items, []
+        for it in items:
+            it[2]()
+
+
+_loop_watch: _LoopWatch | None = None
+_loop_watch_lock = threading.Lock()
+
+
+def watch_in_loop(task: Task, done: Callable[[], None], handover: Callable[[], None]) -> bool:
+    """Has the running event loop of this thread look for `task` (see `_LoopWatch`); False
+    when there is no loop or no watch to be had."""
+    global _loop_watch
+    loop = asyncio._get_running_loop()
+    if loop is None:
+        return False
+    stale = []
+    with _loop_watch_lock:
+        lw = _loop_watch
+        if lw is not None and lw.loop is loop:
+            lw.items.append((task, done, handover))
+            return True
+        if lw is not None and lw.loop.is_closed():
+            # Its loop closed between two looks: what it watched goes to the waiting threads.
+            stale, lw.items = lw.items, []
+            lw.watch.close()
+            _loop_watch = None
+        w = task._watch()
+        if w is not None:
+            lw = _loop_watch = _LoopWatch(loop, w)
+            lw.items.append((task, done, handover))
+    for it in stale:
+        it[2]()
+    if w is None:
+        return False
+    loop.call_soon(lw)
+    return True
+
+
 def _await_task(task: Task):
-    """`Task.__await__`: waits in the event loop (the watcher thread wakes it)."""
+    """`Task.__await__`: waits in the event loop, which looks for the outcome itself while a
+    CPU is free for it, else the watcher thread wakes it."""
     global _watcher
     if not task.done():
         # A short task's outcome arrives within microseconds: look for it (GIL held, the
-        # loop blocked for at most this long) before handing the wait to the watcher thread,
-        # whose wake-ups cost two thread switches.
+        # loop blocked for at most this long) before waiting in the loop.
         end = time.perf_counter() + _AWAIT_SPIN
         while not task.done() and time.perf_counter() < end:
             pass
     if not task.done():
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        with _watcher_lock:
-            if _watcher is None:
-                _watcher = _Watcher()
-            _watcher.watch(task, loop, fut)
+
+        def to_watcher():
+            global _watcher
+            with _watcher_lock:
+                if _watcher is None:
+                    _watcher = _Watcher()
+                _watcher.watch(task, loop, fut)
+
+        if not watch_in_loop(task, lambda: _wake(fut), to_watcher):
+            to_watcher()
         yield from fut.__await__()
     return task.result(0.0)
 
@@ -682,14 +759,18 @@ class Pool(_Submitter):
         return self._workers
 
     def status(self) -> dict:
-        """Workers (slot, pid, state, busy, tasks run, tasks stolen) and totals."""
+        """Workers (slot, pid, state, busy, tasks run, tasks stolen), the tasks run, and this
+        process's waits for outcomes: how many ended while it watched (polled without
+        sleeping, a CPU being free) and how many times one slept."""
         rows = self._pool.status()
+        watched, parks = self._pool.waits()
         return {
             "workers": [
                 {"slot": s, "pid": p, "state": st, "busy": b, "tasks": n, "steals": k}
                 for s, p, st, b, n, k in rows
             ],
             "tasks": sum(r[4] for r in rows),
+            "waits": {"watched": watched, "parks": parks},
         }
 
     def stop(self, grace: float = 5.0) -> None:

@@ -1,0 +1,165 @@
+//! Watching for an outcome without sleeping, while a CPU would otherwise sit idle.
+//!
+//! A thread parked on a futex needs a wake-up once the worker finishes, and in a VM waking an
+//! idle CPU costs 20–100 µs — more than a trivial task's whole round trip. A caller waiting for
+//! a task of a few milliseconds therefore keeps polling through it instead, but only while the
+//! CPU it polls on is one nobody else would use: fewer workers run or spin than the machine
+//! has CPUs, and no other thread of this process watches already. It stops at once when a
+//! worker takes a CPU back, and after [`WATCH`] at the latest (a longer task makes the
+//! wake-up's cost negligible beside it). Nothing watches while nothing is pending: a watch
+//! only lasts while its caller waits for an outcome.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::layout::{PoolView, wstate};
+use crate::records::idle;
+use crate::submitter::SubmitterCore;
+
+/// The longest a caller watches before it parks.
+pub const WATCH: Duration = Duration::from_millis(5);
+
+/// Until when (ns after [`epoch`], 0: nobody) a thread of this process watches: one watcher
+/// takes one CPU. A deadline rather than a flag, so that a watch its caller forgets (an event
+/// loop closed between two looks) frees the CPU when its time is up.
+static WATCHING: AtomicU64 = AtomicU64::new(0);
+
+/// The instant [`WATCHING`] counts from.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// How a watch ended without the outcome.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Unwatched {
+    /// Its time ran out: the task outlasts a watch (the next waits had better park).
+    Outlasted,
+    /// No CPU was free for it, or another thread watches.
+    NoRoom,
+}
+
+/// The CPUs this machine runs processes on.
+fn cpus() -> usize {
+    static CPUS: OnceLock<usize> = OnceLock::new();
+    *CPUS.get_or_init(|| mizu_shm::affinity::available_cpus_all().len().max(1))
+}
+
+/// Whether a CPU is free for a watcher: the workers that run tasks or spin leave one.
+fn room(v: &PoolView<'_>) -> bool {
+    let active = v
+        .workers()
+        .iter()
+        .filter(|s| {
+            s.rec.state.load(Ordering::Relaxed) == wstate::READY
+                && s.rec.idle.load(Ordering::Relaxed) != idle::SLEEPING
+        })
+        .count();
+    active < cpus()
+}
+
+/// The right to watch until `end`; gives it back when dropped (also when `poll` unwinds).
+struct Token {
+    until: u64,
+    end: Instant,
+}
+
+impl Token {
+    fn take(limit: Duration) -> Option<Token> {
+        let base = epoch();
+        let now = Instant::now();
+        let at = |t: Instant| (t - base).as_nanos() as u64;
+        let held = WATCHING.load(Ordering::Relaxed);
+        if held > at(now) {
+            return None;
+        }
+        let end = now + limit;
+        let until = at(end).max(1);
+        WATCHING
+            .compare_exchange(held, until, Ordering::Acquire, Ordering::Relaxed)
+            .ok()?;
+        Some(Token { until, end })
+    }
+}
+
+impl Drop for Token {
+    fn drop(&mut self) {
+        // Not ours any more if our time ran out and another thread took it since.
+        let _ = WATCHING.compare_exchange(self.until, 0, Ordering::Release, Ordering::Relaxed);
+    }
+}
+
+/// Polls `poll` for at most `limit` while a CPU is free for it (see the module docs).
+pub(crate) fn watch<T>(
+    v: &PoolView<'_>,
+    limit: Duration,
+    mut poll: impl FnMut() -> Option<T>,
+) -> Result<T, Unwatched> {
+    if limit.is_zero() || !room(v) {
+        return Err(Unwatched::NoRoom);
+    }
+    let Some(token) = Token::take(limit) else {
+        return Err(Unwatched::NoRoom);
+    };
+    let end = token.end;
+    let mut n = 0u32;
+    loop {
+        if let Some(found) = poll() {
+            return Ok(found);
+        }
+        std::hint::spin_loop();
+        n = n.wrapping_add(1);
+        // The clock and the workers' records cost more than a poll: read them every 256.
+        if n.is_multiple_of(256) {
+            if Instant::now() >= end {
+                return Err(Unwatched::Outlasted);
+            }
+            if !room(v) {
+                return Err(Unwatched::NoRoom);
+            }
+            // Another thread of this machine that wants to run gets the CPU now and then.
+            if n.is_multiple_of(1 << 14) {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// A watch whose caller polls between other work of its own (an event loop that looks once
+/// per round): while it lives, no other thread of this process watches.
+pub struct Watch {
+    core: Arc<SubmitterCore>,
+    token: Token,
+}
+
+impl std::fmt::Debug for Watch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watch")
+            .field("end", &self.token.end)
+            .finish()
+    }
+}
+
+impl Watch {
+    /// A watch for a task of `core`; None when the caller should wait elsewhere (no CPU free,
+    /// another thread watches, or the tasks of late outlast a watch).
+    pub(crate) fn start(core: &Arc<SubmitterCore>) -> Option<Watch> {
+        if !core.watch_pays() || !room(core.shared().view()) {
+            return None;
+        }
+        Some(Watch {
+            core: core.clone(),
+            token: Token::take(WATCH)?,
+        })
+    }
+
+    /// Whether the caller may look again: a CPU is still free and the watch has time left.
+    pub fn go_on(&self) -> bool {
+        if Instant::now() >= self.token.end {
+            self.core.outlasted();
+            return false;
+        }
+        room(self.core.shared().view())
+    }
+}

@@ -1,0 +1,110 @@
+//! A caller waiting for a running task watches for its outcome (polls without sleeping) while
+//! a CPU is free for it, and sleeps otherwise. Alone in its test binary: one thread per process
+//! watches at a time, and the tests of `pool.rs` run in parallel.
+
+use std::time::{Duration, Instant};
+
+use mizu_pool::{Launcher, Pool, PoolConfig};
+
+const WORKER: &str = env!("CARGO_BIN_EXE_mizu-pool-testworker");
+const GUARD: Option<Duration> = Some(Duration::from_secs(120));
+
+fn pool(workers: usize) -> Pool {
+    let cfg = PoolConfig {
+        workers,
+        ..Default::default()
+    };
+    let p = Pool::new(cfg, Launcher::new(WORKER, Vec::<String>::new())).unwrap();
+    let t0 = Instant::now();
+    while p
+        .status()
+        .workers
+        .iter()
+        .filter(|w| w.state == "ready")
+        .count()
+        < workers
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "hang guard: workers ready"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    p
+}
+
+fn run(p: &Pool, cmd: &str) {
+    let mut t = p.submit(cmd.as_bytes()).unwrap();
+    t.result(GUARD).unwrap();
+}
+
+fn waits(p: &Pool) -> (u64, u64) {
+    let s = p.status();
+    (s.watched, s.parks)
+}
+
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+#[test]
+fn a_caller_watches_while_a_cpu_is_free_and_sleeps_otherwise() {
+    // One worker running a task leaves a CPU for the caller (on a machine with two or more).
+    let p = pool(1);
+    let (w0, _) = waits(&p);
+    for _ in 0..10 {
+        run(&p, "sleep:1");
+    }
+    let (w1, p1) = waits(&p);
+    if cpus() >= 2 {
+        // A watch lasts 5 ms: only a machine stalled for longer makes one sleep.
+        assert!(w1 - w0 >= 5, "watched {} of 10 waits", w1 - w0);
+    } else {
+        assert_eq!(w1, w0);
+    }
+
+    // A task that outlasts a whole watch: the next wait sleeps straight away ...
+    run(&p, "sleep:30");
+    let (w2, p2) = waits(&p);
+    assert_eq!(w2, w1, "a 30 ms task is not seen while watching");
+    assert!(p2 > p1, "the wait for it slept");
+    run(&p, "sleep:1");
+    let (w3, p3) = waits(&p);
+    assert_eq!(
+        w3, w2,
+        "after a task outlasted a watch, the next wait sleeps"
+    );
+    assert!(p3 > p2);
+    // ... and one that comes sooner than a watch lasts has the next ones watch again.
+    for _ in 0..10 {
+        run(&p, "sleep:1");
+    }
+    let (w4, _) = waits(&p);
+    if cpus() >= 2 {
+        assert!(w4 > w3, "short tasks are watched for again");
+    }
+    drop(p);
+
+    // Every CPU runs a worker: the caller sleeps.
+    let n = cpus();
+    let p = pool(n);
+    let (w0, p0) = waits(&p);
+    let first = p.submit(b"sleep:100").unwrap();
+    let rest: Vec<_> = (1..n).map(|_| p.submit(b"sleep:1000").unwrap()).collect();
+    let t0 = Instant::now();
+    while p.status().workers.iter().filter(|w| w.busy).count() < n {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "hang guard: workers busy"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut first = first;
+    first.result(GUARD).unwrap();
+    let (w1, p1) = waits(&p);
+    assert_eq!(w1, w0, "no watch while every CPU runs a worker");
+    assert!(p1 > p0);
+    for mut t in rest {
+        t.result(GUARD).unwrap();
+    }
+}
