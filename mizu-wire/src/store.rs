@@ -17,8 +17,10 @@
 
 use std::collections::HashMap;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+
+use rustc_hash::FxHashMap;
 use std::time::{Duration, Instant};
 
 use mizu_shm::{CacheLine, Extent, Layout, Segment, SegmentName, ShmSafe};
@@ -347,7 +349,7 @@ impl Region {
             let mut g = registry().lock().unwrap_or_else(|p| p.into_inner());
             let (_, holders) = g
                 .entry(ptr.as_ptr() as usize)
-                .or_insert_with(|| (len, HashMap::new()));
+                .or_insert_with(|| (len, FxHashMap::default()));
             holders
                 .entry(Arc::as_ptr(this) as usize)
                 .or_insert_with(|| Arc::downgrade(this));
@@ -364,7 +366,7 @@ impl Region {
 /// may carry several references to one region — columns of one data frame — each adopted
 /// as a `Region` of its own; and a task's views of a shared input live until R collects
 /// them, thousands at a time: each is registered and removed in constant time).
-type Registry = Mutex<std::collections::BTreeMap<usize, (usize, HashMap<usize, Weak<Region>>)>>;
+type Registry = Mutex<std::collections::BTreeMap<usize, (usize, FxHashMap<usize, Weak<Region>>)>>;
 
 fn registry() -> &'static Registry {
     static R: std::sync::OnceLock<Registry> = std::sync::OnceLock::new();
@@ -739,13 +741,27 @@ pub struct Mapper {
 
 /// The segments a [`Mapper`] keeps mapped for reuse, most recently used first, with when.
 #[derive(Default)]
-struct Recent(Mutex<std::collections::VecDeque<(Arc<DataSegment>, Instant)>>);
+struct Recent {
+    list: Mutex<std::collections::VecDeque<(Arc<DataSegment>, Instant)>>,
+    /// The first segment was used again since the janitor last looked: its time is then
+    /// (adoptions from the segment in front read no clock, which costs more in a VM than the
+    /// rest of the lookup).
+    front_used: AtomicBool,
+}
 
 impl Recent {
     fn lock(
         &self,
     ) -> std::sync::MutexGuard<'_, std::collections::VecDeque<(Arc<DataSegment>, Instant)>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.list.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The segment in front if it is the one named `name`, marked used.
+    fn front_named(&self, name: &str) -> Option<Arc<DataSegment>> {
+        let r = self.lock();
+        let f = r.front().filter(|f| f.0.seg.name().as_str() == name)?;
+        self.front_used.store(true, Ordering::Relaxed);
+        Some(Arc::clone(&f.0))
     }
 }
 
@@ -753,6 +769,11 @@ impl crate::janitor::Trim for Recent {
     fn trim(&self, now: Instant) {
         let gone: Vec<_> = {
             let mut r = self.lock();
+            if self.front_used.swap(false, Ordering::Relaxed)
+                && let Some(f) = r.front_mut()
+            {
+                f.1 = now;
+            }
             let keep = r
                 .iter()
                 .take_while(|(_, t)| now.saturating_duration_since(*t) < IDLE_RELEASE)
@@ -833,6 +854,10 @@ impl Mapper {
     }
 
     fn segment(&self, name: &str) -> Result<Arc<DataSegment>> {
+        // Most adoptions name the segment of the one before: no hashing, no clock.
+        if let Some(s) = self.recent.front_named(name) {
+            return Ok(s);
+        }
         let mut m = self.open.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(s) = m.get(name).and_then(Weak::upgrade) {
             self.keep(&s);
