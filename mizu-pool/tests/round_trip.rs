@@ -2,11 +2,10 @@
 //! tests of `pool.rs` run in parallel, and their pools would compete for the two CPUs this
 //! is measured on (a worker preempted mid-stream is not the policy under test).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use mizu_pool::{Launcher, Pool, PoolConfig};
+mod common;
 
-const WORKER: &str = env!("CARGO_BIN_EXE_mizu-pool-testworker");
 const GUARD: Option<Duration> = Some(Duration::from_secs(120));
 
 #[test]
@@ -16,26 +15,7 @@ fn sequential_round_trips_keep_to_the_worker_that_ran_the_last_task() {
     // than with one, with a park for three tasks in four. Which worker runs a task may change
     // (a sleeping worker that wakes for its housekeeping may take over the spinning), but a
     // round trip must not need a worker to be woken.
-    let cfg = PoolConfig {
-        workers: 2,
-        ..Default::default()
-    };
-    let p = Pool::new(cfg, Launcher::new(WORKER, Vec::<String>::new())).unwrap();
-    let t0 = Instant::now();
-    while p
-        .status()
-        .workers
-        .iter()
-        .filter(|w| w.state == "ready")
-        .count()
-        < 2
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "hang guard: workers ready"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    let p = common::ready_pool(2);
     let before: Vec<(u64, u64)> = p
         .status()
         .workers

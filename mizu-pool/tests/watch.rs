@@ -4,34 +4,12 @@
 
 use std::time::{Duration, Instant};
 
-use mizu_pool::{Launcher, Pool, PoolConfig};
+use mizu_pool::Pool;
 
-const WORKER: &str = env!("CARGO_BIN_EXE_mizu-pool-testworker");
+mod common;
+use common::ready_pool as pool;
+
 const GUARD: Option<Duration> = Some(Duration::from_secs(120));
-
-fn pool(workers: usize) -> Pool {
-    let cfg = PoolConfig {
-        workers,
-        ..Default::default()
-    };
-    let p = Pool::new(cfg, Launcher::new(WORKER, Vec::<String>::new())).unwrap();
-    let t0 = Instant::now();
-    while p
-        .status()
-        .workers
-        .iter()
-        .filter(|w| w.state == "ready")
-        .count()
-        < workers
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "hang guard: workers ready"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    p
-}
 
 fn run(p: &Pool, cmd: &str) {
     let mut t = p.submit(cmd.as_bytes()).unwrap();

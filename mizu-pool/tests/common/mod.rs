@@ -1,4 +1,5 @@
-//! What the tests that kill a pool's controller share: a controller process (the test worker
+//! What the tests share: pools of the test worker, and for the tests that kill a controller, a
+//! controller process (the test worker
 //! binary in `--controller` mode, with two workers) and the look at what is left behind.
 // Each test binary uses a part of it.
 #![allow(dead_code)]
@@ -19,6 +20,28 @@ pub fn test_pool(workers: usize) -> mizu_pool::Pool {
         mizu_pool::Launcher::new(WORKER, Vec::<String>::new()),
     )
     .unwrap()
+}
+
+/// [`test_pool`], once all its workers are ready (a test of what the workers do must not
+/// count their start).
+pub fn ready_pool(workers: usize) -> mizu_pool::Pool {
+    let p = test_pool(workers);
+    let t0 = std::time::Instant::now();
+    while p
+        .status()
+        .workers
+        .iter()
+        .filter(|w| w.state == "ready")
+        .count()
+        < workers
+    {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(120),
+            "hang guard: workers ready"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    p
 }
 
 /// A controller of a two-worker pool: the process, the pool's token and the workers' pids.
