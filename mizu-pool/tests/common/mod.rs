@@ -1,6 +1,6 @@
-//! What the tests share: pools of the test worker, and for the tests that kill a controller, a
-//! controller process (the test worker
-//! binary in `--controller` mode, with two workers) and the look at what is left behind.
+//! What the tests share: pools of the test worker, and, for the tests that kill a controller,
+//! a controller process (the test worker binary in `--controller` mode, with two workers) and
+//! the look at what is left behind.
 // Each test binary uses a part of it.
 #![allow(dead_code)]
 
