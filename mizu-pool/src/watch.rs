@@ -46,8 +46,13 @@ fn cpus() -> usize {
     *CPUS.get_or_init(|| mizu_shm::affinity::available_cpus_all().len().max(1))
 }
 
-/// Whether a CPU is free for a watcher: the workers that run tasks or spin leave one.
+/// Whether a CPU is free for a watcher: the workers that run tasks or spin leave one. Never
+/// in a worker process: its own pool counts its CPU as busy, and a pool it made itself does
+/// not know about the others.
 fn room(v: &PoolView<'_>) -> bool {
+    if crate::worker::in_worker_process() {
+        return false;
+    }
     let active = v
         .workers()
         .iter()

@@ -460,6 +460,11 @@ impl Drop for Stream<'_> {
 /// takes over from [`exit_if_orphaned_while_starting`].
 static JOINING: AtomicBool = AtomicBool::new(false);
 
+/// Whether this process is a pool's worker (it called [`run_worker`]).
+pub(crate) fn in_worker_process() -> bool {
+    JOINING.load(Ordering::Relaxed)
+}
+
 /// The environment variable through which a [`Launcher`](crate::Launcher) tells a worker its
 /// controller's pid.
 pub(crate) const CONTROLLER_ENV: &str = "MIZU_CONTROLLER_PID";
