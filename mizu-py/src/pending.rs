@@ -12,34 +12,46 @@ use pyo3::types::PyList;
 use pyo3::{PyTraverseError, PyVisit};
 use rustc_hash::FxHasher;
 
-/// Futures by address (each held strongly while it is in the set).
-type ByAddress = HashMap<usize, Py<PyAny>, BuildHasherDefault<FxHasher>>;
+/// Futures by address (each held strongly while it is in the set), each with its rank in
+/// the order of insertion.
+type ByAddress = HashMap<usize, (u64, Py<PyAny>), BuildHasherDefault<FxHasher>>;
+
+#[derive(Default)]
+struct Members {
+    by_address: ByAddress,
+    /// The rank of the next insertion.
+    next: u64,
+}
 
 /// A set of objects compared by identity (`add`, `discard`, `in`, `len`, iteration over a
 /// snapshot), as an executor keeps its pending futures.
 #[pyclass(module = "pymizu._native", frozen)]
 #[derive(Default)]
 pub struct PendingSet {
-    items: Mutex<ByAddress>,
+    items: Mutex<Members>,
 }
 
 impl PendingSet {
-    fn lock(&self) -> MutexGuard<'_, ByAddress> {
+    fn lock(&self) -> MutexGuard<'_, Members> {
         self.items.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Adds `obj`.
     pub(crate) fn insert(&self, obj: &Bound<'_, PyAny>) {
-        let old = self
-            .lock()
-            .insert(obj.as_ptr() as usize, obj.clone().unbind());
+        let old = {
+            let mut m = self.lock();
+            let rank = m.next;
+            m.next += 1;
+            m.by_address
+                .insert(obj.as_ptr() as usize, (rank, obj.clone().unbind()))
+        };
         // (Released after the lock: releasing may run Python code.)
         drop(old);
     }
 
     /// Removes `obj` if present.
     pub(crate) fn remove(&self, obj: &Bound<'_, PyAny>) {
-        let old = self.lock().remove(&(obj.as_ptr() as usize));
+        let old = self.lock().by_address.remove(&(obj.as_ptr() as usize));
         drop(old);
     }
 }
@@ -62,23 +74,43 @@ impl PendingSet {
     }
 
     fn __contains__(&self, obj: &Bound<'_, PyAny>) -> bool {
-        self.lock().contains_key(&(obj.as_ptr() as usize))
+        self.lock()
+            .by_address
+            .contains_key(&(obj.as_ptr() as usize))
     }
 
     fn __len__(&self) -> usize {
-        self.lock().len()
+        self.lock().by_address.len()
     }
 
-    /// An iterator over the members now (later changes do not affect it).
+    /// An iterator over the members now (later changes do not affect it), in no particular
+    /// order.
     fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let now: Vec<Py<PyAny>> = self.lock().values().map(|v| v.clone_ref(py)).collect();
+        let now: Vec<Py<PyAny>> = self
+            .lock()
+            .by_address
+            .values()
+            .map(|(_, v)| v.clone_ref(py))
+            .collect();
         PyList::new(py, now)?.try_iter().map(Bound::into_any)
+    }
+
+    /// The members now, oldest first (in the order they were added).
+    fn in_order<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let mut now: Vec<(u64, Py<PyAny>)> = self
+            .lock()
+            .by_address
+            .values()
+            .map(|(k, v)| (*k, v.clone_ref(py)))
+            .collect();
+        now.sort_unstable_by_key(|(k, _)| *k);
+        PyList::new(py, now.into_iter().map(|(_, v)| v))
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         // (Never blocks: a member not visited only counts as referenced from outside.)
         if let Ok(items) = self.items.try_lock() {
-            for v in items.values() {
+            for (_, v) in items.by_address.values() {
                 visit.call(v)?;
             }
         }
@@ -86,7 +118,7 @@ impl PendingSet {
     }
 
     fn __clear__(&self) {
-        let all = std::mem::take(&mut *self.lock());
+        let all = std::mem::take(&mut self.lock().by_address);
         drop(all);
     }
 }

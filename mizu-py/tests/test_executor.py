@@ -143,6 +143,18 @@ def test_shutdown_cancel_futures_cancels_queued_work():
         e.submit(tasks.add, 1, 1)
 
 
+def test_shutdown_cancel_futures_right_after_submitting_lets_the_oldest_run():
+    # As with ProcessPoolExecutor, whose oldest calls are in its workers' queue by then: the
+    # oldest pending futures, one per worker, run whether or not a worker took them in time.
+    for _ in range(3):
+        e = pymizu.PoolExecutor(2)
+        fs = [e.submit(tasks.sleep, 0.05) for _ in range(50)]
+        e.shutdown(wait=True, cancel_futures=True)
+        assert [f.result(timeout=60) for f in fs[:2]] == [0.05, 0.05]
+        assert sum(f.cancelled() for f in fs) >= 40
+        assert all(f.cancelled() or f.result(timeout=60) == 0.05 for f in fs)
+
+
 def test_callbacks_run_without_anyone_waiting(ex):
     got = []
     import threading

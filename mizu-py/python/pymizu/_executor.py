@@ -366,9 +366,14 @@ class _State:
         with self.lock:
             self.closing = True
             self.accepting = False
-            pending = list(self.pending)
+            pending = self.pending.in_order()
         if cancel_futures:
-            for fut in pending:
+            # A ProcessPoolExecutor hands its oldest pending calls to its workers' queue,
+            # where they can no longer be cancelled, as they are submitted. Here the oldest
+            # pending futures, one per worker (those running, or the next to run), are left to
+            # run likewise, rather than whichever a worker claimed in time; the rest are
+            # cancelled, the newest first.
+            for fut in reversed(pending[self.mpool.workers :]):
                 fut.cancel()
         self.kick()
 
