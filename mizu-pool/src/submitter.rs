@@ -54,9 +54,9 @@ pub struct SubmitterCore {
     /// taken from the workers on a 2-CPU machine), while one in a fast stream keeps the full
     /// budget (an outcome caught while spinning restores it).
     learned_spin: AtomicU64,
-    /// Whether a wait may watch (see [`crate::watch`]): cleared by a watch that the task
-    /// outlasted, set again by an outcome that came sooner than a watch lasts. Workers never
-    /// watch (their CPU is counted as busy already).
+    /// Whether a wait may watch (see [`crate::watch`], which also keeps worker processes from
+    /// watching): cleared by a watch that the task outlasted, set again by an outcome that
+    /// came sooner than a watch lasts. Never with a zero `spin`.
     watch_pays: AtomicBool,
     /// Waits for outcomes that ended while watching, and times such waits slept.
     watched: AtomicU64,
@@ -123,7 +123,6 @@ impl SubmitterCore {
             .unwrap_or_else(|p| p.into_inner())
             .deque = Some(d);
         core.owner = Some(std::thread::current().id());
-        core.watch_pays = AtomicBool::new(false);
         Arc::new(core)
     }
 
@@ -466,10 +465,8 @@ impl SubmitterCore {
     /// next waits watch again.
     fn parked_until(&self, start: Instant) {
         if start.elapsed() < WATCH && !self.watch_pays.load(Ordering::Relaxed) {
-            self.watch_pays.store(
-                self.owner.is_none() && !self.spin.is_zero(),
-                Ordering::Relaxed,
-            );
+            self.watch_pays
+                .store(!self.spin.is_zero(), Ordering::Relaxed);
         }
     }
 

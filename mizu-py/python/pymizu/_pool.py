@@ -135,16 +135,27 @@ class _LoopWatch:
         self.items: list = []
 
     def __call__(self) -> None:
-        global _loop_watch
         items, self.items = self.items, []
-        for it in items:
-            if it[0].done():
-                it[1]()
+        looked = 0
+        go_on = False
+        try:
+            for it in items:
+                looked += 1
+                if it[0].done():
+                    it[1]()
+                else:
+                    self.items.append(it)
+            go_on = bool(self.items) and self.watch.go_on()
+        finally:
+            # (Also when a done action raised: what was not looked at yet is handed over.)
+            if go_on:
+                self.loop.call_soon(self)
             else:
-                self.items.append(it)
-        if self.items and self.watch.go_on():
-            self.loop.call_soon(self)
-            return
+                self.items += items[looked:]
+                self._end()
+
+    def _end(self) -> None:
+        global _loop_watch
         with _loop_watch_lock:
             if _loop_watch is self:
                 _loop_watch = None
