@@ -70,9 +70,7 @@ def joblib_rows(quick):
     print(f"{'... the array pymizu.share()d once':40s} {pre*1e6:8.1f}us {pre_loky*1e6:8.1f}us {'':10s} {pre_loky/pre:7.1f}x")
     # What bounds the 100 MB row from below for any backend that is handed an array it does not
     # hold yet: one copy of it per Parallel call (at memory bandwidth). Beside it, the same
-    # calls with a small array: joblib's dispatch and its retrieval loop, which sleeps 10 ms
-    # whenever the next result is not in yet (with the large array the copy usually covers
-    # that wait).
+    # calls with a small array: joblib's own dispatch, batching and bookkeeping on a pool.
     copy = timed(lambda: pymizu.share(big), reps) / n_big
     small = big[:n_big].copy()
     with parallel_config(backend="mizu", n_jobs=WORKERS):

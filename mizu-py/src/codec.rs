@@ -252,7 +252,7 @@ impl Fill for Outgoing<'_> {
             // SAFETY: the exporter keeps buf_ptr..+len_bytes valid while the PyBuffer lives
             // (it does: `self` owns it); the buffer is C-contiguous (checked in `new`).
             let src = unsafe { std::slice::from_raw_parts(b.buf_ptr() as *const u8, n) };
-            out[at..at + n].copy_from_slice(src);
+            mizu_wire::copy::copy_large(&mut out[at..at + n], src);
             end = at + n;
         }
     }
@@ -355,7 +355,7 @@ pub(crate) fn copy_to_shared(src: &[u8]) -> mizu_wire::Result<Region> {
 
 /// A copy of `src` in a region of `store`.
 pub(crate) fn copy_into(store: &mizu_wire::DataPool, src: &[u8]) -> mizu_wire::Result<Region> {
-    filled(store, src.len(), |b| b.copy_from_slice(src))
+    filled(store, src.len(), |b| mizu_wire::copy::copy_large(b, src))
 }
 
 /// A committed region of `n` bytes of `store` that `fill` wrote (making room in `/dev/shm`

@@ -341,7 +341,7 @@ impl Fill for Payload {
             // SAFETY: the exporter keeps buf_ptr..+len_bytes valid while the buffer is held
             // (`self` holds it), and it is contiguous (checked when the array was written).
             let src = unsafe { std::slice::from_raw_parts(b.buf_ptr().cast::<u8>(), n) };
-            out[at..at + n].copy_from_slice(src);
+            mizu_wire::copy::copy_large(&mut out[at..at + n], src);
             end = at + n;
         }
     }

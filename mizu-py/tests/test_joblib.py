@@ -86,6 +86,43 @@ def test_generators_and_batching():
         assert Parallel(batch_size=7)(delayed(_square)(i) for i in range(50)) == [i * i for i in range(50)]
 
 
+class _CountingTime:
+    """joblib's `time` module, counting the sleeps of its retrieval loop."""
+
+    def __init__(self, real):
+        self._real = real
+        self.sleeps = 0
+
+    def sleep(self, s):
+        self.sleeps += 1
+        self._real.sleep(s)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def test_the_caller_waits_for_results_in_order_instead_of_polling(monkeypatch):
+    import joblib.parallel
+
+    clock = _CountingTime(time)
+    monkeypatch.setattr(joblib.parallel, "time", clock)
+    with parallel_config(backend="mizu", n_jobs=2):
+        # Calls that outlast the dispatch: each next result is still running when looked for.
+        assert Parallel()(delayed(_slow_square)(i) for i in range(12)) == [i * i for i in range(12)]
+        assert clock.sleeps == 0
+        gen = Parallel(return_as="generator")(delayed(_slow_square)(i) for i in range(6))
+        assert list(gen) == [i * i for i in range(6)]
+        assert clock.sleeps == 0
+        # In the order they finish, joblib takes results from the callbacks (and polls).
+        unordered = Parallel(return_as="generator_unordered")(delayed(_slow_square)(i) for i in range(6))
+        assert sorted(unordered) == [i * i for i in range(6)]
+
+
+def _slow_square(x):
+    time.sleep(0.02)
+    return x * x
+
+
 def test_timeout_stops_the_call_and_the_backend_recovers():
     with parallel_config(backend="mizu", n_jobs=2):
         t0 = time.monotonic()

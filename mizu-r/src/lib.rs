@@ -28,6 +28,7 @@ mod rng;
 mod rtry;
 mod small;
 mod strview;
+mod symbols;
 mod view;
 mod worker;
 mod xvalue;

@@ -387,17 +387,8 @@ impl Reader<'_> {
                     Rf_unprotect(1);
                     Some(v)
                 }
-                tag::R_SYMBOL => {
-                    let c = self.charsxp(false)?;
-                    // R has no symbol without a name (installing one is an R error).
-                    if extendr_ffi::LENGTH(c) == 0 {
-                        return None;
-                    }
-                    let c = Rf_protect(c);
-                    let s = ffi::Rf_installChar(c);
-                    Rf_unprotect(1);
-                    Some(s)
-                }
+                // (R has no symbol without a name: installing one is an R error.)
+                tag::R_SYMBOL => self.symbol(false),
                 tag::R_MISSING => Some(R_MissingArg),
                 tag::R_OOB => {
                     let k = usize::try_from(self.varint()?).ok()?;
@@ -506,48 +497,74 @@ impl Reader<'_> {
             4 => cetype_t::CE_BYTES,
             _ => return None,
         };
+        let s = self.text()?;
+        let len = c_int::try_from(s.len()).ok()?;
+        // SAFETY: `s` is `len` readable bytes; R copies them.
+        Some(unsafe { Rf_mkCharLenCE(s.as_ptr().cast::<c_char>(), len, ce) })
+    }
+
+    /// A string's varint length and bytes, which hold no NUL. (R refuses a NUL inside a string
+    /// with an error of its own: it is refused here instead, as malformed input; an encoder
+    /// never writes one.)
+    fn text(&mut self) -> Option<&[u8]> {
         let n = self.count(1)?;
-        let len = c_int::try_from(n).ok()?;
         let p = self.bytes(n)?;
-        // SAFETY: `bytes` checked that `n` bytes from `p` lie inside the input.
+        // SAFETY: `bytes` checked that `n` bytes from `p` lie inside the input, which outlives
+        // the reader.
         let s = unsafe { std::slice::from_raw_parts(p, n) };
-        // R refuses a NUL inside a string with an error of its own: refuse it here instead,
-        // as malformed input (an encoder never writes one).
-        if s.contains(&0) {
+        (!s.contains(&0)).then_some(s)
+    }
+
+    /// A symbol: its name as a string's bytes (after a kind byte when `kind`, else UTF-8).
+    /// `None` for `NA` or an empty name, which name no symbol.
+    ///
+    /// # Safety
+    /// As [`Reader::item`].
+    unsafe fn symbol(&mut self, kind: bool) -> Option<SEXP> {
+        let ce = match if kind { self.byte()? } else { 2 } {
+            1 => cetype_t::CE_NATIVE,
+            2 => cetype_t::CE_UTF8,
+            3 => cetype_t::CE_LATIN1,
+            4 => cetype_t::CE_BYTES,
+            _ => return None,
+        };
+        let name = self.text()?;
+        if name.is_empty() {
             return None;
         }
-        // SAFETY: `p` points to `n` readable bytes; R copies them.
-        Some(unsafe { Rf_mkCharLenCE(p.cast::<c_char>(), len, ce) })
+        // SAFETY: the caller's contract.
+        unsafe { crate::symbols::symbol(ce, name) }
     }
 }
 
 impl Reader<'_> {
-    /// The rest of an expression task after its kind (see [`decode_expr_task_in_context`]).
+    /// The rest of an expression task after its kind (see [`decode_expr_task_in_context`]):
+    /// the expression and the environment of its bindings, both protected (the caller
+    /// unprotects two), or `None` with nothing left protected.
     ///
     /// # Safety
     /// As [`Reader::item`].
-    unsafe fn expr_task(&mut self) -> Option<SEXP> {
-        // SAFETY: as `item`; the message list is protected while the rest is made, and the
-        // environment is stored in it before anything else allocates.
+    unsafe fn expr_task(&mut self) -> Option<(SEXP, SEXP)> {
+        // SAFETY: as `item`; each value is protected as soon as it is made.
         unsafe {
-            let msg = Rf_protect(Rf_allocVector(SEXPTYPE::VECSXP, 3));
-            let ok = self.expr_task_into(msg);
-            Rf_unprotect(1);
-            ok.then_some(msg)
+            let expr = Rf_protect(self.item(1)?);
+            let env = Rf_protect(ffi::R_NewEnv(extendr_ffi::R_GlobalEnv, 0, 29));
+            if self.bindings_into(env) {
+                Some((expr, env))
+            } else {
+                Rf_unprotect(2);
+                None
+            }
         }
     }
 
+    /// Reads the bindings of an expression task into `env`: whether they were read.
+    ///
     /// # Safety
-    /// As [`Reader::item`]; `msg` is a protected list of three.
-    unsafe fn expr_task_into(&mut self, msg: SEXP) -> bool {
-        // SAFETY: as `item`; every value is reachable from `msg` (protected) once made.
+    /// As [`Reader::item`]; `env` is a protected environment.
+    unsafe fn bindings_into(&mut self, env: SEXP) -> bool {
+        // SAFETY: as `item`; every value is protected until bound in `env` (protected).
         unsafe {
-            let Some(expr) = self.item(1) else {
-                return false;
-            };
-            SET_VECTOR_ELT(msg, 1, expr);
-            let env = ffi::R_NewEnv(extendr_ffi::R_GlobalEnv, 0, 29);
-            SET_VECTOR_ELT(msg, 2, env);
             match self.byte() {
                 // `list()`: no bindings.
                 Some(tag::LIST) => self.varint() == Some(0),
@@ -567,16 +584,11 @@ impl Reader<'_> {
                         return false;
                     };
                     for sym in syms.iter_mut() {
-                        let Some(c) = self.charsxp(true) else {
+                        // `NA` or "" names no variable: the general path decides.
+                        let Some(s) = self.symbol(true) else {
                             return false;
                         };
-                        // `NA` or "" names no variable: the general path decides.
-                        if c == R_NaString || extendr_ffi::LENGTH(c) == 0 {
-                            return false;
-                        }
-                        let c = Rf_protect(c);
-                        *sym = ffi::Rf_installChar(c);
-                        Rf_unprotect(1);
+                        *sym = s;
                     }
                     if self.byte() != Some(tag::LIST) || self.count(1) != Some(n) {
                         return false;
@@ -608,16 +620,16 @@ fn expr_task_prefix(b: &[u8]) -> bool {
 }
 
 /// For the compact encoding of an expression task, `list("e", expr, vars)` (what
-/// `mizu_submit` sends): the message with its bindings already in a new environment (parent:
-/// the global environment) in place of `vars` — the list [`decode`] and then
-/// `worker::bind_vars` would make, without the kind string, the names vector and the list of
-/// values. `None` for any other payload, or one this path does not take (unusual names,
-/// malformed): [`decode`] then handles it. The result is unprotected.
+/// `mizu_submit` sends): the expression and a new environment (parent: the global
+/// environment) holding its bindings — what [`decode`] and then `worker::bind_vars` would
+/// make, without the message list, the kind string, the names vector and the list of values.
+/// `None` for any other payload, or one this path does not take (unusual names, malformed):
+/// [`decode`] then handles it. Both values are protected (the caller unprotects two).
 ///
 /// # Safety
 /// R's main thread, inside a top-level context (`R_ToplevelExec`) that the caller opened: this
 /// allocates, and an allocation error long-jumps to that context.
-pub unsafe fn decode_expr_task_in_context(bytes: &[u8]) -> Option<SEXP> {
+pub unsafe fn decode_expr_task_in_context(bytes: &[u8]) -> Option<(SEXP, SEXP)> {
     if !expr_task_prefix(bytes) {
         return None;
     }
@@ -626,8 +638,14 @@ pub unsafe fn decode_expr_task_in_context(bytes: &[u8]) -> Option<SEXP> {
         views: &[],
     };
     // SAFETY: the caller's contract (R's main thread, inside a top-level context).
-    let msg = unsafe { rd.expr_task() }?;
-    rd.r.at_end().then_some(msg)
+    let (expr, env) = unsafe { rd.expr_task() }?;
+    if rd.r.at_end() {
+        Some((expr, env))
+    } else {
+        // SAFETY: the two values `expr_task` protected.
+        unsafe { Rf_unprotect(2) };
+        None
+    }
 }
 
 /// Decodes a compact item that fills `bytes` exactly; `None` when malformed (or R ran out

@@ -116,21 +116,18 @@ impl RExec {
         let (p, len) = (bytes.as_ptr(), bytes.len());
         // SAFETY: R's main thread; the closure owns nothing (`bytes` is rebuilt from a pointer
         // that outlives the call); the handlers are installed first, so that an allocation
-        // error while decoding is reported as the task's; the message is protected while the
-        // expression is evaluated, the value when it returns (an error unwinds both).
+        // error while decoding is reported as the task's; the expression and its environment are
+        // protected while the expression is evaluated, the value when it returns (an error
+        // unwinds both).
         let r = unsafe {
             try_r(move || {
                 ffi::Rf_eval(h, extendr_ffi::R_BaseEnv);
                 let bytes = std::slice::from_raw_parts(p, len);
-                let Some(msg) = crate::small::decode_expr_task_in_context(bytes) else {
+                let Some((expr, env)) = crate::small::decode_expr_task_in_context(bytes) else {
                     return extendr_ffi::R_UnboundValue;
                 };
-                let msg = Rf_protect(msg);
-                let v = ffi::Rf_eval(
-                    extendr_ffi::VECTOR_ELT(msg, 1),
-                    extendr_ffi::VECTOR_ELT(msg, 2),
-                );
-                Rf_unprotect(1);
+                let v = ffi::Rf_eval(expr, env);
+                Rf_unprotect(2);
                 Rf_protect(v)
             })
         };

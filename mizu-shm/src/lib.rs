@@ -64,5 +64,5 @@ pub use {
     pid::current_pid,
     prune::{prune, prune_of},
     segment::{Layout, Segment, ShmSafe},
-    watch::DeathWatch,
+    watch::{DeathWatch, LOOK_EVERY},
 };

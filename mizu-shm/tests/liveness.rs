@@ -111,6 +111,33 @@ fn death_watch_of_a_dead_process_fires_at_once_and_drop_stops_a_live_one() {
 }
 
 #[test]
+fn a_watch_without_pidfds_fires_on_kill_9_and_drop_stops_it() {
+    // What a kernel without pidfds (or valgrind) gets: the lock is looked at instead.
+    let _serial = serial();
+    let (mut child, _token, id) = holder();
+    let (tx, rx) = mpsc::channel();
+    let w = DeathWatch::spawn_polling(id, move || tx.send(()).unwrap()).unwrap();
+    std::thread::sleep(mizu_shm::LOOK_EVERY * 3);
+    assert!(
+        rx.try_recv().is_err(),
+        "must not fire while the process lives"
+    );
+    child.kill().unwrap();
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("hang guard: watch did not fire");
+    child.wait().unwrap();
+    drop(w);
+    id.reap();
+    let (mut child, _t, id) = holder();
+    let (tx, rx) = mpsc::channel::<()>();
+    let w = DeathWatch::spawn_polling(id, move || tx.send(()).unwrap()).unwrap();
+    drop(w); // the thread stops without firing
+    assert!(rx.try_recv().is_err());
+    kill9(&mut child);
+    id.reap();
+}
+
+#[test]
 fn prune_removes_what_a_killed_creator_left_and_nothing_live() {
     let _serial = serial();
     let (mut child, token, id) = holder();

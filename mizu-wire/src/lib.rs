@@ -27,6 +27,8 @@ pub mod refs;
 #[cfg(not(mizu_loom))]
 pub mod compact;
 #[cfg(not(mizu_loom))]
+pub mod copy;
+#[cfg(not(mizu_loom))]
 pub mod envelope;
 #[cfg(not(mizu_loom))]
 pub mod error;

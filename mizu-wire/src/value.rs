@@ -234,7 +234,7 @@ impl Encoded {
                 Part::Owned(v) => v,
                 Part::Shared(b) => b.as_slice(),
             };
-            out[at..at + b.len()].copy_from_slice(b);
+            crate::copy::copy_large(&mut out[at..at + b.len()], b);
             at += b.len();
         }
         written::wrote(out.as_ptr(), &self.arrow);
@@ -252,7 +252,7 @@ impl Encoded {
                 Part::Shared(b) => b.as_slice(),
             };
             if !(matches!(p, Part::Shared(_)) && skip.contains(&b.as_ptr())) {
-                out[at..at + b.len()].copy_from_slice(b);
+                crate::copy::copy_large(&mut out[at..at + b.len()], b);
             }
             at += b.len();
         }

@@ -99,10 +99,28 @@ def _close_all() -> None:
         ex.shutdown(wait=False, cancel_futures=True)
 
 
+class _Job:
+    """A batch of calls joblib submitted: its future, and `ran`, a lock held until joblib's
+    done-callback for it has run."""
+
+    __slots__ = ("future", "callback", "ran")
+
+    def __init__(self, future, callback):
+        self.future = future
+        self.callback = callback
+        self.ran = threading.Lock()
+        self.ran.acquire()
+
+    def done(self, future) -> None:
+        try:
+            self.callback(future)
+        finally:
+            self.ran.release()
+
+
 class MizuBackend(AutoBatchingMixin, ParallelBackendBase):
     """joblib's backend API over a `pymizu.PoolExecutor` (see the module's docstring)."""
 
-    supports_retrieve_callback = True
     supports_inner_max_num_threads = True
 
     def __init__(self, nesting_level=None, inner_max_num_threads=None, **kwargs):
@@ -133,12 +151,38 @@ class MizuBackend(AutoBatchingMixin, ParallelBackendBase):
     def submit(self, func, callback=None):
         func = self._share_large_arguments(func)
         future = self._workers.submit(func)
-        if callback is not None:
-            future.add_done_callback(callback)
-        return future
+        if callback is None:
+            return future
+        job = _Job(future, callback)
+        future.add_done_callback(job.done)
+        return job
+
+    @property
+    def supports_retrieve_callback(self):
+        """Whether joblib takes results from the done-callbacks: only for results in the order
+        they finish (`return_as="generator_unordered"`, which needs it). In order, joblib's
+        thread waits for each next result itself (`retrieve_result`): its callback retrieval
+        would instead look every 10 ms for whether the next result has come."""
+        parallel = getattr(self, "parallel", None)
+        return parallel is None or not parallel.return_ordered
+
+    # (Both hold whichever way results are retrieved.)
+    supports_return_generator = True
+    supports_timeout = True
 
     def retrieve_result_callback(self, future):
         return future.result()
+
+    def retrieve_result(self, out, timeout=None):
+        if type(out) is not _Job:
+            return out.result(timeout)
+        value = out.future.result(timeout)
+        # joblib's callback counts the batch complete (and dispatches the next one): until it
+        # has, joblib's loop would take the call for unfinished and sleep 10 ms. The thread
+        # that settled the future runs it right after.
+        out.ran.acquire()
+        out.ran.release()
+        return value
 
     def stop_call(self):
         # The arrays shared for this Parallel call are let go (the workers' views keep what

@@ -40,6 +40,18 @@ test_that("bindings of every small kind, odd names and none reach the expression
     many <- setNames(as.list(1:40), paste0("v", 1:40))
     expect_identical(mizu_collect(do.call(mizu_submit, c(list(pool, quote(v1 + v40)), many))),
                      41L)
+    # The worker keeps the symbols of the last names it decoded: more names than it keeps,
+    # in turns, and names that differ only in encoding, each find their own binding.
+    for (round in 1:2) for (k in c(1:24, 3:1)) {
+      nm <- paste0("w", k)
+      t <- do.call(mizu_submit, c(list(pool, as.name(nm)), setNames(list(k * 10L), nm)))
+      expect_identical(mizu_collect(t), k * 10L)
+    }
+    latin1 <- iconv("caf\u00e9", "UTF-8", "latin1")
+    for (nm in c("caf\u00e9", latin1, "cafe")) {
+      t <- do.call(mizu_submit, c(list(pool, quote(ls(environment()))), setNames(list(1L), nm)))
+      expect_identical(enc2utf8(mizu_collect(t)), enc2utf8(nm))
+    }
     # A binding whose value fails is an error of the submitting call, as in R.
     expect_error(mizu_submit(pool, x, x = stop("no value")), "no value")
     expect_identical(run(x, x = 5L), 5L)
