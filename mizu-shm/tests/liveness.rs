@@ -75,12 +75,12 @@ fn my_own_identity_is_alive_and_removed_with_my_last_handle() {
     drop(a);
 }
 
-#[test]
-fn death_watch_fires_on_kill_9() {
-    let _serial = serial();
+/// A watch (made by `watch`, calling back with a message) of a live peer fires once the peer
+/// is killed, not before.
+fn watch_fires_on_kill_9(watch: impl Fn(ProcessId, mpsc::Sender<()>) -> DeathWatch) {
     let (mut child, _token, id) = holder();
     let (tx, rx) = mpsc::channel();
-    let _w = DeathWatch::spawn(id, move || tx.send(()).unwrap()).unwrap();
+    let w = watch(id, tx);
     assert!(
         rx.try_recv().is_err(),
         "must not fire while the process lives"
@@ -90,7 +90,14 @@ fn death_watch_fires_on_kill_9() {
         .expect("hang guard: watch did not fire");
     child.wait().unwrap();
     assert!(!id.is_alive());
+    drop(w);
     id.reap();
+}
+
+#[test]
+fn death_watch_fires_on_kill_9() {
+    let _serial = serial();
+    watch_fires_on_kill_9(|id, tx| DeathWatch::spawn(id, move || tx.send(()).unwrap()).unwrap());
 }
 
 #[test]
@@ -114,20 +121,12 @@ fn death_watch_of_a_dead_process_fires_at_once_and_drop_stops_a_live_one() {
 fn a_watch_without_pidfds_fires_on_kill_9_and_drop_stops_it() {
     // What a kernel without pidfds (or valgrind) gets: the lock is looked at instead.
     let _serial = serial();
-    let (mut child, _token, id) = holder();
-    let (tx, rx) = mpsc::channel();
-    let w = DeathWatch::spawn_polling(id, move || tx.send(()).unwrap()).unwrap();
-    std::thread::sleep(mizu_shm::LOOK_EVERY * 3);
-    assert!(
-        rx.try_recv().is_err(),
-        "must not fire while the process lives"
-    );
-    child.kill().unwrap();
-    rx.recv_timeout(Duration::from_secs(60))
-        .expect("hang guard: watch did not fire");
-    child.wait().unwrap();
-    drop(w);
-    id.reap();
+    watch_fires_on_kill_9(|id, tx| {
+        let w = DeathWatch::spawn_polling(id, move || tx.send(()).unwrap()).unwrap();
+        // Several looks at a live process's lock.
+        std::thread::sleep(mizu_shm::LOOK_EVERY * 3);
+        w
+    });
     let (mut child, _t, id) = holder();
     let (tx, rx) = mpsc::channel::<()>();
     let w = DeathWatch::spawn_polling(id, move || tx.send(()).unwrap()).unwrap();
