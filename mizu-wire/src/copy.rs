@@ -32,9 +32,9 @@ pub fn copy_large(dst: &mut [u8], src: &[u8]) {
         dst.copy_from_slice(src);
         return;
     }
-    // Pieces of whole pages (the last takes the rest), so no two threads write one page. The
-    // threads take pieces until none is left, the caller too: a thread that cannot be started
-    // leaves its piece to the others.
+    // Pieces a whole number of pages long (the last takes the rest). The threads take pieces
+    // until none is left, the caller too: a thread that cannot be started leaves its piece to
+    // the others.
     let piece = (src.len() / threads).next_multiple_of(4096);
     let pieces: Mutex<Vec<(&mut [u8], &[u8])>> =
         Mutex::new(dst.chunks_mut(piece).zip(src.chunks(piece)).collect());
