@@ -53,10 +53,23 @@ unsafe extern "C" fn submit(pool: SEXP, msg: SEXP) -> SEXP {
 /// # Safety
 /// R's main thread; `pool` and whatever `encode` reads are protected meanwhile.
 unsafe fn submit_with(pool: SEXP, encode: impl FnOnce() -> Result<Outgoing, Unsendable>) -> SEXP {
+    // SAFETY: the caller's contract.
+    unsafe { submit_to(pool, pool_at(pool), encode) }
+}
+
+/// [`submit_with`] with the pool behind `pool` already looked up (`p`).
+///
+/// # Safety
+/// As [`submit_with`]; `p` is `pool_at(pool)`.
+unsafe fn submit_to(
+    pool: SEXP,
+    p: extendr_api::Result<&crate::pool::RPool>,
+    encode: impl FnOnce() -> Result<Outgoing, Unsendable>,
+) -> SEXP {
     let r = guarded(|| {
         // SAFETY: R's main thread (`.Call`); `pool` is protected by R for the call.
         unsafe {
-            let p = pool_at(pool).map_err(|e| Unsendable::from(e.to_string()))?;
+            let p = p.map_err(|e| Unsendable::from(e.to_string()))?;
             if p.foreign {
                 return Err(Unsendable::from(
                     "a pool of Python workers runs mizu_call() tasks (see mizu_submit())"
@@ -114,7 +127,8 @@ pub unsafe extern "C" fn mizu_rs_submit_expr(pool: SEXP, expr: SEXP, vars: SEXP)
     // SAFETY: R's main thread (`.Call`); the arguments are protected by R for the call; the
     // message is protected while its elements are set and while it is submitted.
     unsafe {
-        if pool_at(pool).is_ok_and(|p| p.foreign) {
+        let p = pool_at(pool);
+        if p.as_ref().is_ok_and(|p| p.foreign) {
             // The shim submits the expression's value as a cross-language call.
             return foreign_marker();
         }
@@ -128,7 +142,7 @@ pub unsafe extern "C" fn mizu_rs_submit_expr(pool: SEXP, expr: SEXP, vars: SEXP)
         if check_vars_sexp(vars).is_ok()
             && let Some(out) = Outgoing::encode_expr_task(expr, vars)
         {
-            return submit_with(pool, || out.map_err(|e| Unsendable::from(e.to_string())));
+            return submit_to(pool, p, || out.map_err(|e| Unsendable::from(e.to_string())));
         }
         let msg = Rf_protect(extendr_ffi::Rf_allocVector(
             extendr_ffi::SEXPTYPE::VECSXP,

@@ -472,16 +472,29 @@ impl Unsendable {
 /// # Safety
 /// `vars` is a live SEXP; this only reads it (and allocates only to describe a failure).
 pub(crate) unsafe fn check_vars_sexp(vars: SEXP) -> std::result::Result<(), Unsendable> {
-    use extendr_ffi::{R_NaString, R_NamesSymbol, Rf_getAttrib, STRING_ELT, TYPEOF, XLENGTH};
+    use extendr_ffi::{R_NaString, R_NamesSymbol, STRING_ELT, TYPEOF, XLENGTH};
     const BAD: &str = "the values in `...` must be named: they are the bindings the expression \
                        sees";
-    // SAFETY: reads of a live object (the caller's contract); `Rf_getAttrib` of `names` on a
-    // list does not allocate.
+    // SAFETY: reads of a live object (the caller's contract).
     unsafe {
         if TYPEOF(vars) != SEXPTYPE::VECSXP || XLENGTH(vars) == 0 {
             return Ok(());
         }
-        let names = Rf_getAttrib(vars, R_NamesSymbol);
+        // A list's names: its `names` attribute as stored, found without `Rf_getAttrib`'s
+        // checks for other kinds of object; a list without one asks it (a one-dimensional
+        // array's names are its dimnames). Neither allocates.
+        let mut a = crate::ffi::ATTRIB(vars);
+        let mut names = extendr_ffi::R_NilValue;
+        while TYPEOF(a) == SEXPTYPE::LISTSXP {
+            if extendr_ffi::TAG(a) == R_NamesSymbol {
+                names = extendr_ffi::CAR(a);
+                break;
+            }
+            a = extendr_ffi::CDR(a);
+        }
+        if names == extendr_ffi::R_NilValue {
+            names = extendr_ffi::Rf_getAttrib(vars, R_NamesSymbol);
+        }
         if TYPEOF(names) != SEXPTYPE::STRSXP || XLENGTH(names) != XLENGTH(vars) {
             return Err(Unsendable::from(BAD.to_owned()));
         }
