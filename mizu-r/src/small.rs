@@ -490,13 +490,7 @@ impl Reader<'_> {
             // SAFETY: reading R's NA string constant.
             return Some(unsafe { R_NaString });
         }
-        let ce = match k {
-            1 => cetype_t::CE_NATIVE,
-            2 => cetype_t::CE_UTF8,
-            3 => cetype_t::CE_LATIN1,
-            4 => cetype_t::CE_BYTES,
-            _ => return None,
-        };
+        let ce = encoding(k)?;
         let s = self.text()?;
         let len = c_int::try_from(s.len()).ok()?;
         // SAFETY: `s` is `len` readable bytes; R copies them.
@@ -521,19 +515,24 @@ impl Reader<'_> {
     /// # Safety
     /// As [`Reader::item`].
     unsafe fn symbol(&mut self, kind: bool) -> Option<SEXP> {
-        let ce = match if kind { self.byte()? } else { 2 } {
-            1 => cetype_t::CE_NATIVE,
-            2 => cetype_t::CE_UTF8,
-            3 => cetype_t::CE_LATIN1,
-            4 => cetype_t::CE_BYTES,
-            _ => return None,
-        };
+        let ce = encoding(if kind { self.byte()? } else { 2 })?;
         let name = self.text()?;
         if name.is_empty() {
             return None;
         }
         // SAFETY: the caller's contract.
         unsafe { crate::symbols::symbol(ce, name) }
+    }
+}
+
+/// The encoding a string's kind byte names (0, `NA`, names none).
+fn encoding(kind: u8) -> Option<cetype_t> {
+    match kind {
+        1 => Some(cetype_t::CE_NATIVE),
+        2 => Some(cetype_t::CE_UTF8),
+        3 => Some(cetype_t::CE_LATIN1),
+        4 => Some(cetype_t::CE_BYTES),
+        _ => None,
     }
 }
 

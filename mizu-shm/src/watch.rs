@@ -77,7 +77,7 @@ fn watch(
         return on_exit();
     }
     let every = rustix::event::Timespec {
-        tv_sec: 0,
+        tv_sec: LOOK_EVERY.as_secs() as i64,
         tv_nsec: i64::from(LOOK_EVERY.subsec_nanos()),
     };
     loop {
