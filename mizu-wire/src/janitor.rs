@@ -59,7 +59,8 @@ pub(crate) fn ensure_running() {
 }
 
 /// Lets go at once of everything this process keeps only for reuse (idle segments of every
-/// pool, mappings kept): for an allocation that found `/dev/shm` full.
+/// pool, mappings kept): for an allocation that found `/dev/shm` full. Returns once it is all
+/// gone, also what the janitor's thread was letting go of at the time.
 pub(crate) fn release_idle_now() {
     sweep(far_future());
 }
@@ -70,7 +71,14 @@ fn far_future() -> Instant {
 }
 
 /// Asks every live holder to trim (outside the registry's lock: a trim unmaps and unlinks).
+///
+/// One sweep at a time: a trim drops what it lets go of after releasing its holder's lock, so
+/// a sweep running beside another could find nothing left to do and return while the other
+/// still unmaps. The caller that then looks at `/dev/shm` (a pool just stopped) would still see
+/// this process's lock file, held by a mapping about to go.
 fn sweep(now: Instant) {
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let live: Vec<Arc<dyn Trim>> = {
         let mut g = holders().lock().unwrap_or_else(|p| p.into_inner());
         g.retain(|w| w.strong_count() > 0);
@@ -78,5 +86,50 @@ fn sweep(now: Instant) {
     };
     for h in live {
         h.trim(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    use std::sync::mpsc;
+
+    /// A holder whose first trim is slow to let go: the window in which another sweep runs.
+    struct SlowFirst {
+        calls: AtomicU32,
+        started: Mutex<Option<mpsc::Sender<()>>>,
+        let_go: AtomicBool,
+    }
+
+    impl Trim for SlowFirst {
+        fn trim(&self, _now: Instant) {
+            if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                if let Some(tx) = self.started.lock().unwrap().take() {
+                    let _ = tx.send(());
+                }
+                std::thread::sleep(Duration::from_millis(300));
+                self.let_go.store(true, Ordering::SeqCst);
+            }
+        }
+    }
+
+    #[test]
+    fn giving_back_now_waits_for_a_sweep_in_flight() {
+        let (tx, rx) = mpsc::channel();
+        let h = Arc::new(SlowFirst {
+            calls: AtomicU32::new(0),
+            started: Mutex::new(Some(tx)),
+            let_go: AtomicBool::new(false),
+        });
+        register(Arc::downgrade(&h) as Weak<dyn Trim>);
+        let other = std::thread::spawn(|| sweep(Instant::now()));
+        rx.recv().unwrap();
+        release_idle_now();
+        assert!(
+            h.let_go.load(Ordering::SeqCst),
+            "returned while another sweep was still letting go"
+        );
+        other.join().unwrap();
     }
 }
