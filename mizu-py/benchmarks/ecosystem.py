@@ -6,7 +6,8 @@ their own process backends in one run, as ratios:
 * Dask's local scheduler: tiny `dask.delayed` tasks and a `dask.bag.map` — a
   `pymizu.PoolExecutor` against the "processes" scheduler (and Dask's own cost: "sync");
 * Dask distributed: tiny tasks through a 2-worker `LocalCluster`, with the mizu plugin and
-  with the workers' own threads.
+  with the workers' own threads; and pure-Python tasks (they hold the GIL) on one Dask worker
+  of two threads, with the mizu plugin (two processes) and without.
 
     python mizu-py/benchmarks/ecosystem.py [--quick]
 
@@ -33,6 +34,14 @@ def _inc(x):
 
 def _pick(a, i):
     return float(a[i])
+
+
+def _spin(n):
+    """Pure-Python work: holds the GIL throughout, as most Python code does."""
+    s = 0
+    for i in range(n):
+        s += i * i
+    return s
 
 
 def joblib_rows(quick):
@@ -134,6 +143,27 @@ def distributed_rows(quick):
     print(f"  mizu pool on each worker: {out['mizu']*1e6:.0f} us; the workers' own threads: "
           f"{out['threads']*1e6:.0f} us ({out['threads']/out['mizu']:.2f}x) — the scheduler's own "
           "per-task work dominates both")
+
+    # Where the plugin pays: a worker's threads share one GIL, its mizu pool's processes do not.
+    tasks, size = (20, 200_000) if quick else (100, 500_000)
+    gil = {}
+    for name in ("mizu", "threads"):
+        with distributed.LocalCluster(
+            n_workers=1, threads_per_worker=WORKERS, processes=True, dashboard_address=None
+        ) as cluster, distributed.Client(cluster) as client:
+            if name == "mizu":
+                client.register_plugin(pymizu.dask.MizuPlugin())
+            expect = _spin(size)
+            assert client.gather(client.map(_spin, [size] * 4, pure=False)) == [expect] * 4
+
+            def run():
+                client.gather(client.map(_spin, [size] * tasks, pure=False))
+
+            gil[name] = timed(run, 1 if quick else 3) / tasks
+    alone = timed(lambda: _spin(size), 5)
+    print(f"  {tasks} pure-Python tasks of {alone*1e3:.1f} ms on one Dask worker of {WORKERS} threads, per task: "
+          f"mizu pool ({WORKERS} processes) {gil['mizu']*1e3:.2f} ms; the worker's threads "
+          f"{gil['threads']*1e3:.2f} ms ({gil['threads']/gil['mizu']:.2f}x)")
 
 
 def main():

@@ -14,7 +14,11 @@
    a table pyarrow reads);
 3. the same at 1 000 rows;
 4. a map of `sqrt` over 10 000 numbers on two workers, per element: Python → R workers and
-   R → Python workers beside each language's own map.
+   R → Python workers beside each language's own map;
+5. an R caller's trivial round trip without R's own closure calls (`mizu-r/benchmarks/split.R`,
+   which times the two in turns) beside Python's round trip (two workers each; the mean of a
+   measure before and one after R's), five pairs: the native path, the worker and the waiting
+   of each language, compared on the same machine state.
 
 Every time is the median of several runs; ratios are peer time / mizu time.
 """
@@ -83,6 +87,36 @@ def r_side(quick: bool) -> dict:
             _, k, v = line.split()
             out[k] = float(v)
     return out
+
+
+def split_pairs(quick: bool) -> list:
+    """(Python round trip, R round trip, R's closures, R without them) in seconds, measured in
+    turns: Python's is the mean of one measure before and one after R's."""
+    import operator
+
+    n = 5_000 if quick else 20_000
+    with pymizu.Pool(2) as p:
+        submit = p.submit
+
+        def py_rt():
+            for i in range(n):
+                submit(operator.pos, i).result()
+
+        pairs = []
+        for _ in range(3 if quick else 5):
+            before = timed(py_rt, 7) / n
+            r = subprocess.run(
+                ["Rscript", os.path.join(ROOT, "mizu-r/benchmarks/split.R")] + (["--quick"] if quick else []),
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            if r.returncode != 0:
+                raise SystemExit(f"split.R failed:\n{r.stdout}\n{r.stderr}")
+            got = dict(line.split()[1:] for line in r.stdout.splitlines() if line.startswith("split "))
+            after = timed(py_rt, 7) / n
+            pairs.append(((before + after) / 2, float(got["rt"]), float(got["shell"]), float(got["outside"])))
+    return pairs
 
 
 def main():
@@ -207,6 +241,18 @@ def main():
         ("R -> Python", rs["map_r_py"]),
     ]:
         print(f"| {name} | {v * 1e6:.3f} us | {v / slower:.2f}x |")
+
+    pairs = split_pairs(a.quick)
+    print("\nAn R caller's trivial round trip without R's own closures, beside Python's (2 workers, in turns)")
+    print("| pair | Python round trip | R round trip | R's closures | R without them | ratio to Python |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    ratios = []
+    for i, (py, rt, shell, outside) in enumerate(pairs, 1):
+        ratios.append(outside / py)
+        print(f"| {i} | {py * 1e6:.2f} us | {rt * 1e6:.2f} us | {shell * 1e6:.2f} us | "
+              f"{outside * 1e6:.2f} us | {ratios[-1]:.2f}x |")
+    ratios.sort()
+    print(f"median ratio {ratios[len(ratios) // 2]:.2f}x (range {ratios[0]:.2f}-{ratios[-1]:.2f}x)")
 
 
 if __name__ == "__main__":

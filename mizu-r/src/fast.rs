@@ -17,7 +17,7 @@ use extendr_ffi::{R_NilValue, Rf_protect, Rf_unprotect, SEXP};
 use crate::codec::Outgoing;
 use crate::handle::mk_string;
 use crate::pool::{
-    Collected, Unsendable, check_msg_sexp, check_vars_sexp, collect_protected, pool_at,
+    Collected, Unsendable, check_msg_sexp, check_var_names, collect_protected, pool_at,
     submit_encoded, task_at, timeout_sexp,
 };
 
@@ -137,9 +137,10 @@ pub unsafe extern "C" fn mizu_rs_submit_expr(pool: SEXP, expr: SEXP, vars: SEXP)
             return marker("mizu_globals");
         }
         // The common message goes out without being made: its compact encoding is written
-        // from its parts, large vectors and shared views out of band (bindings that need a
-        // check or another encoding take the list).
-        if check_vars_sexp(vars).is_ok()
+        // from its parts, large vectors and shared views out of band (bindings that fail the
+        // names check or need another encoding take the list, and its whole check: what the
+        // compact encoding takes holds no environment or external pointer).
+        if check_var_names(vars).is_ok()
             && let Some(out) = Outgoing::encode_expr_task(expr, vars)
         {
             return submit_to(pool, p, || out.map_err(|e| Unsendable::from(e.to_string())));

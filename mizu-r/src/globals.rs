@@ -4,8 +4,8 @@
 
 use extendr_api::prelude::*;
 use extendr_ffi::{
-    CAR, CDR, R_BaseEnv, R_GlobalEnv, R_MissingArg, R_NamesSymbol, R_UnboundValue, Rf_getAttrib,
-    SEXP, SEXPTYPE, STRING_ELT, TYPEOF, XLENGTH,
+    CAR, CDR, R_BaseEnv, R_GlobalEnv, R_MissingArg, R_UnboundValue, SEXP, SEXPTYPE, STRING_ELT,
+    TYPEOF, XLENGTH,
 };
 
 /// Expressions deeper than this are left to `codetools` (the walk is recursive).
@@ -30,7 +30,7 @@ fn may_use_globals(expr: Robj, vars: Robj) -> bool {
 pub(crate) unsafe fn may_use(expr: SEXP, vars: SEXP) -> bool {
     // SAFETY: the caller's contract.
     unsafe {
-        let names = Rf_getAttrib(vars, R_NamesSymbol);
+        let names = crate::pool::list_names(vars);
         let bound = |sym: SEXP| -> bool {
             if TYPEOF(names) != SEXPTYPE::STRSXP {
                 return false;

@@ -472,7 +472,24 @@ impl Unsendable {
 /// # Safety
 /// `vars` is a live SEXP; this only reads it (and allocates only to describe a failure).
 pub(crate) unsafe fn check_vars_sexp(vars: SEXP) -> std::result::Result<(), Unsendable> {
-    use extendr_ffi::{R_NaString, R_NamesSymbol, STRING_ELT, TYPEOF, XLENGTH};
+    // SAFETY: reads of a live object (the caller's contract).
+    unsafe {
+        check_var_names(vars)?;
+        match portability(vars, "argument ") {
+            Some(u) if !copies_allowed(vars) => Err(u),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The names part of [`check_vars_sexp`]: every value of a non-empty list `vars` is named.
+/// Enough before the compact encoding, which takes no environment or external pointer (a
+/// binding it does not take goes through the whole check).
+///
+/// # Safety
+/// `vars` is a live SEXP; this only reads it.
+pub(crate) unsafe fn check_var_names(vars: SEXP) -> std::result::Result<(), Unsendable> {
+    use extendr_ffi::{R_NaString, STRING_ELT, TYPEOF, XLENGTH};
     const BAD: &str = "the values in `...` must be named: they are the bindings the expression \
                        sees";
     // SAFETY: reads of a live object (the caller's contract).
@@ -480,21 +497,7 @@ pub(crate) unsafe fn check_vars_sexp(vars: SEXP) -> std::result::Result<(), Unse
         if TYPEOF(vars) != SEXPTYPE::VECSXP || XLENGTH(vars) == 0 {
             return Ok(());
         }
-        // A list's names: its `names` attribute as stored, found without `Rf_getAttrib`'s
-        // checks for other kinds of object; a list without one asks it (a one-dimensional
-        // array's names are its dimnames). Neither allocates.
-        let mut a = crate::ffi::ATTRIB(vars);
-        let mut names = extendr_ffi::R_NilValue;
-        while TYPEOF(a) == SEXPTYPE::LISTSXP {
-            if extendr_ffi::TAG(a) == R_NamesSymbol {
-                names = extendr_ffi::CAR(a);
-                break;
-            }
-            a = extendr_ffi::CDR(a);
-        }
-        if names == extendr_ffi::R_NilValue {
-            names = extendr_ffi::Rf_getAttrib(vars, R_NamesSymbol);
-        }
+        let names = list_names(vars);
         if TYPEOF(names) != SEXPTYPE::STRSXP || XLENGTH(names) != XLENGTH(vars) {
             return Err(Unsendable::from(BAD.to_owned()));
         }
@@ -504,10 +507,28 @@ pub(crate) unsafe fn check_vars_sexp(vars: SEXP) -> std::result::Result<(), Unse
                 return Err(Unsendable::from(BAD.to_owned()));
             }
         }
-        match portability(vars, "argument ") {
-            Some(u) if !copies_allowed(vars) => Err(u),
-            _ => Ok(()),
+        Ok(())
+    }
+}
+
+/// The names of the list `vars` (`R_NilValue` when it has none): its `names` attribute as
+/// stored, found without `Rf_getAttrib`'s checks for other kinds of object; a list without one
+/// asks it (a one-dimensional array's names are its dimnames). Neither allocates.
+///
+/// # Safety
+/// R's main thread; `vars` is a live SEXP.
+pub(crate) unsafe fn list_names(vars: SEXP) -> SEXP {
+    use extendr_ffi::{R_NamesSymbol, TYPEOF};
+    // SAFETY: reads of a live object's attribute list (the caller's contract).
+    unsafe {
+        let mut a = crate::ffi::ATTRIB(vars);
+        while TYPEOF(a) == SEXPTYPE::LISTSXP {
+            if extendr_ffi::TAG(a) == R_NamesSymbol {
+                return extendr_ffi::CAR(a);
+            }
+            a = extendr_ffi::CDR(a);
         }
+        extendr_ffi::Rf_getAttrib(vars, R_NamesSymbol)
     }
 }
 

@@ -108,7 +108,18 @@ pub fn varint(mut v: u64) -> ([u8; 10], usize) {
 }
 
 /// Appends the varint of `v`.
+#[inline]
 pub fn put_varint(out: &mut Vec<u8>, v: u64) {
+    // Most varints are a small length or count: one byte, written in place by the caller's
+    // code rather than through a call and a copy (an encoded task writes a dozen).
+    if v < 0x80 {
+        out.push(v as u8);
+    } else {
+        put_long_varint(out, v);
+    }
+}
+
+fn put_long_varint(out: &mut Vec<u8>, v: u64) {
     let (b, n) = varint(v);
     out.extend_from_slice(&b[..n]);
 }

@@ -246,7 +246,8 @@ fn fuzz_rust(root: &Path, cases: u64) -> Res {
     let mut cmd = Command::new(cargo());
     cmd.args([
         "test",
-        "--release",
+        "--profile",
+        "checks",
         "-p",
         "mizu-wire",
         "--test",
@@ -473,7 +474,8 @@ fn loom(root: &Path) -> Res {
     let mut cmd = Command::new(cargo());
     cmd.args([
         "test",
-        "--release",
+        "--profile",
+        "checks",
         "-p",
         "mizu-shm",
         "-p",
