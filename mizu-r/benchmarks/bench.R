@@ -56,11 +56,8 @@ rt_psock <- per_op(function() for (i in seq_len(n_psock)) clusterCall(cl[1], ide
 rt_fork <- per_op(function() for (i in seq_len(n_slow)) mccollect(mcparallel(i)), n_slow)
 rt_future <- per_op(function() for (i in seq_len(n_slow)) value(future(i)), n_slow)
 floor_after <- line_floor()  # (the pool's workers are idle, hence parked, by now)
-# R's own part of that round trip: closures of the same shape as mizu_submit and mizu_collect
-# (argument matching, substitute, list(...)) calling a native routine that does nothing.
-nop <- mizu:::.native_nop
-shell_submit <- function(pool, expr, ...) .Call(nop, pool, substitute(expr), list(...))
-shell_collect <- function(task, timeout = Inf) .Call(nop, task, timeout, NULL)
+# R's own part of that round trip (see shell.R).
+source(file.path(dirname(sub("^--file=", "", grep("^--file=", commandArgs(FALSE), value = TRUE)[1])), "shell.R"))
 rt_shell <- per_op(function() for (i in seq_len(n)) shell_collect(shell_submit(pool, i, i = i)), n)
 report("trivial task round trip", "time", rt_mizu,
        list(`PSOCK cluster` = rt_psock, `mcparallel (fork)` = rt_fork,

@@ -2,8 +2,9 @@
 //!
 //! A large value is copied once, into a region its readers map, and on the machines mizu runs
 //! on one core's copy does not reach the memory's bandwidth: measured here (numpy's `copyto`
-//! of 100 MB, halves on two threads against one), two threads took 0.47–0.69x the time of one. Below [`SPLIT_FROM`] a thread's start costs
-//! more than it saves, so smaller copies stay on the calling thread.
+//! of 100 MB, halves on two threads against one), two threads took 0.47–0.69x the time of
+//! one. Below [`SPLIT_FROM`] a thread's start costs more than it saves, so smaller copies stay
+//! on the calling thread.
 
 use std::sync::{Mutex, OnceLock};
 
