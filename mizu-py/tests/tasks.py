@@ -318,3 +318,15 @@ def lock_at(i, bad):
 
 def fresh_list(i):
     return [i]
+
+
+class TwoArgumentError(Exception):
+    """Pickles, but unpickling calls `__init__` with one argument: it cannot be rebuilt."""
+
+    def __init__(self, a, b):
+        super().__init__(a)
+        self.b = b
+
+
+def raise_two_argument_error():
+    raise TwoArgumentError("a", "b")

@@ -78,6 +78,15 @@ def test_a_result_that_cannot_be_unpickled_is_a_broken_process_pool_error(ex):
         ex.submit(make_unpicklable_result).result(timeout=60)
 
 
+def test_an_exception_that_cannot_be_unpickled_is_a_broken_process_pool_error(ex):
+    # `ProcessPoolExecutor` reports it as a broken pool; here only its future fails.
+    with pytest.raises(BrokenProcessPool, match="exception could not be unpickled") as info:
+        ex.submit(tasks.raise_two_argument_error).result(timeout=60)
+    assert isinstance(info.value, pymizu.PayloadError)
+    assert isinstance(info.value.__cause__, TypeError), "the unpickling error is the cause"
+    assert ex.submit(tasks.add, 1, 1).result(timeout=60) == 2, "the executor serves on"
+
+
 def test_the_cause_of_a_task_exception_is_the_stdlib_remote_traceback(ex):
     with pytest.raises(ZeroDivisionError) as info:
         ex.submit(tasks.divide, 1, 0).result(timeout=60)

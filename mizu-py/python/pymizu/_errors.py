@@ -69,7 +69,8 @@ class InitializerError(MizuError, BrokenProcessPool):
 
 
 class PayloadError(MizuError, BrokenProcessPool):
-    """A task's call could not be unpickled in the worker, or its result in the caller (what
-    `ProcessPoolExecutor` reports as a broken pool); the message names the original error and
-    the remote traceback, when there is one, is the `__cause__`."""
+    """A task's call could not be unpickled in the worker, or its result or exception in the
+    caller (what `ProcessPoolExecutor` reports as a broken pool); the message names the
+    original error, and the `__cause__` is the remote traceback (a call) or the unpickling
+    error (a result or exception)."""
 

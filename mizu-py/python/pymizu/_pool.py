@@ -50,8 +50,12 @@ def decode(status: int, data, bufs, slot: int, pid: int) -> tuple[bool, Any]:
             return False, TaskError("RemoteError", bytes(data).decode("utf-8", "replace"))
         try:
             exc, tb = _codec.loads(data, buffers=bufs)
-        except Exception as e:
-            return False, TaskError(type(e).__name__, f"the task's exception could not be unpickled: {e}")
+        except BaseException as e:  # as for a result
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            err = PayloadError(f"the task's exception could not be unpickled: {e!r}")
+            err.__cause__ = e
+            return False, err
         if tb:
             exc.__cause__ = RemoteTraceback(tb)
         return False, exc
