@@ -4,8 +4,10 @@
 by the demo). For a trivial task, per task: `.result()`, `as_completed`, `wait(FIRST_COMPLETED)`,
 a done-callback, `await asyncio.wrap_future(...)`, `await loop.run_in_executor(...)` and, for
 `pymizu.Pool`, `await task`; then the same for a task that runs 1 ms, shown as the time past
-that millisecond. asyncio's own cost of awaiting an already finished future is printed too:
-no executor's asyncio rows can be below it.
+that millisecond; then many tasks submitted at once and waited for each way, beside
+`ThreadPoolExecutor` (no process at all: what the standard library's own bookkeeping of a
+future and asyncio's cost). asyncio's own cost of awaiting an already finished future is
+printed too: no executor's asyncio rows can be below it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import statistics
 import sys
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, as_completed, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed, wait
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -208,6 +210,61 @@ def asyncio_floor(n):
     return asyncio.run(go())
 
 
+def bulk(ex, n, reps):
+    """Per task, median of `reps`: `n` trivial tasks submitted at once, then waited for each
+    way a program waits for many."""
+
+    def results():
+        fs = [ex.submit(work.add, i, 1) for i in range(n)]
+        for f in fs:
+            f.result()
+
+    def completed():
+        for _ in as_completed([ex.submit(work.add, i, 1) for i in range(n)]):
+            pass
+
+    def waited():
+        wait([ex.submit(work.add, i, 1) for i in range(n)])
+
+    def callbacks():
+        done, left = threading.Event(), [n]
+        lock = threading.Lock()
+
+        def one(_f):
+            with lock:
+                left[0] -= 1
+                if left[0] == 0:
+                    done.set()
+
+        for i in range(n):
+            ex.submit(work.add, i, 1).add_done_callback(one)
+        done.wait()
+
+    def gathered():
+        async def go():
+            loop = asyncio.get_running_loop()
+            await asyncio.gather(*[loop.run_in_executor(ex, work.add, i, 1) for i in range(n)])
+
+        asyncio.run(go())
+
+    rows = {
+        "`.result()` of each": results,
+        "`as_completed`": completed,
+        "`wait` (all)": waited,
+        "`add_done_callback`": callbacks,
+        "`asyncio.gather` of `run_in_executor`": gathered,
+    }
+    out = {}
+    for name, f in rows.items():
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            f()
+            times.append((time.perf_counter() - t) / n)
+        out[name] = statistics.median(times)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -241,6 +298,20 @@ def main():
 
     show("\nA completion reaching each way of waiting: 2 workers, trivial task, time per task with its submit (median of runs)", table)
     show("\nA 1 ms task on an idle pool: from the worker finishing to the waiter having the outcome (median)", reached)
+    n_bulk = 1000 if a.quick else 5000
+    many = {}
+    for name, make in [("pymizu.PoolExecutor", lambda: pymizu.PoolExecutor(2)), ("ProcessPoolExecutor", lambda: ProcessPoolExecutor(2)), ("ThreadPoolExecutor", lambda: ThreadPoolExecutor(2))]:
+        ex = make()
+        ex.submit(work.add, 1, 1).result()
+        many[name] = bulk(ex, n_bulk if name != "ProcessPoolExecutor" else n_bulk // 5, 3)
+        ex.shutdown()
+        time.sleep(0.3)
+    print(f"\n{n_bulk} trivial tasks submitted at once, then waited for ({n_bulk // 5} for ProcessPoolExecutor): per task, submit included (median of 3)")
+    print("| way of waiting | pymizu | ProcessPoolExecutor | ThreadPoolExecutor | vs ProcessPoolExecutor |")
+    print("|---|---:|---:|---:|---:|")
+    for r, m in many["pymizu.PoolExecutor"].items():
+        p, t = many["ProcessPoolExecutor"][r], many["ThreadPoolExecutor"][r]
+        print(f"| {r} | {m * 1e6:.1f} us | {p * 1e6:.1f} us | {t * 1e6:.1f} us | {p / m:.0f}x |")
     print(f"The machine's floors: a sleeping thread woken by another process {wake_floor(n_long) * 1e6:.1f} us; "
           f"asyncio resuming a coroutine whose future is set in the loop's thread {loop_floor(2000) * 1e6:.1f} us; "
           f"asyncio awaiting an already finished concurrent future {asyncio_floor(2000) * 1e6:.1f} us")

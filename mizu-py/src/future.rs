@@ -9,6 +9,7 @@
 //! Python `_result_py(timeout)`.
 
 use std::panic::AssertUnwindSafe;
+use std::time::Duration;
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
@@ -304,7 +305,7 @@ fn result_call(
             [t] if nkw == 0 => *t == py.None().as_ptr(),
             _ => false,
         };
-        if plain && let Some(v) = settled_value(&fut)? {
+        if plain && let Some(v) = settled_value(&fut, SLICE)? {
             return Ok(v);
         }
         slow(&fut, given, nargs as usize, kwnames)
@@ -312,11 +313,25 @@ fn result_call(
     crate::fastcall::c_return(py, run)
 }
 
-/// The value of a future that is, or becomes within a slice of waiting, finished with a
-/// value; None for every other case (an exception, cancellation, a timeout, a future settled
-/// meanwhile by another thread), which the Python method handles. `fut` is an instance of the
-/// installed class (what `result` is called on).
-fn settled_value(fut: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
+/// Settles `fut`, an instance of the installed class, if its task has already returned a
+/// value (what a waiter other than `result()` finds first: `wait`, `as_completed`, `done()`);
+/// whether it did. Every other case is the Python methods'.
+#[pyfunction]
+pub(crate) fn settle_done(fut: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let Some((cls, _)) = LAYOUT.get(fut.py()) else {
+        return Ok(false);
+    };
+    if !fut.is_instance(cls.bind(fut.py()))? {
+        return Err(PyTypeError::new_err("not a future of a PoolExecutor"));
+    }
+    Ok(settled_value(fut, Duration::ZERO)?.is_some())
+}
+
+/// The value of a future that is, or becomes within `wait`, finished with a value; None for
+/// every other case (an exception, cancellation, a timeout, a future settled meanwhile by
+/// another thread), which the Python methods handle. `fut` is an instance of the installed
+/// class (what `result` is called on).
+fn settled_value(fut: &Bound<'_, PyAny>, wait: Duration) -> PyResult<Option<Py<PyAny>>> {
     let py = fut.py();
     // (`fut` is an instance of the installed class: `result` is a method descriptor of that
     // class, which checks the type of what it is called on.)
@@ -348,7 +363,7 @@ fn settled_value(fut: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
     let Ok(task) = task.cast_into::<Task>() else {
         return Ok(None);
     };
-    let Some((true, value)) = Task::outcome_of(&task, Some(SLICE))? else {
+    let Some((true, value)) = Task::outcome_of(&task, Some(wait))? else {
         return Ok(None);
     };
     // Every store of Python code tracks the future (`__setattr__`): while it is untracked, no

@@ -100,6 +100,30 @@ def test_a_cancelled_future_seen_by_a_waiter(ex):
     assert blocker.result(timeout=60) == 0.3
 
 
+def test_many_finished_futures_reach_every_waiter_once_with_their_outcomes(ex):
+    # Values are settled natively when a waiter first looks, exceptions through the Python
+    # methods: both kinds, through `as_completed`, `wait` and `done()`, each exactly once.
+    for how in ("as_completed", "wait", "done"):
+        fs = [ex.submit(tasks.fail_odd, i) for i in range(400)]
+        if how == "as_completed":
+            seen = list(cf.as_completed(fs, timeout=60))
+        elif how == "wait":
+            done, not_done = cf.wait(fs, timeout=60)
+            assert not not_done
+            seen = list(done)
+        else:
+            while not all(f.done() for f in fs):
+                time.sleep(0.001)
+            seen = fs
+        assert len(seen) == len(fs) and set(seen) == set(fs)
+        for i, f in enumerate(fs):
+            if i % 2:
+                assert isinstance(f.exception(), ValueError) and str(f.exception()) == f"odd {i}"
+            else:
+                assert f.exception() is None and f.result() == i
+        assert len(ex._state.pending) == 0, "every settled future left the pending set"
+
+
 def test_wait_and_as_completed_settle_their_futures_themselves(ex):
     # A thread in `wait` or `as_completed` waits where the pool's outcomes wake it and settles
     # the future itself: the collector thread (which must be woken first) makes no round.

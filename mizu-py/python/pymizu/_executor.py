@@ -29,6 +29,7 @@ _SLICE = 0.1
 
 
 _track = _native.gc_track
+_settle_done = _native.settle_done
 # Held while a future's condition is made, and while a future without one is settled (see
 # `_MizuFuture._finish`).
 _MADE = threading.Lock()
@@ -170,26 +171,28 @@ class _MizuFuture(Future):
 
     @property
     def _condition(self):
-        _track(self)
         c = self._cond
-        if c is None:
-            # Someone other than `result()` is about to wait on this future (`wait`,
-            # `as_completed`, a done-callback, asyncio). A short task's outcome arrives within
-            # microseconds: look for it first (as `result()` does), so that such a caller
-            # finds the future finished instead of waiting at all.
-            task = self._task
-            if self._state == _PENDING and task is not None:
-                if time.perf_counter() >= _watch_again:
-                    _look_for(task)
-                if task.done():
-                    outcome = task._outcome(0.0)
-                    # (A cancelled task settles through `cancel()`, which needs the condition.)
-                    if outcome is not None and not isinstance(outcome[1], CancelledError):
-                        self._settle(outcome)
-            with _MADE:
-                c = self._cond
-                if c is None:
-                    c = self._cond = threading.Condition()
+        if c is not None:  # (made by the code below, which tracked the future)
+            return c
+        _track(self)
+        # Someone other than `result()` is about to wait on this future (`wait`,
+        # `as_completed`, a done-callback, asyncio). A short task's outcome arrives within
+        # microseconds: look for it first (as `result()` does), so that such a caller
+        # finds the future finished instead of waiting at all.
+        task = self._task
+        if self._state == _PENDING and task is not None:
+            if time.perf_counter() >= _watch_again:
+                _look_for(task)
+            # A value natively (most outcomes); anything else through `_settle`.
+            if task.done() and not _settle_done(self):
+                outcome = task._outcome(0.0)
+                # (A cancelled task settles through `cancel()`, which needs the condition.)
+                if outcome is not None and not isinstance(outcome[1], CancelledError):
+                    self._settle(outcome)
+        with _MADE:
+            c = self._cond
+            if c is None:
+                c = self._cond = threading.Condition()
         return c
 
     _waiters = _future_list("_waiter_list", _WaiterList)
@@ -294,7 +297,7 @@ class _MizuFuture(Future):
         return super().exception(0)
 
     def done(self) -> bool:
-        if self._state == _PENDING and self._task.done():
+        if self._state == _PENDING and self._task.done() and not _settle_done(self):
             self._settle(self._task._outcome(0.0))
         return self._state != _PENDING
 
