@@ -311,6 +311,32 @@ def test_a_pool_used_in_a_forked_child_raises_a_clear_error(pool):
     assert pool.submit(tasks.add, 1, 1).result(timeout=60) == 2, "the parent's pool is intact"
 
 
+def test_a_forked_child_makes_uses_and_stops_pools_of_its_own(pool):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            with pymizu.Pool(1) as own:
+                got = own.submit(tasks.add, 2, 2).result(timeout=60)
+            with pymizu.PoolExecutor(1) as ex:
+                got2 = ex.submit(tasks.add, 3, 3).result(timeout=60)
+            try:
+                pool.stop()
+                refused = False
+            except pymizu.ForkedError:
+                refused = True
+            msg = f"ok {got} {got2} {refused}".encode()
+        except BaseException as e:
+            msg = repr(e).encode()[:200]
+        os.write(w, msg)
+        os._exit(0)
+    os.close(w)
+    got = os.read(r, 300)
+    os.waitpid(pid, 0)
+    assert got == b"ok 4 6 True", got
+    assert pool.submit(tasks.add, 1, 1).result(timeout=60) == 2, "the parent's pool is intact"
+
+
 # For scripts that must be interrupted inside a given function (not before it is called): a
 # thread that prints `text` once the main thread runs `name` and `ready()` holds, which it can
 # only see while the main thread has let go of the GIL (the waits do), so a signal sent then

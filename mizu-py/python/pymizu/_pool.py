@@ -648,7 +648,9 @@ def _worker_args(workers, initializer, initargs, max_tasks_per_child) -> tuple[l
     return args + ["--start", path], path
 
 
-_forked = False
+# Forks this process's line has gone through: a pool belongs to the process that made it
+# (`_made_in`), and a forked child may make and use pools of its own.
+_forks = 0
 
 
 _r_checked: set[str] = set()
@@ -692,8 +694,8 @@ def _r_worker_command(max_tasks_per_child) -> tuple[str, list[str]]:
 
 
 def _after_fork() -> None:
-    global _forked
-    _forked = True
+    global _forks
+    _forks += 1
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -732,6 +734,7 @@ class Pool(_Submitter):
                 "a Pool was created while a worker imported the caller's script: create pools "
                 'under `if __name__ == "__main__":` (workers import the script to find its functions)'
             )
+        self._made_in = _forks
         if workers is None:
             workers = len(os.sched_getaffinity(0)) or 1
         if not isinstance(workers, int) or workers <= 0:
@@ -765,7 +768,7 @@ class Pool(_Submitter):
             self.submit = self._pool.submit_function("task")
 
     def _check(self) -> None:
-        if _forked:
+        if getattr(self, "_made_in", _forks) != _forks:
             raise _native.ForkedError("a pymizu Pool cannot be used in a forked child process")
 
     @property
@@ -808,7 +811,7 @@ class Pool(_Submitter):
         self.stop()
 
     def __del__(self):
-        if getattr(self, "_start_file", None) and not _forked:
+        if getattr(self, "_start_file", None) and getattr(self, "_made_in", None) == _forks:
             try:
                 os.unlink(self._start_file)
             except OSError:
