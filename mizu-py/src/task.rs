@@ -741,6 +741,19 @@ impl Task {
         Task::outcome_of(slf, crate::wait_secs(timeout, "timeout")?)
     }
 
+    /// Whether a worker is running the task now (it has started and not finished; it can no
+    /// longer be cancelled). A member of a batch runs with its chunk.
+    fn running(&self) -> bool {
+        if self
+            .member
+            .as_ref()
+            .is_some_and(|(c, i)| c.is_cancelled(*i))
+        {
+            return false;
+        }
+        self.peek(|t| t.state() == Some(mizu_pool::SlotState::Running))
+    }
+
     /// Whether the task has finished (its outcome is ready).
     fn done(&self) -> bool {
         self.pid == mizu_shm::current_pid()

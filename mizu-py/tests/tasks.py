@@ -330,3 +330,8 @@ class TwoArgumentError(Exception):
 
 def raise_two_argument_error():
     raise TwoArgumentError("a", "b")
+
+
+def wait_event(event):
+    """Returns once `event` (a multiprocessing Event) is set; False after a minute."""
+    return event.wait(60)

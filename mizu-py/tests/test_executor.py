@@ -24,6 +24,25 @@ def test_submit_returns_a_real_future_with_the_result(ex):
     assert f.result(timeout=60) == 5
 
 
+def test_running_says_a_worker_has_taken_the_task():
+    import multiprocessing as mp
+
+    ev = mp.get_context("spawn").Event()
+    with pymizu.PoolExecutor(1) as e:
+        f = e.submit(tasks.wait_event, ev)
+        deadline = time.monotonic() + 60
+        while not f.running():
+            assert time.monotonic() < deadline, "the task never started"
+            time.sleep(0.001)
+        queued = e.submit(tasks.add, 1, 1)
+        assert not queued.running() and not queued.done(), "the only worker is busy"
+        assert not f.cancel(), "a running task cannot be cancelled"
+        ev.set()
+        assert f.result(timeout=60) is True
+        assert not f.running() and f.done()
+        assert queued.result(timeout=60) == 2 and not queued.running()
+
+
 def test_map_keeps_order(ex):
     assert list(ex.map(tasks.add, range(100), range(100), timeout=60)) == [2 * i for i in range(100)]
 

@@ -296,6 +296,14 @@ class _MizuFuture(Future):
             self._settle(self._outcome(timeout))
         return super().exception(0)
 
+    def running(self) -> bool:
+        # A worker has taken the task (ProcessPoolExecutor says so once a task is handed to
+        # its workers' queue).
+        if self._state == _PENDING:
+            task = self._task
+            return task is not None and task.running()
+        return self._state == "RUNNING"
+
     def done(self) -> bool:
         if self._state == _PENDING and self._task.done() and not _settle_done(self):
             self._settle(self._task._outcome(0.0))
