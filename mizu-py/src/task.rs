@@ -496,6 +496,13 @@ impl Task {
                 .is_some_and(|g| matches!(&*g, State::Pending(t) if f(t)))
     }
 
+    /// Whether this is a member of a batch cancelled on its own.
+    fn member_cancelled(&self) -> bool {
+        self.member
+            .as_ref()
+            .is_some_and(|(c, i)| c.is_cancelled(*i))
+    }
+
     /// Whether the outcome is here or ready to be read.
     fn is_done(&self) -> bool {
         self.cell.try_lock().is_some_and(|g| match &*g {
@@ -744,11 +751,7 @@ impl Task {
     /// Whether a worker is running the task now (it has started and not finished; it can no
     /// longer be cancelled). A member of a batch runs with its chunk.
     fn running(&self) -> bool {
-        if self
-            .member
-            .as_ref()
-            .is_some_and(|(c, i)| c.is_cancelled(*i))
-        {
+        if self.member_cancelled() {
             return false;
         }
         self.peek(|t| t.state() == Some(mizu_pool::SlotState::Running))
@@ -756,12 +759,7 @@ impl Task {
 
     /// Whether the task has finished (its outcome is ready).
     fn done(&self) -> bool {
-        self.pid == mizu_shm::current_pid()
-            && (self.is_done()
-                || self
-                    .member
-                    .as_ref()
-                    .is_some_and(|(c, i)| c.is_cancelled(*i)))
+        self.pid == mizu_shm::current_pid() && (self.is_done() || self.member_cancelled())
     }
 
     /// A watch over the outcome for a caller that looks now and then between work of its own
@@ -787,11 +785,7 @@ impl Task {
 
     /// Whether the task was cancelled.
     fn cancelled(&self) -> bool {
-        if self
-            .member
-            .as_ref()
-            .is_some_and(|(c, i)| c.is_cancelled(*i))
-        {
+        if self.member_cancelled() {
             return true;
         }
         self.cell.try_lock().is_some_and(|g| match &*g {

@@ -291,15 +291,14 @@ def test_functions_of_the_callers_script_run_in_workers(tmp_path):
     assert out.stdout.strip() == str(sum(i * i for i in range(100)))
 
 
-def test_a_pool_used_in_a_forked_child_raises_a_clear_error(pool):
+def in_forked_child(run) -> bytes:
+    """What `run()` returns (bytes) in a child made by `os.fork()`, or the repr of what it
+    raised."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
-            pool.submit(tasks.add, 1, 1)
-            msg = b"no error"
-        except pymizu.ForkedError as e:
-            msg = b"ForkedError " + str(e).encode()[:100]
+            msg = run()
         except BaseException as e:
             msg = repr(e).encode()[:200]
         os.write(w, msg)
@@ -307,32 +306,36 @@ def test_a_pool_used_in_a_forked_child_raises_a_clear_error(pool):
     os.close(w)
     got = os.read(r, 300)
     os.waitpid(pid, 0)
+    return got
+
+
+def test_a_pool_used_in_a_forked_child_raises_a_clear_error(pool):
+    def run():
+        try:
+            pool.submit(tasks.add, 1, 1)
+            return b"no error"
+        except pymizu.ForkedError as e:
+            return b"ForkedError " + str(e).encode()[:100]
+
+    got = in_forked_child(run)
     assert got.startswith(b"ForkedError"), got
     assert pool.submit(tasks.add, 1, 1).result(timeout=60) == 2, "the parent's pool is intact"
 
 
 def test_a_forked_child_makes_uses_and_stops_pools_of_its_own(pool):
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
+    def run():
+        with pymizu.Pool(1) as own:
+            got = own.submit(tasks.add, 2, 2).result(timeout=60)
+        with pymizu.PoolExecutor(1) as ex:
+            got2 = ex.submit(tasks.add, 3, 3).result(timeout=60)
         try:
-            with pymizu.Pool(1) as own:
-                got = own.submit(tasks.add, 2, 2).result(timeout=60)
-            with pymizu.PoolExecutor(1) as ex:
-                got2 = ex.submit(tasks.add, 3, 3).result(timeout=60)
-            try:
-                pool.stop()
-                refused = False
-            except pymizu.ForkedError:
-                refused = True
-            msg = f"ok {got} {got2} {refused}".encode()
-        except BaseException as e:
-            msg = repr(e).encode()[:200]
-        os.write(w, msg)
-        os._exit(0)
-    os.close(w)
-    got = os.read(r, 300)
-    os.waitpid(pid, 0)
+            pool.stop()
+            refused = False
+        except pymizu.ForkedError:
+            refused = True
+        return f"ok {got} {got2} {refused}".encode()
+
+    got = in_forked_child(run)
     assert got == b"ok 4 6 True", got
     assert pool.submit(tasks.add, 1, 1).result(timeout=60) == 2, "the parent's pool is intact"
 
