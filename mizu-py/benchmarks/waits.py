@@ -5,8 +5,8 @@ by the demo). For a trivial task, per task: `.result()`, `as_completed`, `wait(F
 a done-callback, `await asyncio.wrap_future(...)`, `await loop.run_in_executor(...)` and, for
 `pymizu.Pool`, `await task`; then the same for a task that runs 1 ms, shown as the time past
 that millisecond; then many tasks submitted at once and waited for each way, beside
-`ThreadPoolExecutor` (no process at all: what the standard library's own bookkeeping of a
-future and asyncio's cost). asyncio's own cost of awaiting an already finished future is
+`ThreadPoolExecutor` (no process at all: what the standard library's and asyncio's own
+bookkeeping of a future costs). asyncio's own cost of awaiting an already finished future is
 printed too: no executor's asyncio rows can be below it.
 """
 
