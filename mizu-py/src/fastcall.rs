@@ -3,8 +3,6 @@
 //! **kwargs)` is read in place, where a method with `*args` would get a new tuple of
 //! everything and then a second one of all but `fn`.
 
-use std::panic::AssertUnwindSafe;
-
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -56,7 +54,7 @@ impl std::ops::Deref for Def {
 static TASK: Def = Def(ffi::PyMethodDef {
     ml_name: c"submit".as_ptr(),
     ml_meth: ffi::PyMethodDefPointer {
-        PyCFunctionFastWithKeywords: task_entry,
+        PyCFunctionFastWithKeywords: TASK_ENTRY,
     },
     ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
     ml_doc:
@@ -67,33 +65,54 @@ static TASK: Def = Def(ffi::PyMethodDef {
 static FUTURE: Def = Def(ffi::PyMethodDef {
     ml_name: c"submit".as_ptr(),
     ml_meth: ffi::PyMethodDefPointer {
-        PyCFunctionFastWithKeywords: future_entry,
+        PyCFunctionFastWithKeywords: FUTURE_ENTRY,
     },
     ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
     ml_doc: c"submit(fn, /, *args, **kwargs)\n--\n\nSchedules fn(*args, **kwargs): a Future."
         .as_ptr(),
 });
 
-/// The C entry of `Pool.submit`.
-unsafe extern "C" fn task_entry(
+/// The C entry of `Pool.submit`: pyo3's own entry for a fastcall function (the one its
+/// generated methods use), which records the GIL CPython holds for the call as held — where
+/// `Python::attach` cannot know it is and takes it again through `PyGILState_Ensure` — and
+/// turns an error or a panic into a raised exception.
+const TASK_ENTRY: ffi::PyCFunctionFastWithKeywords =
+    pyo3::impl_::trampoline::get_trampoline_function!(fastcall_cfunction_with_keywords, task_call);
+
+/// The C entry of `PoolExecutor.submit` (as `TASK_ENTRY`).
+const FUTURE_ENTRY: ffi::PyCFunctionFastWithKeywords = pyo3::impl_::trampoline::get_trampoline_function!(
+    fastcall_cfunction_with_keywords,
+    future_call
+);
+
+/// `Pool.submit`.
+///
+/// # Safety
+/// CPython's vectorcall contract: called with the GIL held, every pointer live for the call.
+unsafe fn task_call(
+    py: Python<'_>,
     slf: *mut ffi::PyObject,
     args: *const *mut ffi::PyObject,
     nargs: ffi::Py_ssize_t,
     kwnames: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
-    // SAFETY: CPython's vectorcall contract, passed on.
-    unsafe { entry(slf, args, nargs, kwnames, Kind::Task) }
+) -> PyResult<*mut ffi::PyObject> {
+    // SAFETY: the contract, passed on.
+    unsafe { call(py, slf, args, nargs, kwnames, Kind::Task) }.map(Py::into_ptr)
 }
 
-/// The C entry of `PoolExecutor.submit`.
-unsafe extern "C" fn future_entry(
+/// `PoolExecutor.submit`.
+///
+/// # Safety
+/// As `task_call`.
+unsafe fn future_call(
+    py: Python<'_>,
     slf: *mut ffi::PyObject,
     args: *const *mut ffi::PyObject,
     nargs: ffi::Py_ssize_t,
     kwnames: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
-    // SAFETY: CPython's vectorcall contract, passed on.
-    unsafe { entry(slf, args, nargs, kwnames, Kind::Future) }
+) -> PyResult<*mut ffi::PyObject> {
+    // SAFETY: the contract, passed on.
+    unsafe { call(py, slf, args, nargs, kwnames, Kind::Future) }.map(Py::into_ptr)
 }
 
 /// Runs a submit: `slf` is the bound pool; `nargs` positional arguments at `args`, followed
@@ -101,79 +120,51 @@ unsafe extern "C" fn future_entry(
 ///
 /// # Safety
 /// CPython's vectorcall contract: called with the GIL held, every pointer live for the call.
-unsafe fn entry(
+unsafe fn call(
+    py: Python<'_>,
     slf: *mut ffi::PyObject,
     args: *const *mut ffi::PyObject,
     nargs: ffi::Py_ssize_t,
     kwnames: *mut ffi::PyObject,
     kind: Kind,
-) -> *mut ffi::PyObject {
-    // CPython calls a function with the GIL held: `attach` only records that.
-    Python::attach(|py| {
-        let run = AssertUnwindSafe(|| -> PyResult<Py<PyAny>> {
-            // SAFETY: the bound object, live while the function is (`bound` made it a pool).
-            let pool = unsafe { Bound::from_borrowed_ptr(py, slf) };
-            let pool = pool.cast::<Pool>()?;
-            let nkw = if kwnames.is_null() {
-                0
-            } else {
-                // SAFETY: a non-null `kwnames` is a tuple of the names (vectorcall convention).
-                unsafe { Bound::from_borrowed_ptr(py, kwnames) }.len()?
-            };
-            let nargs = nargs as usize;
-            if nargs == 0 {
-                return Err(PyTypeError::new_err(
-                    "submit() missing 1 required positional argument: 'fn'",
-                ));
-            }
-            // SAFETY: the convention gives `nargs` positional and `nkw` named values at `args`.
-            let given = unsafe { std::slice::from_raw_parts(args, nargs + nkw) };
-            // SAFETY: live for the call (the convention).
-            let f = unsafe { Bound::from_borrowed_ptr(py, given[0]) };
+) -> PyResult<Py<PyAny>> {
+    // SAFETY: the bound object, live while the function is (`bound` made it a pool).
+    let pool = unsafe { Bound::from_borrowed_ptr(py, slf) };
+    let pool = pool.cast::<Pool>()?;
+    let nkw = if kwnames.is_null() {
+        0
+    } else {
+        // SAFETY: a non-null `kwnames` is a tuple of the names (vectorcall convention).
+        unsafe { Bound::from_borrowed_ptr(py, kwnames) }.len()?
+    };
+    let nargs = nargs as usize;
+    if nargs == 0 {
+        return Err(PyTypeError::new_err(
+            "submit() missing 1 required positional argument: 'fn'",
+        ));
+    }
+    // SAFETY: the convention gives `nargs` positional and `nkw` named values at `args`.
+    let given = unsafe { std::slice::from_raw_parts(args, nargs + nkw) };
+    // SAFETY: live for the call (the convention).
+    let f = unsafe { Bound::from_borrowed_ptr(py, given[0]) };
+    // SAFETY: as above.
+    let positional = unsafe { Args::array(py, &given[1..nargs]) };
+    let named = if nkw == 0 {
+        None
+    } else {
+        let d = PyDict::new(py);
+        // SAFETY: as above.
+        let names = unsafe { Bound::from_borrowed_ptr(py, kwnames) };
+        for (k, &v) in names.try_iter()?.zip(&given[nargs..]) {
             // SAFETY: as above.
-            let positional = unsafe { Args::array(py, &given[1..nargs]) };
-            let named = if nkw == 0 {
-                None
-            } else {
-                let d = PyDict::new(py);
-                // SAFETY: as above.
-                let names = unsafe { Bound::from_borrowed_ptr(py, kwnames) };
-                for (k, &v) in names.try_iter()?.zip(&given[nargs..]) {
-                    // SAFETY: as above.
-                    d.set_item(k?, unsafe { Bound::from_borrowed_ptr(py, v) })?;
-                }
-                Some(d)
-            };
-            match kind {
-                Kind::Task => Ok(Pool::submit_call_of(pool, &f, positional, named.as_ref())?
-                    .into_any()
-                    .unbind()),
-                Kind::Future => Pool::submit_future_of(pool, &f, positional, named.as_ref()),
-            }
-        });
-        c_return(py, run)
-    })
-}
-
-/// What a C entry CPython calls returns for `run`: its value as a new reference, or null with
-/// its error set (a panic becomes a `PanicException`; nothing unwinds into CPython).
-pub(crate) fn c_return(
-    py: Python<'_>,
-    run: impl FnOnce() -> PyResult<Py<PyAny>> + std::panic::UnwindSafe,
-) -> *mut ffi::PyObject {
-    let r = std::panic::catch_unwind(run).unwrap_or_else(|p| {
-        Err(pyo3::panic::PanicException::new_err(
-            p.downcast_ref::<&str>().map_or_else(
-                || p.downcast_ref::<String>().cloned().unwrap_or_default(),
-                |s| s.to_string(),
-            ),
-        ))
-    });
-    match r {
-        Ok(v) => v.into_ptr(),
-        Err(e) => {
-            e.restore(py);
-            std::ptr::null_mut()
+            d.set_item(k?, unsafe { Bound::from_borrowed_ptr(py, v) })?;
         }
+        Some(d)
+    };
+    match kind {
+        Kind::Task => Ok(Pool::submit_call_of(pool, &f, positional, named.as_ref())?
+            .into_any()
+            .unbind()),
+        Kind::Future => Pool::submit_future_of(pool, &f, positional, named.as_ref()),
     }
 }

@@ -8,7 +8,6 @@
 //! value and nothing else settled the future, and hands every other case to the class's
 //! Python `_result_py(timeout)`.
 
-use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use pyo3::exceptions::PyTypeError;
@@ -31,7 +30,7 @@ pub fn install_future_result(cls: &Bound<'_, PyType>) -> PyResult<()> {
     let def: &'static mut ffi::PyMethodDef = Box::leak(Box::new(ffi::PyMethodDef {
         ml_name: c"result".as_ptr(),
         ml_meth: ffi::PyMethodDefPointer {
-            PyCFunctionFastWithKeywords: result_entry,
+            PyCFunctionFastWithKeywords: RESULT_ENTRY,
         },
         ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
         ml_doc: c"result(timeout=None)\n--\n\nThe task's value: concurrent.futures.Future.result."
@@ -268,49 +267,45 @@ pub(crate) fn store(
 
 /// The C entry of `result`: CPython calls it with the GIL held, `slf` an instance of the
 /// class (the method descriptor checks it) and `nargs` positional arguments at `args`,
-/// followed by those named in `kwnames`.
-unsafe extern "C" fn result_entry(
-    slf: *mut ffi::PyObject,
-    args: *const *mut ffi::PyObject,
-    nargs: ffi::Py_ssize_t,
-    kwnames: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
-    // CPython calls a method with the GIL held: `attach` only records that (so that objects
-    // dropped here are released at once, not deferred).
-    Python::attach(|py| result_call(py, slf, args, nargs, kwnames))
-}
+/// followed by those named in `kwnames`. pyo3's own entry for a fastcall method records the
+/// GIL as held (so that objects dropped here are released at once, not deferred) without
+/// taking it again, and turns an error or a panic into a raised exception.
+const RESULT_ENTRY: ffi::PyCFunctionFastWithKeywords = pyo3::impl_::trampoline::get_trampoline_function!(
+    fastcall_cfunction_with_keywords,
+    result_call
+);
 
-/// `result_entry` with the GIL recorded as held.
-fn result_call(
+/// `result`.
+///
+/// # Safety
+/// CPython's vectorcall contract, as `RESULT_ENTRY` says.
+unsafe fn result_call(
     py: Python<'_>,
     slf: *mut ffi::PyObject,
     args: *const *mut ffi::PyObject,
     nargs: ffi::Py_ssize_t,
     kwnames: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
-    let run = AssertUnwindSafe(|| -> PyResult<Py<PyAny>> {
-        // SAFETY: `slf` is a live object for the call's duration (CPython holds it).
-        let fut = unsafe { Bound::from_borrowed_ptr(py, slf) };
-        let nkw = if kwnames.is_null() {
-            0
-        } else {
-            // SAFETY: a non-null `kwnames` is a tuple of the names (vectorcall convention).
-            unsafe { Bound::from_borrowed_ptr(py, kwnames) }.len()?
-        };
-        // SAFETY: the convention gives `nargs` positional and `nkw` named values at `args`.
-        let given = unsafe { std::slice::from_raw_parts(args, nargs as usize + nkw) };
-        let plain = match given {
-            [] => true,
-            // `result(None)`.
-            [t] if nkw == 0 => *t == py.None().as_ptr(),
-            _ => false,
-        };
-        if plain && let Some(v) = settled_value(&fut, SLICE)? {
-            return Ok(v);
-        }
-        slow(&fut, given, nargs as usize, kwnames)
-    });
-    crate::fastcall::c_return(py, run)
+) -> PyResult<*mut ffi::PyObject> {
+    // SAFETY: `slf` is a live object for the call's duration (CPython holds it).
+    let fut = unsafe { Bound::from_borrowed_ptr(py, slf) };
+    let nkw = if kwnames.is_null() {
+        0
+    } else {
+        // SAFETY: a non-null `kwnames` is a tuple of the names (vectorcall convention).
+        unsafe { Bound::from_borrowed_ptr(py, kwnames) }.len()?
+    };
+    // SAFETY: the convention gives `nargs` positional and `nkw` named values at `args`.
+    let given = unsafe { std::slice::from_raw_parts(args, nargs as usize + nkw) };
+    let plain = match given {
+        [] => true,
+        // `result(None)`.
+        [t] if nkw == 0 => *t == py.None().as_ptr(),
+        _ => false,
+    };
+    if plain && let Some(v) = settled_value(&fut, SLICE)? {
+        return Ok(v.into_ptr());
+    }
+    slow(&fut, given, nargs as usize, kwnames).map(Py::into_ptr)
 }
 
 /// Settles `fut`, an instance of the installed class, if its task has already returned a

@@ -159,7 +159,15 @@ def test_cycles_through_tasks_are_collected(pool, how):
             return [pool.submit(fn, *a) for a in argss]
         return pool.submit_batch(fn, argss, chunksize=1)
 
+    # New tasks reuse the memory of freed ones (the type keeps a free list): free some first,
+    # so that the tasks below are such reused ones, weak references and all.
+    freed = submit_all(tasks.add, [(i, 0) for i in range(50)])
+    assert pool.collect_all(freed) == list(range(50))
+    freed = [weakref.ref(t) for t in freed]
+    assert all(r() is None for r in freed)
+
     ts = submit_all(tasks.fresh_list, [(i,) for i in range(4)])
+    assert not any(gc.is_tracked(t) for t in ts)
     v = ts[3].result(timeout=60)
     v.append(ts[3])
     ref = weakref.ref(ts[3])
