@@ -28,7 +28,7 @@
 //! value (offset 1). Input is untrusted: every length and offset is checked and nesting is
 //! bounded.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use arrow_buffer::Buffer;
 use mizu_pool::Fill;
@@ -740,8 +740,21 @@ pub enum CallPayload<'py> {
 pub fn fn_head<'py>(f: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyBytes>>> {
     static FN_REF: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     static FN_BYTES: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
+    // The last function found and its pickle: a loop submits one function over and over, and
+    // the lookup in `fn_ref`'s cache below costs a few hundred instructions. (Held only with
+    // the GIL, so never contended; what it held is dropped after it is let go, since dropping
+    // a function can run Python code.)
+    static LAST: Mutex<Option<(Py<PyAny>, Py<PyBytes>)>> = Mutex::new(None);
     let py = f.py();
-    // `fn_ref`'s cache first (it holds only functions and classes it accepted): a hit costs no
+    {
+        let last = LAST.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((lf, head)) = last.as_ref()
+            && lf.as_ptr() == f.as_ptr()
+        {
+            return Ok(Some(head.bind(py).clone()));
+        }
+    }
+    // `fn_ref`'s cache next (it holds only functions and classes it accepted): a hit costs no
     // Python call.
     let cached = match fn_types(py)?.iter().any(|t| f.get_type().is(t)) {
         true => FN_BYTES
@@ -755,7 +768,15 @@ pub fn fn_head<'py>(f: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyBytes
         Some(h) => h,
         None => FN_REF.import(py, "pymizu._codec", "fn_ref")?.call1((f,))?,
     };
-    Ok(head.cast_into::<PyBytes>().ok())
+    let Ok(head) = head.cast_into::<PyBytes>() else {
+        return Ok(None);
+    };
+    let before = LAST
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .replace((f.clone().unbind(), head.clone().unbind()));
+    drop(before);
+    Ok(Some(head))
 }
 
 /// `fn(*args, **kwargs)` as a payload: natively when `fn` is a module-level function or class
