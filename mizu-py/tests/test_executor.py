@@ -34,12 +34,15 @@ def test_running_says_a_worker_has_taken_the_task():
         while not f.running():
             assert time.monotonic() < deadline, "the task never started"
             time.sleep(0.001)
+        assert "state=running" in repr(f)
         queued = e.submit(tasks.add, 1, 1)
         assert not queued.running() and not queued.done(), "the only worker is busy"
+        assert "state=pending" in repr(queued)
         assert not f.cancel(), "a running task cannot be cancelled"
         ev.set()
         assert f.result(timeout=60) is True
         assert not f.running() and f.done()
+        assert "state=finished returned bool" in repr(f)
         assert queued.result(timeout=60) == 2 and not queued.running()
 
 

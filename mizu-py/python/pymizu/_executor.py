@@ -304,6 +304,12 @@ class _MizuFuture(Future):
             return task is not None and task.running()
         return self._state == "RUNNING"
 
+    def __repr__(self) -> str:
+        # (The base class names the state it stores, and a task a worker runs is pending in it.)
+        if self._state == _PENDING and self.running() and not self.done():
+            return f"<{type(self).__name__} at {id(self):#x} state=running>"
+        return super().__repr__()
+
     def done(self) -> bool:
         if self._state == _PENDING and self._task.done() and not _settle_done(self):
             self._settle(self._task._outcome(0.0))
