@@ -597,6 +597,7 @@ impl Pool {
             .collect::<PyResult<Vec<_>>>()?;
         let head = crate::small::fn_head(fn_)?;
         let run_ref = RUN_REF.import(py, "pymizu._pool", "_run_batch_ref")?;
+        let run_head = crate::small::fn_head(run_ref)?;
         let no_skip = PyTuple::empty(py);
         let per = 4 * workers.max(1);
         let mut out = Vec::with_capacity(calls.len());
@@ -611,8 +612,16 @@ impl Pool {
                 let args = part[0].cast::<PyTuple>()?;
                 crate::small::call_payload(fn_, args, None, Some(this.id))?
             } else if let Some(h) = &head {
-                let args = (h, PyList::new(py, part)?, &no_skip).into_pyobject(py)?;
-                crate::small::call_payload(run_ref, &args, None, Some(this.id))?
+                let small = run_head.as_ref().and_then(|r| {
+                    crate::small::encode_chunk_call(r.as_bytes(), h, part, Some(this.id))
+                });
+                match small {
+                    Some(p) => crate::small::CallPayload::Small(p),
+                    None => {
+                        let args = (h, PyList::new(py, part)?, &no_skip).into_pyobject(py)?;
+                        crate::small::call_payload(run_ref, &args, None, Some(this.id))?
+                    }
+                }
             } else {
                 let (data, bufs) = PAYLOAD
                     .import(py, "pymizu._pool", "_batch_payload")?

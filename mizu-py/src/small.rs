@@ -108,9 +108,28 @@ impl Writer {
         true
     }
 
+    /// Writes `v` (false: not a small value). An `int`, the commonest argument, is written
+    /// here, outside the frame of the function that writes everything else.
+    #[inline(always)]
     fn value(&mut self, v: &Bound<'_, PyAny>, depth: u32) -> bool {
+        if v.is_exact_instance_of::<PyInt>() && self.out.len() <= MAX_SIZE {
+            let Ok(i) = v.extract::<i64>() else {
+                return false;
+            };
+            self.out.push(tag::INT);
+            self.out.extend_from_slice(&i.to_le_bytes());
+            return true;
+        }
+        self.other_value(v, depth)
+    }
+
+    fn other_value(&mut self, v: &Bound<'_, PyAny>, depth: u32) -> bool {
         if self.out.len() > MAX_SIZE {
             return false;
+        }
+        // (A tuple first: each call of a batch's chunk is one.)
+        if let Ok(t) = v.cast_exact::<PyTuple>() {
+            return depth < MAX_DEPTH && self.tuple(t, depth + 1);
         }
         if v.is_none() {
             self.out.push(tag::NONE);
@@ -138,8 +157,6 @@ impl Writer {
                 return false;
             }
             compact::put_bytes(&mut self.out, VALUE_BASE, b);
-        } else if let Ok(t) = v.cast_exact::<PyTuple>() {
-            return depth < MAX_DEPTH && self.tuple(t, depth + 1);
         } else if let Ok(l) = v.cast_exact::<PyList>() {
             if depth >= MAX_DEPTH || !self.mutable(v) {
                 return false;
@@ -202,7 +219,9 @@ impl Writer {
     /// A count and the items of `t` (no tag: a call's arguments).
     fn items(&mut self, t: &Bound<'_, PyTuple>, depth: u32) -> bool {
         self.count(t.len());
-        t.iter().all(|x| self.value(&x, depth))
+        // Borrowed: a tuple keeps its items (a reference count taken and given back per item
+        // is two calls into the interpreter under the stable ABI).
+        t.iter_borrowed().all(|x| self.value(&x, depth))
     }
 }
 
@@ -239,7 +258,7 @@ impl<'a, 'py> Args<'a, 'py> {
     /// Whether `f` holds for every argument, in order.
     fn all(&self, mut f: impl FnMut(&Bound<'py, PyAny>) -> bool) -> bool {
         match self {
-            Args::Tuple(t) => t.iter().all(|x| f(&x)),
+            Args::Tuple(t) => t.iter_borrowed().all(|x| f(&x)),
             Args::Array(py, a) => a.0.iter().all(|&p| {
                 // SAFETY: a live object for the call (`Args::array`'s contract), borrowed.
                 let x = unsafe { pyo3::Borrowed::from_ptr(*py, p) };
@@ -373,13 +392,9 @@ pub fn encode_call(
     encode_call_of(head, Args::Tuple(args), kwargs, repeats)
 }
 
-/// [`encode_call`] of arguments given as [`Args`].
-fn encode_call_of(
-    head: &[u8],
-    args: Args<'_, '_>,
-    kwargs: Option<&Bound<'_, PyDict>>,
-    repeats: Option<u64>,
-) -> Option<Payload> {
+/// A writer of a `C` payload of the function pickled as `head`, its count of positional
+/// arguments written.
+fn call_writer(head: &[u8], nargs: usize, repeats: Option<u64>) -> Writer {
     let mut w = Writer {
         refs_ok: true,
         repeats,
@@ -391,7 +406,45 @@ fn encode_call_of(
         .extend_from_slice(&[TAG_CALL, tag::CALL, form::NATIVE]);
     compact::put_varint(&mut w.out, head.len() as u64);
     w.out.extend_from_slice(head);
-    w.count(args.len());
+    w.count(nargs);
+    w
+}
+
+/// The `C` payload of a batch chunk's call `run(head, calls, ())` (`run` pickled as
+/// `run_head`), written as [`encode_call`] would write it with `calls` in a list, without
+/// making the list. None when an argument is not a small value.
+pub fn encode_chunk_call(
+    run_head: &[u8],
+    head: &Bound<'_, PyBytes>,
+    calls: &[Bound<'_, PyAny>],
+    repeats: Option<u64>,
+) -> Option<Payload> {
+    let mut w = call_writer(run_head, 3, repeats);
+    // (Room for calls of a few small arguments each.)
+    w.out
+        .reserve(head.as_bytes().len() + calls.len().saturating_mul(32));
+    if !w.value(head.as_any(), 1) {
+        return None;
+    }
+    w.out.push(tag::LIST);
+    w.count(calls.len());
+    if !calls.iter().all(|c| w.value(c, 2)) {
+        return None;
+    }
+    w.out.push(tag::PY_TUPLE);
+    w.count(0);
+    w.count(0); // no keyword arguments
+    Payload::new(w)
+}
+
+/// [`encode_call`] of arguments given as [`Args`].
+fn encode_call_of(
+    head: &[u8],
+    args: Args<'_, '_>,
+    kwargs: Option<&Bound<'_, PyDict>>,
+    repeats: Option<u64>,
+) -> Option<Payload> {
+    let mut w = call_writer(head, args.len(), repeats);
     if !args.all(|x| w.value(x, 1)) {
         return None;
     }
@@ -459,6 +512,32 @@ fn read_items<'py>(
     Ok(items)
 }
 
+/// The most items of a tuple read without a vector (calls' arguments are such tuples).
+const SHORT_TUPLE: usize = 8;
+
+/// The tuple at `r` (its count first). A short one is read into an array on the stack: a
+/// vector per call's arguments was a tenth of the cost of reading a small call.
+fn read_tuple<'py>(
+    py: Python<'py>,
+    r: &mut Reader<'_>,
+    depth: u32,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let n = r.count()?;
+    if n > SHORT_TUPLE {
+        let mut items = Vec::with_capacity(n);
+        for _ in 0..n {
+            items.push(read(py, r, depth + 1)?);
+        }
+        return PyTuple::new(py, items);
+    }
+    let mut items: [Option<Bound<'py, PyAny>>; SHORT_TUPLE] = Default::default();
+    for item in &mut items[..n] {
+        *item = Some(read(py, r, depth + 1)?);
+    }
+    // (All are Some.)
+    PyTuple::new(py, &items[..n])
+}
+
 /// Reads one value at `r`.
 fn read<'py>(py: Python<'py>, r: &mut Reader<'_>, depth: u32) -> PyResult<Bound<'py, PyAny>> {
     if depth > MAX_DEPTH {
@@ -478,7 +557,7 @@ fn read<'py>(py: Python<'py>, r: &mut Reader<'_>, depth: u32) -> PyResult<Bound<
         tag::FLOAT => PyFloat::new(py, r.r.f64("float").map_err(wire_bad)?).into_any(),
         tag::STR => PyString::new(py, r.r.str("str").map_err(wire_bad)?).into_any(),
         tag::BYTES => PyBytes::new(py, r.r.bytes_item("bytes").map_err(wire_bad)?).into_any(),
-        tag::PY_TUPLE => PyTuple::new(py, read_items(py, r, depth)?)?.into_any(),
+        tag::PY_TUPLE => read_tuple(py, r, depth)?.into_any(),
         tag::LIST => PyList::new(py, read_items(py, r, depth)?)?.into_any(),
         tag::DICT => {
             let n = r.count()?;
@@ -692,7 +771,7 @@ pub fn decode_call<'a, 'py>(py: Python<'py>, buf: &'a Buffer) -> PyResult<Call<'
         return Err(bad("not a call"));
     }
     let head = call_head(&mut r.r).map_err(wire_bad)?;
-    let args = PyTuple::new(py, read_items(py, &mut r, 0)?)?;
+    let args = read_tuple(py, &mut r, 0)?;
     let n = r.count()?;
     let kwargs = if n == 0 {
         None

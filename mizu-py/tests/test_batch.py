@@ -63,6 +63,21 @@ def test_a_call_that_raises_fails_alone(pool):
         pool.collect_all(ts, timeout=60)
 
 
+def test_stopiteration_and_systemexit_fail_their_call_alone(pool):
+    # Neither ends the chunk early nor stops its worker: the calls after them run.
+    ts = pool.submit_batch(tasks.stop_at, [(i, 7) for i in range(20)], chunksize=20)
+    for i, t in enumerate(ts):
+        if i in (7, 8):
+            e = t.exception(timeout=60)
+            assert type(e) is (StopIteration if i == 7 else SystemExit) and e.args == (i,)
+            assert "stop_at" in str(e.__cause__)
+        else:
+            assert t.result(timeout=60) == i
+    assert pool.collect_all(pool.submit_batch(tasks.add, [(i, 1) for i in range(50)]), timeout=60) == [
+        i + 1 for i in range(50)
+    ]
+
+
 def test_a_result_that_cannot_be_pickled_fails_alone(pool):
     ts = pool.submit_batch(tasks.lock_at, [(i, 5) for i in range(20)], chunksize=20)
     for i, t in enumerate(ts):

@@ -289,7 +289,6 @@ def _failure(e: BaseException, tb: str) -> bytes:
 def _run_batch(fn, calls: list, skip) -> list:
     """Runs the calls of a chunk of `Pool.submit_batch` inside a worker (those at positions in
     `skip` were cancelled: their values are None)."""
-    global _batch_out
     out = []
     append = out.append
     errors = None
@@ -308,6 +307,13 @@ def _run_batch(fn, calls: list, skip) -> list:
                 errors = {}
             errors[len(out)] = _failure(e, traceback.format_exc())
             append(None)
+    return _batch_done(out, errors)
+
+
+def _batch_done(out: list, errors: dict | None) -> list:
+    """(In a worker) what a chunk returns: its values, and its calls' failures if any (the
+    native layer runs the calls of `_run_batch_ref` itself, then calls this)."""
+    global _batch_out
     if errors is not None:
         out = _Batch(out)
         out.errors = errors
@@ -315,9 +321,15 @@ def _run_batch(fn, calls: list, skip) -> list:
     return out
 
 
+def _batch_failure(e: BaseException) -> bytes:
+    """(In a worker) the failure of a call of a chunk the native layer ran."""
+    return _failure(e, "".join(traceback.format_exception(type(e), e, e.__traceback__)))
+
+
 def _run_batch_ref(head: bytes, calls: list, skip) -> list:
     """`_run_batch` of the function pickled by reference as `head` (`_codec.fn_ref`): the
-    chunk's call is then small values only, written natively."""
+    chunk's call is then small values only, written natively. (A worker runs such a chunk
+    natively when no call of it is skipped, with the same outcome.)"""
     return _run_batch(_codec.fn_from_ref(head), calls, skip)
 
 
