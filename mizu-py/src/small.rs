@@ -512,34 +512,41 @@ fn read_items<'py>(
     Ok(items)
 }
 
-/// The most items of a tuple read without a vector (calls' arguments are such tuples).
-const SHORT_TUPLE: usize = 8;
-
-/// The tuple at `r` (its count first). A short one is read into an array on the stack: a
-/// vector per call's arguments was a tenth of the cost of reading a small call.
+/// The tuple at `r` (its count first). One of up to three items (most calls' arguments) is
+/// read without a vector: one per call's arguments was a tenth of the cost of reading a
+/// small call.
 fn read_tuple<'py>(
     py: Python<'py>,
     r: &mut Reader<'_>,
     depth: u32,
 ) -> PyResult<Bound<'py, PyTuple>> {
     let n = r.count()?;
-    if n > SHORT_TUPLE {
-        let mut items = Vec::with_capacity(n);
-        for _ in 0..n {
-            items.push(read(py, r, depth + 1)?);
-        }
-        return PyTuple::new(py, items);
+    let mut item = || read(py, r, depth + 1);
+    match n {
+        0 => Ok(PyTuple::empty(py)),
+        1 => PyTuple::new(py, [item()?]),
+        2 => PyTuple::new(py, [item()?, item()?]),
+        3 => PyTuple::new(py, [item()?, item()?, item()?]),
+        _ => PyTuple::new(py, (0..n).map(|_| item()).collect::<PyResult<Vec<_>>>()?),
     }
-    let mut items: [Option<Bound<'py, PyAny>>; SHORT_TUPLE] = Default::default();
-    for item in &mut items[..n] {
-        *item = Some(read(py, r, depth + 1)?);
-    }
-    // (All are Some.)
-    PyTuple::new(py, &items[..n])
 }
 
-/// Reads one value at `r`.
+/// Reads one value at `r`. An `int`, the commonest item, is read here, outside the frame of
+/// the function that reads everything else.
+#[inline(always)]
 fn read<'py>(py: Python<'py>, r: &mut Reader<'_>, depth: u32) -> PyResult<Bound<'py, PyAny>> {
+    let at = r.r.pos;
+    if let Some(&[tag::INT, ref v @ ..]) = r.r.bytes().get(at..at + 9)
+        && depth <= MAX_DEPTH
+    {
+        r.r.pos = at + 9;
+        let i = i64::from_le_bytes(v.try_into().expect("8 bytes"));
+        return Ok(i.into_pyobject(py)?.into_any());
+    }
+    read_other(py, r, depth)
+}
+
+fn read_other<'py>(py: Python<'py>, r: &mut Reader<'_>, depth: u32) -> PyResult<Bound<'py, PyAny>> {
     if depth > MAX_DEPTH {
         return Err(bad("nested too deep"));
     }

@@ -171,17 +171,16 @@ impl PyExec {
         ) else {
             return Ok(None);
         };
-        let skip = args.get_item(2)?;
-        if skip.len()? != 0 || !calls.iter().all(|c| c.is_exact_instance_of::<PyTuple>()) {
+        if args.get_item(2)?.is_truthy()? {
             return Ok(None);
         }
         let fn_ = self.function(py, head.as_bytes())?;
         let out = PyList::empty(py);
         let mut errors: Option<Bound<'py, PyDict>> = None;
         for (i, c) in calls.iter().enumerate() {
-            // (Checked again: a call could reach the list through the garbage collector.)
+            // (`submit_batch` sends every call's arguments as a tuple.)
             let r = c.cast_into::<PyTuple>().map_err(PyErr::from);
-            match r.and_then(|c| fn_.call1(c)) {
+            match r.and_then(|t| fn_.call1(t)) {
                 Ok(v) => out.append(v)?,
                 Err(e) => {
                     let failure = FAILURE
