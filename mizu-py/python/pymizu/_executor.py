@@ -701,7 +701,9 @@ class PoolExecutor(Executor):
             raise ValueError("chunksize must be >= 1.")
         # A large argument every element (or the function) passes goes once, shared.
         fn = _share.share_fn(fn)
-        items = _share.share_repeated(list(zip(*iterables)), True)
+        # One iterable: its elements travel as they are (`fn(x)`), not as 1-tuples.
+        star = len(iterables) != 1
+        items = _share.share_repeated(list(zip(*iterables)) if star else list(iterables[0]), star)
         n = len(items)
         if chunksize is None:
             chunksize = max(1, -(-n // (4 * self._max_workers)))
@@ -709,7 +711,7 @@ class PoolExecutor(Executor):
         futs = []
         for s in range(0, n, chunksize):
             try:
-                payload = _codec.dumps_call(_run_chunk, (fn, s, items[s : s + chunksize], True, None, 0), {})
+                payload = _codec.dumps_call(_run_chunk, (fn, s, items[s : s + chunksize], star, None, 0), {})
             except Exception as e:
                 futs.append(_failed(e))
                 continue
