@@ -2,6 +2,7 @@
 options, worker death, Ctrl-C — all with real worker processes."""
 
 import asyncio
+import functools
 import os
 import queue
 import random
@@ -95,6 +96,20 @@ def test_map_raises_the_first_failing_element_with_its_index(pool):
         pool.map(tasks.fails_at, range(500), [137] * 500, chunksize=10)
     assert info.value._pymizu_index == 137
     assert pool.map(tasks.add, range(3), range(3)) == [0, 2, 4], "the pool goes on"
+
+
+def test_map_over_one_iterable_raises_with_the_index_and_never_stops_short(pool):
+    # One iterable's elements are called as `fn(x)` by a native loop in the worker.
+    with pytest.raises(KeyError) as info:
+        pool.map(functools.partial(tasks.fails_at, bad=137), range(500), chunksize=10)
+    assert info.value._pymizu_index == 137
+    # StopIteration from an element fails the map (a loop that took it for the end of the
+    # chunk would return fewer results).
+    with pytest.raises((StopIteration, RuntimeError)) as info:
+        pool.map(functools.partial(tasks.stop_at, bad=7), range(20), chunksize=20)
+    stop = info.value if isinstance(info.value, StopIteration) else info.value.__cause__
+    assert type(stop) is StopIteration and stop.args == (7,) and stop._pymizu_index == 7
+    assert pool.map(tasks.ident, range(5)) == list(range(5)), "the pool goes on"
 
 
 def test_map_timeout(pool):

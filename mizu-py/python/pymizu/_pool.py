@@ -237,27 +237,19 @@ def _wake(fut) -> None:
 
 def _run_chunk(fn, start: int, items: list, star: bool, seed: int | None, offset: int) -> list:
     """Runs a map chunk inside a worker; an element's exception carries its index."""
+    if seed is None:
+        return _native.run_calls(fn, items, star, start)
     out = []
     append = out.append
     i = start
     try:
-        if seed is None:
-            if star:
-                for args in items:
-                    append(fn(*args))
-                    i += 1
-            else:
-                for x in items:
-                    append(fn(x))
-                    i += 1
-        else:
-            for x in items:
-                _rng.enter(seed, offset + i)
-                try:
-                    append(fn(*x) if star else fn(x))
-                finally:
-                    _rng.leave()
-                i += 1
+        for x in items:
+            _rng.enter(seed, offset + i)
+            try:
+                append(fn(*x) if star else fn(x))
+            finally:
+                _rng.leave()
+            i += 1
     except BaseException as e:
         try:
             e._pymizu_index = i  # type: ignore[attr-defined]
