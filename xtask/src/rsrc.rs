@@ -315,6 +315,7 @@ pub fn offline_check(root: &Path) -> Res {
         .env("_R_CHECK_CRAN_INCOMING_REMOTE_", "false")
         .env("_R_CHECK_FORCE_SUGGESTS_", "false");
     isolated(&mut check);
+    crate::install_check_profile(&mut check);
     let r = run(&dir, &mut check)
         .and_then(|()| check_log(&dir.join("mizu.Rcheck/00check.log")))
         .and_then(|()| {
