@@ -145,6 +145,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(worker::run_worker, m)?)?;
     m.add_function(wrap_pyfunction!(worker::in_task, m)?)?;
     m.add_function(wrap_pyfunction!(worker::run_calls, m)?)?;
+    m.add_function(wrap_pyfunction!(worker::run_batch_calls, m)?)?;
     m.add_function(wrap_pyfunction!(worker::current_element, m)?)?;
     m.add_function(wrap_pyfunction!(worker::nested_submit, m)?)?;
     m.add_function(wrap_pyfunction!(worker::nested_submit_batch, m)?)?;

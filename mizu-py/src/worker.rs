@@ -133,68 +133,14 @@ impl PyExec {
         buf: &arrow_buffer::Buffer,
     ) -> Result<Vec<u8>, Vec<u8>> {
         let call = small::decode_call(py, buf).map_err(|e| text(format!("mizu: {e}")))?;
-        let result = self.function(py, call.head).and_then(|f| {
-            if call.kwargs.is_none()
-                && let Some(out) = self.run_batch(py, &f, &call.args).transpose()
-            {
-                return out;
-            }
-            f.call(call.args, call.kwargs.as_ref())
-        });
+        let result = self
+            .function(py, call.head)
+            .and_then(|f| f.call(call.args, call.kwargs.as_ref()));
         let result = match result {
             Ok(v) => v,
             Err(e) => return send_pickled(py, ctx, self.fail.bind(py).call1((e.into_value(py),))),
         };
         self.send_value(py, ctx, result)
-    }
-
-    /// A chunk of `submit_batch` (`f` is `_pool._run_batch_ref`) with no call skipped, run
-    /// here: the calls go straight from this loop to the function (the bytecode loop around
-    /// them was about a tenth of a small call's cost). `_run_batch`'s outcome exactly: the
-    /// values in order, a call's exception that call's failure (with its traceback). None for
-    /// any other call, which Python runs.
-    fn run_batch<'py>(
-        &self,
-        py: Python<'py>,
-        f: &Bound<'py, PyAny>,
-        args: &Bound<'py, PyTuple>,
-    ) -> PyResult<Option<Bound<'py, PyAny>>> {
-        static RUN_REF: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-        static DONE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-        static FAILURE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-        if !f.is(RUN_REF.import(py, "pymizu._pool", "_run_batch_ref")?) || args.len() != 3 {
-            return Ok(None);
-        }
-        let (Ok(head), Ok(calls)) = (
-            args.get_item(0)?.cast_into::<PyBytes>(),
-            args.get_item(1)?.cast_into::<PyList>(),
-        ) else {
-            return Ok(None);
-        };
-        if args.get_item(2)?.is_truthy()? {
-            return Ok(None);
-        }
-        let fn_ = self.function(py, head.as_bytes())?;
-        let out = PyList::empty(py);
-        let mut errors: Option<Bound<'py, PyDict>> = None;
-        for (i, c) in calls.iter().enumerate() {
-            // (`submit_batch` sends every call's arguments as a tuple.)
-            let r = c.cast_into::<PyTuple>().map_err(PyErr::from);
-            match r.and_then(|t| fn_.call1(t)) {
-                Ok(v) => out.append(v)?,
-                Err(e) => {
-                    let failure = FAILURE
-                        .import(py, "pymizu._pool", "_batch_failure")?
-                        .call1((e.into_value(py),))?;
-                    errors
-                        .get_or_insert_with(|| PyDict::new(py))
-                        .set_item(i, failure)?;
-                    out.append(py.None())?;
-                }
-            }
-        }
-        let done = DONE.import(py, "pymizu._pool", "_batch_done")?;
-        done.call1((out, errors)).map(Some)
     }
 
     /// Sends a task's return value: natively when it is small, else pickled by Python.
@@ -327,29 +273,65 @@ pub fn run_calls<'py>(
     star: bool,
     start: usize,
 ) -> PyResult<Bound<'py, PyList>> {
-    let py = fn_.py();
-    let out = PyList::empty(py);
+    let out = PyList::empty(fn_.py());
     for (i, x) in items.iter().enumerate() {
-        let r = match (star, x.cast_into::<PyTuple>()) {
-            (false, Ok(x)) => call_one(fn_, x.as_any()),
-            (false, Err(x)) => call_one(fn_, &x.into_inner()),
-            (true, Ok(args)) => fn_.call1(args),
-            (true, Err(x)) => x
-                .into_inner()
-                .try_iter()
-                .and_then(|it| PyTuple::new(py, it.collect::<PyResult<Vec<_>>>()?))
-                .and_then(|args| fn_.call1(args)),
-        };
-        match r {
+        match call_item(fn_, x, star) {
             Ok(v) => out.append(v)?,
             Err(e) => {
                 // (An exception that takes no attributes goes without its index.)
-                let _ = e.value(py).setattr("_pymizu_index", start + i);
+                let _ = e.value(fn_.py()).setattr("_pymizu_index", start + i);
                 return Err(e);
             }
         }
     }
     Ok(out)
+}
+
+/// `fn_(*args)` for every `args` of `calls` (a batch chunk's calls, none skipped), run from
+/// here rather than by a bytecode loop around them: the values in order (None for a call
+/// that raised) and, if any raised, each one's failure by position
+/// (`_pool._batch_failure`).
+#[pyfunction]
+pub fn run_batch_calls<'py>(
+    fn_: &Bound<'py, PyAny>,
+    calls: &Bound<'py, PyList>,
+) -> PyResult<(Bound<'py, PyList>, Option<Bound<'py, PyDict>>)> {
+    static FAILURE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let py = fn_.py();
+    let out = PyList::empty(py);
+    let mut errors: Option<Bound<'py, PyDict>> = None;
+    for (i, args) in calls.iter().enumerate() {
+        match call_item(fn_, args, true) {
+            Ok(v) => out.append(v)?,
+            Err(e) => {
+                let failure = FAILURE
+                    .import(py, "pymizu._pool", "_batch_failure")?
+                    .call1((e.into_value(py),))?;
+                errors
+                    .get_or_insert_with(|| PyDict::new(py))
+                    .set_item(i, failure)?;
+                out.append(py.None())?;
+            }
+        }
+    }
+    Ok((out, errors))
+}
+
+/// `fn_(*x)` when `star`, else `fn_(x)`.
+fn call_item<'py>(
+    fn_: &Bound<'py, PyAny>,
+    x: Bound<'py, PyAny>,
+    star: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    match (star, x.cast_into::<PyTuple>()) {
+        (false, Ok(x)) => call_one(fn_, x.as_any()),
+        (false, Err(x)) => call_one(fn_, &x.into_inner()),
+        (true, Ok(args)) => fn_.call1(args),
+        (true, Err(x)) => {
+            let args = x.into_inner().try_iter()?.collect::<PyResult<Vec<_>>>()?;
+            fn_.call1(PyTuple::new(fn_.py(), args)?)
+        }
+    }
 }
 
 /// `f(x)`, the argument passed on the stack: a function taking vectorcalls (a Python

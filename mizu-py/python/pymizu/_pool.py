@@ -281,18 +281,16 @@ def _failure(e: BaseException, tb: str) -> bytes:
 def _run_batch(fn, calls: list, skip) -> list:
     """Runs the calls of a chunk of `Pool.submit_batch` inside a worker (those at positions in
     `skip` were cancelled: their values are None)."""
+    if not skip:
+        return _batch_done(*_native.run_batch_calls(fn, calls))
     out = []
     append = out.append
     errors = None
     it = iter(calls)
     while True:
         try:
-            if skip:
-                for args in it:
-                    append(None if len(out) in skip else fn(*args))
-            else:
-                for args in it:
-                    append(fn(*args))
+            for args in it:
+                append(None if len(out) in skip else fn(*args))
             break
         except BaseException as e:  # the call's outcome, as a task's
             if errors is None:
@@ -303,8 +301,7 @@ def _run_batch(fn, calls: list, skip) -> list:
 
 
 def _batch_done(out: list, errors: dict | None) -> list:
-    """(In a worker) what a chunk returns: its values, and its calls' failures if any (the
-    native layer runs the calls of `_run_batch_ref` itself, then calls this)."""
+    """(In a worker) what a chunk returns: its values, and its calls' failures if any."""
     global _batch_out
     if errors is not None:
         out = _Batch(out)
@@ -314,14 +311,13 @@ def _batch_done(out: list, errors: dict | None) -> list:
 
 
 def _batch_failure(e: BaseException) -> bytes:
-    """(In a worker) the failure of a call of a chunk the native layer ran."""
+    """(In a worker) the failure of a call of a chunk `_native.run_batch_calls` ran."""
     return _failure(e, "".join(traceback.format_exception(type(e), e, e.__traceback__)))
 
 
 def _run_batch_ref(head: bytes, calls: list, skip) -> list:
     """`_run_batch` of the function pickled by reference as `head` (`_codec.fn_ref`): the
-    chunk's call is then small values only, written natively. (A worker runs such a chunk
-    natively when no call of it is skipped, with the same outcome.)"""
+    chunk's call is then small values only, written natively."""
     return _run_batch(_codec.fn_from_ref(head), calls, skip)
 
 
