@@ -45,6 +45,29 @@ def test_a_done_callback_runs_when_the_task_finishes_not_on_a_timer(ex):
     assert ex._collector_rounds - before < 30
 
 
+def test_a_raising_done_callback_is_logged_and_the_others_still_run(ex, caplog):
+    ran = []
+    done = threading.Event()
+
+    def bad(fut):
+        raise ZeroDivisionError("in a callback")
+
+    f = ex.submit(tasks.sleep, 0.2)
+    f.add_done_callback(bad)
+    f.add_done_callback(lambda fut: (ran.append(fut.result()), done.set()))
+    with caplog.at_level("ERROR", logger="concurrent.futures"):
+        assert done.wait(60)
+        g = ex.submit(tasks.add, 1, 1)
+        assert g.result(timeout=60) == 2
+        g.add_done_callback(bad)  # finished already: runs (and fails) in this thread
+    assert ran == [0.2]
+    logged = [r for r in caplog.records if r.name == "concurrent.futures"]
+    assert len(logged) == 2
+    assert all("exception calling callback" in r.getMessage() for r in logged)
+    assert all(r.exc_info[0] is ZeroDivisionError for r in logged)
+    assert not f.cancelled() and f.exception() is None
+
+
 def test_as_completed_and_wait_see_completions_in_order(ex):
     slow = ex.submit(tasks.sleep, 0.5)
     with pymizu.PoolExecutor(1) as other:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import select
@@ -18,6 +19,9 @@ from ._pool import Pool, _run_chunk, watch_in_loop
 
 
 _PENDING, _FINISHED = "PENDING", "FINISHED"
+_CANCELLED = ("CANCELLED", "CANCELLED_AND_NOTIFIED")
+_store = object.__setattr__
+_LOGGER = logging.getLogger("concurrent.futures")
 # Seconds a future's first waiter other than `result()` looks for the outcome itself.
 _WATCH_SPIN = 20e-6
 # Seconds without such looks after one that found its task still running (see `_condition`).
@@ -229,7 +233,7 @@ class _MizuFuture(Future):
                     return
             c = self._cond
         with c:
-            if not self._complete(ok, value):
+            if not self._complete(ok, value, _store):
                 return
             for waiter in self._waiter_list or ():
                 if ok:
@@ -240,17 +244,29 @@ class _MizuFuture(Future):
         if self._callback_list:
             self._invoke_callbacks()
 
-    def _complete(self, ok: bool, value) -> bool:
-        """Stores the outcome of a pending future; whether it was pending."""
+    def _complete(self, ok: bool, value, store=None) -> bool:
+        """Stores the outcome of a pending future; whether it was pending. `store` is
+        `object.__setattr__` for a future already tracked (one with a condition), which need
+        not be tracked again on each store."""
         if self._state != _PENDING:
             return False
         self._owner.pending.discard(self)
+        if store is None:
+            store = type(self).__setattr__
         if ok:
-            self._result = value
+            store(self, "_result", value)
         else:
-            self._exception = value
-        self._state = _FINISHED
+            store(self, "_exception", value)
+        store(self, "_state", _FINISHED)
         return True
+
+    def _invoke_callbacks(self) -> None:
+        # (The base class reads the list through `_done_callbacks`, a property here.)
+        for callback in self._callback_list or ():
+            try:
+                callback(self)
+            except Exception:
+                _LOGGER.exception("exception calling callback for %r", self)
 
     def _outcome(self, timeout):
         """The task's outcome; None when the future was settled meanwhile (the executor
@@ -292,9 +308,16 @@ class _MizuFuture(Future):
         return super().result(0)
 
     def exception(self, timeout=None):
-        if self._state == _PENDING:
+        state = self._state
+        if state == _FINISHED:  # (final: no lock needed to read what it stored)
+            return self._exception
+        if state == _PENDING:
             self._settle(self._outcome(timeout))
         return super().exception(0)
+
+    def cancelled(self) -> bool:
+        # (One read of the state, as under the base class's lock.)
+        return self._state in _CANCELLED
 
     def running(self) -> bool:
         # A worker has taken the task (ProcessPoolExecutor says so once a task is handed to
