@@ -54,6 +54,15 @@ def test_mp_context_spawn_or_none_is_accepted_and_other_methods_are_refused():
             pymizu.PoolExecutor(1, mp_context=mp.get_context(method))
 
 
+def test_max_workers_is_checked_as_process_pool_executor_does():
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="greater than 0"):
+            pymizu.PoolExecutor(bad)
+    for bad in ("2", 2.5, True):
+        with pytest.raises(TypeError, match="max_workers must be an int"):
+            pymizu.PoolExecutor(bad)
+
+
 def test_positional_arguments_follow_process_pool_executor():
     with pymizu.PoolExecutor(1, None, tasks.set_global, ("initialised",)) as e:
         assert e.submit(tasks.get_global).result(timeout=60) == "initialised"

@@ -651,8 +651,11 @@ class PoolExecutor(Executor):
         exec_timeout: float | None = None,
         replace_dead_workers: bool = False,
     ):
-        if max_workers is not None and (not isinstance(max_workers, int) or max_workers <= 0):
-            raise ValueError("max_workers must be greater than 0")
+        if max_workers is not None:
+            if not isinstance(max_workers, int) or isinstance(max_workers, bool):
+                raise TypeError(f"max_workers must be an int or None, got {max_workers!r}")
+            if max_workers <= 0:
+                raise ValueError("max_workers must be greater than 0")
         self._mp_context = _spawn_context(mp_context)
         self._mpool = Pool(
             max_workers,
