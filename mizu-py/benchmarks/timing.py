@@ -4,10 +4,14 @@ import statistics
 import time
 
 
-def timed(f, reps, per=1):
+def timed(f, reps, per=1, most=None):
     """Median seconds of `f()` over `reps` calls after a warm-up, divided by `per` (the
-    operations one call runs)."""
+    operations one call runs). With `most`, as many more calls, up to `most`, as fit in about
+    a second by the warm-up's time: a short run's median then moves less with the VM."""
+    t = time.perf_counter()
     f()
+    if most is not None:
+        reps = max(reps, min(most, int(1.0 / max(time.perf_counter() - t, 1e-6))))
     runs = []
     for _ in range(reps):
         t = time.perf_counter()
