@@ -619,7 +619,9 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         // never between two tasks of a busy stream (that would put them on every round trip).
         if woke.is_err() {
             exec.idle();
-            while rt.steal() {}
+            while rt.steal() {
+                stream.start();
+            }
         }
     }
     stream.end();

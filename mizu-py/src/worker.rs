@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -32,8 +32,9 @@ struct PyExec {
     fast: bool,
     /// Functions of small calls by their pickle.
     fns: Mutex<FnCache>,
-    /// The interpreter lock kept through a stream of tasks (see `stream_start`).
-    stream: Mutex<Option<pyo3::ffi::PyGILState_STATE>>,
+    /// This thread's state while the worker waits without the interpreter lock, null while
+    /// it holds it (see `execute` and `stream_end`).
+    saved: AtomicPtr<pyo3::ffi::PyThreadState>,
     max_tasks: u64,
     tasks: AtomicU64,
 }
@@ -187,8 +188,41 @@ impl PyExec {
     }
 }
 
+impl PyExec {
+    /// Takes the interpreter lock back if `let_go` gave it up.
+    fn take_back(&self) {
+        let ts = self.saved.swap(std::ptr::null_mut(), Ordering::Relaxed);
+        if !ts.is_null() {
+            // SAFETY: `ts` is this thread's state, saved by `let_go` on this thread: the
+            // runtime calls its executor only from the worker's thread (a task's context,
+            // which nested work needs, lives there).
+            unsafe { pyo3::ffi::PyEval_RestoreThread(ts) };
+        }
+    }
+
+    /// Gives the interpreter lock up while the worker waits for work, keeping this thread
+    /// attached in PyO3's count: nothing runs Python here until `take_back`.
+    fn let_go(&self) {
+        if self.saved.load(Ordering::Relaxed).is_null() {
+            // SAFETY: this thread holds the lock: `run_worker` is called from Python and
+            // keeps it until its first `let_go`, and every `let_go` after that follows a
+            // `take_back` (in `execute`) on this thread.
+            let ts = unsafe { pyo3::ffi::PyEval_SaveThread() };
+            self.saved.store(ts, Ordering::Relaxed);
+        }
+    }
+}
+
 impl Executor for PyExec {
+    /// Runs a task with the interpreter lock, which the worker then keeps between the tasks
+    /// of a stream (until `stream_end`): taking and releasing it around every task costs a
+    /// few percent of a small task's time in the worker. Other Python threads of the worker
+    /// still get it: at the interpreter's switch interval while a task runs Python code, and
+    /// at the latest when the worker parks (within its spin budget, 50 µs by default, of the
+    /// last task). PyO3 counts this thread attached throughout, so its entry below costs
+    /// next to nothing.
     fn execute(&self, ctx: &TaskContext<'_>, input: &[u8]) -> Result<Vec<u8>, Vec<u8>> {
+        self.take_back();
         let r = Python::attach(|py| self.run(py, ctx, input));
         let n = self.tasks.fetch_add(1, Ordering::Relaxed) + 1;
         if self.max_tasks > 0 && n >= self.max_tasks {
@@ -197,29 +231,8 @@ impl Executor for PyExec {
         r
     }
 
-    /// Keeps the interpreter lock between the tasks of a stream: taking and releasing it
-    /// around every task costs about a tenth of a small task's round trip. Other Python
-    /// threads of the worker still get it: at the interpreter's switch interval while a task
-    /// runs Python code, and at the latest when the worker parks (within its spin budget,
-    /// 50 µs by default, of the last task).
-    fn stream_start(&self) {
-        let mut g = self.stream.lock().unwrap_or_else(|p| p.into_inner());
-        if g.is_none() {
-            // SAFETY: the interpreter is initialised (this worker runs inside it), and this
-            // thread has a thread state (`run_worker` is called from Python); the matching
-            // release is in `stream_end`, on this thread, which the runtime calls before it
-            // parks or returns (also when unwinding).
-            *g = Some(unsafe { pyo3::ffi::PyGILState_Ensure() });
-        }
-    }
-
     fn stream_end(&self) {
-        if let Some(st) = self.stream.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            // SAFETY: pairs with the `PyGILState_Ensure` of `stream_start`, on the same
-            // thread (the runtime calls both from its loop), with no other Ensure of ours
-            // still open in between (PyO3's own are scoped inside `execute`).
-            unsafe { pyo3::ffi::PyGILState_Release(st) };
-        }
+        self.let_go();
     }
 }
 
@@ -248,12 +261,24 @@ pub fn run_worker(
         loads: py.import("pickle")?.getattr("loads")?.unbind(),
         fast,
         fns: Mutex::new(FnCache::default()),
-        stream: Mutex::new(None),
+        saved: AtomicPtr::new(std::ptr::null_mut()),
         max_tasks,
         tasks: AtomicU64::new(0),
     };
-    py.detach(|| mizu_pool::run_worker(&token, slot, &exec))
-        .map_err(err)
+    // The lock is given up until the first task, and taken back before Python sees this
+    // thread again, also when unwinding.
+    struct TakeBack<'a>(&'a PyExec);
+    impl Drop for TakeBack<'_> {
+        fn drop(&mut self) {
+            self.0.take_back();
+        }
+    }
+    exec.let_go();
+    let served = {
+        let _back = TakeBack(&exec);
+        mizu_pool::run_worker(&token, slot, &exec)
+    };
+    served.map_err(err)
 }
 
 /// Called first by a starting worker: if the pool's owner dies before this worker joins
