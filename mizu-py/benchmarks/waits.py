@@ -176,7 +176,8 @@ def wake_floor(n):
 def loop_floor(n, busy_us=0.0):
     """asyncio's own cost from a concurrent future set in the loop's thread to the coroutine
     awaiting it running again; with `busy_us`, each time after the thread spent that long on
-    other work (as when a task finishes: the loop's code is no longer in the CPU's caches)."""
+    other work (as when a task finishes, by when the loop's code may have left the CPU's
+    caches)."""
 
     async def go():
         loop = asyncio.get_running_loop()

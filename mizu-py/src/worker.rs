@@ -186,9 +186,7 @@ impl PyExec {
         c.last = Some((head.to_vec(), f.clone().unbind()));
         Ok(f)
     }
-}
 
-impl PyExec {
     /// Takes the interpreter lock back if `let_go` gave it up.
     fn take_back(&self) {
         let ts = self.saved.swap(std::ptr::null_mut(), Ordering::Relaxed);

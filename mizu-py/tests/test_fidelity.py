@@ -54,7 +54,7 @@ def test_mp_context_spawn_or_none_is_accepted_and_other_methods_are_refused():
             pymizu.PoolExecutor(1, mp_context=mp.get_context(method))
 
 
-def test_max_workers_is_checked_as_process_pool_executor_does():
+def test_max_workers_must_be_a_positive_int():
     for bad in (0, -1):
         with pytest.raises(ValueError, match="greater than 0"):
             pymizu.PoolExecutor(bad)

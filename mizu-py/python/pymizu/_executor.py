@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import multiprocessing
 import os
 import select
@@ -21,7 +20,6 @@ from ._pool import Pool, _run_chunk, watch_in_loop
 _PENDING, _FINISHED = "PENDING", "FINISHED"
 _CANCELLED = ("CANCELLED", "CANCELLED_AND_NOTIFIED")
 _store = object.__setattr__
-_LOGGER = logging.getLogger("concurrent.futures")
 # Seconds a future's first waiter other than `result()` looks for the outcome itself.
 _WATCH_SPIN = 20e-6
 # Seconds without such looks after one that found its task still running (see `_condition`).
@@ -233,7 +231,7 @@ class _MizuFuture(Future):
                     return
             c = self._cond
         with c:
-            if not self._complete(ok, value, _store):
+            if not self._complete(ok, value):
                 return
             for waiter in self._waiter_list or ():
                 if ok:
@@ -244,29 +242,16 @@ class _MizuFuture(Future):
         if self._callback_list:
             self._invoke_callbacks()
 
-    def _complete(self, ok: bool, value, store=None) -> bool:
-        """Stores the outcome of a pending future; whether it was pending. `store` is
-        `object.__setattr__` for a future already tracked (one with a condition), which need
-        not be tracked again on each store."""
+    def _complete(self, ok: bool, value) -> bool:
+        """Stores the outcome of a pending future; whether it was pending. (Tracked once for
+        the stores, as `__setattr__` would on each.)"""
         if self._state != _PENDING:
             return False
         self._owner.pending.discard(self)
-        if store is None:
-            store = type(self).__setattr__
-        if ok:
-            store(self, "_result", value)
-        else:
-            store(self, "_exception", value)
-        store(self, "_state", _FINISHED)
+        _track(self)
+        _store(self, "_result" if ok else "_exception", value)
+        _store(self, "_state", _FINISHED)
         return True
-
-    def _invoke_callbacks(self) -> None:
-        # (The base class reads the list through `_done_callbacks`, a property here.)
-        for callback in self._callback_list or ():
-            try:
-                callback(self)
-            except Exception:
-                _LOGGER.exception("exception calling callback for %r", self)
 
     def _outcome(self, timeout):
         """The task's outcome; None when the future was settled meanwhile (the executor
