@@ -230,7 +230,11 @@ class _MizuFuture(Future):
                     self._complete(ok, value)
                     return
             c = self._cond
-        with c:
+        # (The condition's lock methods rather than `with c:`, whose enter and exit are two
+        # calls of Python code: this is the path of every outcome handed to asyncio, to a
+        # done-callback or to `as_completed`.)
+        c.acquire()
+        try:
             if not self._complete(ok, value):
                 return
             for waiter in self._waiter_list or ():
@@ -239,6 +243,8 @@ class _MizuFuture(Future):
                 else:
                     waiter.add_exception(self)
             c.notify_all()
+        finally:
+            c.release()
         if self._callback_list:
             self._invoke_callbacks()
 

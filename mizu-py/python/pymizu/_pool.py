@@ -142,15 +142,20 @@ class _LoopWatch:
         items, self.items = self.items, []
         looked = 0
         go_on = False
+        hushed = False
         try:
             for it in items:
                 looked += 1
                 if it[0].done():
+                    if not hushed:
+                        hushed = _hush(self.loop)
                     it[1]()
                 else:
                     self.items.append(it)
             go_on = bool(self.items) and self.watch.go_on()
         finally:
+            if hushed:
+                del self.loop._write_to_self
             # (Also when a done action raised: what was not looked at yet is handed over.)
             if go_on:
                 self.loop.call_soon(self)
@@ -169,6 +174,25 @@ class _LoopWatch:
             it[2]()
 
 
+def _hush(loop) -> bool:
+    """Lets the done actions about to run in `loop`'s own thread hand work to `loop` with
+    `call_soon_threadsafe` (what the callbacks of `asyncio.wrap_future`, and so of
+    `run_in_executor`, do) without its wake-up write: a loop running a callback looks at its
+    queue again before it sleeps, so the write (and the read of it in the next round, each a
+    system call) only delays the outcome. A handle another thread adds meanwhile is found
+    the same way. Whether it did (then `del loop._write_to_self` undoes it); only asyncio's
+    selector loops are hushed."""
+    if not isinstance(loop, _SelectorLoop) or "_write_to_self" in vars(loop):
+        return False
+    loop._write_to_self = _nothing
+    return True
+
+
+def _nothing() -> None:
+    pass
+
+
+_SelectorLoop = asyncio.selector_events.BaseSelectorEventLoop
 _loop_watch: _LoopWatch | None = None
 _loop_watch_lock = threading.Lock()
 
