@@ -58,6 +58,8 @@ mod layout;
 #[cfg(not(mizu_loom))]
 mod map;
 #[cfg(not(mizu_loom))]
+mod outcome;
+#[cfg(not(mizu_loom))]
 mod pool;
 #[cfg(not(mizu_loom))]
 pub mod retry;
@@ -77,6 +79,7 @@ pub use {
     error::{PoolError, Result, TaskError},
     map::{MapError, MapOptions, MapOutput},
     mizu_queue::{RecvError, SlotState},
+    outcome::{OutcomeBytes, SMALL_OUTCOME},
     pool::{Launcher, Pool, PoolConfig, PoolStatus, SubmitterStatus, WorkerStatus},
     shared::{Fill, set_discard_hook},
     submitter::{CollectError, Task, Wakeup, collect_all, collect_any, wait_until},

@@ -11,6 +11,7 @@ use mizu_wire::{DataPool, Mapper, Region};
 
 use crate::error::{PoolError, Result};
 use crate::layout::{POOL_KIND, PoolView, TaskHdr, data_kind};
+use crate::outcome::{OutcomeBytes, SMALL_OUTCOME};
 
 /// What this process's binding does with a payload nobody will read, before it is dropped.
 static DISCARD_HOOK: OnceLock<fn(&[u8])> = OnceLock::new();
@@ -119,16 +120,32 @@ impl Shared {
     /// The caller must own the slot's data area by protocol; a payload can be taken once (the
     /// slot then holds none, so a later discard releases nothing twice).
     pub fn take_payload(&self, s: usize, k: usize) -> Result<Buffer> {
+        self.take(s, k, false).map(Buffer::from)
+    }
+
+    /// [`Shared::take_payload`], a small inline payload by value (see [`OutcomeBytes`]).
+    pub fn take_outcome(&self, s: usize, k: usize) -> Result<OutcomeBytes> {
+        self.take(s, k, true)
+    }
+
+    fn take(&self, s: usize, k: usize, small: bool) -> Result<OutcomeBytes> {
         let hdr: &TaskHdr = self.view.task(s, k);
         let (data, _) = self.view.data();
         let cap = self.view.params.slot_bytes as usize;
         let len = (hdr.len.load(Ordering::Relaxed) as usize).min(cap);
+        if small && len <= SMALL_OUTCOME && hdr.kind.load(Ordering::Relaxed) == data_kind::INLINE {
+            // SAFETY: the caller owns the slot's data area (see above).
+            let small =
+                unsafe { data.with(self.granule(s, k), |d| OutcomeBytes::small(&d[..len])) };
+            hdr.kind.store(0, Ordering::Relaxed);
+            return Ok(small.expect("at most SMALL_OUTCOME bytes"));
+        }
         // SAFETY: the caller owns the slot's data area (see above).
         let bytes = unsafe { data.with(self.granule(s, k), |d| d[..len].to_vec()) };
         match hdr.kind.load(Ordering::Relaxed) {
             data_kind::INLINE => {
                 hdr.kind.store(0, Ordering::Relaxed);
-                Ok(Buffer::from_vec(bytes))
+                Ok(Buffer::from_vec(bytes).into())
             }
             data_kind::REGION => {
                 let Body::Region(desc) = frame::read(&bytes)?.body else {
@@ -138,7 +155,7 @@ impl Shared {
                 };
                 hdr.kind.store(0, Ordering::Relaxed);
                 let region = Arc::new(self.mapper.adopt(&desc)?);
-                Ok(Region::buffer(&region))
+                Ok(Region::buffer(&region).into())
             }
             k => Err(PoolError::Layout(format!("task slot data kind {k}"))),
         }

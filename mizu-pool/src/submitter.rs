@@ -11,6 +11,7 @@ use mizu_shm::{WaitError, Waiter};
 
 use crate::error::{PoolError, Result, TaskError};
 use crate::layout::{PoolView, TaskId, reason, wstate};
+use crate::outcome::OutcomeBytes;
 use crate::shared::{Fill, Shared};
 use crate::watch::{Unwatched, WATCH, Watch, watch};
 
@@ -528,7 +529,7 @@ impl SubmitterCore {
         id: TaskId,
         timeout: Option<Duration>,
         help: &mut dyn FnMut() -> bool,
-    ) -> Result<Buffer, CollectError> {
+    ) -> Result<OutcomeBytes, CollectError> {
         let st = self.wait_final(id, timeout, help)?;
         let out = self.outcome(id, st);
         let hdr = self.shared.view().task(id.submitter, id.slot);
@@ -546,14 +547,14 @@ impl SubmitterCore {
         out
     }
 
-    fn outcome(&self, id: TaskId, st: SlotState) -> Result<Buffer, CollectError> {
+    fn outcome(&self, id: TaskId, st: SlotState) -> Result<OutcomeBytes, CollectError> {
         let (s, k) = (id.submitter, id.slot);
         let hdr = self.shared.view().task(s, k);
         let runner = hdr.runner.load(Ordering::Relaxed);
         let (slot, pid) = ((runner >> 32) as usize, runner as u32);
         let why = hdr.reason.load(Ordering::Relaxed);
         match st {
-            SlotState::Ok => self.shared.take_payload(s, k).map_err(|e| {
+            SlotState::Ok => self.shared.take_outcome(s, k).map_err(|e| {
                 CollectError::Task(TaskError::Runtime(format!(
                     "mizu: cannot read the result: {e}"
                 )))
@@ -670,14 +671,12 @@ impl Task {
     /// The result, waiting at most `timeout` (forever when `None`); on timeout the handle
     /// stays valid. A result is returned once.
     pub fn result(&mut self, timeout: Option<Duration>) -> Result<Buffer, CollectError> {
-        if self.done {
-            return Err(CollectError::AlreadyCollected);
-        }
-        let r = self.core.collect(self.id, timeout, &mut || false);
-        if r != Err(CollectError::Timeout) {
-            self.done = true;
-        }
-        r
+        self.outcome(timeout).map(Buffer::from)
+    }
+
+    /// [`Task::result`], a small result by value (no allocation; see [`OutcomeBytes`]).
+    pub fn outcome(&mut self, timeout: Option<Duration>) -> Result<OutcomeBytes, CollectError> {
+        self.outcome_helping(timeout, &mut || false)
     }
 
     /// Like [`Task::result`], but runs other tasks while waiting (`help` returns whether it
@@ -687,6 +686,15 @@ impl Task {
         timeout: Option<Duration>,
         help: &mut dyn FnMut() -> bool,
     ) -> Result<Buffer, CollectError> {
+        self.outcome_helping(timeout, help).map(Buffer::from)
+    }
+
+    /// [`Task::result_helping`], a small result by value.
+    pub fn outcome_helping(
+        &mut self,
+        timeout: Option<Duration>,
+        help: &mut dyn FnMut() -> bool,
+    ) -> Result<OutcomeBytes, CollectError> {
         if self.done {
             return Err(CollectError::AlreadyCollected);
         }

@@ -3,6 +3,7 @@
 //! in shared memory), releases the GIL around every wait, and runs Python callables as a
 //! worker's executor. The Python API (`Pool`, `PoolExecutor`, ...) is in `python/pymizu`.
 
+mod alloc;
 mod channel;
 mod codec;
 mod fastcall;
@@ -22,13 +23,9 @@ mod xlang;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
-/// The allocator of this module's own (Rust) allocations. A pipelined caller holds thousands
-/// of small outcomes at once (a task's cell, its payload buffer) and frees them later in a
-/// burst; glibc's per-thread cache keeps only a few blocks of each size, so most of those
-/// went through its slower paths (10–20% of a pipelined task's instructions in the caller).
-/// Python's own objects are not affected: they use Python's allocators.
+/// The allocator of this module's own (Rust) allocations (see `alloc.rs`).
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: alloc::Mimalloc = alloc::Mimalloc;
 
 pyo3::create_exception!(
     pymizu._native,

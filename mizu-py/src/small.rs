@@ -295,6 +295,34 @@ pub struct Payload {
     size: usize,
 }
 
+thread_local! {
+    /// The body buffer of the last payload dropped on this thread, for the next payload
+    /// written here: a payload lives from its encoding to its write into a task slot, and a
+    /// fresh buffer's allocation and free cost as much as writing a small call.
+    static SPARE_BODY: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Bodies larger than this are freed rather than kept.
+const SPARE_MAX: usize = 64 * 1024;
+
+/// An empty buffer with room for `n` bytes, the spare one of this thread if there is one.
+fn body_buffer(n: usize) -> Vec<u8> {
+    let mut v = SPARE_BODY.try_with(|s| s.take()).unwrap_or_default();
+    v.clear();
+    v.reserve(n);
+    v
+}
+
+impl Drop for Payload {
+    fn drop(&mut self) {
+        if self.body.capacity() <= SPARE_MAX {
+            let body = std::mem::take(&mut self.body);
+            // (A thread being torn down frees it instead.)
+            let _ = SPARE_BODY.try_with(|s| s.set(body));
+        }
+    }
+}
+
 impl Payload {
     fn new(w: Writer) -> Option<Payload> {
         if w.bufs.is_empty() {
@@ -371,10 +399,10 @@ impl Fill for Payload {
 /// delivered or discarded by the runtime).
 pub fn encode_value(v: &Bound<'_, PyAny>, refs: bool) -> Option<Payload> {
     let mut w = Writer {
+        out: body_buffer(16),
         refs_ok: refs,
         ..Writer::default()
     };
-    w.out.reserve(16);
     w.out.push(TAG_VALUE);
     if w.value(v, 0) { Payload::new(w) } else { None }
 }
@@ -396,12 +424,12 @@ pub fn encode_call(
 /// arguments written.
 fn call_writer(head: &[u8], nargs: usize, repeats: Option<u64>) -> Writer {
     let mut w = Writer {
+        // (Room for a few small values, or one array sent by reference, without growing.)
+        out: body_buffer(head.len() + 128),
         refs_ok: true,
         repeats,
         ..Writer::default()
     };
-    // (Room for a few small values, or one array sent by reference, without growing.)
-    w.out.reserve(head.len() + 128);
     w.out
         .extend_from_slice(&[TAG_CALL, tag::CALL, form::NATIVE]);
     compact::put_varint(&mut w.out, head.len() as u64);
@@ -748,9 +776,28 @@ pub fn kind(b: &[u8]) -> Option<u8> {
     .filter(|&t| t == TAG_VALUE || t == TAG_CALL)
 }
 
+/// [`decode_value`] of a task's outcome (a small one read where it is: no array can view
+/// its bytes, since it holds no array area).
+pub fn decode_outcome(py: Python<'_>, o: mizu_pool::OutcomeBytes) -> PyResult<Bound<'_, PyAny>> {
+    match o {
+        mizu_pool::OutcomeBytes::Small { .. } if o.first() != Some(&TAG_WIDE) => value_of(
+            py,
+            Reader {
+                r: compact::Reader::new(&o, 1, VALUE_BASE),
+                oob: None,
+            },
+        ),
+        o => decode_value(py, &o.into_buffer()),
+    }
+}
+
 /// The value of a `V` payload (or a `W` payload holding one).
 pub fn decode_value<'py>(py: Python<'py>, buf: &Buffer) -> PyResult<Bound<'py, PyAny>> {
-    let mut r = reader(buf)?;
+    value_of(py, reader(buf)?)
+}
+
+/// The value a reader of a `V` body holds, the whole of it.
+fn value_of<'py>(py: Python<'py>, mut r: Reader<'_>) -> PyResult<Bound<'py, PyAny>> {
     if r.r.bytes().first() != Some(&TAG_VALUE) {
         return Err(bad("not a value"));
     }

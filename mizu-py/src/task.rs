@@ -15,6 +15,7 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use arrow_buffer::Buffer;
+use mizu_pool::OutcomeBytes;
 use pyo3::exceptions::PyTimeoutError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -47,7 +48,7 @@ enum State {
     /// A thread is waiting for it, holding the runtime's handle.
     Collecting,
     /// Taken out of the pool (to free its slot), not yet made into Python objects.
-    Raw(Result<Buffer, CollectError>),
+    Raw(Result<OutcomeBytes, CollectError>),
     /// The value (`ok`) or the exception.
     Settled {
         ok: bool,
@@ -123,7 +124,7 @@ impl Taken<'_> {
     }
 
     /// Stores the outcome (the handle is spent).
-    fn finish(mut self, r: Result<Buffer, CollectError>) {
+    fn finish(mut self, r: Result<OutcomeBytes, CollectError>) {
         self.task = None;
         *self.cell.lock() = State::Raw(r);
     }
@@ -139,10 +140,10 @@ impl Drop for Taken<'_> {
 
 /// Waits for a task: inside a worker, running other tasks meanwhile (nested maps never
 /// deadlock).
-fn collect(task: &mut mizu_pool::Task, wait: Duration) -> Result<Buffer, CollectError> {
+fn collect(task: &mut mizu_pool::Task, wait: Duration) -> Result<OutcomeBytes, CollectError> {
     with_context(|ctx| match ctx {
-        Some(ctx) => ctx.collect(task, Some(wait)),
-        None => task.result(Some(wait)),
+        Some(ctx) => ctx.collect(task, Some(wait)).map(OutcomeBytes::from),
+        None => task.outcome(Some(wait)),
     })
 }
 
@@ -196,7 +197,7 @@ impl Registry {
                 if let Some(mut t) = Taken::take(c)
                     && t.task().is_done()
                 {
-                    let r = t.task().result(Some(Duration::ZERO));
+                    let r = t.task().outcome(Some(Duration::ZERO));
                     t.finish(r);
                     moved = true;
                 }
@@ -443,7 +444,7 @@ impl Task {
             let mut hot_start = None;
             for i in 0u32.. {
                 if t.task().is_done() {
-                    r = t.task().result(Some(Duration::ZERO));
+                    r = t.task().outcome(Some(Duration::ZERO));
                     break;
                 }
                 // The clock costs more than a poll: read it every 64 polls.
@@ -478,7 +479,7 @@ impl Task {
     }
 
     /// Makes Python objects of an outcome and stores them.
-    fn settle(&self, py: Python<'_>, r: Result<Buffer, CollectError>) -> (bool, Py<PyAny>) {
+    fn settle(&self, py: Python<'_>, r: Result<OutcomeBytes, CollectError>) -> (bool, Py<PyAny>) {
         let cancelled = matches!(r, Err(CollectError::Task(TaskError::Cancelled)));
         let (ok, value) = match to_python(py, r) {
             Ok(v) => v,
@@ -559,7 +560,7 @@ impl Task {
         }
         // Take the cancellation out of the slot now (frees it).
         if let Some(mut t) = Taken::take(&self.cell) {
-            let r = t.task().result(Some(Duration::ZERO));
+            let r = t.task().outcome(Some(Duration::ZERO));
             if r != Err(CollectError::Timeout) {
                 t.task = None;
                 self.settle(py, r);
@@ -604,12 +605,12 @@ impl Task {
         let (Some((fn_, calls)), Some(pool)) = (calls, self.pool.as_ref()) else {
             // (Cannot happen: the calls are kept until an outcome is read, and every member
             // holds its pool.) The whole chunk stays cancelled.
-            let r = t.task().result(Some(Duration::ZERO));
+            let r = t.task().outcome(Some(Duration::ZERO));
             t.finish(r);
             return Ok(true);
         };
         if skip.len() == calls.len() {
-            let r = t.task().result(Some(Duration::ZERO));
+            let r = t.task().outcome(Some(Duration::ZERO));
             t.finish(r);
             return Ok(true);
         }
@@ -656,7 +657,7 @@ fn decoded(py: Python<'_>, status: u8) -> PyResult<(bool, Py<PyAny>)> {
 
 /// `(ok, value or exception)` of an outcome: a small value natively, the rest by `pymizu`'s
 /// Python side (unpickling; exceptions of the right classes).
-fn to_python(py: Python<'_>, r: Result<Buffer, CollectError>) -> PyResult<(bool, Py<PyAny>)> {
+fn to_python(py: Python<'_>, r: Result<OutcomeBytes, CollectError>) -> PyResult<(bool, Py<PyAny>)> {
     let empty = || {
         (
             PyBytes::new(py, b"").into_any().unbind(),
@@ -665,10 +666,12 @@ fn to_python(py: Python<'_>, r: Result<Buffer, CollectError>) -> PyResult<(bool,
     };
     let (status, (data, bufs), slot, pid) = match r {
         Ok(b) if crate::small::kind(&b) == Some(crate::small::TAG_VALUE) => {
-            return Ok((true, crate::small::decode_value(py, &b)?.unbind()));
+            return Ok((true, crate::small::decode_outcome(py, b)?.unbind()));
         }
-        Ok(b) if mizu_wire::envelope::is_envelope(&b) => return crate::xlang::outcome(py, &b),
-        Ok(b) => (0, decode(py, b)?, 0, 0),
+        Ok(b) if mizu_wire::envelope::is_envelope(&b) => {
+            return crate::xlang::outcome(py, &b.into_buffer());
+        }
+        Ok(b) => (0, decode(py, b.into_buffer())?, 0, 0),
         Err(CollectError::Timeout) | Err(CollectError::AlreadyCollected) => {
             return Err(MizuError::new_err(
                 "pymizu: the task's outcome was already taken",

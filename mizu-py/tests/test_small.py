@@ -102,6 +102,23 @@ def test_every_value_round_trips_through_a_worker_with_its_type(pool, v):
         assert back == v and type(back) is type(v)
 
 
+def test_outcomes_of_every_size_around_the_by_value_limit_arrive_exact(pool):
+    # An outcome of up to a few dozen bytes is taken out of its slot by value, a longer one
+    # into a buffer: every length on either side, of each kind of outcome, arrives the same.
+    for n in range(0, 80):
+        s = "x" * n
+        b = bytes(range(n))
+        arr = np.arange(n, dtype=np.uint8)
+        assert pool.submit(tasks.ident, s).result(timeout=60) == s
+        assert pool.submit(tasks.ident, b).result(timeout=60) == b
+        assert pool.submit(tasks.ident, (n, s)).result(timeout=60) == (n, s)
+        back = pool.submit(tasks.ident, arr).result(timeout=60)
+        assert back.dtype == arr.dtype and np.array_equal(back, arr)
+        assert pool.submit(tasks.ident, {1, n}).result(timeout=60) == {1, n}  # pickled
+        with pytest.raises(ValueError, match=s or "^$"):
+            pool.submit(tasks.boom, s).result(timeout=60)
+
+
 def test_shared_references_survive_a_worker_round_trip(pool):
     inner = [1]
     a, b = pool.submit(tasks.ident, [inner, inner]).result(timeout=60)
