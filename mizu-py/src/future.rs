@@ -373,10 +373,9 @@ fn settled_value(fut: &Bound<'_, PyAny>, wait: Duration) -> PyResult<Option<Py<P
     {
         return Ok(None);
     }
-    let Some(pending) = crate::pool::executor_pending(py, task.get()) else {
+    if crate::pool::with_executor_pending(py, task.get(), |p| p.remove(fut)).is_none() {
         return Ok(None);
-    };
-    pending.get().remove(fut);
+    }
     let value = value.into_bound(py);
     // SAFETY: `fut` is an instance of the installed class (see above).
     unsafe {

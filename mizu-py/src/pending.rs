@@ -52,7 +52,8 @@ impl PendingSet {
     /// Removes `obj` if present.
     pub(crate) fn remove(&self, obj: &Bound<'_, PyAny>) {
         let old = self.lock().by_address.remove(&(obj.as_ptr() as usize));
-        drop(old);
+        // (Released after the lock, as a bound reference: the GIL is known to be held.)
+        drop(old.map(|(_, o)| o.into_bound(obj.py())));
     }
 }
 

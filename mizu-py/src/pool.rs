@@ -52,14 +52,15 @@ struct ExecutorHooks {
     failed: Py<PyAny>,
 }
 
-/// The pending futures of the executor `task`'s pool serves, if it serves one.
-pub(crate) fn executor_pending(
+/// `f` of the pending futures of the executor `task`'s pool serves; None if it serves none.
+pub(crate) fn with_executor_pending<T>(
     py: Python<'_>,
     task: &Task,
-) -> Option<Py<crate::pending::PendingSet>> {
+    f: impl FnOnce(&crate::pending::PendingSet) -> T,
+) -> Option<T> {
     let pool = task.pool()?.bind(py).cast::<Pool>().ok()?;
     let hooks = pool.get().executor.get()?;
-    Some(hooks.pending.clone_ref(py))
+    Some(f(hooks.pending.get()))
 }
 
 /// One worker in `Pool.status()`: (slot, pid, state, busy, tasks run, steals).
