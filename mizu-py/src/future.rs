@@ -247,6 +247,20 @@ pub(crate) fn make_future<'py>(
     Ok(fut)
 }
 
+/// The task of `fut` if it is a future of the installed class holding one; None for any
+/// other object.
+pub(crate) fn task_of<'py>(fut: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, Task>>> {
+    let Some((cls, slots)) = LAYOUT.get(fut.py()) else {
+        return Ok(None);
+    };
+    if !fut.is_instance(cls.bind(fut.py()))? {
+        return Ok(None);
+    }
+    // SAFETY: `fut` is an instance of the installed class (checked above).
+    let task = unsafe { get(fut, slots.task) };
+    Ok(task.and_then(|t| t.cast_into::<Task>().ok()))
+}
+
 /// Stores `value` as the attribute `name` of the future `fut` the way `object.__setattr__`
 /// does, past the class's `__setattr__` (which tracks the future for the garbage collector:
 /// the caller tracks it itself when `value` needs it).
@@ -373,7 +387,9 @@ fn settled_value(fut: &Bound<'_, PyAny>, wait: Duration) -> PyResult<Option<Py<P
     {
         return Ok(None);
     }
-    if crate::pool::with_executor_pending(py, task.get(), |p| p.remove(fut)).is_none() {
+    if crate::pool::with_executor_pending(py, task.get(), |p| p.remove_of(fut, task.get()))
+        .is_none()
+    {
         return Ok(None);
     }
     let value = value.into_bound(py);

@@ -1,34 +1,59 @@
 //! `PendingSet`: an executor's futures not settled yet. Every submission adds one and every
-//! settlement removes it, so a dictionary keyed by the future (hashing through its type, and
-//! a resize now and then) cost a tenth of what an executor future costs the caller; this set
-//! keys by the object's address.
+//! settlement removes it, so the set is a slab: a future's place is kept in its task
+//! ([`Task::pending_at`]), and adding or removing it hashes nothing (a dictionary keyed by
+//! the future cost a tenth of what an executor future costs the caller).
 
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use pyo3::{PyTraverseError, PyVisit};
-use rustc_hash::FxHasher;
 
-/// Futures by address (each held strongly while it is in the set), each with its rank in
-/// the order of insertion.
-type ByAddress = HashMap<usize, (u64, Py<PyAny>), BuildHasherDefault<FxHasher>>;
+use crate::task::{NOT_PENDING, Task};
+
+/// The identity of the next set made (0 is never one: see [`NOT_PENDING`]).
+static NEXT_SET: AtomicU32 = AtomicU32::new(1);
 
 #[derive(Default)]
 struct Members {
-    by_address: ByAddress,
+    /// Each member (held strongly while it is in the set) with its rank in the order of
+    /// insertion; None where a member was removed.
+    places: Vec<Option<(u64, Py<PyAny>)>>,
+    /// The places that are None.
+    free: Vec<u32>,
     /// The rank of the next insertion.
     next: u64,
 }
 
-/// A set of objects compared by identity (`add`, `discard`, `in`, `len`, iteration over a
-/// snapshot), as an executor keeps its pending futures.
+impl Members {
+    fn members(&self) -> impl Iterator<Item = &(u64, Py<PyAny>)> {
+        self.places.iter().flatten()
+    }
+
+    fn len(&self) -> usize {
+        self.places.len() - self.free.len()
+    }
+}
+
+/// A set of executor futures compared by identity (`add`, `discard`, `in`, `len`, iteration
+/// over a snapshot, `in_order`). Its members are futures of the installed future class
+/// holding a task, whose [`Task::pending_at`] says which set holds the future and where: a
+/// future is in one set at most.
 #[pyclass(module = "pymizu._native", frozen)]
-#[derive(Default)]
 pub struct PendingSet {
+    id: u32,
     items: Mutex<Members>,
+}
+
+impl Default for PendingSet {
+    fn default() -> Self {
+        PendingSet {
+            id: NEXT_SET.fetch_add(1, Ordering::Relaxed),
+            items: Mutex::default(),
+        }
+    }
 }
 
 impl PendingSet {
@@ -36,22 +61,57 @@ impl PendingSet {
         self.items.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Adds `obj`.
-    pub(crate) fn insert(&self, obj: &Bound<'_, PyAny>) {
-        let old = {
-            let mut m = self.lock();
-            let rank = m.next;
-            m.next += 1;
-            m.by_address
-                .insert(obj.as_ptr() as usize, (rank, obj.clone().unbind()))
-        };
-        // (Released after the lock: releasing may run Python code.)
-        drop(old);
+    /// `obj`'s place in this set according to `pending_at` (its task's), if it is there.
+    fn place_of(&self, m: &Members, obj: &Bound<'_, PyAny>, pending_at: u64) -> Option<usize> {
+        let at = (pending_at as u32) as usize;
+        ((pending_at >> 32) as u32 == self.id
+            && m.places
+                .get(at)
+                .is_some_and(|p| p.as_ref().is_some_and(|(_, o)| o.is(obj))))
+        .then_some(at)
     }
 
-    /// Removes `obj` if present.
-    pub(crate) fn remove(&self, obj: &Bound<'_, PyAny>) {
-        let old = self.lock().by_address.remove(&(obj.as_ptr() as usize));
+    /// Adds `obj`, the future holding `task`; an error if another set holds it.
+    pub(crate) fn insert_of(&self, obj: &Bound<'_, PyAny>, task: &Task) -> PyResult<()> {
+        let mut m = self.lock();
+        let now = task.pending_at.load(Ordering::Relaxed);
+        if now != NOT_PENDING {
+            if self.place_of(&m, obj, now).is_some() {
+                return Ok(());
+            }
+            return Err(PyValueError::new_err(
+                "the future is pending in another executor",
+            ));
+        }
+        let rank = m.next;
+        m.next += 1;
+        let entry = Some((rank, obj.clone().unbind()));
+        let at = match m.free.pop() {
+            Some(at) => {
+                m.places[at as usize] = entry;
+                at
+            }
+            None => {
+                m.places.push(entry);
+                (m.places.len() - 1) as u32
+            }
+        };
+        task.pending_at
+            .store(u64::from(self.id) << 32 | u64::from(at), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Removes `obj`, the future holding `task`, if this set holds it.
+    pub(crate) fn remove_of(&self, obj: &Bound<'_, PyAny>, task: &Task) {
+        let old = {
+            let mut m = self.lock();
+            let Some(at) = self.place_of(&m, obj, task.pending_at.load(Ordering::Relaxed)) else {
+                return;
+            };
+            task.pending_at.store(NOT_PENDING, Ordering::Relaxed);
+            m.free.push(at as u32);
+            m.places[at].take()
+        };
         // (Released after the lock, as a bound reference: the GIL is known to be held.)
         drop(old.map(|(_, o)| o.into_bound(obj.py())));
     }
@@ -64,24 +124,33 @@ impl PendingSet {
         Self::default()
     }
 
-    /// Adds `obj`.
-    fn add(&self, obj: &Bound<'_, PyAny>) {
-        self.insert(obj);
+    /// Adds `obj` (a future of a `PoolExecutor`, in no other set).
+    fn add(&self, obj: &Bound<'_, PyAny>) -> PyResult<()> {
+        let task = crate::future::task_of(obj)?
+            .ok_or_else(|| PyTypeError::new_err("a PendingSet holds futures of a PoolExecutor"))?;
+        self.insert_of(obj, task.get())
     }
 
     /// Removes `obj` if present.
-    fn discard(&self, obj: &Bound<'_, PyAny>) {
-        self.remove(obj);
+    fn discard(&self, obj: &Bound<'_, PyAny>) -> PyResult<()> {
+        if let Some(t) = crate::future::task_of(obj)? {
+            self.remove_of(obj, t.get());
+        }
+        Ok(())
     }
 
-    fn __contains__(&self, obj: &Bound<'_, PyAny>) -> bool {
-        self.lock()
-            .by_address
-            .contains_key(&(obj.as_ptr() as usize))
+    fn __contains__(&self, obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+        Ok(match crate::future::task_of(obj)? {
+            Some(t) => {
+                let at = t.get().pending_at.load(Ordering::Relaxed);
+                self.place_of(&self.lock(), obj, at).is_some()
+            }
+            None => false,
+        })
     }
 
     fn __len__(&self) -> usize {
-        self.lock().by_address.len()
+        self.lock().len()
     }
 
     /// An iterator over the members now (later changes do not affect it), in no particular
@@ -89,8 +158,7 @@ impl PendingSet {
     fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let now: Vec<Py<PyAny>> = self
             .lock()
-            .by_address
-            .values()
+            .members()
             .map(|(_, v)| v.clone_ref(py))
             .collect();
         PyList::new(py, now)?.try_iter().map(Bound::into_any)
@@ -100,8 +168,7 @@ impl PendingSet {
     fn in_order<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let mut now: Vec<(u64, Py<PyAny>)> = self
             .lock()
-            .by_address
-            .values()
+            .members()
             .map(|(k, v)| (*k, v.clone_ref(py)))
             .collect();
         now.sort_unstable_by_key(|(k, _)| *k);
@@ -111,15 +178,21 @@ impl PendingSet {
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         // (Never blocks: a member not visited only counts as referenced from outside.)
         if let Ok(items) = self.items.try_lock() {
-            for (_, v) in items.by_address.values() {
+            for (_, v) in items.members() {
                 visit.call(v)?;
             }
         }
         Ok(())
     }
 
-    fn __clear__(&self) {
-        let all = std::mem::take(&mut self.lock().by_address);
+    fn __clear__(&self, py: Python<'_>) {
+        let all = std::mem::take(&mut *self.lock());
+        for (_, f) in all.members() {
+            // (Each may go into another set later.)
+            if let Ok(Some(t)) = crate::future::task_of(f.bind(py)) {
+                t.get().pending_at.store(NOT_PENDING, Ordering::Relaxed);
+            }
+        }
         drop(all);
     }
 }

@@ -276,11 +276,11 @@ impl Pool {
         // (A task refers to nothing that refers to the future: it stays untracked.)
         let fut = crate::future::make_future(h.cls.bind(py), task.as_any())?;
         let pending = h.pending.get();
-        pending.insert(&fut);
+        pending.insert_of(&fut, task.get())?;
         // A shutdown that began meanwhile either saw the future (and settles it) or is seen
         // here (and the submission is withdrawn).
         if !accepting() {
-            pending.remove(&fut);
+            pending.remove_of(&fut, task.get());
             task.call_method0(pyo3::intern!(py, "cancel"))?;
             return Err(refuse());
         }

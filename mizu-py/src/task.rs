@@ -280,7 +280,12 @@ pub struct Task {
     pool: Option<Py<PyAny>>,
     /// For a call of a batch's chunk: the chunk and the call's position in it.
     member: Option<(Arc<Chunk>, usize)>,
+    /// Which `PendingSet` holds its executor future, and where (`NOT_PENDING` if none).
+    pub(crate) pending_at: std::sync::atomic::AtomicU64,
 }
+
+/// [`Task::pending_at`] of a task whose future is in no pending set.
+pub(crate) const NOT_PENDING: u64 = 0;
 
 impl Task {
     /// A task of `registry`'s submitter.
@@ -296,6 +301,7 @@ impl Task {
             nested,
             pool: None,
             member: None,
+            pending_at: NOT_PENDING.into(),
         }
     }
 
@@ -320,6 +326,7 @@ impl Task {
                 nested: chunk.nested,
                 pool: chunk.pool.as_ref().map(|p| p.clone_ref(py)),
                 member: Some((shared.clone(), i)),
+                pending_at: NOT_PENDING.into(),
             })
             .collect()
     }

@@ -388,3 +388,31 @@ def test_settled_futures_leave_the_executor(ex):
     pending = ex._state.pending
     assert len(pending) == 0 and not any(f in pending for f in fs)
     assert list(pending) == []
+
+
+def test_the_pending_set_keeps_each_future_once_in_submission_order(ex):
+    from pymizu import _native
+
+    running = ex.submit(tasks.sleep, 0.2)
+    s = _native.PendingSet()
+    # A future its executor still holds as pending is in no other set.
+    with pytest.raises(ValueError, match="another executor"):
+        s.add(running)
+    assert running not in s and running in ex._state.pending
+    fs = [ex.submit(tasks.add, i, 1) for i in range(6)]
+    assert [f.result(timeout=60) for f in fs] == [i + 1 for i in range(6)]
+    for f in fs + fs[:2]:  # added twice: still once
+        s.add(f)
+    assert len(s) == 6 and all(f in s for f in fs)
+    s.discard(fs[1])
+    s.discard(fs[1])  # not there: nothing happens
+    s.add(fs[1])  # a freed place is reused; the order is that of the additions
+    assert len(s) == 6 and s.in_order() == [fs[0]] + fs[2:] + [fs[1]]
+    with pytest.raises(TypeError):
+        s.add(object())
+    assert object() not in s
+    s.discard(object())
+    for f in fs:
+        s.discard(f)
+    assert len(s) == 0 and list(s) == [] and not any(f in s for f in fs)
+    assert running.result(timeout=60) == 0.2 and running not in ex._state.pending
