@@ -261,6 +261,19 @@ pub(crate) fn task_of<'py>(fut: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py
     Ok(task.and_then(|t| t.cast_into::<Task>().ok()))
 }
 
+/// Whether `fut` (a future of the installed class) has no condition: no waiter or callback
+/// was ever installed on it.
+pub(crate) fn has_no_condition(fut: &Bound<'_, PyAny>) -> bool {
+    let Some((cls, slots)) = LAYOUT.get(fut.py()) else {
+        return false;
+    };
+    if !fut.is_instance(cls.bind(fut.py())).unwrap_or(false) {
+        return false;
+    }
+    // SAFETY: `fut` is an instance of the installed class (checked above).
+    unsafe { get(fut, slots.cond) }.is_none_or(|c| c.is_none())
+}
+
 /// Stores `value` as the attribute `name` of the future `fut` the way `object.__setattr__`
 /// does, past the class's `__setattr__` (which tracks the future for the garbage collector:
 /// the caller tracks it itself when `value` needs it).

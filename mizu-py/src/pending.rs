@@ -13,6 +13,10 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use crate::task::{NOT_PENDING, Task};
 
+/// A set looks for members nobody observes once it holds this many (see
+/// [`PendingSet::shed_unobserved`]).
+const SHED_FROM: usize = 4096;
+
 /// The identity of the next set made (0 is never one: see [`NOT_PENDING`]).
 static NEXT_SET: AtomicU32 = AtomicU32::new(1);
 
@@ -25,6 +29,8 @@ struct Members {
     free: Vec<u32>,
     /// The rank of the next insertion.
     next: u64,
+    /// How many members to reach before the next look for members nobody observes.
+    shed_at: usize,
 }
 
 impl Members {
@@ -98,7 +104,48 @@ impl PendingSet {
         };
         task.pending_at
             .store(u64::from(self.id) << 32 | u64::from(at), Ordering::Relaxed);
+        let shed = m.len() >= m.shed_at.max(SHED_FROM);
+        drop(m);
+        if shed {
+            self.shed_unobserved(obj.py());
+        }
         Ok(())
+    }
+
+    /// Drops the members nobody can observe any more: futures only this set refers to, with
+    /// no waiter or callback (no condition), whose task returned a value — what a caller that
+    /// submits without keeping the futures leaves behind (`ProcessPoolExecutor` drops its
+    /// work items as they finish). A task that failed or was not finished stays: settling it
+    /// may break the executor, and shutdown waits for it. Looks again once the set has
+    /// doubled since, so each submission pays O(1) on average.
+    fn shed_unobserved(&self, py: Python<'_>) {
+        let mut gone = Vec::new();
+        let mut m = self.lock();
+        let n = m.places.len();
+        for at in 0..n {
+            let Some((_, f)) = &m.places[at] else {
+                continue;
+            };
+            let f = f.bind(py);
+            // SAFETY: a live object (held by the set); with the GIL held, no other thread
+            // takes or drops a reference meanwhile.
+            if unsafe { pyo3::ffi::Py_REFCNT(f.as_ptr()) } != 1 {
+                continue;
+            }
+            let Ok(Some(task)) = crate::future::task_of(f) else {
+                continue;
+            };
+            if !crate::future::has_no_condition(f) || !task.get().returned_unread() {
+                continue;
+            }
+            task.get().pending_at.store(NOT_PENDING, Ordering::Relaxed);
+            gone.extend(m.places[at].take());
+            m.free.push(at as u32);
+        }
+        m.shed_at = 2 * m.len();
+        drop(m);
+        // (Released after the lock: a future's release frees its task's slot.)
+        drop(gone);
     }
 
     /// Removes `obj`, the future holding `task`, if this set holds it.

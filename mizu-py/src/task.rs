@@ -509,6 +509,18 @@ impl Task {
                 .is_some_and(|g| matches!(&*g, State::Pending(t) if f(t)))
     }
 
+    /// Whether the task returned a value (nothing of it has been read yet, or it was moved
+    /// out of its slot unread): what nobody would miss if the task were dropped.
+    pub(crate) fn returned_unread(&self) -> bool {
+        self.pid == mizu_shm::current_pid()
+            && self.member.is_none()
+            && self.cell.try_lock().is_some_and(|g| match &*g {
+                State::Pending(t) => t.state() == Some(mizu_pool::SlotState::Ok),
+                State::Raw(r) => r.is_ok(),
+                _ => false,
+            })
+    }
+
     /// Whether this is a member of a batch cancelled on its own.
     fn member_cancelled(&self) -> bool {
         self.member

@@ -416,3 +416,39 @@ def test_the_pending_set_keeps_each_future_once_in_submission_order(ex):
         s.discard(f)
     assert len(s) == 0 and list(s) == [] and not any(f in s for f in fs)
     assert running.result(timeout=60) == 0.2 and running not in ex._state.pending
+
+
+def test_futures_nobody_keeps_are_let_go_once_their_tasks_return():
+    # Submitting without keeping the futures (a service's fire-and-forget work) must not keep
+    # every future until shutdown: ProcessPoolExecutor drops its work items as they finish.
+    with pymizu.PoolExecutor(1) as ex:
+        kept, called = [], []
+        for i in range(4092):
+            f = ex.submit(tasks.add, i, 1)
+            if i % 500 == 0:
+                kept.append(f)
+        ex.submit(tasks.fail_with, "nobody keeps this one")  # failed: settled, not dropped
+        failing = ex.submit(tasks.fail_with, "kept for its exception")
+        del f
+        # One worker runs its tasks in order: once this one is back, every earlier one is.
+        assert ex.submit(tasks.add, 1, 1).result(timeout=60) == 2
+        assert len(ex._state.pending) == 4094
+        before = ex.submit(tasks.add, 2, 1)  # the set reaches 4 095 ...
+        assert len(ex._state.pending) == 4095
+        last = ex.submit(tasks.add, 2, 2)  # ... and 4 096: it looks
+        pending = ex._state.pending
+        # Kept: the futures referred to elsewhere, and the one whose task failed.
+        assert len(pending) == len(kept) + 4, len(pending)
+        assert all(f in pending for f in [last, before, failing, *kept])
+        assert before.result(timeout=60) == 3
+        assert [f.result(timeout=60) for f in kept] == [i + 1 for i in range(0, 4092, 500)]
+        assert last.result(timeout=60) == 4
+        assert "kept for its exception" in str(failing.exception(timeout=60))
+        g = ex.submit(tasks.add, 3, 3)
+        g.add_done_callback(lambda fut: called.append(fut.result()))
+        del g
+        for _ in range(200):  # (the collector runs it: wait for it, bounded)
+            if called:
+                break
+            time.sleep(0.05)
+        assert called == [6]
