@@ -247,31 +247,33 @@ pub(crate) fn make_future<'py>(
     Ok(fut)
 }
 
-/// The task of `fut` if it is a future of the installed class holding one; None for any
-/// other object.
-pub(crate) fn task_of<'py>(fut: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, Task>>> {
+/// Where the fields of `fut` are, if it is an instance of the installed class.
+fn slots_of(fut: &Bound<'_, PyAny>) -> PyResult<Option<Slots>> {
     let Some((cls, slots)) = LAYOUT.get(fut.py()) else {
         return Ok(None);
     };
-    if !fut.is_instance(cls.bind(fut.py()))? {
+    Ok(fut.is_instance(cls.bind(fut.py()))?.then_some(*slots))
+}
+
+/// The task of `fut` if it is a future of the installed class holding one; None for any
+/// other object.
+pub(crate) fn task_of<'py>(fut: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, Task>>> {
+    let Some(slots) = slots_of(fut)? else {
         return Ok(None);
-    }
-    // SAFETY: `fut` is an instance of the installed class (checked above).
+    };
+    // SAFETY: `fut` is an instance of the installed class (`slots_of`).
     let task = unsafe { get(fut, slots.task) };
     Ok(task.and_then(|t| t.cast_into::<Task>().ok()))
 }
 
-/// Whether `fut` (a future of the installed class) has no condition: no waiter or callback
-/// was ever installed on it.
-pub(crate) fn has_no_condition(fut: &Bound<'_, PyAny>) -> bool {
-    let Some((cls, slots)) = LAYOUT.get(fut.py()) else {
-        return false;
+/// Whether `fut` is a future of the installed class without a condition: no waiter or
+/// callback was ever installed on it.
+pub(crate) fn has_no_condition(fut: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let Some(slots) = slots_of(fut)? else {
+        return Ok(false);
     };
-    if !fut.is_instance(cls.bind(fut.py())).unwrap_or(false) {
-        return false;
-    }
-    // SAFETY: `fut` is an instance of the installed class (checked above).
-    unsafe { get(fut, slots.cond) }.is_none_or(|c| c.is_none())
+    // SAFETY: `fut` is an instance of the installed class (`slots_of`).
+    Ok(unsafe { get(fut, slots.cond) }.is_none_or(|c| c.is_none()))
 }
 
 /// Stores `value` as the attribute `name` of the future `fut` the way `object.__setattr__`

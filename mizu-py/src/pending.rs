@@ -135,7 +135,8 @@ impl PendingSet {
             let Ok(Some(task)) = crate::future::task_of(f) else {
                 continue;
             };
-            if !crate::future::has_no_condition(f) || !task.get().returned_unread() {
+            if !crate::future::has_no_condition(f).unwrap_or(false) || !task.get().returned_unread()
+            {
                 continue;
             }
             task.get().pending_at.store(NOT_PENDING, Ordering::Relaxed);
