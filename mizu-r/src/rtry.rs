@@ -75,12 +75,20 @@ unsafe fn show_error_messages(on: bool) -> bool {
 /// # Safety
 /// As for [`try_r`].
 pub unsafe fn try_r_quiet<F: FnOnce() -> SEXP>(f: F) -> Result<SEXP, ()> {
-    // SAFETY: the caller's contract; the option is put back on every path.
+    // SAFETY: the caller's contract; the option is put back on every path, and the value is
+    // protected meanwhile: putting it back evaluates R code, whose allocations may collect
+    // garbage, and nothing else refers to a fresh value yet.
     unsafe {
         let was = show_error_messages(false);
         let r = try_r(f);
         if was {
+            if let Ok(x) = r {
+                extendr_ffi::Rf_protect(x);
+            }
             show_error_messages(true);
+            if r.is_ok() {
+                extendr_ffi::Rf_unprotect(1);
+            }
         }
         r
     }

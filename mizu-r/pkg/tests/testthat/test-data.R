@@ -175,6 +175,24 @@ test_that("an unreadable serialization is mizu's error alone (R prints nothing o
   expect_false(any(grepl("unknown input format", out)), info = text)
 })
 
+test_that("a decoded serialization survives a garbage collection at every allocation", {
+  # What `future`'s results look like (a classed list with times and nested lists): decoded
+  # through R's serialization, under gctorture, so that a value left unprotected for a moment
+  # is collected and its memory reused.
+  v <- structure(list(value = 7L, visible = TRUE, started = Sys.time(),
+                      info = list(a = 1:3, b = "x")), class = "FutureResult")
+  b <- .Call(mizu:::wrap__codec_encode, v)
+  expect_identical(rawToChar(b[1]), "R")
+  same <- logical(20)
+  for (i in seq_along(same)) {
+    gctorture(TRUE)
+    x <- .Call(mizu:::wrap__codec_decode, b)
+    gctorture(FALSE)
+    same[[i]] <- identical(x, v)
+  }
+  expect_true(all(same), info = paste(sum(!same), "of 20 decoded values differ"))
+})
+
 test_that("small plain values take the compact encoding and round-trip exactly", {
   compact <- list(NULL, TRUE, NA, 1L, NA_integer_, c(1.5, NA, NaN, -0, Inf), 2 + 3i,
                   "a", NA_character_, c("\u00e9t\u00e9", "x"), as.raw(0:255), character(0),
