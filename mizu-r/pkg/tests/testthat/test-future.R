@@ -29,6 +29,18 @@ test_that("future() and value() run in a worker process", {
   expect_null(value(future(NULL)))
 })
 
+test_that("futures' results are intact when R collects garbage at every allocation", {
+  # A result (a classed list with times and nested lists) is read through R's serialization:
+  # any moment it spends unprotected while R allocates is found by gctorture.
+  invisible(value(future(1)))
+  fs <- lapply(1:6, function(i) future(list(i, letters[[i]])))
+  gctorture(TRUE)
+  vs <- tryCatch(value(fs), error = function(e) e)
+  gctorture(FALSE)
+  expect_false(inherits(vs, "error"), info = if (inherits(vs, "error")) conditionMessage(vs))
+  expect_identical(vs, lapply(1:6, function(i) list(i, letters[[i]])))
+})
+
 test_that("resolved() does not block and turns TRUE once the future is done", {
   f <- future({ Sys.sleep(1); 1 })
   t0 <- proc.time()[[3]]
