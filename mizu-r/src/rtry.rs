@@ -44,6 +44,41 @@ pub unsafe fn try_r<F: FnOnce() -> SEXP>(f: F) -> Result<SEXP, ()> {
     if ok != 0 { Ok(call.out) } else { Err(()) }
 }
 
+thread_local! {
+    /// The calls `.Internal(options(show.error.messages = FALSE))` and `= TRUE)`, built once
+    /// and kept from the collector: parsing `options(...)` anew and calling its closure took
+    /// ~10 µs of every quiet call, three quarters of decoding a small classed value.
+    static SET_SHOW: std::cell::Cell<Option<[SEXP; 2]>> = const { std::cell::Cell::new(None) };
+}
+
+/// The call that sets `show.error.messages` to `on` (see [`SET_SHOW`]).
+///
+/// # Safety
+/// R's main thread only.
+unsafe fn set_show_call(on: bool) -> SEXP {
+    let calls = SET_SHOW.with(|c| {
+        c.get().unwrap_or_else(|| {
+            // SAFETY: R's main thread; each call is protected while it is built and then
+            // preserved for the life of the process (two small calls, made once).
+            let made = [false, true].map(|v| unsafe {
+                use extendr_ffi::{CDR, R_PreserveObject, Rf_install, Rf_protect, Rf_unprotect};
+                let inner = Rf_protect(crate::ffi::Rf_lang2(
+                    Rf_install(c"options".as_ptr()),
+                    crate::ffi::Rf_ScalarLogical(i32::from(v)),
+                ));
+                extendr_ffi::SET_TAG(CDR(inner), Rf_install(c"show.error.messages".as_ptr()));
+                let call = crate::ffi::Rf_lang2(Rf_install(c".Internal".as_ptr()), inner);
+                R_PreserveObject(call);
+                Rf_unprotect(1);
+                call
+            });
+            c.set(Some(made));
+            made
+        })
+    });
+    calls[usize::from(on)]
+}
+
 /// Sets R's `show.error.messages` option; returns whether it was TRUE.
 ///
 /// # Safety
@@ -58,12 +93,8 @@ unsafe fn show_error_messages(on: bool) -> bool {
             && extendr_ffi::XLENGTH(cur) == 1
             && *extendr_ffi::LOGICAL(cur) == 1;
         if was != on {
-            let code = if on {
-                c"options(show.error.messages = TRUE)"
-            } else {
-                c"options(show.error.messages = FALSE)"
-            };
-            let _ = try_r(|| crate::ffi::R_ParseEvalString(code.as_ptr(), extendr_ffi::R_BaseEnv));
+            let call = set_show_call(on);
+            let _ = try_r(|| crate::ffi::Rf_eval(call, extendr_ffi::R_BaseEnv));
         }
         was
     }
