@@ -18,30 +18,57 @@ use pyo3::types::{PyDict, PyTuple, PyType};
 
 use crate::task::{SLICE, Task};
 
+/// `result`'s method definition: CPython keeps a pointer to it in every descriptor made from
+/// it, so it lives as long as the module.
+struct ResultDef(ffi::PyMethodDef);
+
+// SAFETY: the definition is never written after it is made (CPython only reads it), and its
+// pointers are to static C strings and a function.
+unsafe impl Sync for ResultDef {}
+
+static RESULT_DEF: ResultDef = ResultDef(ffi::PyMethodDef {
+    ml_name: c"result".as_ptr(),
+    ml_meth: ffi::PyMethodDefPointer {
+        PyCFunctionFastWithKeywords: RESULT_ENTRY,
+    },
+    ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
+    ml_doc: c"result(timeout=None)\n--\n\nThe task's value: concurrent.futures.Future.result."
+        .as_ptr(),
+});
+
 /// Makes `cls.result` the native `result(timeout=None)`; the class keeps its Python version
-/// as `_result_py` for every case but the common one.
+/// as `_result_py` for every case but the common one. The first class given is the future
+/// class whose layout the native paths know; a subclass of it given later gets a descriptor
+/// of its own, so that the interpreter's specialised call of a method descriptor (which
+/// wants the descriptor's class to be the instance's exact type) applies to its futures.
 #[pyfunction]
 pub fn install_future_result(cls: &Bound<'_, PyType>) -> PyResult<()> {
     if !cls.hasattr("_result_py")? {
         return Err(PyTypeError::new_err("the class has no `_result_py` method"));
     }
-    // A method definition lives as long as the descriptors made from it: leaked once per
-    // class this is called for (one per process).
-    let def: &'static mut ffi::PyMethodDef = Box::leak(Box::new(ffi::PyMethodDef {
-        ml_name: c"result".as_ptr(),
-        ml_meth: ffi::PyMethodDefPointer {
-            PyCFunctionFastWithKeywords: RESULT_ENTRY,
-        },
-        ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
-        ml_doc: c"result(timeout=None)\n--\n\nThe task's value: concurrent.futures.Future.result."
-            .as_ptr(),
-    }));
-    let slots = Slots::probe(cls)?;
-    LAYOUT
-        .set(cls.py(), (cls.clone().unbind(), slots))
-        .map_err(|_| PyTypeError::new_err("the future class is already installed"))?;
-    // SAFETY: `cls` is a live type object (held by the caller) and `def` is never freed.
-    let descr = unsafe { ffi::PyDescr_NewMethod(cls.as_ptr().cast(), def) };
+    match LAYOUT.get(cls.py()) {
+        Some((base, _)) => {
+            if !cls.is_subclass(base.bind(cls.py()))? {
+                return Err(PyTypeError::new_err(
+                    "another future class is already installed",
+                ));
+            }
+        }
+        None => {
+            let slots = Slots::probe(cls)?;
+            LAYOUT
+                .set(cls.py(), (cls.clone().unbind(), slots))
+                .map_err(|_| PyTypeError::new_err("the future class is already installed"))?;
+        }
+    }
+    // SAFETY: `cls` is a live type object (held by the caller); the definition is static and
+    // CPython never writes through the pointer.
+    let descr = unsafe {
+        ffi::PyDescr_NewMethod(
+            cls.as_ptr().cast(),
+            std::ptr::from_ref(&RESULT_DEF.0).cast_mut(),
+        )
+    };
     // SAFETY: a new reference or null with the error set, as the function documents.
     let descr = unsafe { Bound::from_owned_ptr_or_err(cls.py(), descr)? };
     cls.setattr("result", descr)
@@ -173,6 +200,20 @@ unsafe fn set(fut: &Bound<'_, PyAny>, off: usize, value: &Bound<'_, PyAny>) {
     }
 }
 
+/// Sets the field at `off` of a new `fut`, which holds nothing yet, to `value`.
+///
+/// # Safety
+/// As for [`get`], and the field is null.
+unsafe fn init(fut: &Bound<'_, PyAny>, off: usize, value: &Bound<'_, PyAny>) {
+    // SAFETY: the caller's contract; the new reference moves into the field.
+    unsafe {
+        *fut.as_ptr()
+            .cast::<u8>()
+            .add(off)
+            .cast::<*mut ffi::PyObject>() = value.clone().into_ptr();
+    }
+}
+
 /// A new instance of `cls`, from the type's allocator (what `object.__new__` calls, less
 /// setting up attribute values inline for a dictionary: every field a future uses is a slot,
 /// and an attribute a user stores makes the dictionary then).
@@ -229,9 +270,9 @@ pub(crate) fn make_future<'py>(
     let none = py.None().into_bound(py);
     let pending = pyo3::intern!(py, "PENDING").as_any();
     // SAFETY: `fut` is a new instance of a subclass of the installed class, whose fields are
-    // at `slots`.
+    // at `slots` and still null (nothing to release).
     unsafe {
-        set(&fut, slots.state, pending);
+        init(&fut, slots.state, pending);
         for off in [
             slots.result,
             slots.exception,
@@ -239,9 +280,9 @@ pub(crate) fn make_future<'py>(
             slots.waiters,
             slots.callbacks,
         ] {
-            set(&fut, off, &none);
+            init(&fut, off, &none);
         }
-        set(&fut, slots.task, task);
+        init(&fut, slots.task, task);
     }
     crate::gc::untrack_new(&fut);
     Ok(fut)

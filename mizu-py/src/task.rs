@@ -401,8 +401,10 @@ impl Task {
         timeout: Option<Duration>,
     ) -> PyResult<Option<(bool, Py<PyAny>)>> {
         forked(self.pid)?;
-        let start = timeout.map(|t| (Instant::now(), t));
-        let left = move || start.map(|(s, t)| t.saturating_sub(s.elapsed()));
+        // The clock is read once waiting begins (an outcome already there costs no reading):
+        // a timeout counts from then.
+        let start = std::cell::OnceCell::new();
+        let left = || timeout.map(|t| t.saturating_sub(start.get_or_init(Instant::now).elapsed()));
         loop {
             if let Some(mut g) = self.cell.try_lock() {
                 match &*g {
@@ -417,6 +419,7 @@ impl Task {
                         return Ok(Some(self.settle(py, r)));
                     }
                     State::Pending(_) => {
+                        // (`wait` looks whether the task is done before it reads `left`.)
                         let t = Taken::from_guard(&self.cell, g);
                         return self.wait(py, t, left);
                     }
@@ -424,6 +427,7 @@ impl Task {
                 }
             }
             // Another thread is collecting it: look again shortly.
+            start.get_or_init(Instant::now);
             if left().is_some_and(|l| l.is_zero()) {
                 return Ok(None);
             }

@@ -366,6 +366,27 @@ def test_submit_takes_keywords_and_refuses_a_call_without_a_function(ex):
     assert ex.submit.__name__ == "submit"
 
 
+def test_a_futures_result_is_native_and_of_its_exact_class(ex):
+    # The interpreter calls a native method directly only when the method's class is the
+    # instance's exact type: each executor's future class has a `result` of its own.
+    from pymizu import _executor, _native
+
+    f = ex.submit(tasks.add, 1, 2)
+    own = type(f).__dict__["result"]
+    assert type(own).__name__ == "method_descriptor"
+    assert own.__objclass__ is type(f)
+    assert f.result(timeout=60) == 3
+    assert f.result(None) == 3 and f.result(timeout=None) == 3
+    with pymizu.PoolExecutor(1) as other:
+        g = other.submit(tasks.add, 2, 2)
+        assert type(g) is not type(f) and type(g).__dict__["result"].__objclass__ is type(g)
+        assert g.result(timeout=60) == 4
+    # Only subclasses of the installed future class take it.
+    with pytest.raises(TypeError, match="already installed"):
+        _native.install_future_result(type("Other", (cf.Future,), {"_result_py": cf.Future.result}))
+    assert issubclass(type(f), _executor._MizuFuture)
+
+
 def test_a_future_takes_attributes_of_its_users(ex):
     # Its own fields are slots; what a framework stores on it goes in its dictionary.
     f = ex.submit(tasks.add, 1, 2)

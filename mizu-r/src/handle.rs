@@ -126,20 +126,31 @@ pub(crate) unsafe fn kept_expr_kind() -> SEXP {
     unsafe { kept(&EXPR_KIND, "e") }
 }
 
-/// A vector made once per session and kept (preserved).
+/// A string vector made once per session and kept (preserved).
 ///
 /// # Safety
 /// R's main thread.
 unsafe fn kept(key: &'static std::thread::LocalKey<Cell<Option<SEXP>>>, text: &str) -> SEXP {
+    // SAFETY: the caller's contract; `mk_string` returns a fresh vector.
+    unsafe { kept_with(key, || mk_string(text)) }
+}
+
+/// An R object made once per session by `make` and kept (preserved) in `key` for the rest
+/// of it, so that a hot path neither rebuilds it nor protects it.
+///
+/// # Safety
+/// R's main thread; `make` returns a fresh object (unprotected is fine: nothing allocates
+/// between its return and the preservation).
+pub(crate) unsafe fn kept_with(
+    key: &'static std::thread::LocalKey<Cell<Option<SEXP>>>,
+    make: impl FnOnce() -> SEXP,
+) -> SEXP {
     if let Some(x) = key.get() {
         return x;
     }
-    // SAFETY: R's main thread; preserved as soon as it exists.
-    let x = unsafe {
-        let x = mk_string(text);
-        R_PreserveObject(x);
-        x
-    };
+    let x = make();
+    // SAFETY: R's main thread; preserved before anything else allocates.
+    unsafe { R_PreserveObject(x) };
     key.set(Some(x));
     x
 }

@@ -391,6 +391,9 @@ class _State:
         store less per future)."""
         cls = type("_MizuFuture", (_MizuFuture,), {"_owner": self, "__module__": __name__,
                                                    "__qualname__": _MizuFuture.__qualname__})
+        # `result` of its own: the interpreter's fast call of a native method wants the
+        # method's class to be the instance's exact type.
+        _native.install_future_result(cls)
         return cls
 
     def close(self, cancel_futures: bool = False) -> None:
