@@ -38,11 +38,30 @@ pub(crate) fn bound<'py>(pool: &Bound<'py, Pool>, kind: Kind) -> PyResult<Bound<
     }
 }
 
-/// A method definition CPython reads but never writes (its pointers are static strings).
-struct Def(ffi::PyMethodDef);
+/// A method definition CPython reads but never writes (its pointers are static strings), for
+/// the native methods made here and in `future.rs`.
+pub(crate) struct Def(ffi::PyMethodDef);
 
 // SAFETY: immutable after construction; its pointers are to static data.
 unsafe impl Sync for Def {}
+
+impl Def {
+    /// A `METH_FASTCALL | METH_KEYWORDS` method named `name`, calling `entry`.
+    pub(crate) const fn fast(
+        name: &'static std::ffi::CStr,
+        entry: ffi::PyCFunctionFastWithKeywords,
+        doc: &'static std::ffi::CStr,
+    ) -> Def {
+        Def(ffi::PyMethodDef {
+            ml_name: name.as_ptr(),
+            ml_meth: ffi::PyMethodDefPointer {
+                PyCFunctionFastWithKeywords: entry,
+            },
+            ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
+            ml_doc: doc.as_ptr(),
+        })
+    }
+}
 
 impl std::ops::Deref for Def {
     type Target = ffi::PyMethodDef;
@@ -51,26 +70,17 @@ impl std::ops::Deref for Def {
     }
 }
 
-static TASK: Def = Def(ffi::PyMethodDef {
-    ml_name: c"submit".as_ptr(),
-    ml_meth: ffi::PyMethodDefPointer {
-        PyCFunctionFastWithKeywords: TASK_ENTRY,
-    },
-    ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
-    ml_doc:
-        c"submit(fn, /, *args, **kwargs)\n--\n\nRuns fn(*args, **kwargs) in a worker: its Task."
-            .as_ptr(),
-});
+static TASK: Def = Def::fast(
+    c"submit",
+    TASK_ENTRY,
+    c"submit(fn, /, *args, **kwargs)\n--\n\nRuns fn(*args, **kwargs) in a worker: its Task.",
+);
 
-static FUTURE: Def = Def(ffi::PyMethodDef {
-    ml_name: c"submit".as_ptr(),
-    ml_meth: ffi::PyMethodDefPointer {
-        PyCFunctionFastWithKeywords: FUTURE_ENTRY,
-    },
-    ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
-    ml_doc: c"submit(fn, /, *args, **kwargs)\n--\n\nSchedules fn(*args, **kwargs): a Future."
-        .as_ptr(),
-});
+static FUTURE: Def = Def::fast(
+    c"submit",
+    FUTURE_ENTRY,
+    c"submit(fn, /, *args, **kwargs)\n--\n\nSchedules fn(*args, **kwargs): a Future.",
+);
 
 /// The C entry of `Pool.submit`: pyo3's own entry for a fastcall function (the one its
 /// generated methods use), which records the GIL CPython holds for the call as held — where

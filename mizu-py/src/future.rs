@@ -20,21 +20,11 @@ use crate::task::{SLICE, Task};
 
 /// `result`'s method definition: CPython keeps a pointer to it in every descriptor made from
 /// it, so it lives as long as the module.
-struct ResultDef(ffi::PyMethodDef);
-
-// SAFETY: the definition is never written after it is made (CPython only reads it), and its
-// pointers are to static C strings and a function.
-unsafe impl Sync for ResultDef {}
-
-static RESULT_DEF: ResultDef = ResultDef(ffi::PyMethodDef {
-    ml_name: c"result".as_ptr(),
-    ml_meth: ffi::PyMethodDefPointer {
-        PyCFunctionFastWithKeywords: RESULT_ENTRY,
-    },
-    ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
-    ml_doc: c"result(timeout=None)\n--\n\nThe task's value: concurrent.futures.Future.result."
-        .as_ptr(),
-});
+static RESULT_DEF: crate::fastcall::Def = crate::fastcall::Def::fast(
+    c"result",
+    RESULT_ENTRY,
+    c"result(timeout=None)\n--\n\nThe task's value: concurrent.futures.Future.result.",
+);
 
 /// Makes `cls.result` the native `result(timeout=None)`; the class keeps its Python version
 /// as `_result_py` for every case but the common one. The first class given is the future
@@ -66,7 +56,7 @@ pub fn install_future_result(cls: &Bound<'_, PyType>) -> PyResult<()> {
     let descr = unsafe {
         ffi::PyDescr_NewMethod(
             cls.as_ptr().cast(),
-            std::ptr::from_ref(&RESULT_DEF.0).cast_mut(),
+            std::ptr::from_ref::<ffi::PyMethodDef>(&RESULT_DEF).cast_mut(),
         )
     };
     // SAFETY: a new reference or null with the error set, as the function documents.
