@@ -190,20 +190,6 @@ unsafe fn set(fut: &Bound<'_, PyAny>, off: usize, value: &Bound<'_, PyAny>) {
     }
 }
 
-/// Sets the field at `off` of a new `fut`, which holds nothing yet, to `value`.
-///
-/// # Safety
-/// As for [`get`], and the field is null.
-unsafe fn init(fut: &Bound<'_, PyAny>, off: usize, value: &Bound<'_, PyAny>) {
-    // SAFETY: the caller's contract; the new reference moves into the field.
-    unsafe {
-        *fut.as_ptr()
-            .cast::<u8>()
-            .add(off)
-            .cast::<*mut ffi::PyObject>() = value.clone().into_ptr();
-    }
-}
-
 /// A new instance of `cls`, from the type's allocator (what `object.__new__` calls, less
 /// setting up attribute values inline for a dictionary: every field a future uses is a slot,
 /// and an attribute a user stores makes the dictionary then).
@@ -260,9 +246,9 @@ pub(crate) fn make_future<'py>(
     let none = py.None().into_bound(py);
     let pending = pyo3::intern!(py, "PENDING").as_any();
     // SAFETY: `fut` is a new instance of a subclass of the installed class, whose fields are
-    // at `slots` and still null (nothing to release).
+    // at `slots`.
     unsafe {
-        init(&fut, slots.state, pending);
+        set(&fut, slots.state, pending);
         for off in [
             slots.result,
             slots.exception,
@@ -270,9 +256,9 @@ pub(crate) fn make_future<'py>(
             slots.waiters,
             slots.callbacks,
         ] {
-            init(&fut, off, &none);
+            set(&fut, off, &none);
         }
-        init(&fut, slots.task, task);
+        set(&fut, slots.task, task);
     }
     crate::gc::untrack_new(&fut);
     Ok(fut)

@@ -427,7 +427,6 @@ impl Task {
                 }
             }
             // Another thread is collecting it: look again shortly.
-            start.get_or_init(Instant::now);
             if left().is_some_and(|l| l.is_zero()) {
                 return Ok(None);
             }
