@@ -4,7 +4,8 @@
 `cargo xtask demo` runs it with --quick). Peers: concurrent.futures.ProcessPoolExecutor,
 ThreadPoolExecutor, multiprocessing.Pool and loky. Every number is the median of several
 runs; ratios are peer time / pymizu time (higher: pymizu faster). The round-trip and pipelined
-rows of `pymizu.Pool` and `pymizu.PoolExecutor` are medians over five rounds alternating the two.
+rows of `pymizu.Pool` and `pymizu.PoolExecutor` are medians over nine rounds alternating the two
+(each round's values are printed too).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from timing import timed  # noqa: E402
 
 
 # Rounds of pymizu.Pool and pymizu.PoolExecutor in alternation for the first two rows.
-ALTERNATIONS = 5
+ALTERNATIONS = 9
 
 
 class Peer:
@@ -208,6 +209,8 @@ def main():
             time.sleep(0.2)
     for key, vals in rounds.items():
         table[key] = statistics.median(vals)
+        if n_rounds > 1:
+            print(f"rounds of {key[0]}, {key[1]}: " + ", ".join(f"{v:.2f}" for v in vals))
     for pname, make, kind in peers:
         p = Peer(pname, make(), kind)
         for name, unit, f in measures:

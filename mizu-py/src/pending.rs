@@ -112,14 +112,19 @@ impl PendingSet {
         Ok(())
     }
 
-    /// Drops the members nobody can observe any more: futures only this set refers to, with
-    /// no waiter or callback (no condition), whose task returned a value — what a caller that
+    /// Lets go of the members nobody can observe any more: futures only this set refers to,
+    /// with no waiter or callback (no condition), whose task finished — what a caller that
     /// submits without keeping the futures leaves behind (`ProcessPoolExecutor` drops its
-    /// work items as they finish). A task that failed or was not finished stays: settling it
-    /// may break the executor, and shutdown waits for it. Looks again once the set has
-    /// doubled since, so each submission pays O(1) on average.
+    /// work items as they finish). One whose task returned a value is dropped; one whose
+    /// task failed is settled first (`_settle_unobserved`), since a failure may break the
+    /// executor (a worker died, an initializer failed), and settling removes it. A task not
+    /// finished stays: shutdown waits for it. Looks again once the set has doubled since, so
+    /// each submission pays O(1) on average.
+    ///
+    /// Called with no lock of the executor held: settling runs the executor's Python code.
     fn shed_unobserved(&self, py: Python<'_>) {
         let mut gone = Vec::new();
+        let mut failed = Vec::new();
         let mut m = self.lock();
         let n = m.places.len();
         for at in 0..n {
@@ -135,18 +140,26 @@ impl PendingSet {
             let Ok(Some(task)) = crate::future::task_of(f) else {
                 continue;
             };
-            if !crate::future::has_no_condition(f).unwrap_or(false) || !task.get().returned_unread()
-            {
+            if !crate::future::has_no_condition(f).unwrap_or(false) {
                 continue;
             }
-            task.get().pending_at.store(NOT_PENDING, Ordering::Relaxed);
-            gone.extend(m.places[at].take());
-            m.free.push(at as u32);
+            if task.get().returned_unread() {
+                task.get().pending_at.store(NOT_PENDING, Ordering::Relaxed);
+                gone.extend(m.places[at].take());
+                m.free.push(at as u32);
+            } else if task.get().failed_unread() {
+                failed.push(f.clone());
+            }
         }
-        m.shed_at = 2 * m.len();
+        m.shed_at = 2 * (m.len() - failed.len());
         drop(m);
         // (Released after the lock: a future's release frees its task's slot.)
         drop(gone);
+        for f in failed {
+            if let Err(e) = f.call_method0(pyo3::intern!(py, "_settle_unobserved")) {
+                e.write_unraisable(py, Some(&f));
+            }
+        }
     }
 
     /// Removes `obj`, the future holding `task`, if this set holds it.

@@ -524,6 +524,22 @@ impl Task {
             })
     }
 
+    /// Whether the task finished without a value and was not cancelled (it raised, or its
+    /// worker died), its outcome unread: what a future nobody observes must still be settled
+    /// with, since the outcome may break its executor.
+    pub(crate) fn failed_unread(&self) -> bool {
+        use mizu_pool::SlotState::{Died, Err as Failed};
+        self.pid == mizu_shm::current_pid()
+            && self.member.is_none()
+            && self.cell.try_lock().is_some_and(|g| match &*g {
+                State::Pending(t) => matches!(t.state(), Some(Failed | Died)),
+                State::Raw(r) => {
+                    r.is_err() && !matches!(r, Err(CollectError::Task(TaskError::Cancelled)))
+                }
+                _ => false,
+            })
+    }
+
     /// Whether this is a member of a batch cancelled on its own.
     fn member_cancelled(&self) -> bool {
         self.member

@@ -448,7 +448,7 @@ def test_futures_nobody_keeps_are_let_go_once_their_tasks_return():
             f = ex.submit(tasks.add, i, 1)
             if i % 500 == 0:
                 kept.append(f)
-        ex.submit(tasks.fail_with, "nobody keeps this one")  # failed: settled, not dropped
+        ex.submit(tasks.fail_with, "nobody keeps this one")  # failed: settled, then let go
         failing = ex.submit(tasks.fail_with, "kept for its exception")
         del f
         # One worker runs its tasks in order: once this one is back, every earlier one is.
@@ -458,8 +458,8 @@ def test_futures_nobody_keeps_are_let_go_once_their_tasks_return():
         assert len(ex._state.pending) == 4095
         last = ex.submit(tasks.add, 2, 2)  # ... and 4 096: it looks
         pending = ex._state.pending
-        # Kept: the futures referred to elsewhere, and the one whose task failed.
-        assert len(pending) == len(kept) + 4, len(pending)
+        # Kept: the futures referred to elsewhere.
+        assert len(pending) == len(kept) + 3, len(pending)
         assert all(f in pending for f in [last, before, failing, *kept])
         assert before.result(timeout=60) == 3
         assert [f.result(timeout=60) for f in kept] == [i + 1 for i in range(0, 4092, 500)]
@@ -473,3 +473,34 @@ def test_futures_nobody_keeps_are_let_go_once_their_tasks_return():
                 break
             time.sleep(0.05)
         assert called == [6]
+
+
+def test_failed_futures_nobody_keeps_are_settled_and_let_go():
+    with pymizu.PoolExecutor(1) as ex:
+        for i in range(9999):
+            ex.submit(tasks.fail_with, f"failure {i}")
+        last = ex.submit(tasks.fail_with, "the last")
+        # One worker runs its tasks in order: once this one fails, every earlier one has.
+        assert "the last" in str(last.exception(timeout=60))
+        # Each look (at 4 096 pending) settled the failed ones and let them go.
+        assert len(ex._state.pending) < 4096, len(ex._state.pending)
+        assert ex.submit(tasks.add, 1, 1).result(timeout=60) == 2
+
+
+def test_an_initializer_failure_breaks_the_executor_also_when_nobody_keeps_the_futures():
+    # As a ProcessPoolExecutor, whose submit raises BrokenProcessPool once its initializer
+    # failed, whether or not anyone kept the futures.
+    with pymizu.PoolExecutor(1, initializer=tasks.init_fail) as ex:
+        first = ex.submit(tasks.add, 0, 1)
+        assert first._task._outcome(60) is not None  # the worker is up (the future unread)
+        for i in range(4092):
+            ex.submit(tasks.add, i, 1)
+        last = ex.submit(tasks.add, 1, 1)
+        assert last._task._outcome(60) is not None  # in order: every earlier one failed
+        del last
+        assert len(ex._state.pending) == 4094
+        ex.submit(tasks.add, 2, 1)  # 4 095 ...
+        with pytest.raises(BrokenProcessPool):
+            ex.submit(tasks.add, 2, 2)  # ... and 4 096: the look settles the failures
+        with pytest.raises(BrokenProcessPool):
+            first.result(timeout=60)

@@ -224,6 +224,13 @@ def test_a_failing_initializer_fails_tasks_as_broken_process_pool():
         with pytest.raises(pymizu.InitializerError, match="initializer refuses") as info:
             p.submit(tasks.add, 1, 1).result(timeout=60)
         assert isinstance(info.value, BrokenProcessPool)
+        # Every later task fails the same way, its remote traceback no longer than the first's
+        # (not the frames of every failure before it).
+        first = str(info.value.__cause__)
+        for _ in range(20):
+            e = p.submit(tasks.add, 1, 1).exception(timeout=60)
+            assert isinstance(e, pymizu.InitializerError)
+            assert str(e.__cause__) == first
 
 
 def test_max_tasks_per_child_replaces_workers():

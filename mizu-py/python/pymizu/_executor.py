@@ -217,6 +217,13 @@ class _MizuFuture(Future):
                 return
         self._finish(ok, value)
 
+    def _settle_unobserved(self) -> None:
+        """Settles a future nobody else refers to whose task failed (the pending set lets go
+        of it so): its failure still breaks the executor where it would if observed."""
+        task = self._task
+        if self._state == _PENDING and task is not None and task.done():
+            self._settle(task._outcome(0.0))
+
     def _finish(self, ok: bool, value) -> None:
         """What `set_result`/`set_exception` do. With a condition, the state changes under it,
         as in the base class: a waiter installed under it (`wait`, `as_completed`) finds the
@@ -705,12 +712,19 @@ class PoolExecutor(Executor):
     def _submit_payload(self, data, bufs) -> _MizuFuture:
         self._mpool._check()
         st = self._state
-        with st.lock:
-            if not st.accepting:
-                raise st.refuse()
-            fut = _new_future(self._future_class, self._pool.submit(data, bufs))
-            st.pending.add(fut)
-            return fut
+        if not st.accepting:
+            raise st.refuse()
+        task = self._pool.submit(data, bufs)
+        fut = _new_future(self._future_class, task)
+        # (Added outside the state's lock: adding may settle futures nobody observes, which
+        # can break the executor under that lock. A shutdown or break that began meanwhile
+        # either saw the future and settles it, or is seen here.)
+        st.pending.add(fut)
+        if not st.accepting:
+            st.pending.discard(fut)
+            task.cancel()
+            raise st.refuse()
+        return fut
 
     def map(self, fn, *iterables, timeout: float | None = None, chunksize: int | None = None):
         """As `ProcessPoolExecutor.map`: an iterator of `fn(*xs)` in input order, raising

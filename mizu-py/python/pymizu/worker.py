@@ -47,7 +47,9 @@ def _result_native(value) -> tuple[bool, bytes, list]:
 def _run(data, bufs) -> tuple:
     if _init_error is not None:
         try:
-            raise _init_error
+            # (Without its last traceback: raising an exception again extends the one it
+            # has, and every failed task would carry all the earlier ones' frames.)
+            raise _init_error.with_traceback(None)
         except BaseException as e:
             return _fail(e)
     try:
