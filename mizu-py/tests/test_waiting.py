@@ -368,6 +368,33 @@ def test_an_outcome_the_loop_finds_itself_reaches_asyncio_without_a_wakeup_write
         assert writes >= 20
 
 
+def test_the_loop_that_settles_a_future_hands_its_outcome_to_wrap_future_at_once():
+    # `wrap_future` copies a finished future's outcome into the asyncio future in a handle
+    # of the loop; when the loop itself settles the future, that copy runs at once (the
+    # coroutine resumes a loop round sooner): a done-callback added after `wrap_future`'s
+    # finds the asyncio future done. Another thread's hand-over still goes through a handle.
+    with pymizu.PoolExecutor(1) as ex:
+
+        async def main():
+            seen = []
+            for _ in range(10):
+                f = ex.submit(tasks.spin, 0.002)
+                af = asyncio.wrap_future(f)
+                f.add_done_callback(
+                    lambda _f, af=af: seen.append((threading.current_thread().name, af.done()))
+                )
+                assert await af == 0.002
+            return seen, asyncio.get_running_loop()
+
+        seen, loop = asyncio.run(main())
+    assert len(seen) == 10
+    assert "call_soon_threadsafe" not in vars(loop)
+    for name, done in seen:
+        assert done == (name == "MainThread"), seen
+    if SPARE_CPU:
+        assert [name for name, _ in seen].count("MainThread") >= 5, seen
+
+
 def test_a_handle_another_thread_adds_while_the_loop_settles_a_future_still_runs():
     # While the loop's watch runs done-callbacks, another thread's `call_soon_threadsafe`
     # is not written either: the loop, awake, must still run that handle at once.

@@ -249,7 +249,9 @@ class _MizuFuture(Future):
                     waiter.add_result(self)
                 else:
                     waiter.add_exception(self)
-            c.notify_all()
+            # (Most conditions were made for a done-callback, and no thread waits on them.)
+            if c._waiters:
+                c.notify_all()
         finally:
             c.release()
         if self._callback_list:
