@@ -703,24 +703,21 @@ class PoolExecutor(Executor):
             # A call that cannot be pickled fails through its future, as with
             # ProcessPoolExecutor.
             return _failed(e)
-        fut = _new_future(self._future_class, task)
-        st.pending.add(fut)
-        if not st.accepting:
-            st.pending.discard(fut)
-            task.cancel()
-            raise st.refuse()
-        return fut
+        return self._register(task)
 
     def _submit_payload(self, data, bufs) -> _MizuFuture:
         self._mpool._check()
+        if not self._state.accepting:
+            raise self._state.refuse()
+        return self._register(self._pool.submit(data, bufs))
+
+    def _register(self, task) -> _MizuFuture:
+        """The future of a submitted `task`, among the pending ones. (Added outside the
+        state's lock: adding may settle futures nobody observes, which can break the executor
+        under that lock. A shutdown or break that began meanwhile either saw the future, and
+        settles it, or is seen here, and the submission is withdrawn.)"""
         st = self._state
-        if not st.accepting:
-            raise st.refuse()
-        task = self._pool.submit(data, bufs)
         fut = _new_future(self._future_class, task)
-        # (Added outside the state's lock: adding may settle futures nobody observes, which
-        # can break the executor under that lock. A shutdown or break that began meanwhile
-        # either saw the future and settles it, or is seen here.)
         st.pending.add(fut)
         if not st.accepting:
             st.pending.discard(fut)
