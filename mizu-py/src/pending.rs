@@ -143,12 +143,14 @@ impl PendingSet {
             if !crate::future::has_no_condition(f).unwrap_or(false) {
                 continue;
             }
-            if task.get().returned_unread() {
-                task.get().pending_at.store(NOT_PENDING, Ordering::Relaxed);
-                gone.extend(m.places[at].take());
-                m.free.push(at as u32);
-            } else if task.get().failed_unread() {
-                failed.push(f.clone());
+            match task.get().unread_finish() {
+                Some(true) => {
+                    task.get().pending_at.store(NOT_PENDING, Ordering::Relaxed);
+                    gone.extend(m.places[at].take());
+                    m.free.push(at as u32);
+                }
+                Some(false) => failed.push(f.clone()),
+                None => {}
             }
         }
         m.shed_at = 2 * (m.len() - failed.len());

@@ -512,32 +512,28 @@ impl Task {
                 .is_some_and(|g| matches!(&*g, State::Pending(t) if f(t)))
     }
 
-    /// Whether the task returned a value (nothing of it has been read yet, or it was moved
-    /// out of its slot unread): what nobody would miss if the task were dropped.
-    pub(crate) fn returned_unread(&self) -> bool {
-        self.pid == mizu_shm::current_pid()
-            && self.member.is_none()
-            && self.cell.try_lock().is_some_and(|g| match &*g {
-                State::Pending(t) => t.state() == Some(mizu_pool::SlotState::Ok),
-                State::Raw(r) => r.is_ok(),
-                _ => false,
-            })
-    }
-
-    /// Whether the task finished without a value and was not cancelled (it raised, or its
-    /// worker died), its outcome unread: what a future nobody observes must still be settled
-    /// with, since the outcome may break its executor.
-    pub(crate) fn failed_unread(&self) -> bool {
-        use mizu_pool::SlotState::{Died, Err as Failed};
-        self.pid == mizu_shm::current_pid()
-            && self.member.is_none()
-            && self.cell.try_lock().is_some_and(|g| match &*g {
-                State::Pending(t) => matches!(t.state(), Some(Failed | Died)),
-                State::Raw(r) => {
-                    r.is_err() && !matches!(r, Err(CollectError::Task(TaskError::Cancelled)))
-                }
-                _ => false,
-            })
+    /// How the task finished, if it did and nothing of its outcome has been read (or it was
+    /// moved out of its slot unread): `Some(true)` when it returned a value (nobody would
+    /// miss it if the task were dropped), `Some(false)` when it raised or its worker died (a
+    /// future nobody observes must still be settled with it: it may break the executor);
+    /// None when it is not finished, was cancelled, or its outcome was read.
+    pub(crate) fn unread_finish(&self) -> Option<bool> {
+        use mizu_pool::SlotState::{Died, Err as Failed, Ok as Returned};
+        if self.pid != mizu_shm::current_pid() || self.member.is_some() {
+            return None;
+        }
+        let g = self.cell.try_lock()?;
+        match &*g {
+            State::Pending(t) => match t.state()? {
+                Returned => Some(true),
+                Failed | Died => Some(false),
+                _ => None,
+            },
+            State::Raw(Ok(_)) => Some(true),
+            State::Raw(Err(CollectError::Task(TaskError::Cancelled))) => None,
+            State::Raw(Err(_)) => Some(false),
+            _ => None,
+        }
     }
 
     /// Whether this is a member of a batch cancelled on its own.
