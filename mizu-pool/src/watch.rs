@@ -46,9 +46,11 @@ fn cpus() -> usize {
     *CPUS.get_or_init(|| mizu_shm::affinity::available_cpus_all().len().max(1))
 }
 
-/// Whether a CPU is free for a watcher: the workers that run tasks or spin leave one. Never
-/// in a worker process: its own pool counts its CPU as busy, and a pool it made itself does
-/// not know about the others.
+/// Whether a CPU is free for a watcher: the workers that run tasks or spin leave one. An
+/// idle worker that was let spin but has spent its spin and parked (it keeps its claim to
+/// spin until it wakes) takes no CPU meanwhile, as submitters also know. Never in a worker
+/// process: its own pool counts its CPU as busy, and a pool it made itself does not know
+/// about the others.
 fn room(v: &PoolView<'_>) -> bool {
     if crate::worker::in_worker_process() {
         return false;
@@ -58,7 +60,11 @@ fn room(v: &PoolView<'_>) -> bool {
         .iter()
         .filter(|s| {
             s.rec.state.load(Ordering::Relaxed) == wstate::READY
-                && s.rec.idle.load(Ordering::Relaxed) != idle::SLEEPING
+                && match s.rec.idle.load(Ordering::Relaxed) {
+                    idle::SLEEPING => false,
+                    idle::SPINNING => s.park.sleepers() == 0,
+                    _ => true,
+                }
         })
         .count();
     active < cpus()

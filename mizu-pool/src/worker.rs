@@ -311,10 +311,27 @@ impl Runtime<'_> {
         for s in 0..v.params.submitters as usize {
             let rec = &v.submitter(s).rec;
             // A hint only (abandoned tasks are never counted as collected): skip submitters
-            // with nothing outstanding.
-            if !rec.is_held()
-                || rec.submitted.load(Ordering::Relaxed) == rec.collected.load(Ordering::Relaxed)
-            {
+            // with nothing outstanding, or whose every outstanding task a worker has claimed
+            // (the common case of an idle worker beside a long task: walking every slot
+            // header, each its own cache line, would take it a CPU for hundreds of
+            // microseconds every idle slice). A task missed on a stale read is found by a
+            // later slice's scan.
+            if !rec.is_held() {
+                continue;
+            }
+            let outstanding = rec
+                .submitted
+                .load(Ordering::Relaxed)
+                .wrapping_sub(rec.collected.load(Ordering::Relaxed));
+            let claimed = v
+                .workers()
+                .iter()
+                .filter(|w| {
+                    TaskId::unpack(w.rec.current.load(Ordering::Relaxed))
+                        .is_some_and(|(by, _, _)| by == s)
+                })
+                .count() as u64;
+            if outstanding <= claimed {
                 continue;
             }
             for k in 0..v.params.slots as usize {

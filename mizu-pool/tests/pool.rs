@@ -211,6 +211,24 @@ fn queued_tasks_can_be_cancelled_running_ones_cannot() {
 }
 
 #[test]
+fn a_task_queued_behind_a_long_one_is_taken_by_a_worker_that_goes_idle() {
+    // Both workers busy: the third task waits in one of their rings. When the short task's
+    // worker goes idle, it runs the third task (from its own ring, or else by scanning the
+    // slots, since one of the two outstanding tasks is claimed by nobody) long before the
+    // long task ends.
+    let mut p = pool(workers(2));
+    let long = p.submit(b"sleep:60000").unwrap();
+    let short = p.submit(b"sleep:100").unwrap();
+    wait_until("both run", || {
+        long.state() == Some(SlotState::Running) && short.state() == Some(SlotState::Running)
+    });
+    let mut queued = p.submit(b"echo:behind").unwrap();
+    assert_eq!(text(&queued.result(GUARD).unwrap()), "behind");
+    assert_eq!(long.state(), Some(SlotState::Running));
+    p.stop(Duration::ZERO);
+}
+
+#[test]
 fn a_collect_timeout_leaves_the_handle_valid() {
     let p = pool(workers(1));
     let mut t = p.submit(b"sleep:300").unwrap();

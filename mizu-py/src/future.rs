@@ -460,3 +460,168 @@ fn slow(
         .call_method(pyo3::intern!(py, "_result_py"), positional, named.as_ref())?
         .unbind())
 }
+
+/// How to know asyncio's `wrap_future` in a future's done-callbacks: the code of the callback
+/// it adds (`_chain_future`'s `_call_set_state`), where that callback's closure holds the
+/// asyncio future and its loop, and the asyncio future type.
+#[derive(FromPyObject)]
+pub(crate) struct Chain<'py>(
+    /// The callback's code.
+    Bound<'py, PyAny>,
+    /// Its closure's cell of the asyncio future.
+    usize,
+    /// Its closure's cell of that future's loop.
+    usize,
+    /// `asyncio.Future`.
+    Bound<'py, PyType>,
+);
+
+/// Settles `fut`, whose task the event loop running in this thread saw finish: what
+/// `fut._settle(task._outcome(0.0))` does, natively when nobody waits on the future's
+/// condition but done-callbacks and the outcome is a value or an exception of the task's own.
+/// Its done-callbacks then run in order, as `_invoke_callbacks` runs them, except that a
+/// `wrap_future` callback whose asyncio future belongs to the running loop hands the outcome
+/// to that future at once (see [`wrap_future_dest`]).
+#[pyfunction]
+pub(crate) fn settle_watched(fut: &Bound<'_, PyAny>, chain: Option<Chain<'_>>) -> PyResult<()> {
+    let py = fut.py();
+    let Some(slots) = slots_of(fut)? else {
+        return Err(PyTypeError::new_err("not a future of a PoolExecutor"));
+    };
+    // SAFETY: `fut` is an instance of the installed class (`slots_of`), the offsets its slots.
+    let field = |off| unsafe { get(fut, off) };
+    let pending = pyo3::intern!(py, "PENDING");
+    let is_pending = || field(slots.state).is_some_and(|s| s.is(pending));
+    let Some(task) = field(slots.task).and_then(|t| t.cast_into::<Task>().ok()) else {
+        return Ok(());
+    };
+    if !is_pending() {
+        return Ok(());
+    }
+    let Some((ok, value)) = Task::outcome_of(&task, Some(Duration::ZERO))? else {
+        return Ok(());
+    };
+    let value = value.into_bound(py);
+    static APART: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let apart =
+        !ok && value.is_instance(APART.import(py, "pymizu._executor", "_SETTLED_APART")?)?;
+    let cond = field(slots.cond).filter(|c| !c.is_none());
+    let waited = field(slots.waiters).is_some_and(|w| w.is_truthy().unwrap_or(true));
+    let (Some(cond), false, false) = (cond, waited, apart) else {
+        fut.call_method1(pyo3::intern!(py, "_settle"), ((ok, &value),))?;
+        return Ok(());
+    };
+    cond.call_method0(pyo3::intern!(py, "acquire"))?;
+    let stored = (|| {
+        // (Another thread may have settled it before the condition was had.)
+        if !is_pending() {
+            return Ok(false);
+        }
+        crate::pool::with_executor_pending(py, task.get(), |p| p.remove_of(fut, task.get()));
+        crate::gc::track(fut);
+        // SAFETY: as for `field`.
+        unsafe {
+            set(fut, if ok { slots.result } else { slots.exception }, &value);
+            set(fut, slots.state, pyo3::intern!(py, "FINISHED").as_any());
+        }
+        if cond.getattr(pyo3::intern!(py, "_waiters"))?.is_truthy()? {
+            cond.call_method0(pyo3::intern!(py, "notify_all"))?;
+        }
+        PyResult::Ok(true)
+    })();
+    cond.call_method0(pyo3::intern!(py, "release"))?;
+    if !stored? {
+        return Ok(());
+    }
+    let Some(callbacks) = field(slots.callbacks).filter(|c| !c.is_none()) else {
+        return Ok(());
+    };
+    static LOGGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let mut running = None;
+    for cb in callbacks.try_iter()? {
+        let cb = cb?;
+        let ran = match wrap_future_dest(&cb, chain.as_ref(), &mut running)? {
+            Some(dest) if ok => dest.call_method1(pyo3::intern!(py, "set_result"), (&value,)),
+            Some(dest) => converted(&value)
+                .and_then(|e| dest.call_method1(pyo3::intern!(py, "set_exception"), (e,))),
+            None => cb.call1((fut,)),
+        };
+        // (What `_invoke_callbacks` does with a callback that raises.)
+        if let Err(e) = ran {
+            if !e.is_instance_of::<pyo3::exceptions::PyException>(py) {
+                return Err(e);
+            }
+            let kw = PyDict::new(py);
+            kw.set_item("exc_info", e.value(py))?;
+            LOGGER
+                .import(py, "concurrent.futures._base", "LOGGER")?
+                .call_method(
+                    "error",
+                    ("exception calling callback for %r", fut),
+                    Some(&kw),
+                )?;
+        }
+    }
+    Ok(())
+}
+
+/// The exception an asyncio future gets for a concurrent future's `e` (what
+/// `_copy_future_state` sets).
+fn converted<'py>(e: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    static CONVERT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    CONVERT
+        .import(e.py(), "asyncio.futures", "_convert_future_exc")?
+        .call1((e,))
+}
+
+/// The asyncio future to hand the outcome to at once, if `cb` is a `wrap_future` callback
+/// whose asyncio future belongs to the loop running in this thread (`running`, looked up on
+/// first need) and still waits. That callback hands the outcome to the loop with
+/// `call_soon_threadsafe`, and the handle, run in this thread a round later, would copy it
+/// into the asyncio future (a cancelled one keeps nothing): here it is copied now, and the
+/// coroutine awaiting it resumes in the next round.
+fn wrap_future_dest<'py>(
+    cb: &Bound<'py, PyAny>,
+    chain: Option<&Chain<'py>>,
+    running: &mut Option<Bound<'py, PyAny>>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let py = cb.py();
+    let Some(chain) = chain else {
+        return Ok(None);
+    };
+    if !code_of(cb)?.is_some_and(|c| c.is(&chain.0)) {
+        return Ok(None);
+    }
+    let running = match running {
+        Some(r) => r,
+        None => {
+            static RUNNING_LOOP: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+            running.insert(
+                RUNNING_LOOP
+                    .import(py, "asyncio", "_get_running_loop")?
+                    .call0()?,
+            )
+        }
+    };
+    let contents = pyo3::intern!(py, "cell_contents");
+    let cells = cb.getattr(pyo3::intern!(py, "__closure__"))?;
+    let dest_loop = cells.get_item(chain.2)?.getattr(contents)?;
+    let dest = cells.get_item(chain.1)?.getattr(contents)?;
+    let waits = !running.is_none()
+        && dest_loop.is(&*running)
+        && dest.is_instance(&chain.3)?
+        && !dest.call_method0(pyo3::intern!(py, "done"))?.is_truthy()?;
+    Ok(waits.then_some(dest))
+}
+
+/// The code of `f` if it is a Python function (looked at without raising, as a lookup on
+/// any other callable would: a bound method, a builtin, a partial).
+fn code_of<'py>(f: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    static FUNCTION: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    let py = f.py();
+    let function = FUNCTION.import(py, "types", "FunctionType")?;
+    if !f.get_type().is(function) {
+        return Ok(None);
+    }
+    f.getattr(pyo3::intern!(py, "__code__")).map(Some)
+}

@@ -165,6 +165,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(future::install_future_result, m)?)?;
     m.add_function(wrap_pyfunction!(future::new_future, m)?)?;
     m.add_function(wrap_pyfunction!(future::settle_done, m)?)?;
+    m.add_function(wrap_pyfunction!(future::settle_watched, m)?)?;
     m.add_function(wrap_pyfunction!(gc::gc_track, m)?)?;
     Ok(())
 }

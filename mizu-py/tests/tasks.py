@@ -181,6 +181,11 @@ def fail_with(msg):
     raise ValueError(msg)
 
 
+def spin_then_fail(s, msg):
+    spin(s)
+    raise ValueError(msg)
+
+
 _global = None
 
 

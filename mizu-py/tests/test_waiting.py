@@ -342,8 +342,9 @@ class _CountingLoop(asyncio.SelectorEventLoop):
 
 def test_an_outcome_the_loop_finds_itself_reaches_asyncio_without_a_wakeup_write():
     # `wrap_future` and `run_in_executor` hand the outcome to the loop with
-    # `call_soon_threadsafe`; when the loop's own watch settles the future, the loop is awake
-    # and needs no wake-up (a system call to write, another to read it back).
+    # `call_soon_threadsafe`; when the loop's own watch settles the future, the loop is awake,
+    # the outcome goes straight into the asyncio future and needs no wake-up (a system call
+    # to write, another to read it back).
     with pymizu.PoolExecutor(1) as ex:
 
         async def main():
@@ -357,8 +358,6 @@ def test_an_outcome_the_loop_finds_itself_reaches_asyncio_without_a_wakeup_write
         with asyncio.Runner(loop_factory=_CountingLoop) as runner:
             got, loop = runner.run(main())
             assert got == [0.002] * 20
-            # The loop's own method is back in place.
-            assert "_write_to_self" not in vars(loop)
             writes = loop.wakeup_writes
     if SPARE_CPU:
         # (Only a machine stalled for longer than a watch hands an outcome over to a thread,
@@ -370,34 +369,69 @@ def test_an_outcome_the_loop_finds_itself_reaches_asyncio_without_a_wakeup_write
 
 def test_the_loop_that_settles_a_future_hands_its_outcome_to_wrap_future_at_once():
     # `wrap_future` copies a finished future's outcome into the asyncio future in a handle
-    # of the loop; when the loop itself settles the future, that copy runs at once (the
+    # of the loop; when the loop itself settles the future, that copy happens at once (the
     # coroutine resumes a loop round sooner): a done-callback added after `wrap_future`'s
-    # finds the asyncio future done. Another thread's hand-over still goes through a handle.
+    # finds the asyncio future done — with the task's value or its exception. Another
+    # thread's hand-over still goes through a handle.
     with pymizu.PoolExecutor(1) as ex:
 
         async def main():
             seen = []
-            for _ in range(10):
-                f = ex.submit(tasks.spin, 0.002)
+            for i in range(20):
+                fails = i % 2 == 1
+                f = ex.submit(tasks.spin_then_fail, 0.002, "no") if fails else ex.submit(tasks.spin, 0.002)
                 af = asyncio.wrap_future(f)
                 f.add_done_callback(
                     lambda _f, af=af: seen.append((threading.current_thread().name, af.done()))
                 )
-                assert await af == 0.002
-            return seen, asyncio.get_running_loop()
+                if fails:
+                    with pytest.raises(ValueError, match="no") as caught:
+                        await af
+                    # The same exception the future holds, its remote traceback kept.
+                    assert caught.value is f.exception()
+                    assert "spin_then_fail" in str(caught.value.__cause__)
+                else:
+                    assert await af == 0.002
+            return seen
 
-        seen, loop = asyncio.run(main())
-    assert len(seen) == 10
-    assert "call_soon_threadsafe" not in vars(loop)
+        seen = asyncio.run(main())
+    assert len(seen) == 20
     for name, done in seen:
         assert done == (name == "MainThread"), seen
     if SPARE_CPU:
-        assert [name for name, _ in seen].count("MainThread") >= 5, seen
+        assert [name for name, _ in seen].count("MainThread") >= 10, seen
+
+
+def test_a_done_callback_raising_while_the_loop_settles_is_logged_and_the_rest_run(caplog):
+    # The loop's own settling runs the callbacks in order, as `concurrent.futures` does: one
+    # that raises is logged, those after it still run and `wrap_future` gets its outcome.
+    def bad(_f):
+        raise ZeroDivisionError("in a callback")
+
+    with pymizu.PoolExecutor(1) as ex, caplog.at_level("ERROR", logger="concurrent.futures"):
+
+        async def main():
+            order = []
+            for _ in range(5):
+                f = ex.submit(tasks.spin, 0.002)
+                f.add_done_callback(lambda _f: order.append("first"))
+                af = asyncio.wrap_future(f)
+                f.add_done_callback(bad)
+                f.add_done_callback(lambda _f, af=af: order.append(("last", af.done())))
+                assert await af == 0.002
+            return order
+
+        order = asyncio.run(main())
+    assert [o if o == "first" else o[0] for o in order] == ["first", "last"] * 5
+    logged = [r for r in caplog.records if r.name == "concurrent.futures"]
+    assert len(logged) == 5
+    assert all("exception calling callback" in r.getMessage() for r in logged)
+    assert all(r.exc_info[0] is ZeroDivisionError for r in logged)
 
 
 def test_a_handle_another_thread_adds_while_the_loop_settles_a_future_still_runs():
     # While the loop's watch runs done-callbacks, another thread's `call_soon_threadsafe`
-    # is not written either: the loop, awake, must still run that handle at once.
+    # must still wake it (or find it awake) and run that handle.
     with pymizu.PoolExecutor(1) as ex:
 
         async def main():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import select
@@ -14,7 +15,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 from . import _codec, _native, _share
 from ._errors import CancelledError, InitializerError, MizuError, WorkerDiedError
-from ._pool import Pool, _run_chunk, watch_in_loop
+from ._pool import _CHAIN, Pool, _run_chunk, watch_in_loop
 
 
 _PENDING, _FINISHED = "PENDING", "FINISHED"
@@ -32,6 +33,10 @@ _SLICE = 0.1
 
 _track = _native.gc_track
 _settle_done = _native.settle_done
+# What a running event loop that saw a future's task finish does (see `_CallbackList`).
+_settle_watched = _native.settle_watched
+# A task's failures that settle its future otherwise than as its exception (`_settle`).
+_SETTLED_APART = (CancelledError, WorkerDiedError, InitializerError)
 # Held while a future's condition is made, and while a future without one is settled (see
 # `_MizuFuture._finish`).
 _MADE = threading.Lock()
@@ -107,7 +112,8 @@ class _CallbackList(list):
         if fut._state == _PENDING:
             task = fut._task
             kick = fut._owner.kick
-            if task is None or not watch_in_loop(task, lambda: fut._settle(task._outcome(0.0)), kick):
+            settle = functools.partial(_settle_watched, fut, _CHAIN)
+            if task is None or not watch_in_loop(task, settle, kick):
                 kick()
 
 

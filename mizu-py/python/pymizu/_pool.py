@@ -130,40 +130,55 @@ class _LoopWatch:
     pending then goes to `handover` (a thread that waits natively). One watch at a time per
     process."""
 
-    __slots__ = ("loop", "watch", "items", "handing_over")
+    __slots__ = ("loop", "watch", "items", "handed")
 
     def __init__(self, loop, watch):
         self.loop = loop
         self.watch = watch
-        # The loop's `call_soon_threadsafe` while its done actions run (see `_hush`).
-        self.handing_over = _handing_over(loop)
         # (task, run when it is done, run if the watch ends first)
         self.items: list = []
+        # The last round handed every outcome on (see `__call__`).
+        self.handed = False
 
     def __call__(self) -> None:
+        if self.handed:
+            # The round after the last watched outcome was handed on: its coroutine, resumed
+            # before this round, may have submitted another task, which keeps the loop's
+            # watch, anew (a watch's time counts from its first task); else the watch ends.
+            # (Its end was not between the outcome and the coroutine.)
+            self.handed = False
+            if not self.items or not self._renew():
+                self._end()
+                return
         items, self.items = self.items, []
         looked = 0
-        go_on = False
-        hushed = False
+        go_on = acted = False
         try:
             for it in items:
                 looked += 1
                 if it[0].done():
-                    if not hushed:
-                        hushed = _hush(self.loop, self.handing_over)
+                    acted = True
                     it[1]()
                 else:
                     self.items.append(it)
-            go_on = bool(self.items) and self.watch.go_on()
+            go_on = self.watch.go_on() if self.items else acted
+            self.handed = acted and not self.items
         finally:
-            if hushed:
-                _unhush(self.loop)
             # (Also when a done action raised: what was not looked at yet is handed over.)
             if go_on:
                 self.loop.call_soon(self)
             else:
                 self.items += items[looked:]
                 self._end()
+
+    def _renew(self) -> bool:
+        """A fresh watch for the items, if one is to be had."""
+        self.watch.close()
+        w = self.items[0][0]._watch()
+        if w is None:
+            return False
+        self.watch = w
+        return True
 
     def _end(self) -> None:
         global _loop_watch
@@ -176,66 +191,26 @@ class _LoopWatch:
             it[2]()
 
 
-def _hush(loop, handing_over) -> bool:
-    """Lets the done actions about to run in `loop`'s own thread hand work to `loop` with
-    `call_soon_threadsafe` (what the callbacks of `asyncio.wrap_future`, and so of
-    `run_in_executor`, do) without its wake-up write: a loop running a callback looks at its
-    queue again before it sleeps, so the write (and the read of it in the next round, each a
-    system call) only delays the outcome. A handle another thread adds meanwhile is found
-    the same way. `wrap_future`'s own hand-over (which copies the outcome into the asyncio
-    future) runs at once instead of a round later: in the loop's thread, where the handle
-    would run it. Whether it did (then `_unhush` undoes it); only asyncio's selector loops
-    are hushed."""
-    if not isinstance(loop, _SelectorLoop) or "_write_to_self" in vars(loop):
-        return False
-    loop._write_to_self = _nothing
-    loop.call_soon_threadsafe = handing_over
-    return True
-
-
-def _unhush(loop) -> None:
-    del loop._write_to_self, loop.call_soon_threadsafe
-
-
-def _nothing() -> None:
-    pass
-
-
 def _code_named(code, name: str):
     """The code object of the function `name` defined in `code`'s function (None if none)."""
     return next((c for c in code.co_consts if getattr(c, "co_name", None) == name), None)
 
 
-# The code of the function `wrap_future` hands a finished concurrent future's outcome to the
-# loop with (asyncio's `_chain_future` defines it for each chain).
-_SET_STATE = _code_named(asyncio.futures._chain_future.__code__, "_set_state")
-
-
-def _handing_over(loop):
-    """`loop.call_soon_threadsafe` while hushed: `wrap_future`'s hand-over, called in the
-    loop's own thread, runs now; every other call is the loop's own."""
-    own = type(loop).call_soon_threadsafe.__get__(loop)
-
-    def call_soon_threadsafe(callback, *args, context=None):
-        if _SET_STATE is None or getattr(callback, "__code__", None) is not _SET_STATE or (
-            threading.get_ident() != loop._thread_id
-        ):
-            return own(callback, *args, context=context)
-        try:
-            callback(*args)
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as e:
-            # (What the loop does with a callback that raises.)
-            loop.call_exception_handler(
-                {"message": f"Exception in callback {callback!r}{args!r}", "exception": e}
-            )
+def _chain():
+    """How the native settling in a loop (`_native.settle_watched`) knows `wrap_future`'s
+    done-callback (`_chain_future`'s `_call_set_state`, whose closure holds the asyncio
+    future and its loop); None if this asyncio's differs."""
+    chain = asyncio.futures._chain_future.__code__
+    code = _code_named(chain, "_call_set_state")
+    names = getattr(code, "co_freevars", ())
+    if "destination" not in names or "dest_loop" not in names:
         return None
+    return (code, names.index("destination"), names.index("dest_loop"), asyncio.Future)
 
-    return call_soon_threadsafe
+
+_CHAIN = _chain()
 
 
-_SelectorLoop = asyncio.selector_events.BaseSelectorEventLoop
 _loop_watch: _LoopWatch | None = None
 _loop_watch_lock = threading.Lock()
 
