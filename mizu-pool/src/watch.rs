@@ -9,6 +9,7 @@
 //! wake-up's cost negligible beside it). Nothing watches while nothing is pending: a watch
 //! only lasts while its caller waits for an outcome.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -19,6 +20,12 @@ use crate::submitter::SubmitterCore;
 
 /// The longest a caller watches before it parks.
 pub const WATCH: Duration = Duration::from_millis(5);
+
+/// How long a caller that polls between work of its own ([`Watch`]) goes on without a CPU
+/// free before it stops: a worker that wakes from an idle slice, looks for work and parks
+/// again takes a CPU for a moment, and a watch ended for that would leave the rest of the
+/// task to a thread whose wake-up costs more than this.
+pub const CROWDED: Duration = Duration::from_micros(200);
 
 /// Until when (ns after [`epoch`], 0: nobody) a thread of this process watches: one watcher
 /// takes one CPU. A deadline rather than a flag, so that a watch its caller forgets (an event
@@ -142,6 +149,27 @@ pub(crate) fn watch<T>(
 pub struct Watch {
     core: Arc<SubmitterCore>,
     token: Token,
+    crowding: Crowding,
+}
+
+/// Whether a caller that looks now and then goes on without a free CPU: for [`CROWDED`].
+#[derive(Debug, Default)]
+struct Crowding {
+    /// Since when the caller has looked without a CPU free, if it has.
+    since: Cell<Option<Instant>>,
+}
+
+impl Crowding {
+    /// A look at `now` that found a CPU free (`room`) or not: whether to go on.
+    fn go_on(&self, room: bool, now: Instant) -> bool {
+        if room {
+            self.since.set(None);
+            return true;
+        }
+        let since = self.since.get().unwrap_or(now);
+        self.since.set(Some(since));
+        now - since < CROWDED
+    }
 }
 
 impl std::fmt::Debug for Watch {
@@ -162,15 +190,40 @@ impl Watch {
         Some(Watch {
             core: core.clone(),
             token: Token::take(WATCH)?,
+            crowding: Crowding::default(),
         })
     }
 
-    /// Whether the caller may look again: a CPU is still free and the watch has time left.
+    /// Whether the caller may look again: the watch has time left, and a CPU is free or has
+    /// been taken for less than [`CROWDED`].
     pub fn go_on(&self) -> bool {
-        if Instant::now() >= self.token.end {
+        let now = Instant::now();
+        if now >= self.token.end {
             self.core.outlasted();
             return false;
         }
-        room(self.core.shared().view())
+        self.crowding.go_on(room(self.core.shared().view()), now)
+    }
+}
+
+#[cfg(all(test, not(mizu_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_moment_without_a_free_cpu_goes_on_a_longer_one_does_not() {
+        let c = Crowding::default();
+        let t0 = Instant::now();
+        let nearly = CROWDED - Duration::from_micros(1);
+        assert!(c.go_on(true, t0));
+        // Crowded for less than `CROWDED`: it goes on; a free CPU starts the count again.
+        assert!(c.go_on(false, t0));
+        assert!(c.go_on(false, t0 + nearly));
+        assert!(c.go_on(true, t0 + nearly));
+        let t1 = t0 + CROWDED;
+        assert!(c.go_on(false, t1));
+        assert!(c.go_on(false, t1 + nearly));
+        // Crowded for `CROWDED`: it stops.
+        assert!(!c.go_on(false, t1 + CROWDED));
     }
 }

@@ -6,8 +6,10 @@ a done-callback, `await asyncio.wrap_future(...)`, `await loop.run_in_executor(.
 `pymizu.Pool`, `await task`; then the same for a task that runs 1 ms, shown as the time past
 that millisecond; then many tasks submitted at once and waited for each way, beside
 `ThreadPoolExecutor` (no process at all: what the standard library's and asyncio's own
-bookkeeping of a future costs). asyncio's own cost of awaiting an already finished future is
-printed too: no executor's asyncio rows can be below it.
+bookkeeping of a future costs). asyncio's own hand-over of a plain concurrent future, as it
+goes for any executor's (`call_soon_threadsafe`, whose wake-up write the loop reads back), is
+printed too, for reference: pymizu's futures hand their outcome to a loop in its own thread
+without that write.
 """
 
 from __future__ import annotations
@@ -316,10 +318,11 @@ def main():
     for r, m in many["pymizu.PoolExecutor"].items():
         p, t = many["ProcessPoolExecutor"][r], many["ThreadPoolExecutor"][r]
         print(f"| {r} | {m * 1e6:.1f} us | {p * 1e6:.1f} us | {t * 1e6:.1f} us | {p / m:.0f}x |")
-    print(f"The machine's floors: a sleeping thread woken by another process {wake_floor(n_long) * 1e6:.1f} us; "
-          f"asyncio resuming a coroutine whose future is set in the loop's thread {loop_floor(2000) * 1e6:.1f} us "
+    print(f"The machine's floor: a sleeping thread woken by another process {wake_floor(n_long) * 1e6:.1f} us. "
+          f"asyncio's own hand-over of a plain concurrent future: set in the loop's thread, the coroutine "
+          f"awaiting it resumes after {loop_floor(2000) * 1e6:.1f} us "
           f"({loop_floor(n_long, 1000.0) * 1e6:.1f} us after 1 ms of other work); "
-          f"asyncio awaiting an already finished concurrent future {asyncio_floor(2000) * 1e6:.1f} us")
+          f"awaiting one already finished {asyncio_floor(2000) * 1e6:.1f} us")
 
 
 if __name__ == "__main__":

@@ -367,6 +367,49 @@ def test_an_outcome_the_loop_finds_itself_reaches_asyncio_without_a_wakeup_write
         assert writes >= 20
 
 
+def test_wrap_future_of_a_finished_future_in_its_loop_needs_no_wakeup_write():
+    # `wrap_future` of a future that is already finished (a short task's, most of the time)
+    # hands the outcome over with `call_soon_threadsafe`; in the loop's own thread that
+    # needs no wake-up write: the hand-over is queued with `call_soon`, and the coroutine
+    # still gives the loop a round before it resumes.
+    with pymizu.PoolExecutor(1) as ex:
+        done = [ex.submit(tasks.add, i, 1) for i in range(10)]
+        failed = ex.submit(tasks.boom, "late")
+        assert [f.result(timeout=60) for f in done] == list(range(1, 11))
+        assert isinstance(failed.exception(timeout=60), ValueError)
+
+        async def main():
+            loop = asyncio.get_running_loop()
+            rounds = 0
+
+            async def other():
+                nonlocal rounds
+                while True:
+                    rounds += 1
+                    await asyncio.sleep(0)
+
+            ticker = asyncio.ensure_future(other())
+            await asyncio.sleep(0)
+            got = []
+            for f in done:
+                before = rounds
+                got.append(await asyncio.wrap_future(f))
+                assert rounds > before  # the loop ran another task meanwhile
+            with pytest.raises(ValueError, match="late"):
+                await asyncio.wrap_future(failed)
+            seen = []
+            done[0].add_done_callback(lambda f: seen.append(f.result()))  # any other callback
+            ticker.cancel()
+            return got, seen, loop
+
+        with asyncio.Runner(loop_factory=_CountingLoop) as runner:
+            got, seen, loop = runner.run(main())
+            writes = loop.wakeup_writes
+    assert got == list(range(1, 11))
+    assert seen == [1]  # run at once, in this thread, as always
+    assert writes == 0
+
+
 def test_the_loop_that_settles_a_future_hands_its_outcome_to_wrap_future_at_once():
     # `wrap_future` copies a finished future's outcome into the asyncio future in a handle
     # of the loop; when the loop itself settles the future, that copy happens at once (the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import multiprocessing
 import os
@@ -11,11 +12,12 @@ import threading
 import time
 import weakref
 from concurrent.futures import Executor, Future
+from concurrent.futures._base import LOGGER as _LOGGER
 from concurrent.futures.process import BrokenProcessPool
 
 from . import _codec, _native, _share
 from ._errors import CancelledError, InitializerError, MizuError, WorkerDiedError
-from ._pool import _CHAIN, Pool, _run_chunk, watch_in_loop
+from ._pool import _CHAIN, Pool, _run_chunk, hand_over_soon, watch_in_loop
 
 
 _PENDING, _FINISHED = "PENDING", "FINISHED"
@@ -35,6 +37,7 @@ _track = _native.gc_track
 _settle_done = _native.settle_done
 # What a running event loop that saw a future's task finish does (see `_CallbackList`).
 _settle_watched = _native.settle_watched
+_running_loop = asyncio._get_running_loop
 # A task's failures that settle its future otherwise than as its exception (`_settle`).
 _SETTLED_APART = (CancelledError, WorkerDiedError, InitializerError)
 # Held while a future's condition is made, and while a future without one is settled (see
@@ -189,7 +192,7 @@ class _MizuFuture(Future):
         # finds the future finished instead of waiting at all.
         task = self._task
         if self._state == _PENDING and task is not None:
-            if time.perf_counter() >= _watch_again:
+            if time.perf_counter() >= _watch_again and _running_loop() is None:
                 _look_for(task)
             # A value natively (most outcomes); anything else through `_settle`.
             if task.done() and not _settle_done(self):
@@ -343,6 +346,20 @@ class _MizuFuture(Future):
         if self._state == _PENDING and self._task.done() and not _settle_done(self):
             self._settle(self._task._outcome(0.0))
         return self._state != _PENDING
+
+    def add_done_callback(self, fn) -> None:
+        # (The base class's, except that `wrap_future`'s callback added to a finished future
+        # in its loop's thread queues its hand-over without a wake-up write.)
+        with self._condition:
+            if self._state != _FINISHED and self._state not in _CANCELLED:
+                self._done_callbacks.append(fn)
+                return
+        if hand_over_soon(self, fn):
+            return
+        try:
+            fn(self)
+        except Exception:
+            _LOGGER.exception("exception calling callback for %r", self)
 
     def cancel(self) -> bool:
         with self._condition:

@@ -209,6 +209,28 @@ def _chain():
 
 
 _CHAIN = _chain()
+# Where `_call_set_state`'s closure holds the hand-over function (`_set_state`), if anywhere.
+_SET_STATE_CELL = (
+    _CHAIN[0].co_freevars.index("_set_state")
+    if _CHAIN is not None and "_set_state" in _CHAIN[0].co_freevars
+    else None
+)
+
+
+def hand_over_soon(fut, fn) -> bool:
+    """For a done-callback added to the finished future `fut`: if `fn` is a `wrap_future`
+    callback of the event loop running in this thread, queues its hand-over of the outcome
+    with `call_soon` — what `fn` would queue with `call_soon_threadsafe`, less that one's
+    wake-up write (a system call, and another to read it back), needless in the loop's own
+    thread — and says so."""
+    if _SET_STATE_CELL is None or getattr(fn, "__code__", None) is not _CHAIN[0]:
+        return False
+    cells = fn.__closure__
+    loop = cells[_CHAIN[2]].cell_contents
+    if loop is not asyncio._get_running_loop():
+        return False
+    loop.call_soon(cells[_SET_STATE_CELL].cell_contents, cells[_CHAIN[1]].cell_contents, fut)
+    return True
 
 
 _loop_watch: _LoopWatch | None = None
