@@ -21,10 +21,9 @@ use crate::submitter::SubmitterCore;
 /// The longest a caller watches before it parks.
 pub const WATCH: Duration = Duration::from_millis(5);
 
-/// How long a caller that polls between work of its own ([`Watch`]) goes on without a CPU
-/// free before it stops: a worker that wakes from an idle slice, looks for work and parks
-/// again takes a CPU for a moment, and a watch ended for that would leave the rest of the
-/// task to a thread whose wake-up costs more than this.
+/// How long a watch goes on without a CPU free before it stops: a worker that wakes from an
+/// idle slice, looks for work and parks again takes a CPU for a moment, and a watch ended for
+/// that would leave the rest of the wait to a wake-up that costs more than this.
 pub const CROWDED: Duration = Duration::from_micros(200);
 
 /// Until when (ns after [`epoch`], 0: nobody) a thread of this process watches: one watcher
@@ -121,6 +120,7 @@ pub(crate) fn watch<T>(
         return Err(Unwatched::NoRoom);
     };
     let end = token.end;
+    let crowding = Crowding::default();
     let mut n = 0u32;
     loop {
         if let Some(found) = poll() {
@@ -130,10 +130,11 @@ pub(crate) fn watch<T>(
         n = n.wrapping_add(1);
         // The clock and the workers' records cost more than a poll: read them every 256.
         if n.is_multiple_of(256) {
-            if Instant::now() >= end {
+            let now = Instant::now();
+            if now >= end {
                 return Err(Unwatched::Outlasted);
             }
-            if !room(v) {
+            if !crowding.go_on(room(v), now) {
                 return Err(Unwatched::NoRoom);
             }
             // Another thread of this machine that wants to run gets the CPU now and then.
@@ -152,7 +153,7 @@ pub struct Watch {
     crowding: Crowding,
 }
 
-/// Whether a caller that looks now and then goes on without a free CPU: for [`CROWDED`].
+/// Whether a watch goes on without a free CPU: for [`CROWDED`].
 #[derive(Debug, Default)]
 struct Crowding {
     /// Since when the caller has looked without a CPU free, if it has.

@@ -125,8 +125,8 @@ class _LoopWatch:
     """Looks for outcomes once per round of an event loop, while a CPU is free for it (the
     native `Watch`): a loop asleep in its selector needs another thread to wake it after the
     worker finishes, and each such wake-up costs tens of microseconds in a VM. A round of the
-    loop still runs its other callbacks and I/O; the watch ends when a worker needs the CPU
-    back, after a few milliseconds, or when nothing it watches is pending. Whatever is still
+    loop still runs its other callbacks and I/O; the watch ends when a worker has taken the
+    CPU back for a moment (200 µs), after a few milliseconds, or when nothing it watches is pending. Whatever is still
     pending then goes to `handover` (a thread that waits natively). One watch at a time per
     process."""
 
