@@ -126,9 +126,9 @@ class _LoopWatch:
     native `Watch`): a loop asleep in its selector needs another thread to wake it after the
     worker finishes, and each such wake-up costs tens of microseconds in a VM. A round of the
     loop still runs its other callbacks and I/O; the watch ends when a worker has taken the
-    CPU back for a moment (200 µs), after a few milliseconds, or when nothing it watches is pending. Whatever is still
-    pending then goes to `handover` (a thread that waits natively). One watch at a time per
-    process."""
+    CPU back for a moment (200 µs), after a few milliseconds, or when nothing it watches is
+    pending. Whatever is still pending then goes to `handover` (a thread that waits
+    natively). One watch at a time per process."""
 
     __slots__ = ("loop", "watch", "items", "handed")
 
@@ -197,24 +197,20 @@ def _code_named(code, name: str):
 
 
 def _chain():
-    """How the native settling in a loop (`_native.settle_watched`) knows `wrap_future`'s
-    done-callback (`_chain_future`'s `_call_set_state`, whose closure holds the asyncio
-    future and its loop); None if this asyncio's differs."""
-    chain = asyncio.futures._chain_future.__code__
-    code = _code_named(chain, "_call_set_state")
+    """How pymizu knows `wrap_future`'s done-callback (`_chain_future`'s `_call_set_state`),
+    read once from asyncio: for the native settling in a loop (`_native.settle_watched`), its
+    code, where its closure holds the asyncio future and that future's loop, and the asyncio
+    future type; for `hand_over_soon`, where it holds its hand-over (`_set_state`). None if
+    this asyncio's differs."""
+    code = _code_named(asyncio.futures._chain_future.__code__, "_call_set_state")
     names = getattr(code, "co_freevars", ())
-    if "destination" not in names or "dest_loop" not in names:
+    if not {"destination", "dest_loop", "_set_state"} <= set(names):
         return None
-    return (code, names.index("destination"), names.index("dest_loop"), asyncio.Future)
+    at = names.index
+    return (code, at("destination"), at("dest_loop"), asyncio.Future), at("_set_state")
 
 
-_CHAIN = _chain()
-# Where `_call_set_state`'s closure holds the hand-over function (`_set_state`), if anywhere.
-_SET_STATE_CELL = (
-    _CHAIN[0].co_freevars.index("_set_state")
-    if _CHAIN is not None and "_set_state" in _CHAIN[0].co_freevars
-    else None
-)
+_CHAIN, _SET_STATE_CELL = _chain() or (None, None)
 
 
 def hand_over_soon(fut, fn) -> bool:
@@ -223,7 +219,7 @@ def hand_over_soon(fut, fn) -> bool:
     with `call_soon` — what `fn` would queue with `call_soon_threadsafe`, less that one's
     wake-up write (a system call, and another to read it back), needless in the loop's own
     thread — and says so."""
-    if _SET_STATE_CELL is None or getattr(fn, "__code__", None) is not _CHAIN[0]:
+    if _CHAIN is None or getattr(fn, "__code__", None) is not _CHAIN[0]:
         return False
     cells = fn.__closure__
     loop = cells[_CHAIN[2]].cell_contents
