@@ -5,6 +5,7 @@
 //! with that tag).
 
 use std::ffi::OsString;
+use std::mem::ManuallyDrop;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,6 +16,7 @@ use mizu_shm::Waiter;
 use mizu_wire::{DataPool, Mapper, Value, read_value, write_value};
 
 use crate::error::{PoolError, Result};
+use crate::origin::Origin;
 
 /// First byte of a message stored raw in its ring slot (a wire frame starts with `M`).
 const RAW: u8 = 0;
@@ -36,8 +38,8 @@ pub enum ChannelSendError {
     Storage(String),
 }
 
-/// One end of a channel.
-pub struct Channel {
+/// One end of a channel, as the process that made it uses it.
+struct End {
     tx: OwnedProducer,
     rx: OwnedConsumer,
     duplex: Duplex,
@@ -49,12 +51,12 @@ pub struct Channel {
     gone: bool,
 }
 
-impl Channel {
-    fn wrap(duplex: Duplex, child: Option<Child>) -> Channel {
+impl End {
+    fn wrap(duplex: Duplex, child: Option<Child>) -> End {
         let (tx, rx) = duplex
             .split_owned()
             .expect("a new duplex's ends are not taken yet");
-        Channel {
+        End {
             tx,
             rx,
             duplex,
@@ -67,15 +69,13 @@ impl Channel {
         }
     }
 
-    /// Creates a channel and launches `program args… <token>` as its peer; returns once the
-    /// peer has attached (or fails if it exits first or takes longer than `timeout`).
-    pub fn launch(
+    fn launch(
         program: impl Into<OsString>,
         args: impl IntoIterator<Item = impl Into<OsString>>,
         capacity: u64,
         slot_size: u64,
         timeout: Duration,
-    ) -> Result<Channel> {
+    ) -> Result<End> {
         let mut d = Duplex::create(capacity, slot_size).map_err(queue_err)?;
         let program = program.into();
         let mut child = Command::new(&program)
@@ -95,30 +95,26 @@ impl Channel {
             slot: 0,
             why: format!("channel peer did not attach: {e:?}"),
         })?;
-        Ok(Channel::wrap(d, Some(child)))
+        Ok(End::wrap(d, Some(child)))
     }
 
-    /// Attaches to a channel whose token this process was given.
-    pub fn attach(token: &str) -> Result<Channel> {
+    fn attach(token: &str) -> Result<End> {
         let d = Duplex::join(token).map_err(queue_err)?;
         // What this end adopts is recorded, so that the other end gives it back should this
         // process be killed while holding it.
         mizu_wire::ledger::enable_until_exit();
-        Ok(Channel::wrap(d, None))
+        Ok(End::wrap(d, None))
     }
 
-    /// This end's data segments (where large messages go).
-    pub fn data_pool(&self) -> &DataPool {
+    fn data_pool(&self) -> &DataPool {
         &self.pool
     }
 
-    /// The token a peer passes to [`Channel::attach`].
-    pub fn token(&self) -> &str {
+    fn token(&self) -> &str {
         self.duplex.token()
     }
 
-    /// The launched peer process, if this end launched it.
-    pub fn child(&mut self) -> Option<&mut Child> {
+    fn child(&mut self) -> Option<&mut Child> {
         self.child.as_mut()
     }
 
@@ -140,8 +136,7 @@ impl Channel {
         }
     }
 
-    /// Sends one message without blocking.
-    pub fn send(&mut self, msg: &[u8]) -> Result<(), ChannelSendError> {
+    fn send(&mut self, msg: &[u8]) -> Result<(), ChannelSendError> {
         self.send_batch(std::iter::once(msg)).and_then(|n| {
             if n == 1 {
                 Ok(())
@@ -151,8 +146,7 @@ impl Channel {
         })
     }
 
-    /// Sends as many messages as fit now with one publication; returns how many were sent.
-    pub fn send_batch<'m>(
+    fn send_batch<'m>(
         &mut self,
         msgs: impl IntoIterator<Item = &'m [u8]>,
     ) -> Result<usize, ChannelSendError> {
@@ -197,10 +191,7 @@ impl Channel {
         Ok(n)
     }
 
-    /// Receives one message, waiting at most `timeout` (forever when `None`). `Closed` once the
-    /// peer closed and everything it sent was read; `PeerGone` (sticky) once it died and
-    /// everything it published was read.
-    pub fn recv(&mut self, timeout: Option<Duration>) -> Result<Buffer, RecvError> {
+    fn recv(&mut self, timeout: Option<Duration>) -> Result<Buffer, RecvError> {
         let (mapper, duplex, waiter) = (&self.mapper, &self.duplex, &mut self.waiter);
         let got = self.rx.with(|rx| {
             duplex.recv_with(rx, waiter, timeout, |m| {
@@ -227,13 +218,11 @@ impl Channel {
         }
     }
 
-    /// Whether a message is waiting to be received.
-    pub fn has_pending(&mut self) -> bool {
+    fn has_pending(&mut self) -> bool {
         self.rx.with(|rx| rx.poll())
     }
 
-    /// Closes this side: the peer reads what was sent, then `Closed`.
-    pub fn close(&mut self) {
+    fn close(&mut self) {
         if !self.closed {
             self.closed = true;
             self.tx.with(|tx| tx.close());
@@ -244,7 +233,7 @@ impl Channel {
     }
 }
 
-impl Drop for Channel {
+impl Drop for End {
     fn drop(&mut self) {
         self.close();
         if let Some(mut c) = self.child.take() {
@@ -265,6 +254,127 @@ impl Drop for Channel {
             // A peer killed (by us or anyone) leaves its lock file and data segments.
             mizu_wire::ledger::release_dead(Some(&[c.id()]));
             let _ = mizu_shm::prune_of(&[c.id()]);
+        }
+        // This end's data segments were kept idle for reuse until now.
+        mizu_wire::store::give_back_idle_now();
+    }
+}
+
+/// One end of a channel.
+///
+/// It belongs to the process that made it: a forked child's copy cannot be used
+/// ([`Channel::check_origin`]) and, dropped there, touches nothing (the peer and the rings are
+/// the parent's).
+pub struct Channel {
+    end: ManuallyDrop<End>,
+    origin: Origin,
+}
+
+impl Channel {
+    fn new(end: End) -> Channel {
+        Channel {
+            end: ManuallyDrop::new(end),
+            origin: Origin::here(),
+        }
+    }
+
+    /// Creates a channel and launches `program args… <token>` as its peer; returns once the
+    /// peer has attached (or fails if it exits first or takes longer than `timeout`).
+    pub fn launch(
+        program: impl Into<OsString>,
+        args: impl IntoIterator<Item = impl Into<OsString>>,
+        capacity: u64,
+        slot_size: u64,
+        timeout: Duration,
+    ) -> Result<Channel> {
+        End::launch(program, args, capacity, slot_size, timeout).map(Channel::new)
+    }
+
+    /// Attaches to a channel whose token this process was given.
+    pub fn attach(token: &str) -> Result<Channel> {
+        End::attach(token).map(Channel::new)
+    }
+
+    /// `Err(PoolError::Forked)` in a forked child of the process that made this end.
+    pub fn check_origin(&self) -> Result<()> {
+        self.origin.check()
+    }
+
+    /// This end's data segments (where large messages go).
+    pub fn data_pool(&self) -> &DataPool {
+        self.end.data_pool()
+    }
+
+    /// The token a peer passes to [`Channel::attach`].
+    pub fn token(&self) -> &str {
+        self.end.token()
+    }
+
+    /// The launched peer process, if this end launched it.
+    pub fn child(&mut self) -> Option<&mut Child> {
+        self.end.child()
+    }
+
+    /// Sends one message without blocking.
+    pub fn send(&mut self, msg: &[u8]) -> Result<(), ChannelSendError> {
+        self.end.send(msg)
+    }
+
+    /// Sends as many messages as fit now with one publication; returns how many were sent.
+    pub fn send_batch<'m>(
+        &mut self,
+        msgs: impl IntoIterator<Item = &'m [u8]>,
+    ) -> Result<usize, ChannelSendError> {
+        self.end.send_batch(msgs)
+    }
+
+    /// Receives one message, waiting at most `timeout` (forever when `None`). `Closed` once the
+    /// peer closed and everything it sent was read; `PeerGone` (sticky) once it died and
+    /// everything it published was read.
+    pub fn recv(&mut self, timeout: Option<Duration>) -> Result<Buffer, RecvError> {
+        self.end.recv(timeout)
+    }
+
+    /// Whether a message is waiting to be received.
+    pub fn has_pending(&mut self) -> bool {
+        self.end.has_pending()
+    }
+
+    /// Closes this side: the peer reads what was sent, then `Closed`.
+    pub fn close(&mut self) {
+        self.end.close()
+    }
+
+    /// Closes this side, then waits up to `timeout` for a launched peer to exit, killing it
+    /// after that; the peer is reaped and what it left is removed. Returns its exit code:
+    /// `None` when it was killed (or died of a signal) or when this end attached.
+    pub fn finish(&mut self, timeout: Duration) -> Option<i32> {
+        self.end.close();
+        let child = self.end.child()?;
+        let t0 = Instant::now();
+        let code = loop {
+            if let Ok(Some(st)) = child.try_wait() {
+                break st.code();
+            }
+            if t0.elapsed() >= timeout {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let pid = child.id();
+        mizu_wire::ledger::release_dead(Some(&[pid]));
+        let _ = mizu_shm::prune_of(&[pid]);
+        code
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        if self.origin.is_here() {
+            // SAFETY: dropped once, here; `end` is never used again.
+            unsafe { ManuallyDrop::drop(&mut self.end) };
         }
     }
 }

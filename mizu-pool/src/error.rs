@@ -38,6 +38,12 @@ pub enum PoolError {
     /// The caller gave up waiting for the workers to join (see [`crate::Pool::new_interruptible`]).
     #[error("interrupted while the workers were starting")]
     Interrupted,
+    /// The object belongs to the process that made it; this is a forked child of that
+    /// process (see [`crate::Origin`]).
+    #[error(
+        "this object belongs to the parent process; a forked child cannot use it (create a new pool in the child)"
+    )]
+    Forked,
 }
 
 /// How a task failed.

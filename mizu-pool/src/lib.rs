@@ -56,19 +56,29 @@ mod error;
 #[cfg(not(mizu_loom))]
 mod layout;
 #[cfg(not(mizu_loom))]
+pub mod machine;
+#[cfg(not(mizu_loom))]
 mod map;
+#[cfg(not(mizu_loom))]
+mod origin;
 #[cfg(not(mizu_loom))]
 mod outcome;
 #[cfg(not(mizu_loom))]
 mod pool;
 #[cfg(not(mizu_loom))]
+pub mod pressure;
+#[cfg(not(mizu_loom))]
 pub mod retry;
+#[cfg(not(mizu_loom))]
+pub mod share;
 #[cfg(not(mizu_loom))]
 mod shared;
 #[cfg(not(mizu_loom))]
 mod submitter;
 #[cfg(not(mizu_loom))]
 mod watch;
+#[cfg(not(mizu_loom))]
+pub mod wire;
 #[cfg(not(mizu_loom))]
 mod worker;
 
@@ -79,8 +89,10 @@ pub use {
     error::{PoolError, Result, TaskError},
     map::{MapError, MapOptions, MapOutput},
     mizu_queue::{RecvError, SlotState},
+    origin::Origin,
     outcome::{OutcomeBytes, SMALL_OUTCOME},
     pool::{Launcher, Pool, PoolConfig, PoolStatus, SubmitterStatus, WorkerStatus},
+    pressure::set_pressure_hook,
     shared::{Fill, set_discard_hook},
     submitter::{CollectError, Task, Wakeup, collect_all, collect_any, wait_until},
     watch::{WATCH, Watch},

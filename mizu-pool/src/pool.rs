@@ -241,8 +241,8 @@ impl Pool {
             controller: me.id(),
         };
         // A full /dev/shm: what this process keeps idle goes, and the others' janitors give
-        // theirs back, for a moment.
-        let seg = mizu_wire::store::with_room(
+        // theirs back, for a moment; then the binding's garbage is collected.
+        let seg = crate::pressure::with_room(
             || layout::create(params),
             |e| matches!(e, PoolError::Shm(mizu_shm::ShmError::NoSpace { .. })),
         )?;
@@ -551,8 +551,13 @@ impl Pool {
     /// Stops the pool: queued tasks are cancelled, workers are asked to leave and killed if
     /// they have not within `grace`, running tasks fail, every collector wakes, the segment
     /// name is removed.
+    ///
+    /// Everything the pool's workers left goes with it: the references their ledgers list
+    /// are given back, their leftover segments and lock files are removed, and the data
+    /// segments this process kept idle for reuse are given back at once. In a forked child
+    /// of the pool's process this does nothing (the workers are the parent's).
     pub fn stop(&mut self, grace: Duration) {
-        if self.stopping.swap(true, Ordering::SeqCst) {
+        if !self.shared.origin.is_here() || self.stopping.swap(true, Ordering::SeqCst) {
             return;
         }
         let v = self.shared.view();
@@ -605,12 +610,35 @@ impl Pool {
         // keep the names forever). Results live in the workers' segments, not here.
         self.shared.data_pool.unlink_all();
         let _ = self.shared.segment().unlink();
+        let workers = ch.launched.clone();
+        drop(ch);
+        // Only this pool's workers' leftovers: other programs may have data in flight.
+        mizu_wire::ledger::release_dead(Some(&workers));
+        let _ = mizu_shm::prune_of(&workers);
+        // What this process kept mapped only for reuse goes now, not seconds later: after a
+        // stop nothing of the pool's is left in /dev/shm (what views still read stays).
+        mizu_wire::store::give_back_idle_now();
+    }
+
+    /// `Err(PoolError::Forked)` when called in a forked child of the pool's process.
+    pub fn check_origin(&self) -> Result<()> {
+        self.shared.origin.check()
     }
 }
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        self.stop(Duration::from_secs(5));
+        if self.shared.origin.is_here() {
+            self.stop(Duration::from_secs(5));
+        } else {
+            // A forked child's copy: the workers, the segment and the data segments are the
+            // parent's. Extra references that are never dropped keep every shared thing from
+            // being torn down here; the monitor thread does not exist in this process.
+            std::mem::forget(self.shared.clone());
+            std::mem::forget(self.core.clone());
+            std::mem::forget(self.children.clone());
+            std::mem::forget(self.monitor.take());
+        }
     }
 }
 

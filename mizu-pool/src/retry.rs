@@ -6,8 +6,9 @@
 //!   again. Waits go in slices so that a signal is seen while the wait lasts.
 //! * Every task slot holds an outcome nobody has collected: the binding moves finished
 //!   outcomes into their handles (or waits for one to finish), then tries again.
-//! * The data segments are full: the binding frees what its language's garbage still holds
-//!   (views of earlier results), once per submission, then tries again.
+//! * The data segments are full: what the binding's language's garbage still holds (views of
+//!   earlier results) is freed through the pressure hook ([`crate::pressure::relieve`]),
+//!   once per submission, then it tries again.
 //! * Anything else fails the submission.
 
 use std::time::Duration;
@@ -24,8 +25,9 @@ pub trait MakeRoom {
     fn waited(&mut self) -> std::result::Result<(), Self::Error>;
     /// Every task slot holds an uncollected outcome: make one free (or `Err`).
     fn drain(&mut self) -> std::result::Result<(), Self::Error>;
-    /// The data segments are full: free what garbage holds (called at most once).
-    fn collect(&mut self);
+    /// The data segments are full: what the binding does before the pressure hook frees
+    /// what garbage holds (called at most once; nothing by default).
+    fn collect(&mut self) {}
     /// Any other failure, as the binding reports it.
     fn fail(&mut self, e: PoolError) -> Self::Error;
 }
@@ -47,6 +49,7 @@ pub fn retrying<T, R: MakeRoom>(
             Err(PoolError::Wire(w)) if w.is_no_space() && !collected => {
                 collected = true;
                 room.collect();
+                crate::pressure::relieve();
             }
             Err(e) => return Err(room.fail(e)),
         }

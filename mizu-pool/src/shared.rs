@@ -11,6 +11,7 @@ use mizu_wire::{DataPool, Mapper, Region};
 
 use crate::error::{PoolError, Result};
 use crate::layout::{POOL_KIND, PoolView, TaskHdr, data_kind};
+use crate::origin::Origin;
 use crate::outcome::{OutcomeBytes, SMALL_OUTCOME};
 
 /// What this process's binding does with a payload nobody will read, before it is dropped.
@@ -35,6 +36,8 @@ pub struct Shared {
     pub data_pool: DataPool,
     /// Opened data segments of other processes.
     pub mapper: Mapper,
+    /// The process that mapped the segment: a forked child's copy must not act on it.
+    pub origin: Origin,
     seg: Arc<Segment>,
 }
 
@@ -51,6 +54,7 @@ impl Shared {
             view,
             data_pool: DataPool::new(16 << 20),
             mapper: Mapper::new(),
+            origin: Origin::here(),
             seg,
         }))
     }

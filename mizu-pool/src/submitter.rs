@@ -144,6 +144,7 @@ impl SubmitterCore {
     /// Submits one task; blocks only while every worker's queue from us is full (at most
     /// `timeout`).
     pub fn submit(self: &Arc<Self>, payload: &dyn Fill, timeout: Option<Duration>) -> Result<Task> {
+        self.shared.origin.check()?;
         let mut g = self.lock();
         let id = self.stage(&mut g, payload)?;
         if let Err(e) = self.push(&mut g, id, timeout, false) {
@@ -175,6 +176,9 @@ impl SubmitterCore {
         payloads: impl IntoIterator<Item = &'p dyn Fill>,
         timeout: Option<Duration>,
     ) -> (Vec<Task>, Result<()>) {
+        if let Err(e) = self.shared.origin.check() {
+            return (Vec::new(), Err(e));
+        }
         let mut g = self.lock();
         let mut tasks = Vec::new();
         let mut res = Ok(());
@@ -767,8 +771,15 @@ impl Wakeup {
 
 impl Drop for Task {
     fn drop(&mut self) {
-        if !self.done {
+        if self.done {
+            return;
+        }
+        if self.core.shared.origin.is_here() {
             self.core.abandon(self.id);
+        } else {
+            // A forked child's copy: the slot is the parent's to free, and the submitter's
+            // last reference here must not tear down what the parent still uses.
+            std::mem::forget(self.core.clone());
         }
     }
 }

@@ -170,6 +170,30 @@ impl TaskContext<'_> {
         }
     }
 
+    /// The task's outcome as an executor returns it: written in place by [`TaskContext::reply`]
+    /// (an empty vector is returned then, which the runtime ignores), else as bytes. When
+    /// `/dev/shm` is full, the binding's garbage is collected and what this process keeps
+    /// idle given back ([`crate::pressure::relieve`]) before a second try; inside a map
+    /// element, or when there is still no room, the outcome is returned as bytes for the
+    /// runtime to store.
+    pub fn send(
+        &self,
+        ok: bool,
+        payload: &dyn crate::Fill,
+    ) -> std::result::Result<Vec<u8>, Vec<u8>> {
+        let mut replied = self.reply(ok, payload);
+        if matches!(&replied, Err(PoolError::Wire(w)) if w.is_no_space()) {
+            crate::pressure::relieve();
+            replied = self.reply(ok, payload);
+        }
+        if replied.is_ok() {
+            return Ok(Vec::new());
+        }
+        let mut v = vec![0u8; payload.size()];
+        payload.fill(&mut v);
+        if ok { Ok(v) } else { Err(v) }
+    }
+
     /// This worker's data segments (see [`crate::Pool::data_pool`]).
     pub fn data_pool(&self) -> &mizu_wire::DataPool {
         &self.rt.shared.data_pool

@@ -1,7 +1,6 @@
 //! `Channel`: a duplex pair of shared-memory rings between this process and one peer (see
 //! `mizu_pool::Channel`); messages are Python payloads (see `codec`).
 
-use std::mem::ManuallyDrop;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -29,12 +28,11 @@ fn send_status(e: &ChannelSendError) -> PyResult<u8> {
 /// One end of a channel.
 #[pyclass(module = "pymizu._native", frozen)]
 pub struct Channel {
-    /// Dropped only in the process that made it (a forked child's copy is forgotten: the
-    /// peer belongs to the parent). `None` once finished: closed, its launched peer exited
-    /// and nothing left to receive (its shared memory is gone then, not when this object is).
-    inner: ManuallyDrop<Mutex<Option<mizu_pool::Channel>>>,
+    /// `None` once finished: closed, its launched peer exited and nothing left to receive
+    /// (its shared memory is gone then, not when this object is).
+    inner: Mutex<Option<mizu_pool::Channel>>,
     token: String,
-    pid: u32,
+    origin: mizu_pool::Origin,
 }
 
 impl Channel {
@@ -58,8 +56,8 @@ impl Channel {
     fn new(c: mizu_pool::Channel) -> Channel {
         Channel {
             token: c.token().to_owned(),
-            inner: ManuallyDrop::new(Mutex::new(Some(c))),
-            pid: mizu_shm::current_pid(),
+            inner: Mutex::new(Some(c)),
+            origin: mizu_pool::Origin::here(),
         }
     }
 }
@@ -104,7 +102,7 @@ impl Channel {
         py: Python<'_>,
         msgs: Vec<(Py<PyBytes>, Py<PyAny>)>,
     ) -> PyResult<(usize, u8)> {
-        forked(self.pid)?;
+        forked(self.origin)?;
         let bytes = msgs
             .iter()
             .map(|(p, b)| Outgoing::new(py, p.as_bytes(py), b.bind(py)).map(|o| encode_vec(&o)))
@@ -115,7 +113,7 @@ impl Channel {
     /// Sends values in the cross-language format (a channel to a peer of another language),
     /// without blocking: `(sent, status)` as `send_batch`.
     fn send_values(&self, py: Python<'_>, objs: Vec<Bound<'_, PyAny>>) -> PyResult<(usize, u8)> {
-        forked(self.pid)?;
+        forked(self.origin)?;
         let bytes = objs
             .iter()
             .enumerate()
@@ -131,7 +129,7 @@ impl Channel {
     /// 2 closed, 3 peer gone.
     #[pyo3(signature = (timeout=None))]
     fn recv(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<(u8, Py<PyAny>, Py<PyList>)> {
-        forked(self.pid)?;
+        forked(self.origin)?;
         let start = Instant::now();
         let timeout = crate::wait_secs(timeout, "timeout")?;
         let empty = |s: u8| {
@@ -152,7 +150,7 @@ impl Channel {
                 }
             });
             match r {
-                Ok(buf) if mizu_wire::envelope::is_envelope(&buf) => {
+                Ok(buf) if mizu_pool::wire::envelope::is_envelope(&buf) => {
                     let (_, v) = crate::xlang::outcome(py, &buf)?;
                     return Ok((4, v, PyList::empty(py).unbind()));
                 }
@@ -174,7 +172,7 @@ impl Channel {
 
     /// Closes this side: the peer reads what was sent, then sees the channel closed.
     fn close(&self, py: Python<'_>) {
-        if self.pid == mizu_shm::current_pid() {
+        if self.origin.is_here() {
             py.detach(|| {
                 if let Some(c) = self
                     .inner
@@ -192,40 +190,19 @@ impl Channel {
     /// after that); returns its exit code (None if it was killed or this end attached).
     #[pyo3(signature = (timeout=5.0))]
     fn finish(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<i32>> {
-        forked(self.pid)?;
+        forked(self.origin)?;
         self.close(py);
+        let timeout = crate::bounded_secs(timeout, "timeout")?;
         Ok(py.detach(|| {
             let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
             let c = g.as_mut()?;
-            let child = c.child()?;
-            let t0 = Instant::now();
-            let code = loop {
-                if let Ok(Some(st)) = child.try_wait() {
-                    break st.code();
-                }
-                if t0.elapsed().as_secs_f64() >= timeout {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    break None;
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            };
+            let code = c.finish(timeout);
             // The peer is gone: with nothing left to read, the channel's shared memory goes
             // now.
             if !c.has_pending() {
                 *g = None;
-                mizu_wire::store::give_back_idle_now();
             }
             code
         }))
-    }
-}
-
-impl Drop for Channel {
-    fn drop(&mut self) {
-        if self.pid == mizu_shm::current_pid() {
-            // SAFETY: dropped once, here, and never used again.
-            unsafe { ManuallyDrop::drop(&mut self.inner) };
-        }
     }
 }

@@ -7,7 +7,7 @@
 //! * `B`, 3 zero bytes, `u32` buffer count `n`, `u64` pickle length, then `n` pairs of `u64`
 //!   (offset from the payload start, length), then the pickle, then each buffer at its
 //!   offset, 64-byte aligned. All integers little-endian. Receivers parse it with
-//!   `mizu_wire::oob` (fuzzed there).
+//!   `mizu_pool::wire::oob` (fuzzed there).
 //!
 //! A buffer that views a region this process holds (a shared object, an array received from
 //! another process) travels by reference: its offset has the top bit set, and at that offset
@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use arrow_buffer::Buffer;
 use mizu_pool::Fill;
-use mizu_wire::oob::{self, Dialect, PY_BY_REF as BY_REF, Place, REF_RECORD};
-use mizu_wire::{Region, RegionDesc};
+use mizu_pool::wire::oob::{self, Dialect, PY_BY_REF as BY_REF, Place, REF_RECORD};
+use mizu_pool::wire::{Region, RegionDesc};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::prelude::*;
@@ -252,7 +252,7 @@ impl Fill for Outgoing<'_> {
             // SAFETY: the exporter keeps buf_ptr..+len_bytes valid while the PyBuffer lives
             // (it does: `self` owns it); the buffer is C-contiguous (checked in `new`).
             let src = unsafe { std::slice::from_raw_parts(b.buf_ptr() as *const u8, n) };
-            mizu_wire::copy::copy_large(&mut out[at..at + n], src);
+            mizu_pool::wire::copy_large(&mut out[at..at + n], src);
             end = at + n;
         }
     }
@@ -341,33 +341,11 @@ pub fn share_buffer(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<ShmBuff
     // SAFETY: the exporter keeps buf_ptr..+n valid and unchanged while `pb` lives (it does,
     // to the end of this function); the buffer is contiguous (checked above).
     let src = unsafe { std::slice::from_raw_parts(pb.buf_ptr() as *const u8, n) };
-    let region = py.detach(|| copy_to_shared(src));
+    let region = py.detach(|| mizu_pool::share::copy(src));
     let region = Arc::new(region.map_err(crate::err)?);
     Ok(ShmBuffer::new(
         Region::buffer(&region).slice_with_length(0, n),
     ))
-}
-
-/// A copy of `src` in a region of this process's store of shared objects.
-pub(crate) fn copy_to_shared(src: &[u8]) -> mizu_wire::Result<Region> {
-    copy_into(shared_store(), src)
-}
-
-/// A copy of `src` in a region of `store`.
-pub(crate) fn copy_into(store: &mizu_wire::DataPool, src: &[u8]) -> mizu_wire::Result<Region> {
-    filled(store, src.len(), |b| mizu_wire::copy::copy_large(b, src))
-}
-
-/// A committed region of `n` bytes of `store` that `fill` wrote (making room in `/dev/shm`
-/// first when it is short).
-pub(crate) fn filled(
-    store: &mizu_wire::DataPool,
-    n: usize,
-    fill: impl FnOnce(&mut [u8]),
-) -> mizu_wire::Result<Region> {
-    let mut r = mizu_wire::store::with_room(|| store.alloc(n.max(1)), |e| e.is_no_space())?;
-    fill(&mut r.bytes_mut()[..n]);
-    Ok(r.commit())
 }
 
 /// `nbytes` of shared memory that this process and the tasks it sends views of it to may all
@@ -377,7 +355,7 @@ pub(crate) fn filled(
 pub fn shared_empty(py: Python<'_>, nbytes: usize, zero: bool) -> PyResult<ShmBuffer> {
     // A region may reuse memory an earlier value left (a new segment's pages are zero).
     let region = py.detach(|| {
-        filled(shared_store(), nbytes, |b| {
+        mizu_pool::share::filled(nbytes, |b| {
             if zero {
                 b.fill(0)
             }
@@ -405,22 +383,12 @@ pub fn shared_region(obj: &Bound<'_, PyAny>) -> PyResult<Option<(String, u64, us
         .map(|(r, off)| (r.segment().name().to_string(), r.offset(), off)))
 }
 
-/// The data pool holding what `share_buffer` copied (large objects get segments of their
-/// own; small ones share segments, sized as the pools' are).
-pub(crate) fn shared_store() -> &'static mizu_wire::DataPool {
-    SHARED_STORE.get_or_init(|| mizu_wire::DataPool::new(16 << 20))
-}
-
-static SHARED_STORE: std::sync::OnceLock<mizu_wire::DataPool> = std::sync::OnceLock::new();
-
 /// At interpreter exit (`atexit`, registered by the first `share()`): the names of the
 /// segments holding shared objects go (processes still reading them keep their mappings), so
 /// that nothing of this process's is left in /dev/shm by objects never freed.
 #[pyfunction]
 pub fn release_shared() {
-    if let Some(store) = SHARED_STORE.get() {
-        store.unlink_all();
-    }
+    mizu_pool::share::release();
 }
 
 /// Encodes a payload into bytes (for paths that need an owned copy, e.g. channels).

@@ -57,15 +57,13 @@ fn err(e: impl std::fmt::Display) -> PyErr {
 }
 
 /// Refuses handles inherited through `fork()`: the child does not own the parent's pool.
-fn forked(pid: u32) -> PyResult<()> {
-    if pid == mizu_shm::current_pid() {
-        Ok(())
-    } else {
-        Err(ForkedError::new_err(
+fn forked(origin: mizu_pool::Origin) -> PyResult<()> {
+    origin.check().map_err(|_| {
+        ForkedError::new_err(
             "this pymizu object belongs to the parent process; a forked child cannot use it \
              (create a new Pool in the child)",
-        ))
-    }
+        )
+    })
 }
 
 /// A wait in seconds from Python: `None` (or an infinite or unrepresentably long time) waits
@@ -97,8 +95,7 @@ fn stream_word(seed: u64, index: u64) -> u64 {
 /// Removes shared-memory names left by processes that are gone; returns them.
 #[pyfunction]
 fn prune() -> PyResult<Vec<String>> {
-    mizu_wire::ledger::release_dead(None);
-    mizu_shm::prune().map_err(err)
+    mizu_pool::machine::prune().map_err(err)
 }
 
 /// Nanoseconds for one cache line's round trip between CPUs `a` and `b` now (the median of 5
@@ -107,7 +104,7 @@ fn prune() -> PyResult<Vec<String>> {
 #[pyfunction]
 #[pyo3(signature = (a=0, b=1, rounds=20_000))]
 fn line_round_trip_ns(py: Python<'_>, a: usize, b: usize, rounds: u64) -> PyResult<f64> {
-    py.detach(|| mizu_shm::affinity::line_round_trip(a, b, rounds.clamp(1, 10_000_000), 5))
+    py.detach(|| mizu_pool::machine::line_round_trip(a, b, rounds.clamp(1, 10_000_000), 5))
         .map_err(err)
 }
 
@@ -117,6 +114,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     // Payloads the runtime discards unread give back the regions their arrays refer to.
     mizu_pool::set_discard_hook(small::release_refs);
+    // A full `/dev/shm`: what Python's garbage holds (views of earlier values, copies kept
+    // for arrays sent again) goes before the runtime gives up.
+    mizu_pool::set_pressure_hook(pool::relieve_pressure);
     // The copies kept for arrays sent again go at exit, even of pools never stopped.
     py.import("atexit")?
         .call_method1("register", (wrap_pyfunction!(repeats::release_all, m)?,))?;

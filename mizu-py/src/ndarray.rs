@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::ffi::c_int;
 use std::sync::{Arc, LazyLock, Mutex};
 
-use mizu_wire::{Mapper, Region, RegionDesc};
+use mizu_pool::wire::{Mapper, Region, RegionDesc};
 use numpy::npyffi::{
     _PyArray_GET_ITEM_DATA, NPY_ARRAY_F_CONTIGUOUS, NPY_ARRAY_WRITEABLE, NpyTypes, get_type_object,
     npy_intp,
@@ -25,7 +25,7 @@ use pyo3::types::{PyString, PyType};
 
 use crate::codec::ShmBuffer;
 use crate::small::{ALIGN, MAX_SIZE, Reader, Writer, bad};
-use mizu_wire::compact::tag;
+use mizu_pool::wire::compact::tag;
 
 /// Arrays up to this size are copied inline; larger ones travel out of band (below).
 const INLINE_ARRAY: usize = 4096;

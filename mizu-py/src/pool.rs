@@ -33,7 +33,7 @@ pub struct Pool {
     /// Read-locked to use the pool (never held while waiting for the GIL to be written to),
     /// write-locked only to take it out in `stop`.
     inner: RwLock<Option<mizu_pool::Pool>>,
-    pid: u32,
+    origin: mizu_pool::Origin,
     tasks: Registry,
     /// Set when a `PoolExecutor` serves through this pool (`bind_executor`).
     executor: OnceLock<ExecutorHooks>,
@@ -103,11 +103,6 @@ impl MakeRoom for Room<'_, '_> {
         self.py.check_signals()
     }
 
-    fn collect(&mut self) {
-        crate::repeats::forget();
-        collect_garbage(self.py);
-    }
-
     fn fail(&mut self, e: PoolError) -> PyErr {
         submit_error(e)
     }
@@ -139,6 +134,13 @@ pub(crate) fn submit_draining(
 /// `/dev/shm` is full even after the wait for room: arrays this process no longer uses may
 /// still hold it (results of earlier tasks kept by reference cycles until the next full
 /// collection). Collects them, once, before the submission tries again.
+/// The pressure hook (`mizu_pool::set_pressure_hook`): `/dev/shm` is full, so the copies
+/// kept for arrays sent again and the views Python's garbage still holds are let go.
+pub(crate) fn relieve_pressure() {
+    crate::repeats::forget();
+    Python::attach(collect_garbage);
+}
+
 pub(crate) fn collect_garbage(py: Python<'_>) {
     if let Err(e) = py.import("gc").and_then(|gc| gc.call_method0("collect")) {
         e.write_unraisable(py, None);
@@ -201,7 +203,7 @@ impl Fill for CallFill<'_> {
 
 impl Pool {
     fn with<T>(&self, f: impl FnOnce(&mizu_pool::Pool) -> PyResult<T>) -> PyResult<T> {
-        forked(self.pid)?;
+        forked(self.origin)?;
         let g = self.inner.read().map_err(err)?;
         let pool = g
             .as_ref()
@@ -366,7 +368,7 @@ impl Pool {
         Ok(Pool {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             inner: RwLock::new(Some(pool)),
-            pid: mizu_shm::current_pid(),
+            origin: mizu_pool::Origin::here(),
             tasks: Registry::default(),
             executor: OnceLock::new(),
             accepting: AtomicBool::new(true),
@@ -656,7 +658,7 @@ impl Pool {
 
     /// Per worker: (slot, pid, state, busy, tasks, steals).
     fn status(&self) -> PyResult<Vec<WorkerRow>> {
-        forked(self.pid)?;
+        forked(self.origin)?;
         let g = self.inner.read().map_err(err)?;
         let Some(pool) = g.as_ref() else {
             return Ok(Vec::new());
@@ -681,7 +683,7 @@ impl Pool {
     /// `(watched, parks)`: this process's waits for outcomes that ended while it watched for
     /// them, and the times such waits slept (0, 0 once the pool stopped).
     fn waits(&self) -> PyResult<(u64, u64)> {
-        forked(self.pid)?;
+        forked(self.origin)?;
         let g = self.inner.read().map_err(err)?;
         Ok(g.as_ref().map_or((0, 0), |p| {
             let st = p.status();
@@ -692,7 +694,7 @@ impl Pool {
     /// How many workers died on their own so far (not retired, recycled, timed out or
     /// stopped); 0 once the pool stopped.
     fn deaths(&self) -> PyResult<u64> {
-        forked(self.pid)?;
+        forked(self.origin)?;
         let g = self.inner.read().map_err(err)?;
         Ok(g.as_ref().map_or(0, |p| p.deaths()))
     }
@@ -701,36 +703,19 @@ impl Pool {
     /// yet are dropped); idempotent. What the pool's workers left in shared memory is removed.
     #[pyo3(signature = (grace=5.0))]
     fn stop(&self, py: Python<'_>, grace: f64) -> PyResult<()> {
-        forked(self.pid)?;
+        forked(self.origin)?;
         let grace = crate::bounded_secs(grace, "grace")?;
         // Taken with the GIL released: a reader may be waiting for the GIL.
         let pool = py.detach(|| self.inner.write().unwrap_or_else(|p| p.into_inner()).take());
         if let Some(mut p) = pool {
             py.detach(|| {
-                let workers = p.launched_pids();
                 p.stop(grace);
                 drop(p);
-                // Only our own workers' leftovers: other programs may have data in flight.
-                mizu_wire::ledger::release_dead(Some(&workers));
-                let _ = mizu_shm::prune_of(&workers);
             });
             // The copies kept for arrays sent to this pool go with it (see `repeats.rs`).
             crate::repeats::release(self.id);
         }
         Ok(())
-    }
-}
-
-impl Drop for Pool {
-    fn drop(&mut self) {
-        if self.pid != mizu_shm::current_pid() {
-            // A forked child's copy: the workers belong to the parent; touch nothing.
-            if let Ok(mut g) = self.inner.write()
-                && let Some(p) = g.take()
-            {
-                std::mem::forget(p);
-            }
-        }
     }
 }
 

@@ -13,7 +13,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use mizu_wire::{DataPool, Region};
+use mizu_pool::wire::{DataPool, Region};
 use pyo3::prelude::*;
 use pyo3::types::{PyWeakrefMethods, PyWeakrefReference};
 
@@ -72,7 +72,11 @@ pub(crate) fn shared_copy(
         return Ok(region);
     }
     let store = store(pool);
-    let region = py.detach(|| crate::codec::copy_into(&store, bytes));
+    let region = py.detach(|| {
+        mizu_pool::share::filled_in(&store, bytes.len(), |b| {
+            mizu_pool::wire::copy_large(b, bytes)
+        })
+    });
     let region = Arc::new(region.map_err(crate::err)?);
     let callback = wrap_pyfunction!(gone, py)?;
     let source = PyWeakrefReference::new_with(array, callback)?.unbind();

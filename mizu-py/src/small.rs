@@ -8,7 +8,7 @@
 //! twice sends the whole value through pickle, which keeps the sharing.
 //!
 //! The values are items of the wire format's compact tagged encoding (`docs/wire-format.md`
-//! §3, written and read with `mizu_wire::compact`): the shared items for `None`, booleans,
+//! §3, written and read with `mizu_pool::wire::compact`): the shared items for `None`, booleans,
 //! ints, floats, strings, bytes, lists and dicts with `str` keys, and the Python items for
 //! tuples, dicts with other keys and numpy arrays. Payloads (see `docs/python.md`, "Payload
 //! format"):
@@ -32,8 +32,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use arrow_buffer::Buffer;
 use mizu_pool::Fill;
-use mizu_wire::compact::{self, form, tag};
-use mizu_wire::{Region, RegionDesc};
+use mizu_pool::wire::compact::{self, form, tag};
+use mizu_pool::wire::{Region, RegionDesc};
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -388,7 +388,7 @@ impl Fill for Payload {
             // SAFETY: the exporter keeps buf_ptr..+len_bytes valid while the buffer is held
             // (`self` holds it), and it is contiguous (checked when the array was written).
             let src = unsafe { std::slice::from_raw_parts(b.buf_ptr().cast::<u8>(), n) };
-            mizu_wire::copy::copy_large(&mut out[at..at + n], src);
+            mizu_pool::wire::copy_large(&mut out[at..at + n], src);
             end = at + n;
         }
     }
@@ -498,7 +498,7 @@ pub(crate) fn bad(why: &str) -> PyErr {
     PyValueError::new_err(format!("pymizu: malformed small payload: {why}"))
 }
 
-/// Reads values from untrusted bytes (the items through `mizu_wire::compact`).
+/// Reads values from untrusted bytes (the items through `mizu_pool::wire::compact`).
 pub(crate) struct Reader<'a> {
     pub(crate) r: compact::Reader<'a>,
     /// A `W` payload's bytes and where its array area starts.
@@ -506,7 +506,7 @@ pub(crate) struct Reader<'a> {
 }
 
 /// A malformed item.
-fn wire_bad(e: mizu_wire::WireError) -> PyErr {
+fn wire_bad(e: mizu_pool::wire::WireError) -> PyErr {
     bad(&e.to_string())
 }
 
@@ -698,9 +698,9 @@ fn walk_args(r: &mut compact::Reader<'_>, f: &mut impl FnMut(&[u8])) -> Option<(
 
 /// The function's pickle in a `C` body at `r` (its call item's head), `r` left at the
 /// arguments.
-fn call_head<'a>(r: &mut compact::Reader<'a>) -> mizu_wire::Result<&'a [u8]> {
+fn call_head<'a>(r: &mut compact::Reader<'a>) -> mizu_pool::wire::Result<&'a [u8]> {
     if r.u8("call")? != tag::CALL || r.u8("call form")? != form::NATIVE {
-        return Err(mizu_wire::WireError::Malformed {
+        return Err(mizu_pool::wire::WireError::Malformed {
             offset: r.pos,
             why: "not a call of a pickled function".into(),
         });

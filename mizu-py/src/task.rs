@@ -61,16 +61,15 @@ enum State {
 struct Cell {
     state: Mutex<State>,
     /// The process that made it (a forked child's copy gives back nothing).
-    pid: u32,
+    origin: mizu_pool::Origin,
 }
 
 impl Drop for Cell {
     fn drop(&mut self) {
         // An outcome taken out of its slot but never read: the regions its arrays refer to
         // are given back (as the runtime does for outcomes it discards).
-        let pid = self.pid;
         let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        if pid == mizu_shm::current_pid()
+        if self.origin.is_here()
             && let State::Raw(Ok(b)) = state
         {
             crate::small::release_refs(b);
@@ -273,7 +272,7 @@ impl Chunk {
 #[pyclass(module = "pymizu", name = "Task", frozen, weakref, freelist = 8192)]
 pub struct Task {
     cell: Arc<Cell>,
-    pid: u32,
+    origin: mizu_pool::Origin,
     nested: bool,
     /// The pool that runs it, kept alive while the task is (`Pool(2).submit(f, x).result()`
     /// works as with `ProcessPoolExecutor`).
@@ -292,12 +291,12 @@ impl Task {
     pub(crate) fn new(t: mizu_pool::Task, registry: &Registry, nested: bool) -> Task {
         let cell = Arc::new(Cell {
             state: Mutex::new(State::Pending(t)),
-            pid: mizu_shm::current_pid(),
+            origin: mizu_pool::Origin::here(),
         });
         registry.track(&cell);
         Task {
             cell,
-            pid: mizu_shm::current_pid(),
+            origin: mizu_pool::Origin::here(),
             nested,
             pool: None,
             member: None,
@@ -322,7 +321,7 @@ impl Task {
         (0..n)
             .map(|i| Task {
                 cell: chunk.cell.clone(),
-                pid: chunk.pid,
+                origin: chunk.origin,
                 nested: chunk.nested,
                 pool: chunk.pool.as_ref().map(|p| p.clone_ref(py)),
                 member: Some((shared.clone(), i)),
@@ -400,7 +399,7 @@ impl Task {
         py: Python<'_>,
         timeout: Option<Duration>,
     ) -> PyResult<Option<(bool, Py<PyAny>)>> {
-        forked(self.pid)?;
+        forked(self.origin)?;
         // The clock is read once waiting begins (an outcome already there costs no reading):
         // a timeout counts from then.
         let start = std::cell::OnceCell::new();
@@ -505,7 +504,7 @@ impl Task {
 
     /// `f` of the runtime handle when the task is uncollected and nobody is collecting it.
     fn peek(&self, f: impl FnOnce(&mizu_pool::Task) -> bool) -> bool {
-        self.pid == mizu_shm::current_pid()
+        self.origin.is_here()
             && self
                 .cell
                 .try_lock()
@@ -519,7 +518,7 @@ impl Task {
     /// None when it is not finished, was cancelled, or its outcome was read.
     pub(crate) fn unread_finish(&self) -> Option<bool> {
         use mizu_pool::SlotState::{Died, Err as Failed, Ok as Returned};
-        if self.pid != mizu_shm::current_pid() || self.member.is_some() {
+        if !self.origin.is_here() || self.member.is_some() {
             return None;
         }
         let g = self.cell.try_lock()?;
@@ -609,7 +608,7 @@ impl Task {
         if chunk.is_cancelled(i) {
             return Ok(true);
         }
-        if self.pid != mizu_shm::current_pid() {
+        if !self.origin.is_here() {
             return Ok(false);
         }
         // Queued, and nobody is waiting for it (a waiter holds the handle).
@@ -702,7 +701,7 @@ fn to_python(py: Python<'_>, r: Result<OutcomeBytes, CollectError>) -> PyResult<
         Ok(b) if crate::small::kind(&b) == Some(crate::small::TAG_VALUE) => {
             return Ok((true, crate::small::decode_outcome(py, b)?.unbind()));
         }
-        Ok(b) if mizu_wire::envelope::is_envelope(&b) => {
+        Ok(b) if mizu_pool::wire::envelope::is_envelope(&b) => {
             return crate::xlang::outcome(py, &b.into_buffer());
         }
         Ok(b) => (0, decode(py, b.into_buffer())?, 0, 0),
@@ -713,7 +712,7 @@ fn to_python(py: Python<'_>, r: Result<OutcomeBytes, CollectError>) -> PyResult<
         }
         Err(CollectError::Task(e)) => match e {
             // An error payload is either ours (a pickled exception) or the runtime's text.
-            TaskError::Failed(b) if mizu_wire::envelope::is_envelope(&b) => {
+            TaskError::Failed(b) if mizu_pool::wire::envelope::is_envelope(&b) => {
                 return crate::xlang::outcome(py, &Buffer::from_slice_ref(b));
             }
             TaskError::Failed(b) => match decode(py, Buffer::from_vec(b.clone())) {
@@ -801,13 +800,13 @@ impl Task {
 
     /// Whether the task has finished (its outcome is ready).
     fn done(&self) -> bool {
-        self.pid == mizu_shm::current_pid() && (self.is_done() || self.member_cancelled())
+        self.origin.is_here() && (self.is_done() || self.member_cancelled())
     }
 
     /// A watch over the outcome for a caller that looks now and then between work of its own
     /// (an event loop): None when it should wait elsewhere (see `Watch`).
     fn _watch(&self) -> Option<Watch> {
-        if self.pid != mizu_shm::current_pid() {
+        if !self.origin.is_here() {
             return None;
         }
         let g = self.cell.try_lock()?;
@@ -894,7 +893,7 @@ impl Task {
 
 impl Drop for Task {
     fn drop(&mut self) {
-        if self.pid != mizu_shm::current_pid() {
+        if !self.origin.is_here() {
             // A forked child's copy: the slot belongs to the parent; touch nothing.
             if let State::Pending(t) = std::mem::replace(&mut *self.cell.lock(), State::Collecting)
             {

@@ -21,8 +21,8 @@ use pyo3::types::{
     PyMemoryView, PyString, PyTuple,
 };
 
-use mizu_wire::frame::{self, Body};
-use mizu_wire::{CallTarget, Value};
+use mizu_pool::wire::frame::{self, Body};
+use mizu_pool::wire::{CallTarget, Value};
 
 use crate::codec::ShmBuffer;
 
@@ -523,7 +523,7 @@ fn array_value(field: FieldRef, array: ArrayRef) -> Value {
 #[pyo3(signature = (obj, aux=0))]
 pub fn wire_dumps<'py>(obj: &Bound<'py, PyAny>, aux: u64) -> PyResult<Bound<'py, PyBytes>> {
     let v = from_py(obj)?;
-    let enc = mizu_wire::encode(&v).map_err(value_err)?;
+    let enc = mizu_pool::wire::encode(&v).map_err(value_err)?;
     let mut out = vec![0u8; frame::HEADER_LEN + enc.len()];
     let n = frame::write_inline(&enc, aux, &mut out)
         .ok_or_else(|| value_err("value too large for one frame"))?;
@@ -560,6 +560,6 @@ pub fn wire_loads(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<(Py<PyAny
         m.extend_from_slice(body);
         m.into()
     };
-    let v = mizu_wire::decode(&body).map_err(value_err)?;
+    let v = mizu_pool::wire::decode(&body).map_err(value_err)?;
     Ok((to_py(py, v)?, f.aux))
 }

@@ -68,29 +68,7 @@ fn send_pickled(
     };
     let out = Outgoing::new(py, pickle.as_bytes(py), bufs.bind(py))
         .map_err(|e| text(format!("pymizu: cannot send the result: {e}")))?;
-    send(py, ctx, ok, &out)
-}
-
-/// Writes an outcome straight into the result slot/region; falls back to bytes where that is
-/// not possible (inside a native map element).
-fn send(
-    py: Python<'_>,
-    ctx: &TaskContext<'_>,
-    ok: bool,
-    out: &dyn Fill,
-) -> Result<Vec<u8>, Vec<u8>> {
-    let mut replied = ctx.reply(ok, out);
-    if matches!(&replied, Err(PoolError::Wire(w)) if w.is_no_space()) {
-        // (The inputs of earlier tasks, say; see `collect_garbage`.)
-        crate::pool::collect_garbage(py);
-        replied = ctx.reply(ok, out);
-    }
-    if replied.is_ok() {
-        return Ok(Vec::new());
-    }
-    let mut v = vec![0u8; out.size()];
-    out.fill(&mut v);
-    if ok { Ok(v) } else { Err(v) }
+    ctx.send(ok, &out)
 }
 
 impl PyExec {
@@ -98,9 +76,9 @@ impl PyExec {
         let buf = ctx
             .input()
             .unwrap_or_else(|| arrow_buffer::Buffer::from_slice_ref(input));
-        if mizu_wire::envelope::is_envelope(&buf) {
+        if mizu_pool::wire::envelope::is_envelope(&buf) {
             let (ok, env) = crate::xlang::run_task(py, &buf);
-            return send(py, ctx, ok, &env);
+            return ctx.send(ok, &env);
         }
         let is_small = small::kind(&buf) == Some(small::TAG_CALL);
         if self.fast && is_small {
@@ -152,7 +130,7 @@ impl PyExec {
         result: Bound<'_, PyAny>,
     ) -> Result<Vec<u8>, Vec<u8>> {
         if let Some(v) = small::encode_value(&result, true) {
-            return send(py, ctx, true, &v);
+            return ctx.send(true, &v);
         }
         let pickled = match self.dumps_result.bind(py).call1((&result,)) {
             Ok(p) => Ok(p),

@@ -1,6 +1,6 @@
 //! Cross-language tasks from Python's side: a pool of R workers (`Pool(language="r")`) and a
-//! Python worker serving an R pool. Payloads are `mizu_wire::envelope`s; this module only
-//! turns Python objects into `mizu_wire::Value`s and back (`docs/interop.md`): numpy arrays
+//! Python worker serving an R pool. Payloads are `mizu_pool::wire::envelope`s; this module only
+//! turns Python objects into `mizu_pool::wire::Value`s and back (`docs/interop.md`): numpy arrays
 //! become Arrow arrays (their buffers referenced, not copied, until the payload is written)
 //! and received numeric Arrow arrays become read-only numpy views of the shared memory.
 
@@ -25,9 +25,9 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString};
 
-use mizu_wire::envelope::{self, Context, Envelope, Received, RemoteError};
-use mizu_wire::rmeta::{CLASS, UNITS};
-use mizu_wire::{CallTarget, Value};
+use mizu_pool::wire::envelope::{self, Context, Envelope, Received, RemoteError};
+use mizu_pool::wire::rmeta::{CLASS, UNITS};
+use mizu_pool::wire::{CallTarget, Value};
 
 use crate::codec::ShmBuffer;
 
@@ -239,7 +239,7 @@ pub(crate) fn ndarray_value(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
             .map(|&x| i32::try_from(x))
             .collect::<Result<_, _>>()
             .map_err(|_| not_portable("an array extent of 2^31 or more"))?;
-        field = mizu_wire::rmeta::with_dim(field, &d);
+        field = mizu_pool::wire::rmeta::with_dim(field, &d);
     }
     Ok(Value::Array {
         field: Arc::new(field),
@@ -298,8 +298,8 @@ fn array_to_py(
     array: ArrayRef,
     src: Option<Buffer>,
 ) -> PyResult<Py<PyAny>> {
-    let dim =
-        mizu_wire::rmeta::dim(&field, array.len()).map_err(|e| not_portable(e.to_string()))?;
+    let dim = mizu_pool::wire::rmeta::dim(&field, array.len())
+        .map_err(|e| not_portable(e.to_string()))?;
     let no_nulls = array.null_count() == 0;
     // A view of a copy or conversion, and a view of the array's own values (sent on by
     // reference while unchanged).
@@ -424,10 +424,10 @@ pub(crate) fn to_py_natural(py: Python<'_>, v: Value) -> PyResult<Py<PyAny>> {
 
 /// `v` with its arrays and tables in the R mapping's types where they are not (pandas'
 /// int8-keyed categoricals, nanosecond timestamps, string views, ...; see
-/// `mizu_wire::rmeta::normalize`), so that an R receiver views them as they are and can send
+/// `mizu_pool::wire::rmeta::normalize`), so that an R receiver views them as they are and can send
 /// them back by reference.
 fn for_r(v: Value) -> Value {
-    use mizu_wire::rmeta;
+    use mizu_pool::wire::rmeta;
     match v {
         Value::Table(b) => Value::Table(rmeta::normalize_batch(b)),
         Value::Array { field, array } => match rmeta::classify(&field) {
@@ -572,11 +572,9 @@ pub fn share_ndarray(py: Python<'_>, a: &Bound<'_, PyAny>) -> PyResult<Option<Py
         return Ok(None);
     }
     let env = Envelope::value(&kept).map_err(|e| not_portable(e.to_string()))?;
-    let region = py.detach(|| {
-        crate::codec::filled(crate::codec::shared_store(), env.len(), |b| env.write_to(b))
-    });
+    let region = py.detach(|| mizu_pool::share::filled(env.len(), |b| env.write_to(b)));
     let region = Arc::new(region.map_err(crate::err)?);
-    let payload = mizu_wire::Region::buffer(&region).slice_with_length(0, env.len());
+    let payload = mizu_pool::wire::Region::buffer(&region).slice_with_length(0, env.len());
     let (ok, got) = outcome(py, &payload)?;
     let got = got.into_bound(py);
     let same = |attr: &str| -> PyResult<bool> { got.getattr(attr)?.eq(a.getattr(attr)?) };

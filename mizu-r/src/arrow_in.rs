@@ -16,8 +16,8 @@ use arrow_buffer::{Buffer, MutableBuffer, NullBuffer};
 use arrow_schema::{DataType, TimeUnit};
 use extendr_api::Result;
 use extendr_api::prelude::*;
-use mizu_wire::Value;
-use mizu_wire::rmeta::{NA_INTEGER, NA_INTEGER64};
+use mizu_pool::wire::Value;
+use mizu_pool::wire::rmeta::{NA_INTEGER, NA_INTEGER64};
 
 use crate::lazyview::Conv;
 use crate::view::VType;
@@ -77,7 +77,7 @@ pub fn view(src: Buffer, copy: bool) -> Result<Robj> {
     if let Some((t, values)) = known::find(&src) {
         return plain(values, t, src);
     }
-    let Value::Array { array, .. } = mizu_wire::decode(&src).map_err(bad)? else {
+    let Value::Array { array, .. } = mizu_pool::wire::decode(&src).map_err(bad)? else {
         return Err(bad("not an array"));
     };
     if let Some((t, values)) = plain_values(&array) {
@@ -114,14 +114,14 @@ fn plain_values(array: &ArrayRef) -> Option<(VType, Buffer)> {
 /// The layouts of the last plain vectors read from shared memory: a task reading a shared
 /// vector gets the same encoded value each time, whose header (Arrow's IPC messages, checked
 /// flatbuffers) costs more to decode than the rest of the task. A range of a shared region is
-/// immutable while it is referenced (as `mizu_wire` relies on for what it validated), so the
+/// immutable while it is referenced (as the runtime relies on for what it validated), so the
 /// same range of the same region, generation and segment holds the same value: its layout is
-/// looked up by that, as `mizu_wire` keys what it validated.
+/// looked up by that, as the runtime keys what it validated.
 mod known {
     use std::cell::RefCell;
 
     use arrow_buffer::Buffer;
-    use mizu_wire::store::{Region, RegionDesc};
+    use mizu_pool::wire::{Region, RegionDesc};
 
     use crate::view::VType;
 
@@ -190,7 +190,7 @@ mod known {
 /// aligned bytes it was read from.
 pub fn table(src: Buffer) -> Result<(RecordBatch, Buffer)> {
     let src = aligned(src);
-    match mizu_wire::decode(&src).map_err(bad)? {
+    match mizu_pool::wire::decode(&src).map_err(bad)? {
         Value::Table(b) => Ok((b, src)),
         _ => Err(bad("not a record batch")),
     }

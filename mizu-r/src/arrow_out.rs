@@ -32,8 +32,8 @@ use extendr_ffi::{
     DATAPTR_RO, LENGTH, R_CHAR, R_LevelsSymbol, R_NaString, Rf_getAttrib, SEXP, SEXPTYPE,
     STRING_ELT, TYPEOF, XLENGTH,
 };
-use mizu_wire::rmeta::{CLASS, NA_INTEGER, NA_INTEGER64, TZ};
-use mizu_wire::{Encoded, PrimitiveLayout, Value};
+use mizu_pool::wire::rmeta::{CLASS, NA_INTEGER, NA_INTEGER64, TZ};
+use mizu_pool::wire::{Encoded, PrimitiveLayout, Value};
 
 use crate::view::VType;
 
@@ -574,7 +574,7 @@ unsafe fn column(x: SEXP) -> Option<Col> {
 }
 
 fn field(name: &str, c: &Col) -> Field {
-    mizu_wire::rmeta::ordered_if_so(
+    mizu_pool::wire::rmeta::ordered_if_so(
         Field::new(name, c.array.data_type().clone(), true)
             .with_metadata(c.meta.iter().cloned().collect::<HashMap<_, _>>()),
     )
@@ -584,7 +584,7 @@ fn field(name: &str, c: &Col) -> Field {
 /// fused bitmaps; should the encoding not have the expected layout, the columns are encoded
 /// again with their real bitmaps.
 fn finish(mut cols: Vec<(String, Col)>, frame: bool) -> Result<ArrowOut> {
-    let err = |e: mizu_wire::WireError| crate::rerr(format!("cannot encode as Arrow: {e}"));
+    let err = |e: mizu_pool::wire::WireError| crate::rerr(format!("cannot encode as Arrow: {e}"));
     let value = |cols: &[(String, Col)]| -> Result<Value> {
         if !frame {
             let (name, c) = &cols[0];
@@ -602,7 +602,7 @@ fn finish(mut cols: Vec<(String, Col)>, frame: bool) -> Result<ArrowOut> {
         .map(Value::Table)
         .map_err(|e| crate::rerr(format!("cannot encode a data frame as Arrow: {e}")))
     };
-    let enc = mizu_wire::encode(&value(&cols)?).map_err(err)?;
+    let enc = mizu_pool::wire::encode(&value(&cols)?).map_err(err)?;
     if cols.iter().all(|(_, c)| c.fuse.is_none()) {
         return Ok(ArrowOut {
             enc,
@@ -631,7 +631,7 @@ fn finish(mut cols: Vec<(String, Col)>, frame: bool) -> Result<ArrowOut> {
         }
     }
     Ok(ArrowOut {
-        enc: mizu_wire::encode(&value(&cols)?).map_err(err)?,
+        enc: mizu_pool::wire::encode(&value(&cols)?).map_err(err)?,
         fused: Vec::new(),
     })
 }

@@ -2,7 +2,6 @@
 //! `mizu_pool::Channel`); messages are R payloads (see `codec`).
 
 use std::cell::RefCell;
-use std::mem::ManuallyDrop;
 use std::time::{Duration, Instant};
 
 use extendr_api::Result;
@@ -17,28 +16,18 @@ const SLICE: Duration = Duration::from_millis(50);
 
 /// One end of a channel.
 pub struct RChannel {
-    /// Dropped only in the process that made it (a forked child's copy is forgotten: the
-    /// peer belongs to the parent). `None` once finished: closed, its launched peer exited
-    /// and nothing left to receive (its shared memory is gone then, not at garbage collection).
-    inner: ManuallyDrop<RefCell<Option<mizu_pool::Channel>>>,
-    pid: u32,
+    /// `None` once finished: closed, its launched peer exited and nothing left to receive
+    /// (its shared memory is gone then, not at garbage collection).
+    inner: RefCell<Option<mizu_pool::Channel>>,
+    origin: mizu_pool::Origin,
     /// The peer is of another language (Python): messages are cross-language values.
     foreign: std::cell::Cell<bool>,
 }
 
-impl Drop for RChannel {
-    fn drop(&mut self) {
-        if self.pid == mizu_shm::current_pid() {
-            // SAFETY: dropped once, here, and never used again.
-            unsafe { ManuallyDrop::drop(&mut self.inner) };
-        }
-    }
-}
-
 fn wrap(c: mizu_pool::Channel) -> Robj {
     ExternalPtr::new(RChannel {
-        inner: ManuallyDrop::new(RefCell::new(Some(c))),
-        pid: mizu_shm::current_pid(),
+        inner: RefCell::new(Some(c)),
+        origin: mizu_pool::Origin::here(),
         foreign: std::cell::Cell::new(false),
     })
     .into()
@@ -49,7 +38,7 @@ fn chan(ch: &Robj) -> Result<&RChannel> {
     // checked before the address is read.
     let c = unsafe { crate::handle::ext_ref::<RChannel>(ch.get()) }
         .ok_or_else(|| rerr("not a mizu channel (or one restored from a saved session)"))?;
-    forked(c.pid)?;
+    forked(c.origin)?;
     Ok(c)
 }
 
@@ -170,26 +159,11 @@ fn channel_finish(ch: Robj, timeout: f64) -> Result<Option<i32>> {
     let Some(chl) = g.as_mut() else {
         return Ok(None);
     };
-    chl.close();
-    let Some(child) = chl.child() else {
-        return Ok(None);
-    };
-    let t0 = Instant::now();
-    let code = loop {
-        if let Ok(Some(st)) = child.try_wait() {
-            break st.code();
-        }
-        if t0.elapsed().as_secs_f64() >= timeout {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    };
+    let timeout = Duration::try_from_secs_f64(timeout.clamp(0.0, 86_400.0)).map_err(rerr)?;
+    let code = chl.finish(timeout);
     // The peer is gone: with nothing left to read, the channel's shared memory goes now.
     if !chl.has_pending() {
         *g = None;
-        mizu_wire::store::give_back_idle_now();
     }
     Ok(code)
 }

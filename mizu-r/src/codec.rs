@@ -37,12 +37,12 @@ use extendr_ffi::{
 use std::sync::Arc;
 
 use mizu_pool::Fill;
-// The layout's parser, its entry size, reference records and flags (see `mizu_wire::oob`).
-use mizu_wire::oob::{
+// The layout's parser, its entry size, reference records and flags (see `mizu_pool::wire::oob`).
+use mizu_pool::wire::oob::{
     self, Dialect, Place, R_BY_REF as BY_REF, R_ENTRY as ENTRY, R_FRAME_COL as FRAME_COL,
     REF_RECORD as REF_BYTES,
 };
-use mizu_wire::{Mapper, Region};
+use mizu_pool::wire::{Mapper, Region};
 
 use crate::ffi;
 use crate::rtry::try_r;
@@ -350,8 +350,8 @@ unsafe extern "C" fn in_bytes(s: *mut ffi::R_inpstream_st, buf: *mut c_void, n: 
 }
 
 fn unserialize(bytes: &[u8]) -> Result<Robj> {
-    // R's reader trusts its input (see `mizu_wire::rser`).
-    mizu_wire::rser::check(bytes)
+    // R's reader trusts its input (see `mizu_pool::wire::rser`).
+    mizu_pool::wire::rser::check(bytes)
         .map_err(|e| bad(format!("the serialization cannot be read: {e}")))?;
     let mut inp = Input { bytes, at: 0 };
     let data = std::ptr::from_mut(&mut inp).cast::<c_void>();
@@ -749,7 +749,7 @@ pub fn decode(buf: Buffer) -> Result<Decoded> {
     let b = buf.as_slice();
     match b.first() {
         Some(&TAG_PLAIN) => Ok(Decoded::Value(unserialize(&b[1..])?)),
-        Some(&mizu_wire::envelope::TAG) => crate::xvalue::received(&buf).map(Decoded::Value),
+        Some(&mizu_pool::wire::envelope::TAG) => crate::xvalue::received(&buf).map(Decoded::Value),
         Some(&TAG_SMALL) => match crate::small::decode(&b[1..]) {
             // SAFETY: a fresh value; Robj protects it.
             Some(v) => Ok(Decoded::Value(unsafe { Robj::from_sexp(v) })),
@@ -886,35 +886,21 @@ fn codec_roundtrip(value: Robj) -> Result<Robj> {
 fn share_value(value: Robj) -> Result<Robj> {
     let out = Outgoing::encode(&value)?;
     let n = out.size();
-    let mut r = mizu_wire::store::with_room(
-        || shared_store().alloc(n.max(1)),
-        mizu_wire::WireError::is_no_space,
-    )
-    .map_err(|e| crate::rerr(format!("mizu_share: {e}")))?;
-    out.fill(&mut r.bytes_mut()[..n]);
-    let region = Arc::new(r.commit());
+    let region = mizu_pool::share::filled(n, |b| out.fill(b))
+        .map_err(|e| crate::rerr(format!("mizu_share: {e}")))?;
+    let region = Arc::new(region);
     match decode(Region::buffer(&region).slice_with_length(0, n))? {
         Decoded::Value(v) => Ok(v),
         Decoded::Text(t) => Err(crate::rerr(t)),
     }
 }
 
-/// The data pool holding what `share_value` copied (an object larger than a segment gets one
-/// of its own).
-fn shared_store() -> &'static mizu_wire::DataPool {
-    SHARED_STORE.get_or_init(|| mizu_wire::DataPool::new(16 << 20))
-}
-
-static SHARED_STORE: std::sync::OnceLock<mizu_wire::DataPool> = std::sync::OnceLock::new();
-
 /// When R exits: the names of the segments holding shared values go (processes still
 /// reading them keep their mappings), so that nothing of this session's is left in /dev/shm
 /// by values R never freed.
 #[extendr]
 fn release_shared() {
-    if let Some(store) = SHARED_STORE.get() {
-        store.unlink_all();
-    }
+    mizu_pool::share::release();
 }
 
 /// The payload bytes of a value (tests).
@@ -935,10 +921,10 @@ fn codec_arrow_frames(value: Robj) -> Result<List> {
             // As written into a payload, read back (so arrow checks it) and framed.
             let mut bytes = arrow_buffer::MutableBuffer::from_len_zeroed(col.len());
             col.write(bytes.as_slice_mut());
-            let value = mizu_wire::decode(&bytes.into()).map_err(bad)?;
-            let enc = mizu_wire::encode(&value).map_err(bad)?;
+            let value = mizu_pool::wire::decode(&bytes.into()).map_err(bad)?;
+            let enc = mizu_pool::wire::encode(&value).map_err(bad)?;
             let mut f = vec![0u8; enc.len() + 16];
-            mizu_wire::frame::write_inline(&enc, 0, &mut f);
+            mizu_pool::wire::frame::write_inline(&enc, 0, &mut f);
             frames.push(Raw::from_bytes(&f));
         }
     }
@@ -949,8 +935,8 @@ fn codec_arrow_frames(value: Robj) -> Result<List> {
 /// when it arrives out of band (tests: arrays written by Python).
 #[extendr]
 fn codec_arrow_read(frame: Raw) -> Result<Robj> {
-    let f = mizu_wire::frame::read(frame.as_slice()).map_err(bad)?;
-    let mizu_wire::frame::Body::Inline(value) = f.body else {
+    let f = mizu_pool::wire::frame::read(frame.as_slice()).map_err(bad)?;
+    let mizu_pool::wire::frame::Body::Inline(value) = f.body else {
         return Err(bad("not an inline frame"));
     };
     crate::arrow_in::view(Buffer::from_slice_ref(value), true)
@@ -967,7 +953,7 @@ fn release_mappings() {
 /// would go after a few idle seconds).
 #[extendr]
 fn give_back_idle() {
-    mizu_wire::store::give_back_idle_now();
+    mizu_pool::machine::give_back_idle_now();
 }
 
 /// The size of a value's payload (tests; nothing is shared).

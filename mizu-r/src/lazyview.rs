@@ -22,7 +22,7 @@ use extendr_ffi::{
     R_set_altvec_Dataptr_method, R_set_altvec_Dataptr_or_null_method, R_xlen_t, Rboolean,
     Rf_allocVector, Rf_protect, Rf_unprotect, SEXP, SEXPTYPE,
 };
-use mizu_wire::rmeta::{NA_INTEGER, NA_REAL_BITS};
+use mizu_pool::wire::rmeta::{NA_INTEGER, NA_REAL_BITS};
 
 use crate::arrow_in::Source;
 

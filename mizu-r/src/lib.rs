@@ -43,14 +43,10 @@ pub(crate) fn rerr(e: impl std::fmt::Display) -> Error {
 
 /// Refuses handles inherited through `fork()` (e.g. `parallel::mclapply`): the child does
 /// not own the parent's pool.
-pub(crate) fn forked(pid: u32) -> Result<()> {
-    if pid == mizu_shm::current_pid() {
-        Ok(())
-    } else {
-        Err(rerr(
-            "this handle belongs to the parent process; a forked child cannot use it",
-        ))
-    }
+pub(crate) fn forked(origin: mizu_pool::Origin) -> Result<()> {
+    origin.check().map_err(|_| {
+        rerr("this handle belongs to the parent process; a forked child cannot use it")
+    })
 }
 
 /// Called when the package loads: registers the runtime's discard hook, and keeps the panics
@@ -64,6 +60,9 @@ fn init_native() {
         // Payloads nobody reads (abandoned results, cancelled inputs, undone submissions)
         // give back the regions they refer to.
         mizu_pool::set_discard_hook(codec::release_refs);
+        // A full `/dev/shm`: views R's garbage still holds give their regions back. Every
+        // path that needs room runs on R's main thread.
+        mizu_pool::set_pressure_hook(view::collect_under_pressure);
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             let ours = info
@@ -94,24 +93,13 @@ fn is_compiled(f: Robj) -> bool {
 /// Removes shared-memory names left by processes that are gone; returns them.
 #[extendr]
 fn prune() -> Result<Vec<String>> {
-    mizu_wire::ledger::release_dead(None);
-    mizu_shm::prune().map_err(rerr)
+    mizu_pool::machine::prune().map_err(rerr)
 }
 
 /// The shared-memory names this machine has under mizu's prefix.
 #[extendr]
 fn shm_names() -> Vec<String> {
-    let Ok(place) = mizu_shm::place::current() else {
-        return Vec::new();
-    };
-    std::fs::read_dir(place.dir())
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with(place.prefix()))
-                .collect()
-        })
-        .unwrap_or_default()
+    mizu_pool::machine::shm_names()
 }
 
 /// Nanoseconds for one cache line's round trip between CPUs `a` and `b` now (the median of 5
@@ -120,7 +108,7 @@ fn shm_names() -> Vec<String> {
 #[extendr]
 fn line_round_trip_ns(a: i32, b: i32) -> Result<f64> {
     let cpu = |c: i32| usize::try_from(c).map_err(|_| rerr(format!("no CPU {c}")));
-    mizu_shm::affinity::line_round_trip(cpu(a)?, cpu(b)?, 20_000, 5).map_err(rerr)
+    mizu_pool::machine::line_round_trip(cpu(a)?, cpu(b)?, 20_000, 5).map_err(rerr)
 }
 
 extendr_module! {

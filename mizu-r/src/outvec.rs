@@ -2,7 +2,7 @@
 //! region, every chunk task writes its elements' values at their positions, and the result is
 //! a view of the region — no assembling copy in the caller.
 //!
-//! The region is an *output region* (`mizu_wire::Region::write_at`): the chunk tasks write
+//! The region is an *output region* (`mizu_pool::wire::Region::write_at`): the chunk tasks write
 //! disjoint ranges, and the caller reads only after every chunk task finished. Every chunk
 //! task's message carries a raw view of the whole region (the *token*), which crosses by
 //! reference like any unmodified view: the task holds a counted reference from the moment
@@ -16,7 +16,7 @@ use std::sync::Arc;
 use extendr_api::Result;
 use extendr_api::prelude::*;
 use extendr_ffi::{DATAPTR, TYPEOF, XLENGTH};
-use mizu_wire::{Region, RegionDesc};
+use mizu_pool::wire::{Region, RegionDesc};
 
 use crate::rerr;
 use crate::view::VType;

@@ -24,7 +24,7 @@ pub struct RPool {
     /// The handle `mizu_current_pool()` gives inside a task: submits to the pool running it.
     nested: bool,
     workers: i32,
-    pub(crate) pid: u32,
+    pub(crate) origin: mizu_pool::Origin,
     submit_timeout: Option<Duration>,
     /// The batches of task handles: new handles join the batch being filled (see
     /// `handle::task_handle`); when every task slot is taken, finished outcomes are moved
@@ -37,27 +37,12 @@ pub struct RPool {
 
 impl Drop for RPool {
     fn drop(&mut self) {
-        if let Some(p) = self.inner.get_mut().take() {
-            if self.pid == mizu_shm::current_pid() {
-                stop_pool(p, Duration::from_secs(2));
-            } else {
-                // A forked child's copy (mclapply): the workers belong to the parent.
-                std::mem::forget(p);
-            }
+        if let Some(mut p) = self.inner.get_mut().take() {
+            // In a forked child (mclapply) the runtime touches nothing: the workers are the
+            // parent's.
+            p.stop(Duration::from_secs(2));
         }
     }
-}
-
-fn stop_pool(mut p: mizu_pool::Pool, grace: Duration) {
-    let workers = p.launched_pids();
-    p.stop(grace);
-    drop(p);
-    // Only our own workers' leftovers: other programs may have data in flight.
-    mizu_wire::ledger::release_dead(Some(&workers));
-    let _ = mizu_shm::prune_of(&workers);
-    // What this process kept mapped only for reuse goes now, not a few seconds later: after
-    // a stop, nothing of the pool's is left in /dev/shm (what views still read stays).
-    mizu_wire::store::give_back_idle_now();
 }
 
 /// Where a task is.
@@ -78,7 +63,7 @@ pub enum TaskState {
 /// A submitted task (it lives in its batch of handles, see `handle::task_handle`).
 pub struct RTask {
     cell: RefCell<TaskState>,
-    pub(crate) pid: u32,
+    pub(crate) origin: mizu_pool::Origin,
 }
 
 thread_local! {
@@ -97,7 +82,7 @@ impl RTask {
         LIVE_TASKS.set(LIVE_TASKS.get() + 1);
         RTask {
             cell: RefCell::new(TaskState::Pending(t)),
-            pid: mizu_shm::current_pid(),
+            origin: mizu_pool::Origin::here(),
         }
     }
 
@@ -122,12 +107,6 @@ impl RTask {
 impl Drop for RTask {
     fn drop(&mut self) {
         LIVE_TASKS.set(LIVE_TASKS.get().saturating_sub(1));
-        if self.pid != mizu_shm::current_pid() {
-            let st = std::mem::replace(&mut *self.cell.borrow_mut(), TaskState::Taken);
-            if let TaskState::Pending(t) = st {
-                std::mem::forget(t);
-            }
-        }
     }
 }
 
@@ -240,7 +219,7 @@ pub(crate) unsafe fn pool_at<'a>(pool: SEXP) -> Result<&'a RPool> {
         let p = crate::handle::ext_ref::<RPool>(pool).ok_or_else(|| {
             rerr("`pool` must be a mizu_pool (see mizu_pool() and mizu_current_pool())")
         })?;
-        forked(p.pid)?;
+        forked(p.origin)?;
         Ok(p)
     }
 }
@@ -249,7 +228,7 @@ pub(crate) unsafe fn pool_at<'a>(pool: SEXP) -> Result<&'a RPool> {
 /// task (a nested pool handle) the worker's.
 pub(crate) fn with_data_pool<T>(
     pool: &Robj,
-    f: impl FnOnce(&mizu_wire::DataPool) -> T,
+    f: impl FnOnce(&mizu_pool::wire::DataPool) -> T,
 ) -> Result<T> {
     let p = pool_ref(pool)?;
     if p.nested {
@@ -311,21 +290,7 @@ fn pool_new(
     // Workers load the package (and `init` runs there) before they join: Ctrl-C meanwhile
     // stops them.
     let launcher = Launcher::new(program, args);
-    let start = || {
-        mizu_pool::Pool::new_interruptible(cfg.clone(), launcher.clone(), &mut || {
-            !interrupt::pending()
-        })
-    };
-    let started = match start() {
-        // `/dev/shm` is full even after the wait for room: views and tasks this session no
-        // longer uses may hold it (and the memory of pools that stopped). Once.
-        Err(PoolError::Shm(mizu_shm::ShmError::NoSpace { .. })) => {
-            crate::view::collect_under_pressure();
-            mizu_wire::store::give_back_idle_now();
-            start()
-        }
-        r => r,
-    };
+    let started = mizu_pool::Pool::new_interruptible(cfg, launcher, &mut || !interrupt::pending());
     let pool = match started {
         Ok(p) => p,
         Err(PoolError::Interrupted) => return Ok(interrupted()),
@@ -335,7 +300,7 @@ fn pool_new(
         inner: RefCell::new(Some(pool)),
         nested: false,
         workers,
-        pid: mizu_shm::current_pid(),
+        origin: mizu_pool::Origin::here(),
         submit_timeout,
         batch: Default::default(),
         foreign,
@@ -354,7 +319,7 @@ fn pool_nested() -> Result<Robj> {
         inner: RefCell::new(None),
         nested: true,
         workers: 0,
-        pid: mizu_shm::current_pid(),
+        origin: mizu_pool::Origin::here(),
         submit_timeout: None,
         batch: Default::default(),
         foreign: false,
@@ -400,7 +365,7 @@ fn pool_submit_xchunk(
 fn submit_xenvelope(
     pool: &Robj,
     p: &RPool,
-    env: std::result::Result<mizu_wire::envelope::Envelope, String>,
+    env: std::result::Result<mizu_pool::wire::envelope::Envelope, String>,
 ) -> Result<Robj> {
     let env = match env {
         Ok(env) => env,
@@ -761,7 +726,6 @@ impl MakeRoom for Room<'_> {
     fn collect(&mut self) {
         // SAFETY: R's main thread; `pool` is the live handle of `p` (`Room::new`'s callers).
         unsafe { crate::handle::seal_batch(self.pool, &self.p.batch) };
-        crate::view::collect_under_pressure();
     }
 
     fn fail(&mut self, e: PoolError) -> Robj {
@@ -855,7 +819,7 @@ pub(crate) unsafe fn task_at<'a>(task: SEXP) -> Result<&'a RTask> {
             ));
         }
         let t = crate::handle::task_ref(task).ok_or_else(|| rerr("`task` must be a mizu_task"))?;
-        forked(t.pid)?;
+        forked(t.origin)?;
         Ok(t)
     }
 }
@@ -1224,10 +1188,13 @@ fn pool_stop(pool: Robj, grace: f64) -> Result<()> {
     }
     let p = pool_ref(&pool)?;
     let taken = p.inner.borrow_mut().take();
-    if let Some(pl) = taken {
-        stop_pool(pl, Duration::from_secs_f64(grace.clamp(0.0, 3600.0)));
+    if let Some(mut pl) = taken {
+        pl.stop(Duration::from_secs_f64(grace.clamp(0.0, 3600.0)));
+        drop(pl);
         p.batch.abandon_pending();
-        mizu_wire::store::give_back_idle_now();
+        // Views of the pool's results this session dropped held data segments; the runtime
+        // gave back what was idle at the stop, and these are idle now.
+        mizu_pool::machine::give_back_idle_now();
     }
     Ok(())
 }

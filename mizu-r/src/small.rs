@@ -11,7 +11,7 @@
 //! what neither covers takes R's serialization.
 //!
 //! The items are the wire format's compact tagged encoding (`docs/wire-format.md` §3, read and
-//! written with `mizu_wire::compact`): `NULL` is the shared None item and a list without
+//! written with `mizu_pool::wire::compact`): `NULL` is the shared None item and a list without
 //! attributes the shared list item; the rest are R items. A vector is `R_VECTOR`, its R type
 //! code (`LGLSXP` 10, `INTSXP` 13, `REALSXP` 14, `CPLXSXP` 15, `STRSXP` 16, `RAWSXP` 24), a
 //! varint length, then the elements (little-endian, NA as R stores it); each element of a
@@ -33,7 +33,7 @@ use extendr_ffi::{
 use crate::codec::FLOOR;
 use crate::ffi;
 
-use mizu_wire::compact::{self, MAX_DEPTH, tag};
+use mizu_pool::wire::compact::{self, MAX_DEPTH, tag};
 
 fn varint(out: &mut Vec<u8>, v: u64) {
     compact::put_varint(out, v);
@@ -312,7 +312,7 @@ unsafe fn string(out: &mut Vec<u8>, c: SEXP, kind: bool) -> bool {
     }
 }
 
-/// Reads items (through `mizu_wire::compact`); every allocation is protected while the next
+/// Reads items (through `mizu_pool::wire::compact`); every allocation is protected while the next
 /// is made. Plain data: a long-jump out of an R allocation leaves nothing to drop.
 struct Reader<'a> {
     r: compact::Reader<'a>,

@@ -430,11 +430,11 @@ pub fn make_arrow<O: OffsetSizeTrait>(
     }
     let bytes = a.values().slice_with_length(first, last - first);
     // (Once per received array: received again by reference, it is the same bytes.)
-    if !mizu_wire::passed_before(&bytes, NO_NUL) {
+    if !mizu_pool::wire::passed_before(&bytes, NO_NUL) {
         if bytes.as_slice().contains(&0) {
             return Err(bad("a string holds a NUL byte"));
         }
-        mizu_wire::passed_check(&bytes, NO_NUL);
+        mizu_pool::wire::passed_check(&bytes, NO_NUL);
     }
     let n = a.len();
     let a: ArrayRef = std::sync::Arc::new(a);

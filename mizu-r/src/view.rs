@@ -354,12 +354,12 @@ fn young_every() -> usize {
 }
 
 /// How much the bytes held by views may grow between full collections: an eighth of
-/// `/dev/shm` (`mizu_shm::space::capacity`), at most 128 MiB.
+/// `/dev/shm` (`mizu_pool::machine::shm_capacity`), at most 128 MiB.
 fn budget() -> u64 {
     thread_local! {
         static BUDGET: OnceCell<u64> = const { OnceCell::new() };
     }
-    BUDGET.with(|b| *b.get_or_init(|| (mizu_shm::space::capacity() / 8).min(128 << 20)))
+    BUDGET.with(|b| *b.get_or_init(|| (mizu_pool::machine::shm_capacity() / 8).min(128 << 20)))
 }
 
 /// `/dev/shm` is full: a full collection frees the views nobody uses, and with them regions
@@ -395,7 +395,7 @@ const SEEN_MAX: usize = 4096;
 /// region pin nothing more when they die: a loop of tasks reading one shared object made a
 /// young collection (~5 ms here) every 2 048 tasks for views that, collected, freed nothing.
 fn first_view_of_region(at: *const u8) -> bool {
-    let Some((_, offset)) = mizu_wire::store::Region::containing(at) else {
+    let Some((_, offset)) = mizu_pool::wire::Region::containing(at) else {
         return true;
     };
     REGIONS_SEEN.with(|s| {
@@ -413,7 +413,7 @@ fn first_view_of_region(at: *const u8) -> bool {
 /// were made since the last one. Called from a wait, where no payload is being read or written.
 pub fn collect_if_pressed() {
     if LIVE.with(Cell::get).1 > BASELINE.with(Cell::get)
-        && mizu_shm::space::available() < mizu_shm::space::capacity() / 4
+        && mizu_pool::machine::shm_available() < mizu_pool::machine::shm_capacity() / 4
     {
         collect_under_pressure();
     }
@@ -637,14 +637,14 @@ fn view_region(x: Robj) -> Option<String> {
 }
 
 /// The region an unmodified view's elements are in.
-fn region_of(x: &Robj) -> Option<std::sync::Arc<mizu_wire::Region>> {
+fn region_of(x: &Robj) -> Option<std::sync::Arc<mizu_pool::wire::Region>> {
     // SAFETY: `x` is live (held by R for this call); this only reads it.
     let s = unsafe { x.get() };
     let buf = match shared(s).or_else(|| crate::strview::shared(s))? {
         Shared::Arrow(src) => src.bytes,
         Shared::Elements(b) => b,
     };
-    Some(mizu_wire::Region::containing(buf.as_ptr())?.0)
+    Some(mizu_pool::wire::Region::containing(buf.as_ptr())?.0)
 }
 
 /// Whether `x` is a mizu view.

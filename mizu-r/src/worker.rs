@@ -7,8 +7,8 @@ use std::ffi::c_int;
 use extendr_api::Result;
 use extendr_api::prelude::*;
 use extendr_ffi::{Rf_protect, Rf_unprotect, SEXP};
+use mizu_pool::wire::envelope::{self, Envelope, RemoteError};
 use mizu_pool::{Executor, TaskContext};
-use mizu_wire::envelope::{self, Envelope, RemoteError};
 
 use crate::codec::{Decoded, Outgoing, decode, decode_small, text};
 use crate::ffi;
@@ -154,9 +154,9 @@ impl RExec {
         let buf = ctx
             .input()
             .unwrap_or_else(|| arrow_buffer::Buffer::from_slice_ref(input));
-        if mizu_wire::envelope::is_envelope(&buf) {
+        if mizu_pool::wire::envelope::is_envelope(&buf) {
             let (ok, env) = self.run_xlang(&buf);
-            return reply(ctx, ok, &env);
+            return ctx.send(ok, &env);
         }
         // SAFETY: R's main thread. Values live on R's protect stack from the moment they exist
         // to the end of the task (the `Unprotect` guards pop them); nothing here holds an R
@@ -227,7 +227,7 @@ impl RExec {
                     return Err(text(&why));
                 }
             };
-            reply(ctx, ok, &out)
+            ctx.send(ok, &out)
         }
     }
 }
@@ -252,7 +252,7 @@ impl RExec {
         // environment (no R closure in between: `.xrun` costs ~20 µs a task).
         let chunk_first = chunk.as_ref().map(|_| xctx.index);
         let direct = match (&target, xctx.seed, &chunk) {
-            (mizu_wire::CallTarget::Name(n), None, None) => Some(n.clone()),
+            (mizu_pool::wire::CallTarget::Name(n), None, None) => Some(n.clone()),
             _ => None,
         };
         if let Some(name) = direct {
@@ -284,14 +284,15 @@ impl RExec {
         }
         let msg = (|| -> Result<Robj> {
             let (t, source) = match target {
-                mizu_wire::CallTarget::Name(n) => (n, false),
-                mizu_wire::CallTarget::Source(s) => (s, true),
+                mizu_pool::wire::CallTarget::Name(n) => (n, false),
+                mizu_pool::wire::CallTarget::Source(s) => (s, true),
             };
             let a = args
                 .into_iter()
                 .map(crate::xvalue::to_r)
                 .collect::<Result<Vec<_>>>()?;
-            let (names, vals): (Vec<String>, Vec<mizu_wire::Value>) = kwargs.into_iter().unzip();
+            let (names, vals): (Vec<String>, Vec<mizu_pool::wire::Value>) =
+                kwargs.into_iter().unzip();
             let vals = vals
                 .into_iter()
                 .map(crate::xvalue::to_r)
@@ -385,7 +386,7 @@ impl RExec {
                                     .map_err(|e| (e, Some(i)))
                             })
                             .collect::<std::result::Result<Vec<_>, _>>()
-                            .map(mizu_wire::Value::List),
+                            .map(mizu_pool::wire::Value::List),
                     };
                     let not_portable = |message: String, element| {
                         let e = RemoteError {
@@ -489,28 +490,6 @@ unsafe fn call_message(name: &str, parts: &[(Option<String>, SEXP)]) -> SEXP {
         Rf_unprotect(n + 2);
         msg
     }
-}
-
-/// Writes an outcome straight into the result slot/region; bytes where that is not possible
-/// (inside a map element).
-fn reply(
-    ctx: &TaskContext<'_>,
-    ok: bool,
-    out: &dyn mizu_pool::Fill,
-) -> std::result::Result<Vec<u8>, Vec<u8>> {
-    let mut replied = ctx.reply(ok, out);
-    if matches!(&replied, Err(mizu_pool::PoolError::Wire(w)) if w.is_no_space()) {
-        // `/dev/shm` is full: views this worker no longer uses may hold it (the inputs of
-        // earlier tasks, promoted by a collection while they were in use).
-        crate::view::collect_under_pressure();
-        replied = ctx.reply(ok, out);
-    }
-    if replied.is_ok() {
-        return Ok(Vec::new());
-    }
-    let mut v = vec![0u8; out.size()];
-    out.fill(&mut v);
-    if ok { Ok(v) } else { Err(v) }
 }
 
 /// Pops this many values off R's protect stack when dropped.

@@ -1,4 +1,4 @@
-//! R objects to and from `mizu_wire::Value` (the cross-language value tree; the mapping is
+//! R objects to and from `mizu_pool::wire::Value` (the cross-language value tree; the mapping is
 //! `docs/interop.md`). Vectors of length one without attributes are scalars; longer vectors,
 //! and those with `dim`, a factor, Date, POSIXct, difftime or integer64 class, are Arrow
 //! arrays (integer, double and raw vectors lend their memory until the payload is written);
@@ -15,8 +15,8 @@ use arrow_schema::{DataType, Field};
 use extendr_api::Result;
 use extendr_api::prelude::*;
 use extendr_ffi::SEXP;
-use mizu_wire::Value;
-use mizu_wire::rmeta::{self, RType};
+use mizu_pool::wire::Value;
+use mizu_pool::wire::rmeta::{self, RType};
 
 use crate::arrow_in::Source;
 
@@ -395,8 +395,8 @@ fn resend(cols: &[(&Robj, &str)], frame: bool) -> Option<Value> {
         }
     }
     let bytes = bytes?;
-    mizu_wire::Region::containing(bytes.as_ptr())?;
-    let value = mizu_wire::decode_received(&bytes).ok()?;
+    mizu_pool::wire::Region::containing(bytes.as_ptr())?;
+    let value = mizu_pool::wire::decode_received(&bytes).ok()?;
     let fits = |field: &Field, array: &ArrayRef, (x, name): &(&Robj, &str)| {
         field.name() == name
             && rmeta::classify(field)
@@ -484,7 +484,7 @@ fn rerr(e: impl std::fmt::Display) -> Error {
 /// condition the caller raises (classes `mizu_error_python`, `mizu_error_task`, `mizu_error`,
 /// `error`, `condition`; fields `type`, `classes`, `traceback`).
 pub fn received(payload: &Buffer) -> Result<Robj> {
-    use mizu_wire::envelope::{self, Received};
+    use mizu_pool::wire::envelope::{self, Received};
     let _reading = Reading::payload(payload);
     match envelope::read_with(payload, Some(&crate::codec::MAPPER)).map_err(rerr)? {
         Received::Value(v) | Received::Warned { value: v, .. } => to_r(v),
@@ -715,10 +715,10 @@ fn data_frame(batch: &RecordBatch, shared: Option<Buffer>) -> Result<Robj> {
 pub unsafe fn call_envelope(
     call: SEXP,
     vars: SEXP,
-) -> std::result::Result<mizu_wire::envelope::Envelope, String> {
+) -> std::result::Result<mizu_pool::wire::envelope::Envelope, String> {
     // SAFETY: as the caller promises.
     let value = unsafe { call_value(call, vars) }?;
-    mizu_wire::envelope::Envelope::task(&value, mizu_wire::envelope::Context::default())
+    mizu_pool::wire::envelope::Envelope::task(&value, mizu_pool::wire::envelope::Context::default())
         .map_err(|e| e.to_string())
 }
 
@@ -734,7 +734,7 @@ pub unsafe fn chunk_envelope(
     elements: SEXP,
     seed: Option<f64>,
     first: f64,
-) -> std::result::Result<mizu_wire::envelope::Envelope, String> {
+) -> std::result::Result<mizu_pool::wire::envelope::Envelope, String> {
     use extendr_ffi::{SEXPTYPE, TYPEOF, VECTOR_ELT, XLENGTH};
     // SAFETY: as the caller promises; `elements` is checked to be a list before its items
     // are read.
@@ -753,19 +753,19 @@ pub unsafe fn chunk_envelope(
     if matches!(
         value,
         Value::Call {
-            target: mizu_wire::CallTarget::Source(_),
+            target: mizu_pool::wire::CallTarget::Source(_),
             ..
         }
     ) {
         return Err("mizu_map() needs a mizu_call() that names a function".into());
     }
-    mizu_wire::envelope::Envelope::chunk(
+    mizu_pool::wire::envelope::Envelope::chunk(
         value,
-        mizu_wire::envelope::Chunk {
+        mizu_pool::wire::envelope::Chunk {
             elements,
             spread: false,
         },
-        mizu_wire::envelope::Context {
+        mizu_pool::wire::envelope::Context {
             seed: seed.map(|s| s as u64),
             index: first as u64,
         },
@@ -843,9 +843,9 @@ unsafe fn call_value(call: SEXP, vars: SEXP) -> std::result::Result<Value, Strin
         (target, source, args, kwargs)
     };
     let target = if source {
-        mizu_wire::CallTarget::Source(target)
+        mizu_pool::wire::CallTarget::Source(target)
     } else {
-        mizu_wire::CallTarget::Name(target)
+        mizu_pool::wire::CallTarget::Name(target)
     };
     Ok(Value::Call {
         target,
@@ -949,7 +949,7 @@ pub fn message(x: &Robj, path: &str) -> Result<Vec<u8>> {
     // SAFETY: `x` is held (protected) by its Robj for the call.
     let value = unsafe { from_sexp(x.get(), path) }
         .map_err(|e| crate::rerr(format!("mizu_error_not_portable: {e}")))?;
-    mizu_wire::envelope::Envelope::value(&value)
+    mizu_pool::wire::envelope::Envelope::value(&value)
         .map(|e| e.to_vec())
         .map_err(crate::rerr)
 }

@@ -772,7 +772,10 @@ impl crate::janitor::Trim for Recent {
             if self.front_used.swap(false, Ordering::Relaxed)
                 && let Some(f) = r.front_mut()
             {
-                f.1 = now;
+                // Its last use is the present, not `now`: a sweep that gives back everything
+                // passes a moment a day ahead, which stamped here would keep this mapping
+                // through every later trim for a day.
+                f.1 = now.min(Instant::now());
             }
             let keep = r
                 .iter()
