@@ -52,9 +52,13 @@ mod attach;
 #[cfg(not(mizu_loom))]
 mod channel;
 #[cfg(not(mizu_loom))]
+mod context;
+#[cfg(not(mizu_loom))]
 mod error;
 #[cfg(not(mizu_loom))]
 mod layout;
+#[cfg(not(mizu_loom))]
+mod loop_watch;
 #[cfg(not(mizu_loom))]
 pub mod machine;
 #[cfg(not(mizu_loom))]
@@ -86,7 +90,9 @@ mod worker;
 pub use {
     attach::Submitter,
     channel::{Channel, ChannelSendError},
+    context::{Executor, TaskContext, with_current_task},
     error::{PoolError, Result, TaskError},
+    loop_watch::Watch,
     map::{MapError, MapOptions, MapOutput},
     mizu_queue::{RecvError, SlotState},
     origin::Origin,
@@ -95,8 +101,6 @@ pub use {
     pressure::set_pressure_hook,
     shared::{Fill, set_discard_hook},
     submitter::{CollectError, Task, Wakeup, collect_all, collect_any, wait_until},
-    watch::{WATCH, Watch},
-    worker::{
-        Executor, TaskContext, exit_if_orphaned_while_starting, run_worker, with_current_task,
-    },
+    watch::WATCH,
+    worker::{exit_if_orphaned_while_starting, run_worker},
 };

@@ -14,11 +14,11 @@ use arrow_buffer::Buffer;
 use mizu_shm::sync::{AtomicU64, Ordering};
 use mizu_shm::{CacheLine, Layout, Segment};
 
+use crate::context::{Executor, TaskContext, execute_current};
 use crate::error::{PoolError, TaskError};
 use crate::handout::MapControl;
 use crate::layout::wstate;
 use crate::submitter::{CollectError, SubmitterCore, Task};
-use crate::worker::{Executor, TaskContext};
 
 /// Segment kind of a map.
 pub const MAP_KIND: u32 = u32::from_le_bytes(*b"MAP1");
@@ -247,8 +247,43 @@ pub(crate) fn map(
     }
 }
 
+/// A worker's executor as the pool runs it: a map's runner tasks are run here, element by
+/// element through the binding's executor; every other task goes to that executor as it is.
+pub(crate) struct Runner<'e>(pub(crate) &'e dyn Executor);
+
+impl Executor for Runner<'_> {
+    fn execute(&self, ctx: &TaskContext<'_>, input: &[u8]) -> Result<Vec<u8>, Vec<u8>> {
+        let Some(token) = input.strip_prefix(RUNNER_MAGIC) else {
+            return self.0.execute(ctx, input);
+        };
+        // The elements' outcomes travel in the runner's result: none writes it in place.
+        ctx.slot.set(None);
+        ctx.input.borrow_mut().take();
+        run_runner(self.0, ctx, token)
+    }
+
+    fn idle(&self) {
+        self.0.idle();
+    }
+
+    fn stream_start(&self) {
+        self.0.stream_start();
+    }
+
+    fn stream_end(&self) {
+        self.0.stream_end();
+    }
+}
+
+impl TaskContext<'_> {
+    /// Runs a nested map over the pool from inside a task, helping while it waits.
+    pub fn map(&self, inputs: &[&[u8]], opts: &MapOptions) -> Result<MapOutput, MapError> {
+        map(self.sub, inputs, opts, &mut || (self.help)(), &mut || false)
+    }
+}
+
 /// Runs a map runner task inside a worker (see the module docs).
-pub(crate) fn run_runner(
+fn run_runner(
     exec: &dyn Executor,
     ctx: &TaskContext<'_>,
     token: &[u8],
@@ -297,7 +332,7 @@ pub(crate) fn run_runner(
             // SAFETY: nobody writes the input extent after staging.
             let input = unsafe { inputs.with(0, |d| d[a as usize..b as usize].to_vec()) };
             ctx.set_element(Some(i));
-            let r = crate::worker::execute_current(exec, ctx, &input);
+            let r = execute_current(exec, ctx, &input);
             ctx.set_element(None);
             match r {
                 Ok(res) => match &output {

@@ -1,9 +1,24 @@
 //! Which process made an object. Pools, tasks and channels live in the process that made
 //! them: a forked child inherits a copy of each, but the workers, peers and shared memory
 //! belong to the parent. A copy used in the child fails with [`PoolError::Forked`]; dropped
-//! there, it touches nothing shared (the parent still uses all of it).
+//! there, it touches nothing shared (the parent still uses all of it). And whether this
+//! process is a pool's worker.
+
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::error::{PoolError, Result};
+
+static WORKER: AtomicBool = AtomicBool::new(false);
+
+/// This process becomes a pool's worker ([`crate::run_worker`]).
+pub(crate) fn joining() {
+    WORKER.store(true, Ordering::SeqCst);
+}
+
+/// Whether this process is a pool's worker (it called [`crate::run_worker`]).
+pub(crate) fn in_worker_process() -> bool {
+    WORKER.load(Ordering::Relaxed)
+}
 
 /// The process an object was made in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

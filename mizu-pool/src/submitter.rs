@@ -13,7 +13,7 @@ use crate::error::{PoolError, Result, TaskError};
 use crate::layout::{PoolView, TaskId, reason, wstate};
 use crate::outcome::OutcomeBytes;
 use crate::shared::{Fill, Shared};
-use crate::watch::{Unwatched, WATCH, Watch, watch};
+use crate::watch::{Unwatched, WATCH, watch};
 
 /// Why collecting a result did not return it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -667,6 +667,11 @@ impl std::fmt::Debug for Task {
 }
 
 impl Task {
+    /// The submitter the task belongs to.
+    pub(crate) fn core(&self) -> &Arc<SubmitterCore> {
+        &self.core
+    }
+
     /// The task's id.
     pub fn id(&self) -> TaskId {
         self.id
@@ -726,12 +731,6 @@ impl Task {
     /// Whether the task has an outcome to collect.
     pub fn is_done(&self) -> bool {
         self.state().is_some_and(|s| s.is_final())
-    }
-
-    /// A watch over this task's outcome that the caller runs itself, looking now and then
-    /// (see [`Watch`]); None when it should wait elsewhere.
-    pub fn watch(&self) -> Option<Watch> {
-        Watch::start(&self.core)
     }
 
     /// A handle that wakes whoever waits in [`wait_until`] on this task's submitter.

@@ -10,13 +10,12 @@
 //! only lasts while its caller waits for an outcome.
 
 use std::cell::Cell;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::layout::{PoolView, wstate};
 use crate::records::idle;
-use crate::submitter::SubmitterCore;
 
 /// The longest a caller watches before it parks.
 pub const WATCH: Duration = Duration::from_millis(5);
@@ -57,8 +56,8 @@ fn cpus() -> usize {
 /// spin until it wakes) takes no CPU meanwhile, as submitters also know. Never in a worker
 /// process: its own pool counts its CPU as busy, and a pool it made itself does not know
 /// about the others.
-fn room(v: &PoolView<'_>) -> bool {
-    if crate::worker::in_worker_process() {
+pub(crate) fn room(v: &PoolView<'_>) -> bool {
+    if crate::origin::in_worker_process() {
         return false;
     }
     let active = v
@@ -77,13 +76,13 @@ fn room(v: &PoolView<'_>) -> bool {
 }
 
 /// The right to watch until `end`; gives it back when dropped (also when `poll` unwinds).
-struct Token {
+pub(crate) struct Token {
     until: u64,
-    end: Instant,
+    pub(crate) end: Instant,
 }
 
 impl Token {
-    fn take(limit: Duration) -> Option<Token> {
+    pub(crate) fn take(limit: Duration) -> Option<Token> {
         let base = epoch();
         let now = Instant::now();
         let at = |t: Instant| (t - base).as_nanos() as u64;
@@ -145,24 +144,16 @@ pub(crate) fn watch<T>(
     }
 }
 
-/// A watch whose caller polls between other work of its own (an event loop that looks once
-/// per round): while it lives, no other thread of this process watches.
-pub struct Watch {
-    core: Arc<SubmitterCore>,
-    token: Token,
-    crowding: Crowding,
-}
-
 /// Whether a watch goes on without a free CPU: for [`CROWDED`].
 #[derive(Debug, Default)]
-struct Crowding {
+pub(crate) struct Crowding {
     /// Since when the caller has looked without a CPU free, if it has.
     since: Cell<Option<Instant>>,
 }
 
 impl Crowding {
     /// A look at `now` that found a CPU free (`room`) or not: whether to go on.
-    fn go_on(&self, room: bool, now: Instant) -> bool {
+    pub(crate) fn go_on(&self, room: bool, now: Instant) -> bool {
         if room {
             self.since.set(None);
             return true;
@@ -170,40 +161,6 @@ impl Crowding {
         let since = self.since.get().unwrap_or(now);
         self.since.set(Some(since));
         now - since < CROWDED
-    }
-}
-
-impl std::fmt::Debug for Watch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Watch")
-            .field("end", &self.token.end)
-            .finish()
-    }
-}
-
-impl Watch {
-    /// A watch for a task of `core`; None when the caller should wait elsewhere (no CPU free,
-    /// another thread watches, or the tasks of late outlast a watch).
-    pub(crate) fn start(core: &Arc<SubmitterCore>) -> Option<Watch> {
-        if !core.watch_pays() || !room(core.shared().view()) {
-            return None;
-        }
-        Some(Watch {
-            core: core.clone(),
-            token: Token::take(WATCH)?,
-            crowding: Crowding::default(),
-        })
-    }
-
-    /// Whether the caller may look again: the watch has time left, and a CPU is free or has
-    /// been taken for less than [`CROWDED`].
-    pub fn go_on(&self) -> bool {
-        let now = Instant::now();
-        if now >= self.token.end {
-            self.core.outlasted();
-            return false;
-        }
-        self.crowding.go_on(room(self.core.shared().view()), now)
     }
 }
 

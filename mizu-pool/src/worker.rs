@@ -6,222 +6,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use arrow_buffer::Buffer;
 use mizu_queue::{OwnedConsumer, OwnedDeque, SlotState, Steal};
 use mizu_shm::{DeathWatch, Waiter};
 
 use crate::claim;
+use crate::context::{Executor, TaskContext, execute_current};
 use crate::error::{PoolError, Result};
 use crate::layout::{PoolView, TaskId, now_ns, wstate};
 use crate::records::{self, idle};
 use crate::shared::Shared;
-use crate::submitter::{
-    CollectError, SubmitterCore, Task, abandon, free_claimed, reclaim_if_abandoned,
-};
-
-/// Runs task payloads. `Err` bytes become the task's error payload.
-pub trait Executor: Send + Sync {
-    /// Runs one task.
-    fn execute(&self, ctx: &TaskContext<'_>, input: &[u8])
-    -> std::result::Result<Vec<u8>, Vec<u8>>;
-
-    /// Called when the worker has had nothing to run for a whole wait slice (2 ms): for
-    /// housekeeping such as a garbage collection, which then cannot delay the next task of a
-    /// busy stream. Must be quick when there is nothing to do; it is called again after every
-    /// idle slice.
-    fn idle(&self) {}
-
-    /// The worker ran a task after having parked (or at its first task): a stream of tasks
-    /// may follow, between which the worker only polls and spins (within its spin budget).
-    /// Until [`Executor::stream_end`], on the worker's thread, the executor may keep what it
-    /// would otherwise take and give back around every task (an interpreter lock, say).
-    fn stream_start(&self) {}
-
-    /// The stream ended: the worker spun without finding a task and is about to park (or to
-    /// leave). Give back what `stream_start` kept.
-    fn stream_end(&self) {}
-}
-
-thread_local! {
-    /// The context of the task this thread runs right now (null outside tasks). Nested tasks
-    /// run while a task helps: each sets its own and puts the outer one back.
-    static CURRENT: Cell<*const TaskContext<'static>> = const { Cell::new(std::ptr::null()) };
-}
-
-/// Runs `f` with the context of the task this thread is running (`None` outside tasks): for
-/// bindings whose task code calls back into them (nested submission, the current element).
-pub fn with_current_task<T>(f: impl FnOnce(Option<&TaskContext<'_>>) -> T) -> T {
-    let p = CURRENT.with(Cell::get);
-    // SAFETY: CURRENT is non-null only while `execute_current` (below) is on this thread's
-    // stack with that context alive; it is restored (by a guard, even on panic) before that
-    // call returns.
-    f(unsafe { p.as_ref() })
-}
-
-/// Runs the executor with `ctx` as the thread's current task (see [`with_current_task`]).
-pub(crate) fn execute_current(
-    exec: &dyn Executor,
-    ctx: &TaskContext<'_>,
-    input: &[u8],
-) -> std::result::Result<Vec<u8>, Vec<u8>> {
-    struct Restore(*const TaskContext<'static>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            CURRENT.with(|c| c.set(self.0));
-        }
-    }
-    // Lifetime erasure: the pointer is only dereferenced through `with_current_task` while
-    // this call is on the stack; `_restore` puts the previous one back when it returns.
-    let _restore = Restore(
-        CURRENT.with(|c| c.replace(std::ptr::from_ref(ctx).cast::<TaskContext<'static>>())),
-    );
-    exec.execute(ctx, input)
-}
-
-/// What a running task can do: submit nested tasks and collect them (helping meanwhile).
-pub struct TaskContext<'a> {
-    rt: &'a Runtime<'a>,
-    element: Cell<Option<u64>>,
-    /// The task's slot, while its result may still be written in place.
-    slot: Cell<Option<(usize, usize)>>,
-    /// Set once the executor wrote the result itself: whether it is a success.
-    replied: Cell<Option<bool>>,
-    input: RefCell<Option<Buffer>>,
-}
-
-impl TaskContext<'_> {
-    /// Inside a map: the input position of the element being run (for per-element random
-    /// streams, progress, error reports).
-    pub fn element(&self) -> Option<u64> {
-        self.element.get()
-    }
-
-    pub(crate) fn set_element(&self, i: Option<u64>) {
-        self.element.set(i);
-    }
-
-    /// Runs a nested map over the pool from inside a task, helping while it waits.
-    pub fn map(
-        &self,
-        inputs: &[&[u8]],
-        opts: &crate::map::MapOptions,
-    ) -> std::result::Result<crate::map::MapOutput, crate::map::MapError> {
-        crate::map::map(
-            &self.rt.sub,
-            inputs,
-            opts,
-            &mut || self.rt.run_one() || self.rt.steal(),
-            &mut || false,
-        )
-    }
-
-    /// Submits a nested task from this worker.
-    pub fn submit(&self, payload: &[u8]) -> Result<Task> {
-        self.rt.sub.submit(&payload, None)
-    }
-
-    /// Submits a nested task whose payload writes itself in place (see [`crate::Fill`]).
-    pub fn submit_with(&self, payload: &dyn crate::Fill) -> Result<Task> {
-        self.rt.sub.submit(payload, None)
-    }
-
-    /// Nested [`crate::Pool::submit_batch_with`].
-    pub fn submit_batch_with<'p>(
-        &self,
-        payloads: impl IntoIterator<Item = &'p dyn crate::Fill>,
-    ) -> (Vec<Task>, Result<()>) {
-        self.rt.sub.submit_batch_partial(payloads, None)
-    }
-
-    /// Collects a nested task, running other tasks while it waits, so nested maps never
-    /// deadlock, even with one worker.
-    pub fn collect(
-        &self,
-        task: &mut Task,
-        timeout: Option<Duration>,
-    ) -> std::result::Result<Buffer, CollectError> {
-        task.result_helping(timeout, &mut || self.rt.run_one() || self.rt.steal())
-    }
-
-    /// The task's input as a buffer that may be kept (a view of shared memory for large
-    /// payloads); `None` inside a map element.
-    pub fn input(&self) -> Option<Buffer> {
-        self.input.borrow().clone()
-    }
-
-    /// Writes the task's outcome in place (large results go straight into a data region,
-    /// without an intermediate buffer); what `execute` returns afterwards is ignored. Not
-    /// available inside a map element (an error says so).
-    pub fn reply(&self, ok: bool, payload: &dyn crate::Fill) -> Result<()> {
-        let Some((s, k)) = self.slot.take() else {
-            return Err(PoolError::Layout(
-                "reply: not a top-level task, or already replied".into(),
-            ));
-        };
-        match self.rt.shared.write_payload_with(s, k, payload) {
-            Ok(()) => {
-                self.replied.set(Some(ok));
-                Ok(())
-            }
-            Err(e) => {
-                self.slot.set(Some((s, k)));
-                Err(e)
-            }
-        }
-    }
-
-    /// The task's outcome as an executor returns it: written in place by [`TaskContext::reply`]
-    /// (an empty vector is returned then, which the runtime ignores), else as bytes. When
-    /// `/dev/shm` is full, the binding's garbage is collected and what this process keeps
-    /// idle given back ([`crate::pressure::relieve`]) before a second try; inside a map
-    /// element, or when there is still no room, the outcome is returned as bytes for the
-    /// runtime to store.
-    pub fn send(
-        &self,
-        ok: bool,
-        payload: &dyn crate::Fill,
-    ) -> std::result::Result<Vec<u8>, Vec<u8>> {
-        let mut replied = self.reply(ok, payload);
-        if matches!(&replied, Err(PoolError::Wire(w)) if w.is_no_space()) {
-            crate::pressure::relieve();
-            replied = self.reply(ok, payload);
-        }
-        if replied.is_ok() {
-            return Ok(Vec::new());
-        }
-        let mut v = vec![0u8; payload.size()];
-        payload.fill(&mut v);
-        if ok { Ok(v) } else { Err(v) }
-    }
-
-    /// This worker's data segments (see [`crate::Pool::data_pool`]).
-    pub fn data_pool(&self) -> &mizu_wire::DataPool {
-        &self.rt.shared.data_pool
-    }
-
-    /// This worker's slot.
-    pub fn worker_slot(&self) -> usize {
-        self.rt.slot
-    }
-
-    /// Asks to leave after the current task and be replaced by a fresh worker (a task quota,
-    /// as `max_tasks_per_child`); queued tasks go to the replacement or to other workers.
-    pub fn recycle(&self) {
-        let _ = self
-            .rt
-            .shared
-            .view()
-            .worker(self.rt.slot)
-            .rec
-            .state
-            .compare_exchange(
-                wstate::READY,
-                wstate::RECYCLE,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            );
-    }
-}
+use crate::submitter::{SubmitterCore, abandon, free_claimed, reclaim_if_abandoned};
 
 struct Runtime<'e> {
     consumers: RefCell<Vec<OwnedConsumer>>,
@@ -395,28 +189,20 @@ impl Runtime<'_> {
             return false;
         };
         claim::set_runner(hdr, ((self.slot as u64) << 32) | u64::from(self.pid));
-        let ctx = TaskContext {
-            rt: self,
-            element: Cell::new(None),
-            slot: Cell::new(None),
-            replied: Cell::new(None),
-            input: RefCell::new(None),
-        };
+        let help = || self.run_one() || self.steal();
+        let ctx = TaskContext::new(&self.sub, &self.shared, self.slot, &help);
         // The runtime's own failures are marked (`reason::RUNTIME`): their text is not a
         // payload the binding could decode.
         let mut runtime = false;
         let out = match self.shared.take_payload(s, k) {
-            Ok(input) => match input.as_slice().strip_prefix(crate::map::RUNNER_MAGIC) {
-                Some(token) => crate::map::run_runner(self.exec, &ctx, token),
-                None => {
-                    ctx.slot.set(Some((s, k)));
-                    *ctx.input.borrow_mut() = Some(input.clone());
-                    let r = execute_current(self.exec, &ctx, input.as_slice());
-                    ctx.slot.set(None);
-                    ctx.input.borrow_mut().take();
-                    r
-                }
-            },
+            Ok(input) => {
+                ctx.slot.set(Some((s, k)));
+                *ctx.input.borrow_mut() = Some(input.clone());
+                let r = execute_current(self.exec, &ctx, input.as_slice());
+                ctx.slot.set(None);
+                ctx.input.borrow_mut().take();
+                r
+            }
             Err(e) => {
                 runtime = true;
                 Err(format!("mizu: unreadable task input: {e}").into_bytes())
@@ -499,13 +285,6 @@ impl Drop for Stream<'_> {
 
 /// Set once this process calls [`run_worker`]: from then on the controller's death watch
 /// takes over from [`exit_if_orphaned_while_starting`].
-static JOINING: AtomicBool = AtomicBool::new(false);
-
-/// Whether this process is a pool's worker (it called [`run_worker`]).
-pub(crate) fn in_worker_process() -> bool {
-    JOINING.load(Ordering::Relaxed)
-}
-
 /// The environment variable through which a [`Launcher`](crate::Launcher) tells a worker its
 /// controller's pid.
 pub(crate) const CONTROLLER_ENV: &str = "MIZU_CONTROLLER_PID";
@@ -532,7 +311,7 @@ pub fn exit_if_orphaned_while_starting() {
     let _ = std::thread::Builder::new()
         .name("mizu-orphan-watch".into())
         .spawn(move || {
-            while !JOINING.load(Ordering::SeqCst) {
+            while !crate::origin::in_worker_process() {
                 if rustix::process::getppid() != parent || controller_gone() {
                     let _ = rustix::process::kill_process(
                         rustix::process::getpid(),
@@ -547,7 +326,9 @@ pub fn exit_if_orphaned_while_starting() {
 /// Joins the pool named by `token` as worker `slot` and serves tasks until the pool stops,
 /// this worker is retired, or the controller dies (then it prunes what the controller left).
 pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
-    JOINING.store(true, Ordering::SeqCst);
+    let runner = crate::map::Runner(exec);
+    let exec: &dyn Executor = &runner;
+    crate::origin::joining();
     let shared = Shared::open(token)?;
     let v = shared.view();
     if slot >= v.params.max_workers as usize {
