@@ -20,7 +20,7 @@ use std::sync::{Mutex, Once, RwLock, TryLockError};
 use mizu_shm::{CacheLine, Layout, Segment, SegmentName, ShmSafe};
 
 use crate::ledger_entry::{Entry, Header};
-use crate::store::{DataSegment, RegionDesc};
+use crate::store::segment::DataSegment;
 
 /// Segment kind of a ledger.
 pub const LEDGER_KIND: u32 = u32::from_le_bytes(*b"LDG1");
@@ -150,13 +150,13 @@ impl Drop for Recording {
     }
 }
 
-/// Records a reference to the region `d` names, just adopted; the entry to clear when it is
-/// given back (`None`: not recorded).
-pub(crate) fn record(d: &RegionDesc) -> Option<Recorded> {
+/// Records a reference to the region at `offset` of segment `name` (of `generation`), just
+/// adopted; the entry to clear when it is given back (`None`: not recorded).
+pub(crate) fn record(name: &str, offset: u64, generation: u64) -> Option<Recorded> {
     let g = LEDGER.read().unwrap_or_else(|p| p.into_inner());
     let l = g.as_ref().filter(|l| l.pid == mizu_shm::current_pid())?;
     let i = l.free.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
-    l.entries()[i as usize].set(&d.name, d.offset, d.generation);
+    l.entries()[i as usize].set(name, offset, generation);
     Some(Recorded {
         ledger: l.number,
         index: i,

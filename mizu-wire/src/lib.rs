@@ -25,6 +25,8 @@ pub mod ledger_entry;
 pub mod refs;
 
 #[cfg(not(mizu_loom))]
+mod checked;
+#[cfg(not(mizu_loom))]
 pub mod compact;
 #[cfg(not(mizu_loom))]
 pub mod copy;
