@@ -22,16 +22,7 @@ use mizu_pool::wire::rmeta::{NA_INTEGER, NA_INTEGER64};
 use crate::lazyview::Conv;
 use crate::view::VType;
 
-/// Where a view came from, to be sent on by reference: the encoded value as it sits in the
-/// payload, and for a column of a record batch its index.
-#[derive(Clone)]
-pub struct Source {
-    /// The encoded value.
-    pub bytes: Buffer,
-    /// The column, for a record batch.
-    pub col: Option<u32>,
-}
-
+use crate::altrep::Source;
 use crate::ntcopy::is_na_real;
 
 fn bad(why: impl std::fmt::Display) -> extendr_api::Error {

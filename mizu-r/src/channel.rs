@@ -8,7 +8,9 @@ use extendr_api::Result;
 use extendr_api::prelude::*;
 use mizu_pool::{ChannelSendError, RecvError};
 
-use crate::codec::{Decoded, Outgoing, decode};
+use crate::codec::Decoded;
+use crate::decode::decode;
+use crate::encode::Outgoing;
 use crate::{forked, interrupt, rerr};
 
 /// How long one wait lasts before Ctrl-C is checked.
@@ -71,7 +73,7 @@ fn channel_send_batch(ch: Robj, payloads: List) -> Result<Vec<i32>> {
         payloads
             .values()
             .enumerate()
-            .map(|(i, v)| crate::xvalue::message(&v, &format!("message {}", i + 1)))
+            .map(|(i, v)| crate::xcall::message(&v, &format!("message {}", i + 1)))
             .collect::<Result<_>>()?
     } else {
         payloads

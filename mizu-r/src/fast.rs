@@ -14,12 +14,12 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use extendr_api::prelude::*;
 use extendr_ffi::{R_NilValue, Rf_protect, Rf_unprotect, SEXP};
 
-use crate::codec::Outgoing;
+use crate::collect::{Collected, collect_protected, task_at, timeout_sexp};
+use crate::encode::Outgoing;
 use crate::handle::mk_string;
-use crate::pool::{
-    Collected, Unsendable, check_msg_sexp, check_var_names, collect_protected, pool_at,
-    submit_encoded, task_at, timeout_sexp,
-};
+use crate::pool::pool_at;
+use crate::sendable::{Unsendable, check_msg_sexp, check_var_names};
+use crate::submit::submit_encoded;
 
 /// The message of an error for R, without the `mizu: ` prefix the R side adds.
 fn message(e: impl std::fmt::Display) -> String {
@@ -79,7 +79,7 @@ unsafe fn submit_to(
             let out = encode()?;
             Ok(
                 match submit_encoded(pool, p, &out).map_err(|e| Unsendable::from(e.to_string()))? {
-                    Ok(t) => crate::handle::task_handle(pool, &p.batch, t),
+                    Ok(t) => crate::batch::task_handle(pool, &p.batch, t),
                     // The failure's Robj is released here; nothing allocates before R has it.
                     Err(f) => f.get(),
                 },
@@ -264,13 +264,13 @@ unsafe extern "C" fn submit_xcall(pool: SEXP, call: SEXP, vars: SEXP) -> SEXP {
         // SAFETY: R's main thread (`.Call`); the arguments are protected by R for the call.
         unsafe {
             let p = pool_at(pool).map_err(|e| e.to_string())?;
-            let env = match crate::xvalue::call_envelope(call, vars) {
+            let env = match crate::xcall::call_envelope(call, vars) {
                 Ok(env) => env,
                 Err(why) => return Ok(failure_sexp("mizu_error_not_portable", &why)),
             };
             Ok(
                 match submit_encoded(pool, p, &env).map_err(|e| e.to_string())? {
-                    Ok(t) => crate::handle::task_handle(pool, &p.batch, t),
+                    Ok(t) => crate::batch::task_handle(pool, &p.batch, t),
                     Err(f) => f.get(),
                 },
             )

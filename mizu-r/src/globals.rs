@@ -30,7 +30,7 @@ fn may_use_globals(expr: Robj, vars: Robj) -> bool {
 pub(crate) unsafe fn may_use(expr: SEXP, vars: SEXP) -> bool {
     // SAFETY: the caller's contract.
     unsafe {
-        let names = crate::pool::list_names(vars);
+        let names = crate::sendable::list_names(vars);
         let bound = |sym: SEXP| -> bool {
             if TYPEOF(names) != SEXPTYPE::STRSXP {
                 return false;

@@ -24,7 +24,7 @@ use extendr_ffi::{
 };
 use mizu_pool::wire::rmeta::{NA_INTEGER, NA_REAL_BITS};
 
-use crate::arrow_in::Source;
+use crate::altrep::Source;
 
 /// How an element is made from the array.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,7 +231,7 @@ unsafe extern "C" fn region_real(x: SEXP, i: R_xlen_t, n: R_xlen_t, buf: *mut f6
     unsafe { region(x, i, n, buf, elt_real) }
 }
 
-impl crate::view::Owned for State {
+impl crate::altrep::Owned for State {
     fn bytes(&self) -> usize {
         self.bytes
     }
@@ -325,8 +325,8 @@ pub fn make(array: ArrayRef, conv: Conv, copy: bool, src: Source) -> Result<Robj
         } else {
             4
         };
-    let bytes = crate::view::account(bytes, copy, src.bytes.as_ptr());
-    Ok(crate::view::new_view(
+    let bytes = crate::altrep::account(bytes, copy, src.bytes.as_ptr());
+    Ok(crate::altrep::new_view(
         class,
         State {
             conv,

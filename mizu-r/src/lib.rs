@@ -10,10 +10,15 @@
 // for R, which cannot carry doc comments. The R API is documented in `pkg/man`.
 #![allow(missing_docs)]
 
+mod altrep;
 mod arrow_in;
 mod arrow_out;
+mod batch;
 mod channel;
 mod codec;
+mod collect;
+mod decode;
+mod encode;
 mod fast;
 mod ffi;
 mod globals;
@@ -23,15 +28,22 @@ mod kernels;
 mod lazyview;
 mod ntcopy;
 mod outvec;
+mod payload;
 mod pool;
 mod rng;
 mod rtry;
+mod sendable;
 mod small;
 mod strview;
+mod submit;
 mod symbols;
+mod task;
+mod values;
 mod view;
 mod worker;
+mod xcall;
 mod xvalue;
+mod xvalue_in;
 
 use extendr_api::prelude::*;
 use extendr_api::{Error, Result};
@@ -59,10 +71,10 @@ fn init_native() {
     ONCE.call_once(|| {
         // Payloads nobody reads (abandoned results, cancelled inputs, undone submissions)
         // give back the regions they refer to.
-        mizu_pool::set_discard_hook(codec::release_refs);
+        mizu_pool::set_discard_hook(decode::release_refs);
         // A full `/dev/shm`: views R's garbage still holds give their regions back. Every
         // path that needs room runs on R's main thread.
-        mizu_pool::set_pressure_hook(view::collect_under_pressure);
+        mizu_pool::set_pressure_hook(altrep::collect_under_pressure);
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             let ours = info
@@ -118,14 +130,20 @@ extendr_module! {
     fn is_compiled;
     fn prune;
     fn shm_names;
-    use codec;
+    use encode;
+    use values;
     use fast;
     use globals;
     use pool;
+    use submit;
+    use collect;
+    use sendable;
+    use task;
     use worker;
     use rng;
     use view;
+    use altrep;
     use channel;
     use outvec;
-    use xvalue;
+    use xcall;
 }

@@ -52,7 +52,7 @@ fn out_new(pool: Robj, ptype: Robj, n: f64) -> Result<Robj> {
     let len = (n as usize)
         .checked_mul(t.size())
         .ok_or_else(|| rerr("the output is too large"))?;
-    if len < crate::codec::FLOOR {
+    if len < crate::payload::FLOOR {
         return Ok(Robj::from(()));
     }
     let region = Arc::new(
@@ -91,7 +91,7 @@ fn out_write(spec: Robj, start: f64, values: Robj) -> Result<()> {
     let n = u64::from_le_bytes(s[65..].try_into().expect("8 bytes"));
     // SAFETY: `token` is protected by its handle for the call.
     let region = match crate::view::shared(unsafe { token.get() }) {
-        Some(crate::view::Shared::Elements(b)) => Region::containing(b.as_ptr())
+        Some(crate::altrep::Shared::Elements(b)) => Region::containing(b.as_ptr())
             .filter(|(r, at)| *at == 0 && r.describe() == desc)
             .map(|(r, _)| r),
         _ => None,

@@ -30,8 +30,8 @@ use extendr_ffi::{
     XLENGTH, cetype_t,
 };
 
-use crate::codec::FLOOR;
 use crate::ffi;
+use crate::payload::FLOOR;
 
 use mizu_pool::wire::compact::{self, MAX_DEPTH, tag};
 

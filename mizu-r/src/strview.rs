@@ -28,9 +28,9 @@ use arrow_array::{
     Array, ArrayRef, GenericStringArray, LargeStringArray, OffsetSizeTrait, StringArray,
 };
 
-use crate::arrow_in::Source;
+use crate::altrep::Shared;
+use crate::altrep::Source;
 use crate::ffi;
-use crate::view::Shared;
 
 /// Whether `x` can be laid out without running code: a plain character vector, or one of our
 /// views (an unmodified one is copied as it came; a completed one reads its private copy).
@@ -376,7 +376,7 @@ unsafe extern "C" fn duplicate(x: SEXP, _deep: Rboolean) -> SEXP {
     }
 }
 
-impl crate::view::Owned for State {
+impl crate::altrep::Owned for State {
     fn bytes(&self) -> usize {
         self.counted
     }
@@ -449,8 +449,8 @@ pub fn make_arrow<O: OffsetSizeTrait>(
 const NO_NUL: &str = "mizu-r: no NUL";
 
 fn new_view(buf: Buffer, n: usize, backing: Backing, copy: bool) -> Result<Robj> {
-    let counted = crate::view::account(buf.len(), copy, buf.as_ptr());
-    Ok(crate::view::new_view(
+    let counted = crate::altrep::account(buf.len(), copy, buf.as_ptr());
+    Ok(crate::altrep::new_view(
         class(),
         State {
             buf,

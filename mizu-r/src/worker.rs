@@ -10,7 +10,9 @@ use extendr_ffi::{Rf_protect, Rf_unprotect, SEXP};
 use mizu_pool::wire::envelope::{self, Envelope, RemoteError};
 use mizu_pool::{Executor, TaskContext};
 
-use crate::codec::{Decoded, Outgoing, decode, decode_small, text};
+use crate::codec::{Decoded, text};
+use crate::decode::{decode, decode_small};
+use crate::encode::Outgoing;
 use crate::ffi;
 use crate::rerr;
 use crate::rtry::try_r;
@@ -237,14 +239,14 @@ impl RExec {
     /// payload. The call runs through `.dispatch` (kind `"x"`) in the task's top-level context,
     /// with the worker's handlers, as an R task does.
     fn run_xlang(&self, buf: &arrow_buffer::Buffer) -> (bool, Envelope) {
-        let _reading = crate::xvalue::Reading::payload(buf);
+        let _reading = crate::xvalue_in::Reading::payload(buf);
         let envelope::Task {
             target,
             args,
             kwargs,
             ctx: xctx,
             chunk,
-        } = match envelope::read_task(buf, Some(&crate::codec::MAPPER)) {
+        } = match envelope::read_task(buf, Some(&crate::payload::MAPPER)) {
             Ok(t) => t,
             Err(e) => return fail(&["mizu_error"], format!("malformed task: {e}")),
         };
@@ -266,7 +268,7 @@ impl RExec {
                     .map(|v| (None, v))
                     .chain(kwargs.into_iter().map(|(k, v)| (Some(k), v)));
                 for (k, v) in named {
-                    match crate::xvalue::to_sexp_protected(v) {
+                    match crate::xvalue_in::to_sexp_protected(v) {
                         Ok(x) => {
                             held += 1;
                             parts.push((k, x));
@@ -289,13 +291,13 @@ impl RExec {
             };
             let a = args
                 .into_iter()
-                .map(crate::xvalue::to_r)
+                .map(crate::xvalue_in::to_r)
                 .collect::<Result<Vec<_>>>()?;
             let (names, vals): (Vec<String>, Vec<mizu_pool::wire::Value>) =
                 kwargs.into_iter().unzip();
             let vals = vals
                 .into_iter()
-                .map(crate::xvalue::to_r)
+                .map(crate::xvalue_in::to_r)
                 .collect::<Result<Vec<_>>>()?;
             let mut kw: Robj = List::from_values(vals).into();
             kw.set_names(names)?;
@@ -307,7 +309,7 @@ impl RExec {
                 let xs = c
                     .elements
                     .into_iter()
-                    .map(crate::xvalue::to_r)
+                    .map(crate::xvalue_in::to_r)
                     .collect::<Result<Vec<_>>>()?;
                 return Ok(List::from_values([
                     Robj::from("xm"),
@@ -526,14 +528,14 @@ impl Executor for RExec {
         let k = self.idle_slices.get() + 1;
         self.idle_slices.set(k);
         if k == IDLE_SLICES_BEFORE_GC {
-            crate::view::collect_garbage_when_idle();
+            crate::altrep::collect_garbage_when_idle();
         } else if k == IDLE_SLICES_BEFORE_FULL_GC {
-            crate::view::collect_all_garbage_when_idle();
+            crate::altrep::collect_all_garbage_when_idle();
             // A worker that grew by a large task gives the memory back once idle: R frees
             // the task's garbage only at a collection, and the allocator keeps what R frees.
             let now = resident_bytes();
             if now > self.resident.get().saturating_add(GREW_BY) {
-                crate::view::collect_all_garbage_now();
+                crate::altrep::collect_all_garbage_now();
             }
             release_freed_memory();
             self.resident.set(resident_bytes());
