@@ -118,7 +118,7 @@ impl Channel {
             .iter()
             .enumerate()
             .map(|(i, o)| {
-                crate::xlang::at(format!("message {i}: "), || crate::xlang::value_payload(o))
+                crate::xarray::at(format!("message {i}: "), || crate::xlang::value_payload(o))
             })
             .collect::<PyResult<Vec<_>>>()?;
         self.send_payloads(py, &bytes)

@@ -14,8 +14,6 @@
 //! is the region's 64-byte descriptor (carrying a counted reference, which the receiver
 //! adopts) and the `u64` offset of the buffer in the region.
 
-use std::ffi::c_int;
-
 use std::sync::Arc;
 
 use arrow_buffer::Buffer;
@@ -25,6 +23,8 @@ use mizu_pool::wire::{Region, RegionDesc};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::prelude::*;
+
+use crate::shmbuf::ShmBuffer;
 use pyo3::types::{PyBytes, PyList};
 
 const TAG_PLAIN: u8 = b'P';
@@ -34,108 +34,6 @@ const REF_MIN: usize = 4096;
 const ALIGN: usize = 64;
 /// Pickles up to this size are handed to Python as `bytes`; larger ones as views.
 const COPY_PICKLE_MAX: usize = 4096;
-
-/// A view of bytes in shared memory (or of a small private copy). It keeps the memory alive
-/// for as long as any view of it — a `memoryview`, a numpy array — exists. Read-only, except
-/// for the memory of `pymizu.empty`/`zeros` (and views of it received from another process),
-/// which every holder may write.
-#[pyclass(module = "pymizu._native", frozen)]
-pub struct ShmBuffer {
-    buf: Buffer,
-    /// For the values of an array received from another language: that array as it came
-    /// (see `xlang::received_view`).
-    source: Option<crate::xlang::Source>,
-    /// Whether holders may write it (see [`ShmBuffer::writable`]).
-    writable: bool,
-}
-
-#[pymethods]
-impl ShmBuffer {
-    /// # Safety
-    /// Called by Python's buffer protocol with a valid `view`.
-    unsafe fn __getbuffer__(
-        slf: Bound<'_, Self>,
-        view: *mut pyo3::ffi::Py_buffer,
-        flags: c_int,
-    ) -> PyResult<()> {
-        if view.is_null() {
-            return Err(PyBufferError::new_err("Py_buffer must not be null"));
-        }
-        let (b, writable) = (&slf.get().buf, slf.get().writable);
-        // SAFETY: `view` is non-null and valid (buffer protocol contract); the pointer and
-        // length describe memory that `slf` (stored in view.obj with a new reference by
-        // PyBuffer_FillInfo) keeps alive; readonly=1 refuses writable requests. Writable
-        // memory is only ever written and read through such views (numpy), never through
-        // Rust references: Rust code touches only its region's header and descriptor.
-        let rc = unsafe {
-            pyo3::ffi::PyBuffer_FillInfo(
-                view,
-                slf.as_ptr(),
-                b.as_ptr() as *mut std::ffi::c_void,
-                b.len() as pyo3::ffi::Py_ssize_t,
-                c_int::from(!writable),
-                flags,
-            )
-        };
-        if rc != 0 {
-            return Err(PyErr::fetch(slf.py()));
-        }
-        Ok(())
-    }
-
-    /// # Safety
-    /// Called by Python's buffer protocol; nothing was allocated for the view.
-    unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {}
-
-    fn __len__(&self) -> usize {
-        self.buf.len()
-    }
-
-    fn __repr__(&self) -> String {
-        format!("<pymizu shared buffer of {} bytes>", self.buf.len())
-    }
-}
-
-impl ShmBuffer {
-    /// A view of `buf`.
-    pub fn new(buf: Buffer) -> ShmBuffer {
-        ShmBuffer {
-            buf,
-            source: None,
-            writable: false,
-        }
-    }
-
-    /// A writable view of `buf`: memory of `pymizu.empty`/`zeros`, which tasks write into.
-    /// Every holder, in any process, may write it; Rust code never reads or writes these
-    /// bytes (they travel by reference), so concurrent writers are numpy's business alone.
-    pub(crate) fn writable(buf: Buffer) -> ShmBuffer {
-        ShmBuffer {
-            buf,
-            source: None,
-            writable: true,
-        }
-    }
-
-    /// A view of the values of a received array, which remembers the array.
-    pub(crate) fn sourced(buf: Buffer, source: crate::xlang::Source) -> ShmBuffer {
-        ShmBuffer {
-            buf,
-            source: Some(source),
-            writable: false,
-        }
-    }
-
-    /// The received array these are the values of, if any.
-    pub(crate) fn source(&self) -> Option<&crate::xlang::Source> {
-        self.source.as_ref()
-    }
-
-    /// The bytes, sharing the same memory.
-    pub fn buffer(&self) -> Buffer {
-        self.buf.clone()
-    }
-}
 
 /// A payload to send: the pickle and the out-of-band buffers, written in place by [`Fill`].
 pub struct Outgoing<'a> {
@@ -305,7 +203,7 @@ pub fn decode(py: Python<'_>, buf: Buffer) -> PyResult<(Py<PyAny>, Py<PyList>)> 
 /// A buffer by reference: adopts the region `d` names and views `len` bytes of it at `off`.
 fn by_reference(d: &RegionDesc, off: u64, len: u64) -> Result<Buffer, String> {
     let region = Arc::new(
-        crate::ndarray::MAPPER
+        crate::payload::MAPPER
             .adopt(d)
             .map_err(|e| format!("its region: {e}"))?,
     );
@@ -317,12 +215,12 @@ fn by_reference(d: &RegionDesc, off: u64, len: u64) -> Result<Buffer, String> {
 }
 
 /// Gives back the region references of a `B` payload nobody will read (see
-/// `small::release_refs`, which calls it): runs on any thread, touches no Python object,
+/// `small_read::release_refs`, which calls it): runs on any thread, touches no Python object,
 /// stops at the first malformed byte.
 pub fn release_refs(b: &[u8]) {
     for d in oob::references(b, Dialect::Python) {
         // Adopting takes the reference over; dropping the region gives it back.
-        drop(crate::ndarray::MAPPER.adopt(&d));
+        drop(crate::payload::MAPPER.adopt(&d));
     }
 }
 

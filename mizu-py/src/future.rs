@@ -16,7 +16,8 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
 
-use crate::task::{SLICE, Task};
+use crate::cell::SLICE;
+use crate::task::Task;
 
 /// `result`'s method definition: CPython keeps a pointer to it in every descriptor made from
 /// it, so it lives as long as the module.

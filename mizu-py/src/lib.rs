@@ -4,20 +4,30 @@
 //! worker's executor. The Python API (`Pool`, `PoolExecutor`, ...) is in `python/pymizu`.
 
 mod alloc;
+mod cell;
 mod channel;
 mod codec;
+mod cursor;
 mod fastcall;
 mod future;
 mod gc;
 mod ndarray;
+mod payload;
 mod pending;
 mod pool;
+mod registry;
 mod repeats;
+mod shmbuf;
 mod signal;
 mod small;
+mod small_read;
 mod task;
+mod task_outcome;
+mod waits;
+mod watch;
 mod wire;
 mod worker;
+mod xarray;
 mod xlang;
 
 use pyo3::exceptions::PyRuntimeError;
@@ -113,7 +123,7 @@ fn line_round_trip_ns(py: Python<'_>, a: usize, b: usize, rounds: u64) -> PyResu
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     // Payloads the runtime discards unread give back the regions their arrays refer to.
-    mizu_pool::set_discard_hook(small::release_refs);
+    mizu_pool::set_discard_hook(small_read::release_refs);
     // A full `/dev/shm`: what Python's garbage holds (views of earlier values, copies kept
     // for arrays sent again) goes before the runtime gives up.
     mizu_pool::set_pressure_hook(pool::relieve_pressure);
@@ -126,10 +136,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ForkedError", py.get_type::<ForkedError>())?;
     m.add_class::<pool::Pool>()?;
     m.add_class::<task::Task>()?;
-    m.add_class::<task::Watch>()?;
+    m.add_class::<watch::Watch>()?;
     m.add_class::<signal::Signal>()?;
     m.add_class::<pending::PendingSet>()?;
-    m.add_class::<codec::ShmBuffer>()?;
+    m.add_class::<shmbuf::ShmBuffer>()?;
     m.add_class::<channel::Channel>()?;
     m.add_class::<wire::ArrowArray>()?;
     m.add_class::<wire::ArrowTable>()?;
@@ -137,8 +147,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(wire::wire_loads, m)?)?;
     m.add_function(wrap_pyfunction!(xlang::xlang_dumps, m)?)?;
     m.add_function(wrap_pyfunction!(xlang::xlang_loads, m)?)?;
-    m.add_function(wrap_pyfunction!(task::wait_any, m)?)?;
-    m.add_function(wrap_pyfunction!(task::collect_all, m)?)?;
+    m.add_function(wrap_pyfunction!(waits::wait_any, m)?)?;
+    m.add_function(wrap_pyfunction!(waits::collect_all, m)?)?;
     m.add_function(wrap_pyfunction!(worker::run_worker, m)?)?;
     m.add_function(wrap_pyfunction!(worker::in_task, m)?)?;
     m.add_function(wrap_pyfunction!(worker::run_calls, m)?)?;

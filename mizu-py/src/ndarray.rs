@@ -7,9 +7,9 @@
 
 use std::collections::HashMap;
 use std::ffi::c_int;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 
-use mizu_pool::wire::{Mapper, Region, RegionDesc};
+use mizu_pool::wire::{Region, RegionDesc};
 use numpy::npyffi::{
     _PyArray_GET_ITEM_DATA, NPY_ARRAY_F_CONTIGUOUS, NPY_ARRAY_WRITEABLE, NpyTypes, get_type_object,
     npy_intp,
@@ -23,8 +23,9 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyString, PyType};
 
-use crate::codec::ShmBuffer;
-use crate::small::{ALIGN, MAX_SIZE, Reader, Writer, bad};
+use crate::cursor::{ALIGN, MAX_SIZE, Reader, Writer, bad};
+use crate::payload::MAPPER;
+use crate::shmbuf::ShmBuffer;
 use mizu_pool::wire::compact::tag;
 
 /// Arrays up to this size are copied inline; larger ones travel out of band (below).
@@ -448,7 +449,3 @@ pub(crate) fn data_ptr(a: &Bound<'_, PyUntypedArray>) -> *const u8 {
             .cast::<u8>()
     }
 }
-
-/// Maps the regions that arrays by reference live in (segments stay mapped while views of
-/// them live).
-pub(crate) static MAPPER: LazyLock<Mapper> = LazyLock::new(Mapper::new);

@@ -13,9 +13,11 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyTuple, PyType};
 use mizu_pool::retry::{MakeRoom, retrying};
 use mizu_pool::{Fill, Launcher, PoolConfig, PoolError};
 
+use crate::cell::SLICE;
 use crate::codec::Outgoing;
+use crate::registry::Registry;
 use crate::small::Args;
-use crate::task::{Registry, SLICE, Task};
+use crate::task::Task;
 use crate::{SlotsFull, err, forked};
 
 /// Payloads up to this size are submitted without releasing the GIL first (when a queue has

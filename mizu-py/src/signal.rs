@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 
-use crate::task::{Task, park_any, ready, wait_loop};
+use crate::task::Task;
+use crate::waits::{park_any, ready, wait_loop};
 
 /// A settable flag that a thread can wait on together with pool tasks.
 #[pyclass(module = "pymizu", name = "Signal", frozen)]

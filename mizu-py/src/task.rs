@@ -10,257 +10,25 @@
 //! holds an uncollected task, submission takes the finished outcomes out of their slots into
 //! their `Task` objects (`Registry::drain`) instead of failing.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use arrow_buffer::Buffer;
 use mizu_pool::OutcomeBytes;
 use pyo3::exceptions::PyTimeoutError;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::types::PyList;
 use pyo3::{PyTraverseError, PyVisit};
 
 use mizu_pool::{CollectError, TaskError};
 
-use crate::codec::decode;
-use crate::worker::with_context;
+use crate::cell::{
+    BUSY_NAP, Cell, HOT_MISSES, HOT_WAIT, HOT_WAIT_COLD, SLICE, State, Taken, collect,
+};
+use crate::registry::{Chunk, Registry};
+use crate::task_outcome::{BATCH_ELEMENT, BATCH_PAYLOAD, decoded, to_python};
+use crate::watch::Watch;
 use crate::{MizuError, forked};
-
-/// How long one GIL-free wait lasts before signals are checked.
-pub(crate) const SLICE: Duration = Duration::from_millis(50);
-/// How long a wait polls with the GIL held before releasing it.
-const HOT_WAIT: Duration = Duration::from_micros(20);
-/// The poll after several waits in a row outlasted [`HOT_WAIT`].
-const HOT_WAIT_COLD: Duration = Duration::from_micros(2);
-/// Waits in a row (in this process) whose task outlasted the poll.
-static HOT_MISSES: AtomicU32 = AtomicU32::new(0);
-/// How many tasks behind the oldest pending one a full submitter waits for at most.
-const DRAIN_AHEAD: usize = 512;
-/// How long a thread waits before looking again at a task another thread is collecting.
-const BUSY_NAP: Duration = Duration::from_micros(200);
-
-/// Where a task's outcome is.
-enum State {
-    /// In the pool, not collected yet.
-    Pending(mizu_pool::Task),
-    /// A thread is waiting for it, holding the runtime's handle.
-    Collecting,
-    /// Taken out of the pool (to free its slot), not yet made into Python objects.
-    Raw(Result<OutcomeBytes, CollectError>),
-    /// The value (`ok`) or the exception.
-    Settled {
-        ok: bool,
-        value: Py<PyAny>,
-        cancelled: bool,
-    },
-}
-
-/// A task's state, shared with its submitter's registry.
-struct Cell {
-    state: Mutex<State>,
-    /// The process that made it (a forked child's copy gives back nothing).
-    origin: mizu_pool::Origin,
-}
-
-impl Drop for Cell {
-    fn drop(&mut self) {
-        // An outcome taken out of its slot but never read: the regions its arrays refer to
-        // are given back (as the runtime does for outcomes it discards).
-        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        if self.origin.is_here()
-            && let State::Raw(Ok(b)) = state
-        {
-            crate::small::release_refs(b);
-        }
-    }
-}
-
-impl Cell {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The lock if nobody holds it: a holder may be waiting (without the GIL) for a while,
-    /// and a thread holding the GIL must never block on it.
-    fn try_lock(&self) -> Option<MutexGuard<'_, State>> {
-        match self.state.try_lock() {
-            Ok(g) => Some(g),
-            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        }
-    }
-}
-
-/// The runtime handle taken out of a cell while a thread waits for it; put back unless an
-/// outcome was stored (also when the wait is interrupted).
-struct Taken<'a> {
-    cell: &'a Cell,
-    task: Option<mizu_pool::Task>,
-}
-
-impl Taken<'_> {
-    /// The handle, when the task is pending and nobody holds its lock.
-    fn take(cell: &Cell) -> Option<Taken<'_>> {
-        let g = cell.try_lock()?;
-        matches!(*g, State::Pending(_)).then(|| Taken::from_guard(cell, g))
-    }
-
-    /// The handle of a pending task whose lock is held.
-    fn from_guard<'a>(cell: &'a Cell, mut g: MutexGuard<'_, State>) -> Taken<'a> {
-        let State::Pending(t) = std::mem::replace(&mut *g, State::Collecting) else {
-            unreachable!("the caller checked that the task is pending")
-        };
-        Taken {
-            cell,
-            task: Some(t),
-        }
-    }
-
-    fn task(&mut self) -> &mut mizu_pool::Task {
-        self.task.as_mut().expect("present until dropped")
-    }
-
-    /// Stores the outcome (the handle is spent).
-    fn finish(mut self, r: Result<OutcomeBytes, CollectError>) {
-        self.task = None;
-        *self.cell.lock() = State::Raw(r);
-    }
-}
-
-impl Drop for Taken<'_> {
-    fn drop(&mut self) {
-        if let Some(t) = self.task.take() {
-            *self.cell.lock() = State::Pending(t);
-        }
-    }
-}
-
-/// Waits for a task: inside a worker, running other tasks meanwhile (nested maps never
-/// deadlock).
-fn collect(task: &mut mizu_pool::Task, wait: Duration) -> Result<OutcomeBytes, CollectError> {
-    with_context(|ctx| match ctx {
-        Some(ctx) => ctx.collect(task, Some(wait)).map(OutcomeBytes::from),
-        None => task.outcome(Some(wait)),
-    })
-}
-
-/// The tasks of one submitter (a pool, or the nested submissions of a worker), held weakly.
-#[derive(Default)]
-pub(crate) struct Registry {
-    live: Mutex<Live>,
-}
-
-/// A registry's list, and how long it was after its last pruning.
-#[derive(Default)]
-struct Live {
-    cells: Vec<Weak<Cell>>,
-    kept: usize,
-}
-
-/// The nested submissions of this process (inside a worker).
-pub(crate) static NESTED: LazyLock<Registry> = LazyLock::new(Registry::default);
-
-impl Registry {
-    fn track(&self, cell: &Arc<Cell>) {
-        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        live.cells.push(Arc::downgrade(cell));
-        // Forget dropped tasks once the list has doubled since it was last pruned: each entry
-        // is looked at about once per push, by a read of its count alone (finished tasks still
-        // held go at the next drain).
-        if live.cells.len() >= 256 && live.cells.len() >= 2 * live.kept {
-            live.cells.retain(|w| w.strong_count() > 0);
-            live.kept = live.cells.len();
-        }
-    }
-
-    /// Every task slot is taken: moves finished outcomes out of their slots into their tasks,
-    /// or waits (one slice at most) for a task to finish. Call with the GIL released.
-    pub(crate) fn drain(&self) {
-        let cells: Vec<Arc<Cell>> = {
-            let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
-            // (Here finished tasks are forgotten too: only pending ones can give room.)
-            live.cells.retain(|w| {
-                w.upgrade().is_some_and(|c| {
-                    c.try_lock()
-                        .is_none_or(|g| matches!(*g, State::Pending(_) | State::Collecting))
-                })
-            });
-            live.kept = live.cells.len();
-            live.cells.iter().filter_map(Weak::upgrade).collect()
-        };
-        let sweep = || {
-            let mut moved = false;
-            for c in &cells {
-                if let Some(mut t) = Taken::take(c)
-                    && t.task().is_done()
-                {
-                    let r = t.task().outcome(Some(Duration::ZERO));
-                    t.finish(r);
-                    moved = true;
-                }
-            }
-            moved
-        };
-        if sweep() {
-            return;
-        }
-        // Nothing finished: wait for a task a few behind the oldest pending one (slots held
-        // by dropped tasks free themselves as those finish). Workers take tasks in order, so
-        // the ones before it are done by then too, and one sweep makes room for the next
-        // several submissions instead of one.
-        let pending = cells
-            .iter()
-            .filter(|c| {
-                c.try_lock()
-                    .is_some_and(|g| matches!(*g, State::Pending(_)))
-            })
-            .count();
-        let behind = (pending / 8).clamp(1, DRAIN_AHEAD);
-        match cells.iter().filter_map(|c| Taken::take(c)).nth(behind - 1) {
-            Some(mut t) => {
-                match collect(t.task(), SLICE) {
-                    Err(CollectError::Timeout) => drop(t),
-                    r => t.finish(r),
-                }
-                sweep();
-            }
-            None => std::thread::sleep(BUSY_NAP),
-        }
-    }
-}
-
-/// A chunk's function and its calls' argument tuples.
-type ChunkCalls = (Py<PyAny>, Vec<Py<PyAny>>);
-
-/// What the tasks of one chunk of a batch share (`Pool.submit_batch`): the chunk is one task
-/// of the pool, which runs their calls one after another in one worker, and its value is the
-/// list of their outcomes. The tasks share its [`Cell`], so waiting, draining and `wait_any`
-/// treat the chunk as the one task it is.
-pub(crate) struct Chunk {
-    /// The function and the calls' argument tuples, kept until a member's outcome is read:
-    /// members cancelled while the chunk is queued are left out of a new chunk of the others.
-    calls: Mutex<Option<ChunkCalls>>,
-    /// Which members were cancelled.
-    cancelled: Mutex<Vec<bool>>,
-    /// Whether any member was (read without the lock on every outcome).
-    any_cancelled: AtomicBool,
-    /// The outcomes of failed calls, made once (each task raises the same exception object
-    /// every time, as a task of its own does).
-    failed: Mutex<Vec<(usize, Py<PyAny>)>>,
-}
-
-impl Chunk {
-    fn failures(&self) -> MutexGuard<'_, Vec<(usize, Py<PyAny>)>> {
-        self.failed.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn is_cancelled(&self, i: usize) -> bool {
-        self.any_cancelled.load(Ordering::Acquire)
-            && self.cancelled.lock().unwrap_or_else(|p| p.into_inner())[i]
-    }
-}
 
 /// A submitted call. `result(timeout)` returns its value or raises its exception (with the
 /// remote traceback as `__cause__`); `await task` works in asyncio.
@@ -271,14 +39,14 @@ impl Chunk {
 /// one is made untracked, as [`Task::untracked`] wants it).
 #[pyclass(module = "pymizu", name = "Task", frozen, weakref, freelist = 8192)]
 pub struct Task {
-    cell: Arc<Cell>,
+    pub(crate) cell: Arc<Cell>,
     origin: mizu_pool::Origin,
     nested: bool,
     /// The pool that runs it, kept alive while the task is (`Pool(2).submit(f, x).result()`
     /// works as with `ProcessPoolExecutor`).
     pool: Option<Py<PyAny>>,
     /// For a call of a batch's chunk: the chunk and the call's position in it.
-    member: Option<(Arc<Chunk>, usize)>,
+    pub(crate) member: Option<(Arc<Chunk>, usize)>,
     /// Which `PendingSet` holds its executor future, and where (`NOT_PENDING` if none).
     pub(crate) pending_at: std::sync::atomic::AtomicU64,
 }
@@ -442,7 +210,7 @@ impl Task {
     ) -> PyResult<Option<(bool, Py<PyAny>)>> {
         let mut r = Err(CollectError::Timeout);
         // Inside a worker, waiting must run other tasks (the runtime does): no hot phase.
-        if !crate::worker::in_task() {
+        if !mizu_pool::with_current_task(|c| c.is_some()) {
             // Tasks that outlast the poll would only keep other Python threads off the GIL:
             // after a few misses in a row, poll briefly until one is caught again.
             let budget = if HOT_MISSES.load(Ordering::Relaxed) >= 4 {
@@ -543,7 +311,7 @@ impl Task {
     }
 
     /// Whether the outcome is here or ready to be read.
-    fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         self.cell.try_lock().is_some_and(|g| match &*g {
             State::Pending(t) => t.is_done(),
             State::Collecting => false,
@@ -673,83 +441,7 @@ impl Task {
     }
 }
 
-/// `pymizu._pool.decode`, which makes Python objects of pickled outcomes and errors.
-static DECODE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-/// `pymizu._pool._batch_element`: one call's outcome of a chunk some of whose calls failed.
-static BATCH_ELEMENT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-/// `pymizu._pool._batch_payload`: the pickled call of a chunk, leaving some calls out.
-static BATCH_PAYLOAD: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-
-/// `(ok, value or exception)` of an outcome with nothing to decode (`status` as `decode`'s).
-fn decoded(py: Python<'_>, status: u8) -> PyResult<(bool, Py<PyAny>)> {
-    DECODE
-        .import(py, "pymizu._pool", "decode")?
-        .call1((status, PyBytes::new(py, b""), PyList::empty(py), 0, 0))?
-        .extract()
-}
-
-/// `(ok, value or exception)` of an outcome: a small value natively, the rest by `pymizu`'s
-/// Python side (unpickling; exceptions of the right classes).
-fn to_python(py: Python<'_>, r: Result<OutcomeBytes, CollectError>) -> PyResult<(bool, Py<PyAny>)> {
-    let empty = || {
-        (
-            PyBytes::new(py, b"").into_any().unbind(),
-            PyList::empty(py).unbind(),
-        )
-    };
-    let (status, (data, bufs), slot, pid) = match r {
-        Ok(b) if crate::small::kind(&b) == Some(crate::small::TAG_VALUE) => {
-            return Ok((true, crate::small::decode_outcome(py, b)?.unbind()));
-        }
-        Ok(b) if mizu_pool::wire::envelope::is_envelope(&b) => {
-            return crate::xlang::outcome(py, &b.into_buffer());
-        }
-        Ok(b) => (0, decode(py, b.into_buffer())?, 0, 0),
-        Err(CollectError::Timeout) | Err(CollectError::AlreadyCollected) => {
-            return Err(MizuError::new_err(
-                "pymizu: the task's outcome was already taken",
-            ));
-        }
-        Err(CollectError::Task(e)) => match e {
-            // An error payload is either ours (a pickled exception) or the runtime's text.
-            TaskError::Failed(b) if mizu_pool::wire::envelope::is_envelope(&b) => {
-                return crate::xlang::outcome(py, &Buffer::from_slice_ref(b));
-            }
-            TaskError::Failed(b) => match decode(py, Buffer::from_vec(b.clone())) {
-                Ok(d) => (1u8, d, 0, 0),
-                Err(_) => (
-                    1,
-                    (
-                        PyBytes::new(py, &b).into_any().unbind(),
-                        PyList::empty(py).unbind(),
-                    ),
-                    usize::MAX,
-                    0,
-                ),
-            },
-            // The runtime's own failure: its text, as for an undecodable payload above.
-            TaskError::Runtime(m) => (
-                1,
-                (
-                    PyBytes::new(py, m.as_bytes()).into_any().unbind(),
-                    PyList::empty(py).unbind(),
-                ),
-                usize::MAX,
-                0,
-            ),
-            TaskError::WorkerDied { slot, pid } => (2, empty(), slot, pid),
-            TaskError::ExecTimeout { slot, pid } => (3, empty(), slot, pid),
-            TaskError::Cancelled => (4, empty(), 0, 0),
-            _ => (5, empty(), 0, 0),
-        },
-    };
-    DECODE
-        .import(py, "pymizu._pool", "decode")?
-        .call1((status, data, bufs, slot, pid))?
-        .extract()
-}
-
-fn timeout_error(timeout: Option<f64>) -> PyErr {
+pub(crate) fn timeout_error(timeout: Option<f64>) -> PyErr {
     PyTimeoutError::new_err(format!(
         "the task did not finish within {} s",
         timeout.unwrap_or(f64::INFINITY)
@@ -900,174 +592,5 @@ impl Drop for Task {
                 std::mem::forget(t);
             }
         }
-    }
-}
-
-/// Waits until one of `tasks` has an outcome (GIL released, signals checked); returns its
-/// position, or None after `timeout` seconds.
-#[pyfunction]
-#[pyo3(signature = (tasks, timeout=None))]
-pub fn wait_any(
-    py: Python<'_>,
-    tasks: Vec<Py<Task>>,
-    timeout: Option<f64>,
-) -> PyResult<Option<usize>> {
-    wait_loop(
-        py,
-        timeout,
-        || ready(&tasks),
-        |slice| park_any(&tasks, slice, &|| false, &mut |_| {}),
-    )
-}
-
-/// A bounded wait's loop: `found()` until it answers, else `park(slice)` with the GIL released,
-/// in slices of at most [`SLICE`] for the rest of `timeout` seconds, checking for signals
-/// (Ctrl-C) after each slice in which nothing happened (`park` gave None). None after
-/// `timeout`.
-pub(crate) fn wait_loop<T>(
-    py: Python<'_>,
-    timeout: Option<f64>,
-    mut found: impl FnMut() -> Option<T>,
-    park: impl Fn(Duration) -> Option<()> + Sync,
-) -> PyResult<Option<T>> {
-    let start = Instant::now();
-    let timeout = crate::wait_secs(timeout, "timeout")?;
-    loop {
-        if let Some(v) = found() {
-            return Ok(Some(v));
-        }
-        let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
-        if left.is_some_and(|l| l.is_zero()) {
-            return Ok(None);
-        }
-        let slice = left.map_or(SLICE, |l| l.min(SLICE));
-        if py.detach(|| park(slice)).is_none() {
-            py.check_signals()?;
-        }
-    }
-}
-
-/// The position of a task of `tasks` that is done.
-pub(crate) fn ready(tasks: &[Py<Task>]) -> Option<usize> {
-    tasks.iter().position(|t| t.get().is_done())
-}
-
-/// One bounded wait (the GIL released by the caller): parks on the submitter of a pending task
-/// of `tasks` that nobody else is collecting, for at most `slice`, until one of them is done or
-/// `also()` holds. `parked` is told the wake handle of where it parks (`Some`) and when it
-/// stops (`None`). `None` when nothing happened: the slice ended, or every pending task is
-/// being collected by another thread (then it naps briefly).
-pub(crate) fn park_any(
-    tasks: &[Py<Task>],
-    slice: Duration,
-    also: &dyn Fn() -> bool,
-    parked: &mut dyn FnMut(Option<mizu_pool::Wakeup>),
-) -> Option<()> {
-    let probe = tasks.iter().find_map(|t| {
-        let g = t.get().cell.try_lock()?;
-        matches!(*g, State::Pending(_)).then_some(g)
-    });
-    match probe {
-        Some(g) => {
-            let State::Pending(p) = &*g else {
-                unreachable!("checked")
-            };
-            parked(Some(p.wakeup()));
-            let r = mizu_pool::wait_until(p, Some(slice), || {
-                // The probe's lock is held here: test it directly, the rest by lock.
-                (p.is_done() || also())
-                    .then_some(())
-                    .or_else(|| ready(tasks).map(|_| ()))
-            });
-            parked(None);
-            r
-        }
-        None => {
-            std::thread::sleep(BUSY_NAP.min(slice));
-            None
-        }
-    }
-}
-
-/// `Pool.collect_all`: the results of `tasks` in order, waiting at most `timeout` seconds in
-/// all; the first failure by position is raised. Objects that are not `Task`s are asked for
-/// `result(timeout)`.
-#[pyfunction]
-#[pyo3(signature = (tasks, timeout=None))]
-pub fn collect_all<'py>(
-    tasks: &Bound<'py, PyAny>,
-    timeout: Option<f64>,
-) -> PyResult<Vec<Py<PyAny>>> {
-    let py = tasks.py();
-    let start = Instant::now();
-    let limit = crate::wait_secs(timeout, "timeout")?;
-    let left = || limit.map(|t| t.saturating_sub(start.elapsed()));
-    let mut out = Vec::with_capacity(tasks.len().unwrap_or(0));
-    // The values of the last chunk read: its other members need no lock.
-    let mut last: Option<(Arc<Chunk>, Bound<'py, PyList>)> = None;
-    for t in tasks.try_iter()? {
-        let t = t?;
-        match t.cast::<Task>() {
-            Ok(task) => {
-                if let (Some((chunk, i)), Some((c, values))) = (&task.get().member, &last)
-                    && Arc::ptr_eq(chunk, c)
-                    && !chunk.is_cancelled(*i)
-                {
-                    let v = values.get_item(*i)?;
-                    // (A value the collector tracks: `outcome_of` tracks the task.)
-                    if !crate::gc::is_tracked(&v) {
-                        out.push(v.unbind());
-                        continue;
-                    }
-                }
-                let r = Task::outcome_of(task, left())?;
-                if let Some((chunk, _)) = &task.get().member
-                    && let Some(g) = task.get().cell.try_lock()
-                    && let State::Settled {
-                        ok: true, value, ..
-                    } = &*g
-                    && let Ok(l) = value.bind(py).cast_exact::<PyList>()
-                {
-                    last = Some((chunk.clone(), l.clone()));
-                }
-                match r {
-                    Some((true, v)) => out.push(v),
-                    Some((false, e)) => return Err(PyErr::from_value(e.into_bound(py))),
-                    None => return Err(timeout_error(timeout)),
-                }
-            }
-            Err(_) => out.push(
-                t.call_method1(
-                    pyo3::intern!(py, "result"),
-                    (left().map(|l| l.as_secs_f64()),),
-                )?
-                .unbind(),
-            ),
-        }
-    }
-    Ok(out)
-}
-
-/// A caller's watch over a task's outcome while a CPU is free for it: an event loop looks
-/// once per round while `go_on()` holds, instead of sleeping until another thread wakes it (a
-/// wake-up costs tens of microseconds in a VM). No other thread of the process watches
-/// meanwhile; `close()` (or dropping it) ends it.
-#[pyclass(module = "pymizu._native", frozen)]
-pub struct Watch(Mutex<Option<mizu_pool::Watch>>);
-
-#[pymethods]
-impl Watch {
-    /// Whether to look again: a CPU is still free and the watch has time left.
-    fn go_on(&self) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .is_some_and(|w| w.go_on())
-    }
-
-    /// Ends the watch.
-    fn close(&self) {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 }

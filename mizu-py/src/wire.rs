@@ -24,7 +24,7 @@ use pyo3::types::{
 use mizu_pool::wire::frame::{self, Body};
 use mizu_pool::wire::{CallTarget, Value};
 
-use crate::codec::ShmBuffer;
+use crate::shmbuf::ShmBuffer;
 
 fn value_err(e: impl std::fmt::Display) -> PyErr {
     PyValueError::new_err(format!("pymizu.wire: {e}"))
@@ -305,7 +305,7 @@ pub(crate) fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
     }
     if obj.is_instance_of::<PyInt>() {
         return obj.extract::<i64>().map(Value::Int).map_err(|_| {
-            crate::xlang::out_of_range("an int outside the 64-bit range cannot cross languages")
+            crate::xarray::out_of_range("an int outside the 64-bit range cannot cross languages")
         });
     }
     if let Ok(f) = obj.cast::<PyFloat>() {
@@ -371,21 +371,21 @@ pub(crate) fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
             .enumerate()
             .map(|(i, x)| {
                 let x = x?;
-                crate::xlang::at(format!("[{i}]"), || from_py(&x))
+                crate::xarray::at(format!("[{i}]"), || from_py(&x))
             })
             .collect::<PyResult<_>>()
             .map(Value::List);
     }
     if crate::ndarray::ndarray_type(py).is_some_and(|t| obj.is_instance(t).unwrap_or(false)) {
-        return crate::xlang::ndarray_value(obj);
+        return crate::xarray::ndarray_value(obj);
     }
     if let Ok(d) = obj.cast::<PyDict>() {
         let mut kv = Vec::with_capacity(d.len());
         for (k, v) in d.iter() {
             let k = k.extract::<String>().map_err(|_| {
-                crate::xlang::not_portable("dict keys must be str to cross languages")
+                crate::xarray::not_portable("dict keys must be str to cross languages")
             })?;
-            let v = crate::xlang::at(format!("['{k}']"), || from_py(&v))?;
+            let v = crate::xarray::at(format!("['{k}']"), || from_py(&v))?;
             kv.push((k, v));
         }
         return Ok(Value::Dict(kv));
@@ -407,7 +407,7 @@ pub(crate) fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
     if obj.hasattr("dtype")? && obj.hasattr("item")? && !obj.hasattr("__len__")? {
         return from_py(&obj.call_method0("item")?);
     }
-    Err(crate::xlang::not_portable(format!(
+    Err(crate::xarray::not_portable(format!(
         "a {} cannot cross languages (None, bool, int, float, complex, str, bytes, list, \
          tuple, dict with str keys, numpy arrays and Arrow arrays/tables/data frames can)",
         obj.get_type().name()?

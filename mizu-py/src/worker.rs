@@ -14,8 +14,9 @@ use mizu_pool::{Executor, Fill, PoolError, TaskContext};
 use crate::codec::{Outgoing, decode};
 use crate::err;
 use crate::pool::{outgoing, submit_all_draining, submit_draining};
-use crate::small;
-use crate::task::{NESTED, Task};
+use crate::registry::NESTED;
+use crate::task::Task;
+use crate::{small, small_read};
 
 /// The context of the task this thread is running, if any (set by the runtime).
 pub use mizu_pool::with_current_task as with_context;
@@ -80,7 +81,7 @@ impl PyExec {
             let (ok, env) = crate::xlang::run_task(py, &buf);
             return ctx.send(ok, &env);
         }
-        let is_small = small::kind(&buf) == Some(small::TAG_CALL);
+        let is_small = small_read::kind(&buf) == Some(small::TAG_CALL);
         if self.fast && is_small {
             return self.run_small(py, ctx, &buf);
         }
@@ -111,7 +112,7 @@ impl PyExec {
         ctx: &TaskContext<'_>,
         buf: &arrow_buffer::Buffer,
     ) -> Result<Vec<u8>, Vec<u8>> {
-        let call = small::decode_call(py, buf).map_err(|e| text(format!("mizu: {e}")))?;
+        let call = small_read::decode_call(py, buf).map_err(|e| text(format!("mizu: {e}")))?;
         let result = self
             .function(py, call.head)
             .and_then(|f| f.call(call.args, call.kwargs.as_ref()));
@@ -436,14 +437,14 @@ pub fn small_dumps(py: Python<'_>, value: &Bound<'_, PyAny>) -> Option<Py<PyByte
 #[pyfunction]
 pub fn small_loads<'py>(py: Python<'py>, payload: &[u8]) -> PyResult<Bound<'py, PyAny>> {
     let buf = arrow_buffer::Buffer::from_slice_ref(payload);
-    match small::kind(payload) {
+    match small_read::kind(payload) {
         Some(small::TAG_CALL) => {
-            let c = small::decode_call(py, &buf)?;
+            let c = small_read::decode_call(py, &buf)?;
             (PyBytes::new(py, c.head), c.args, c.kwargs)
                 .into_pyobject(py)
                 .map(|t| t.into_any())
         }
-        Some(_) => small::decode_value(py, &buf),
+        Some(_) => small_read::decode_value(py, &buf),
         _ => Err(pyo3::exceptions::PyValueError::new_err(
             "pymizu: not a small payload",
         )),
