@@ -3,7 +3,7 @@
 //! with `result()` settles its own future; keeping that path out of the interpreter halves
 //! what an executor future costs beside a `Task`.
 //!
-//! The future class (`pymizu._executor._MizuFuture`, a `concurrent.futures.Future`) stays the
+//! The future class (`pymizu._futures._MizuFuture`, a `concurrent.futures.Future`) stays the
 //! one owner of its protocol: this module only takes the path where the task returned a
 //! value and nothing else settled the future, and hands every other case to the class's
 //! Python `_result_py(timeout)`.
@@ -505,7 +505,7 @@ pub(crate) fn settle_watched(fut: &Bound<'_, PyAny>, chain: Option<Chain<'_>>) -
     let value = value.into_bound(py);
     static APART: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let apart =
-        !ok && value.is_instance(APART.import(py, "pymizu._executor", "_SETTLED_APART")?)?;
+        !ok && value.is_instance(APART.import(py, "pymizu._futures", "_SETTLED_APART")?)?;
     let cond = field(slots.cond).filter(|c| !c.is_none());
     let waited = field(slots.waiters).is_some_and(|w| w.is_truthy().unwrap_or(true));
     let (Some(cond), false, false) = (cond, waited, apart) else {

@@ -601,7 +601,7 @@ impl Pool {
             })
             .collect::<PyResult<Vec<_>>>()?;
         let head = crate::small::fn_head(fn_)?;
-        let run_ref = RUN_REF.import(py, "pymizu._pool", "_run_batch_ref")?;
+        let run_ref = RUN_REF.import(py, "pymizu._batches", "_run_batch_ref")?;
         let run_head = crate::small::fn_head(run_ref)?;
         let no_skip = PyTuple::empty(py);
         let per = 4 * workers.max(1);
@@ -629,7 +629,7 @@ impl Pool {
                 }
             } else {
                 let (data, bufs) = PAYLOAD
-                    .import(py, "pymizu._pool", "_batch_payload")?
+                    .import(py, "pymizu._batches", "_batch_payload")?
                     .call1((fn_, PyList::new(py, part)?, &no_skip))?
                     .extract::<(Bound<'py, PyBytes>, Bound<'py, PyAny>)>()?;
                 crate::small::CallPayload::Pickled(data, bufs)

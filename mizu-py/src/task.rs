@@ -147,7 +147,7 @@ impl Task {
             return Ok(Some((false, e.clone_ref(py))));
         }
         let (ok, value): (bool, Py<PyAny>) = BATCH_ELEMENT
-            .import(py, "pymizu._pool", "_batch_element")?
+            .import(py, "pymizu._batches", "_batch_element")?
             .call1((v, *i))?
             .extract()?;
         if ok {
@@ -419,7 +419,7 @@ impl Task {
         // place in the cell.
         t.task = None;
         let again = BATCH_PAYLOAD
-            .import(py, "pymizu._pool", "_batch_payload")?
+            .import(py, "pymizu._batches", "_batch_payload")?
             .call1((fn_, calls, skip))
             .and_then(|p| {
                 let (data, bufs): (Vec<u8>, Bound<'_, PyAny>) = p.extract()?;
@@ -535,7 +535,7 @@ impl Task {
                 "await is not available inside a worker; use result()",
             ));
         }
-        py.import("pymizu._pool")?
+        py.import("pymizu._loops")?
             .getattr("_await_task")?
             .call1((slf,))
     }

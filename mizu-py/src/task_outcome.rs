@@ -12,7 +12,7 @@ use mizu_pool::{CollectError, TaskError};
 use crate::MizuError;
 use crate::codec::decode;
 
-/// `pymizu._pool.decode`, which makes Python objects of pickled outcomes and errors.
+/// `pymizu._outcome.decode`, which makes Python objects of pickled outcomes and errors.
 pub(crate) static DECODE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 /// `pymizu._pool._batch_element`: one call's outcome of a chunk some of whose calls failed.
 pub(crate) static BATCH_ELEMENT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
@@ -22,7 +22,7 @@ pub(crate) static BATCH_PAYLOAD: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 /// `(ok, value or exception)` of an outcome with nothing to decode (`status` as `decode`'s).
 pub(crate) fn decoded(py: Python<'_>, status: u8) -> PyResult<(bool, Py<PyAny>)> {
     DECODE
-        .import(py, "pymizu._pool", "decode")?
+        .import(py, "pymizu._outcome", "decode")?
         .call1((status, PyBytes::new(py, b""), PyList::empty(py), 0, 0))?
         .extract()
 }
@@ -86,7 +86,7 @@ pub(crate) fn to_python(
         },
     };
     DECODE
-        .import(py, "pymizu._pool", "decode")?
+        .import(py, "pymizu._outcome", "decode")?
         .call1((status, data, bufs, slot, pid))?
         .extract()
 }

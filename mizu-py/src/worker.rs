@@ -307,7 +307,7 @@ pub fn run_batch_calls<'py>(
             Ok(v) => out.append(v)?,
             Err(e) => {
                 let failure = FAILURE
-                    .import(py, "pymizu._pool", "_batch_failure")?
+                    .import(py, "pymizu._batches", "_batch_failure")?
                     .call1((e.into_value(py),))?;
                 errors
                     .get_or_insert_with(|| PyDict::new(py))

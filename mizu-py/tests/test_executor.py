@@ -369,7 +369,7 @@ def test_submit_takes_keywords_and_refuses_a_call_without_a_function(ex):
 def test_a_futures_result_is_native_and_of_its_exact_class(ex):
     # The interpreter calls a native method directly only when the method's class is the
     # instance's exact type: each executor's future class has a `result` of its own.
-    from pymizu import _executor, _native
+    from pymizu import _futures, _native
 
     f = ex.submit(tasks.add, 1, 2)
     own = type(f).__dict__["result"]
@@ -384,7 +384,7 @@ def test_a_futures_result_is_native_and_of_its_exact_class(ex):
     # Only subclasses of the installed future class take it.
     with pytest.raises(TypeError, match="already installed"):
         _native.install_future_result(type("Other", (cf.Future,), {"_result_py": cf.Future.result}))
-    assert issubclass(type(f), _executor._MizuFuture)
+    assert issubclass(type(f), _futures._MizuFuture)
 
 
 def test_a_future_takes_attributes_of_its_users(ex):

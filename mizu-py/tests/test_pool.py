@@ -182,7 +182,7 @@ def test_await_tasks_in_asyncio(pool):
 def test_the_await_watcher_thread_ends_when_nothing_is_awaited():
     import threading
 
-    from pymizu import _pool
+    from pymizu import _loops
 
     with pymizu.Pool(1) as p:
 
@@ -194,7 +194,7 @@ def test_the_await_watcher_thread_ends_when_nothing_is_awaited():
 
         assert asyncio.run(main()) == 3
         assert asyncio.run(slow()) == 0.3
-        watcher = _pool._watcher._thread
+        watcher = _loops._watcher._thread
         assert watcher.is_alive()
     watcher.join(timeout=60)
     assert not watcher.is_alive()

@@ -219,13 +219,13 @@ def test_waiting_on_many_running_tasks_looks_for_their_outcome_once(monkeypatch)
     # A future's first waiter other than `result()` spins briefly for a short task's outcome;
     # once one such look finds its task still running, the other futures of the same
     # `as_completed`/`wait` are not looked at one by one.
-    from pymizu import _executor
+    from pymizu import _futures
 
     looks = []
-    real = _executor._look_for
-    monkeypatch.setattr(_executor, "_look_for", lambda task: (looks.append(task), real(task)))
-    monkeypatch.setattr(_executor, "_WATCH_PAUSE", 600.0)
-    monkeypatch.setattr(_executor, "_watch_again", 0.0)
+    real = _futures._look_for
+    monkeypatch.setattr(_futures, "_look_for", lambda task: (looks.append(task), real(task)))
+    monkeypatch.setattr(_futures, "_WATCH_PAUSE", 600.0)
+    monkeypatch.setattr(_futures, "_watch_again", 0.0)
     with pymizu.PoolExecutor(2) as ex:
         fs = [ex.submit(tasks.sleep, 2) for _ in range(30)]
         try:
@@ -275,11 +275,11 @@ def test_a_caller_sleeps_while_every_cpu_runs_a_worker():
 
 
 def test_an_event_loop_looks_for_short_outcomes_itself(monkeypatch):
-    from pymizu import _pool
+    from pymizu import _loops
 
     handovers = []
-    real = _pool._Watcher.watch
-    monkeypatch.setattr(_pool._Watcher, "watch", lambda self, *a: (handovers.append(a), real(self, *a)))
+    real = _loops._Watcher.watch
+    monkeypatch.setattr(_loops._Watcher, "watch", lambda self, *a: (handovers.append(a), real(self, *a)))
     with pymizu.Pool(1) as p, pymizu.PoolExecutor(1) as ex:
         ran_in = []
 

@@ -8,7 +8,7 @@ import pickle
 import sys
 import traceback
 
-from . import _codec, _native, _pool
+from . import _batches, _codec, _native
 from ._errors import InitializerError, PayloadError, TaskError
 
 _init_error: BaseException | None = None
@@ -33,14 +33,14 @@ def _fail_native(e: BaseException) -> tuple[bool, bytes, list]:
 
 def _result_native(value) -> tuple[bool, bytes, list]:
     """A result the native layer cannot send as a small value."""
-    batch, _pool._batch_out = _pool._batch_out, None
+    batch, _batches._batch_out = _batches._batch_out, None
     try:
         out, bufs = _codec.dumps(value)
     except Exception:
         if value is not batch:
             raise
         # A chunk's values: those that cannot be pickled fail their own calls.
-        out, bufs = _codec.dumps(_pool._batch_result(value))
+        out, bufs = _codec.dumps(_batches._batch_result(value))
     return True, out, bufs
 
 

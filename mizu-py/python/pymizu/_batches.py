@@ -1,0 +1,129 @@
+"""What runs inside workers for chunks of calls: a map's chunk (`_run_chunk`) and a chunk of
+`Pool.submit_batch` (`_run_batch`), whose calls fail one by one, and how their results come
+back to each call's task."""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+from typing import Any
+
+from . import _codec, _native, _rng
+from ._errors import TaskError
+from ._outcome import decode
+
+
+def _run_chunk(fn, start: int, items: list, star: bool, seed: int | None, offset: int) -> list:
+    """Runs a map chunk inside a worker; an element's exception carries its index."""
+    if seed is None:
+        return _native.run_calls(fn, items, star, start)
+    out = []
+    append = out.append
+    i = start
+    try:
+        for x in items:
+            _rng.enter(seed, offset + i)
+            try:
+                append(fn(*x) if star else fn(x))
+            finally:
+                _rng.leave()
+            i += 1
+    except BaseException as e:
+        try:
+            e._pymizu_index = i  # type: ignore[attr-defined]
+        except Exception:
+            pass
+        raise
+    return out
+
+
+# (In a worker) the list the last chunk returned, until its result is pickled: a call's
+# value that cannot be pickled then fails that call alone.
+_batch_out = None
+
+
+class _Batch(list):
+    """A chunk's values when some of its calls failed; `errors` maps a call's position to its
+    pickled `(exception, traceback)` (its value is None)."""
+
+    errors: dict
+
+
+def _failure(e: BaseException, tb: str) -> bytes:
+    try:
+        return pickle.dumps((e, tb), protocol=5)
+    except Exception:
+        return pickle.dumps((TaskError(type(e).__qualname__, str(e), tb), tb), protocol=5)
+
+
+def _run_batch(fn, calls: list, skip) -> list:
+    """Runs the calls of a chunk of `Pool.submit_batch` inside a worker (those at positions in
+    `skip` were cancelled: their values are None)."""
+    if not skip:
+        return _batch_done(*_native.run_batch_calls(fn, calls))
+    out = []
+    append = out.append
+    errors = None
+    it = iter(calls)
+    while True:
+        try:
+            for args in it:
+                append(None if len(out) in skip else fn(*args))
+            break
+        except BaseException as e:  # the call's outcome, as a task's
+            if errors is None:
+                errors = {}
+            errors[len(out)] = _failure(e, traceback.format_exc())
+            append(None)
+    return _batch_done(out, errors)
+
+
+def _batch_done(out: list, errors: dict | None) -> list:
+    """(In a worker) what a chunk returns: its values, and its calls' failures if any."""
+    global _batch_out
+    if errors is not None:
+        out = _Batch(out)
+        out.errors = errors
+    _batch_out = out
+    return out
+
+
+def _batch_failure(e: BaseException) -> bytes:
+    """(In a worker) the failure of a call of a chunk `_native.run_batch_calls` ran."""
+    return _failure(e, "".join(traceback.format_exception(type(e), e, e.__traceback__)))
+
+
+def _run_batch_ref(head: bytes, calls: list, skip) -> list:
+    """`_run_batch` of the function pickled by reference as `head` (`_codec.fn_ref`): the
+    chunk's call is then small values only, written natively."""
+    return _run_batch(_codec.fn_from_ref(head), calls, skip)
+
+
+def _batch_result(value):
+    """(In a worker) `value`, the list a chunk returned, whose pickling failed: the values that
+    cannot be pickled become their calls' failures."""
+    errors = dict(getattr(value, "errors", {}))
+    out = _Batch(value)
+    for i, v in enumerate(value):
+        if i in errors:
+            continue
+        try:
+            _codec.dumps(v)
+        except Exception as e:
+            errors[i] = _failure(e, traceback.format_exc())
+            out[i] = None
+    out.errors = errors
+    return out
+
+
+def _batch_element(values: _Batch, i: int) -> tuple[bool, Any]:
+    """(ok, value or exception) of call `i` of a chunk some of whose calls failed."""
+    b = values.errors.get(i)
+    if b is None:
+        return True, values[i]
+    return decode(1, b, [], 0, 0)
+
+
+def _batch_payload(fn, calls: list, skip: list) -> tuple[bytes, list]:
+    """The pickled call of a chunk, leaving out the calls at positions `skip` (cancelled)."""
+    return _codec.dumps_call(_run_batch, (fn, calls, frozenset(skip)), {})
