@@ -8,7 +8,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::pool::Pool;
+use crate::pool_class::Pool;
 use crate::small::Args;
 
 /// Which submit a bound function makes.

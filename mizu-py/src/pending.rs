@@ -137,10 +137,10 @@ impl PendingSet {
             if unsafe { pyo3::ffi::Py_REFCNT(f.as_ptr()) } != 1 {
                 continue;
             }
-            let Ok(Some(task)) = crate::future::task_of(f) else {
+            let Ok(Some(task)) = crate::future_slots::task_of(f) else {
                 continue;
             };
-            if !crate::future::has_no_condition(f).unwrap_or(false) {
+            if !crate::future_slots::has_no_condition(f).unwrap_or(false) {
                 continue;
             }
             match task.get().unread_finish() {
@@ -189,21 +189,21 @@ impl PendingSet {
 
     /// Adds `obj` (a future of a `PoolExecutor`, in no other set).
     fn add(&self, obj: &Bound<'_, PyAny>) -> PyResult<()> {
-        let task = crate::future::task_of(obj)?
+        let task = crate::future_slots::task_of(obj)?
             .ok_or_else(|| PyTypeError::new_err("a PendingSet holds futures of a PoolExecutor"))?;
         self.insert_of(obj, task.get())
     }
 
     /// Removes `obj` if present.
     fn discard(&self, obj: &Bound<'_, PyAny>) -> PyResult<()> {
-        if let Some(t) = crate::future::task_of(obj)? {
+        if let Some(t) = crate::future_slots::task_of(obj)? {
             self.remove_of(obj, t.get());
         }
         Ok(())
     }
 
     fn __contains__(&self, obj: &Bound<'_, PyAny>) -> PyResult<bool> {
-        Ok(match crate::future::task_of(obj)? {
+        Ok(match crate::future_slots::task_of(obj)? {
             Some(t) => {
                 let at = t.get().pending_at.load(Ordering::Relaxed);
                 self.place_of(&self.lock(), obj, at).is_some()
@@ -252,10 +252,27 @@ impl PendingSet {
         let all = std::mem::take(&mut *self.lock());
         for (_, f) in all.members() {
             // (Each may go into another set later.)
-            if let Ok(Some(t)) = crate::future::task_of(f.bind(py)) {
+            if let Ok(Some(t)) = crate::future_slots::task_of(f.bind(py)) {
                 t.get().pending_at.store(NOT_PENDING, Ordering::Relaxed);
             }
         }
         drop(all);
     }
+}
+
+/// `f` of the pending futures of the executor `task`'s pool serves; None if it serves none.
+pub(crate) fn with_executor_pending<T>(
+    py: Python<'_>,
+    task: &Task,
+    f: impl FnOnce(&PendingSet) -> T,
+) -> Option<T> {
+    let pool = task
+        .pool()?
+        .bind(py)
+        .cast::<crate::pool_class::Pool>()
+        .ok()?;
+    let hooks = pool.get().executor.get()?;
+    // SAFETY: `Pool.bind_executor` stores a `PendingSet` there and nothing else.
+    let set = unsafe { hooks.pending.bind(py).cast_unchecked::<PendingSet>() };
+    Some(f(set.get()))
 }

@@ -15,6 +15,7 @@ use mizu_pool::{Fill, Launcher, PoolConfig, PoolError};
 
 use crate::cell::SLICE;
 use crate::codec::Outgoing;
+use crate::pool_class::{ExecutorHooks, NEXT_ID, Pool};
 use crate::registry::Registry;
 use crate::small::Args;
 use crate::task::Task;
@@ -23,47 +24,6 @@ use crate::{SlotsFull, err, forked};
 /// Payloads up to this size are submitted without releasing the GIL first (when a queue has
 /// room): releasing and retaking it costs more than writing them.
 const HOT_SUBMIT_MAX: usize = 64 << 10;
-
-/// Numbers the pools of this process.
-static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// A pool of Python worker processes (`python -m pymizu.worker ...`).
-#[pyclass(module = "pymizu._native", frozen)]
-pub struct Pool {
-    /// This pool's number in this process (keys the copies of `repeats.rs`).
-    id: u64,
-    /// Read-locked to use the pool (never held while waiting for the GIL to be written to),
-    /// write-locked only to take it out in `stop`.
-    inner: RwLock<Option<mizu_pool::Pool>>,
-    origin: mizu_pool::Origin,
-    tasks: Registry,
-    /// Set when a `PoolExecutor` serves through this pool (`bind_executor`).
-    executor: OnceLock<ExecutorHooks>,
-    /// The executor's `accepting` flag (its state object sets it through `set_accepting`),
-    /// read by the executor's submit without a Python attribute lookup.
-    accepting: AtomicBool,
-}
-
-/// What the executor's submit needs of a `PoolExecutor`: its future class, its shared state
-/// (`accepting`, `broken`, `refuse()`), the state's set of pending futures, and the function
-/// that makes an already failed future.
-struct ExecutorHooks {
-    cls: Py<PyType>,
-    state: Py<PyAny>,
-    pending: Py<crate::pending::PendingSet>,
-    failed: Py<PyAny>,
-}
-
-/// `f` of the pending futures of the executor `task`'s pool serves; None if it serves none.
-pub(crate) fn with_executor_pending<T>(
-    py: Python<'_>,
-    task: &Task,
-    f: impl FnOnce(&crate::pending::PendingSet) -> T,
-) -> Option<T> {
-    let pool = task.pool()?.bind(py).cast::<Pool>().ok()?;
-    let hooks = pool.get().executor.get()?;
-    Some(f(hooks.pending.get()))
-}
 
 /// One worker in `Pool.status()`: (slot, pid, state, busy, tasks run, steals).
 type WorkerRow = (usize, u32, String, bool, u64, u64);
@@ -279,12 +239,17 @@ impl Pool {
         };
         // (A task refers to nothing that refers to the future: it stays untracked.)
         let fut = crate::future::make_future(h.cls.bind(py), task.as_any())?;
-        let pending = h.pending.get();
-        pending.insert_of(&fut, task.get())?;
+        // SAFETY: `bind_executor` stores a `PendingSet` there and nothing else.
+        let pending = unsafe {
+            h.pending
+                .bind(py)
+                .cast_unchecked::<crate::pending::PendingSet>()
+        };
+        pending.get().insert_of(&fut, task.get())?;
         // A shutdown that began meanwhile either saw the future (and settles it) or is seen
         // here (and the submission is withdrawn).
         if !accepting() {
-            pending.remove_of(&fut, task.get());
+            pending.get().remove_of(&fut, task.get());
             task.call_method0(pyo3::intern!(py, "cancel"))?;
             return Err(refuse());
         }
@@ -459,6 +424,7 @@ impl Pool {
             pending: state
                 .getattr("pending")?
                 .cast_into::<crate::pending::PendingSet>()?
+                .into_any()
                 .unbind(),
             state: state.clone().unbind(),
             failed,

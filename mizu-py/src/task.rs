@@ -423,8 +423,8 @@ impl Task {
             .call1((fn_, calls, skip))
             .and_then(|p| {
                 let (data, bufs): (Vec<u8>, Bound<'_, PyAny>) = p.extract()?;
-                let pool = pool.bind(py).cast::<crate::pool::Pool>()?;
-                crate::pool::Pool::submit_handle(pool, &data, &bufs)
+                let pool = pool.bind(py).cast::<crate::pool_class::Pool>()?;
+                crate::pool_class::Pool::submit_handle(pool, &data, &bufs)
             });
         match again {
             Ok(handle) => t.task = Some(handle),
