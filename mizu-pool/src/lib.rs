@@ -52,6 +52,8 @@ mod attach;
 #[cfg(not(mizu_loom))]
 mod channel;
 #[cfg(not(mizu_loom))]
+mod collect;
+#[cfg(not(mizu_loom))]
 mod context;
 #[cfg(not(mizu_loom))]
 mod error;
@@ -90,6 +92,7 @@ mod worker;
 pub use {
     attach::Submitter,
     channel::{Channel, ChannelSendError},
+    collect::{Wakeup, collect_all, collect_any, wait_until},
     context::{Executor, TaskContext, with_current_task},
     error::{PoolError, Result, TaskError},
     loop_watch::Watch,
@@ -100,7 +103,7 @@ pub use {
     pool::{Launcher, Pool, PoolConfig, PoolStatus, SubmitterStatus, WorkerStatus},
     pressure::set_pressure_hook,
     shared::{Fill, set_discard_hook},
-    submitter::{CollectError, Task, Wakeup, collect_all, collect_any, wait_until},
+    submitter::{CollectError, Task},
     watch::WATCH,
     worker::{exit_if_orphaned_while_starting, run_worker},
 };
