@@ -99,8 +99,10 @@ pub(crate) fn submit_draining(
 /// The pressure hook (`mizu_pool::set_pressure_hook`): `/dev/shm` is full, so the copies
 /// kept for arrays sent again and the views Python's garbage still holds are let go.
 pub(crate) fn relieve_pressure() {
-    crate::repeats::forget();
-    Python::attach(collect_garbage);
+    Python::attach(|py| {
+        crate::repeats::forget();
+        collect_garbage(py);
+    });
 }
 
 pub(crate) fn collect_garbage(py: Python<'_>) {
