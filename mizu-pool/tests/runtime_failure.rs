@@ -1,15 +1,19 @@
 //! The runtime's own failure — a worker that cannot store a result (no room in `/dev/shm`) —
 //! reaches the collector as `TaskError::Runtime` with its text, not as an executor's error
 //! payload (a binding used to decode the text as a payload: R said "unknown tag 0x6d").
-//! Alone in its binary: it limits the workers' `/dev/shm` to what other tests' pools would
-//! disturb.
+//! Alone in its binary: its pool keeps its shared memory in a directory of its own (set for
+//! this process before it touches shared memory, and for the workers through their
+//! environment), so that the room its workers are left counts only this test's segments,
+//! whatever other programs using mizu do meanwhile.
 
 mod common;
 
+use std::path::{Path, PathBuf};
+
 use mizu_pool::{CollectError, Launcher, Pool, PoolConfig, TaskError};
 
-fn mizu_bytes() -> u64 {
-    std::fs::read_dir("/dev/shm")
+fn mizu_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
         .unwrap()
         .filter_map(|e| e.ok())
         .filter(|e| e.file_name().to_string_lossy().starts_with("mizu_"))
@@ -18,12 +22,27 @@ fn mizu_bytes() -> u64 {
         .sum()
 }
 
+/// A directory of this test's own on the shared-memory file system, removed when dropped.
+struct OwnDir(PathBuf);
+
+impl Drop for OwnDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 #[test]
 fn a_result_that_cannot_be_stored_is_a_runtime_failure_with_its_text() {
-    // The workers (not this process) see a /dev/shm with 4 MiB left beyond what exists now,
-    // less their own start-up segments (set through `env`, read once by each worker): an
-    // 8 MB result cannot fit.
-    let limit = mizu_bytes() + (4 << 20);
+    let dir = OwnDir(PathBuf::from(format!(
+        "/dev/shm/mizu-runtime-failure-{}",
+        std::process::id()
+    )));
+    std::fs::create_dir(&dir.0).unwrap();
+    mizu_shm::place::configure(mizu_shm::place::Place::new(&dir.0, "mizu_").unwrap()).unwrap();
+    // The workers (not this process) see a /dev/shm with 4 MiB left beyond what this test
+    // holds now, less their own start-up segments (set through `env`, read once by each
+    // worker): an 8 MB result cannot fit.
+    let limit = mizu_bytes(&dir.0) + (4 << 20);
     let pool = Pool::new(
         PoolConfig {
             workers: 1,
@@ -31,12 +50,16 @@ fn a_result_that_cannot_be_stored_is_a_runtime_failure_with_its_text() {
         },
         Launcher::new(
             "env",
-            vec![format!("MIZU_SHM_BYTES={limit}"), common::WORKER.to_owned()],
+            vec![
+                format!("MIZU_SHM_DIR={}", dir.0.display()),
+                format!("MIZU_SHM_BYTES={limit}"),
+                common::WORKER.to_owned(),
+            ],
         ),
     )
     .unwrap();
     assert!(
-        mizu_bytes() + (1 << 20) <= limit,
+        mizu_bytes(&dir.0) + (1 << 20) <= limit,
         "the start-up used the room"
     );
     let r = pool.submit(b"big:8000000").unwrap().result(None);
@@ -56,4 +79,10 @@ fn a_result_that_cannot_be_stored_is_a_runtime_failure_with_its_text() {
     // The worker goes on serving.
     let ok = pool.submit(b"echo:still").unwrap().result(None).unwrap();
     assert_eq!(ok.as_slice(), b"still");
+    drop(pool);
+    assert_eq!(
+        mizu_bytes(&dir.0),
+        0,
+        "the stopped pool left nothing in its directory"
+    );
 }
