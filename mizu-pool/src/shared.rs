@@ -209,6 +209,17 @@ impl Fill for Vec<u8> {
 }
 
 #[cfg(not(mizu_loom))]
+impl<B: mizu_wire::oob::Source, S: mizu_wire::oob::Source> Fill for mizu_wire::oob::Writer<B, S> {
+    fn size(&self) -> usize {
+        mizu_wire::oob::Writer::size(self)
+    }
+
+    fn fill(&self, out: &mut [u8]) {
+        self.write(out);
+    }
+}
+
+#[cfg(not(mizu_loom))]
 impl Fill for mizu_wire::envelope::Envelope {
     fn size(&self) -> usize {
         self.len()

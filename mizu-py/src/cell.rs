@@ -56,7 +56,7 @@ impl Drop for Cell {
         if self.origin.is_here()
             && let State::Raw(Ok(b)) = state
         {
-            crate::small_read::release_refs(b);
+            crate::codec::release_refs(b);
         }
     }
 }

@@ -9,7 +9,7 @@ use pyo3::types::{PyBytes, PyList};
 
 use mizu_pool::{ChannelSendError, RecvError};
 
-use crate::codec::{Outgoing, decode, encode_vec};
+use crate::codec::{Outgoing, decode};
 use crate::{err, forked};
 
 /// How long one GIL-free wait lasts before signals are checked.
@@ -105,7 +105,7 @@ impl Channel {
         forked(self.origin)?;
         let bytes = msgs
             .iter()
-            .map(|(p, b)| Outgoing::new(py, p.as_bytes(py), b.bind(py)).map(|o| encode_vec(&o)))
+            .map(|(p, b)| Outgoing::new(py, p.as_bytes(py), b.bind(py)).map(|o| o.to_vec()))
             .collect::<PyResult<Vec<_>>>()?;
         self.send_payloads(py, &bytes)
     }
@@ -155,7 +155,7 @@ impl Channel {
                     return Ok((4, v, PyList::empty(py).unbind()));
                 }
                 Ok(buf) => {
-                    let (d, b) = decode(py, buf)?;
+                    let (d, b) = decode(py, buf)?.pair();
                     return Ok((0, d, b));
                 }
                 Err(RecvError::Timeout) => {

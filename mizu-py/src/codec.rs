@@ -1,66 +1,83 @@
-//! Python payloads: a pickle (protocol 5) plus its out-of-band buffers, laid out in one task
-//! payload so that a large one travels in a single shared-memory region, copied once from the
-//! sender's buffers, and the receiver sees every buffer as a read-only view of that region.
+//! Python payloads: a pickle (protocol 5) and its out-of-band buffers, written by the runtime's
+//! one writer of a language's own payloads (`mizu_pool::wire::oob`: the layout is in
+//! `docs/wire-format.md`, "Same-language payloads"), so that a large one travels in a single
+//! shared-memory region, copied once from the sender's buffers, and the receiver sees every
+//! buffer as a read-only view of that region.
 //!
-//! Layout (see `docs/python.md`, "Payload format"):
-//! * `P` then the pickle bytes — no out-of-band buffers;
-//! * `B`, 3 zero bytes, `u32` buffer count `n`, `u64` pickle length, then `n` pairs of `u64`
-//!   (offset from the payload start, length), then the pickle, then each buffer at its
-//!   offset, 64-byte aligned. All integers little-endian. Receivers parse it with
-//!   `mizu_pool::wire::oob` (fuzzed there).
-//!
-//! A buffer that views a region this process holds (a shared object, an array received from
-//! another process) travels by reference: its offset has the top bit set, and at that offset
-//! is the region's 64-byte descriptor (carrying a counted reference, which the receiver
-//! adopts) and the `u64` offset of the buffer in the region.
+//! A call whose function pickles by reference is a `C` payload: the function's pickle (which
+//! the worker unpickles once and keeps) ahead of the arguments' pickle. A buffer that views a
+//! region this process holds (a shared object, an array received from another process)
+//! travels by reference to it.
 
 use std::sync::Arc;
 
 use arrow_buffer::Buffer;
 use mizu_pool::Fill;
-use mizu_pool::wire::oob::{self, Dialect, PY_BY_REF as BY_REF, Place, REF_RECORD};
-use mizu_pool::wire::{Region, RegionDesc};
-use pyo3::buffer::PyBuffer;
+use mizu_pool::wire::oob::{self, Source, code, tag};
+use mizu_pool::wire::{Region, compact};
+use pyo3::buffer::{PyBuffer, PyUntypedBuffer};
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::shmbuf::ShmBuffer;
 use pyo3::types::{PyBytes, PyList};
 
-const TAG_PLAIN: u8 = b'P';
-pub(crate) const TAG_BUFFERS: u8 = b'B';
 /// Buffers at least this large that view a region this process holds go by reference.
 const REF_MIN: usize = 4096;
-const ALIGN: usize = 64;
 /// Pickles up to this size are handed to Python as `bytes`; larger ones as views.
 const COPY_PICKLE_MAX: usize = 4096;
 
-/// A payload to send: the pickle and the out-of-band buffers, written in place by [`Fill`].
-pub struct Outgoing<'a> {
-    pickle: &'a [u8],
-    bufs: Vec<PyBuffer<u8>>,
-    size: usize,
-    /// Offsets of the buffers in the payload.
-    at: Vec<usize>,
-    /// Per buffer: the region it views and where in it, when it goes by reference.
-    refs: Vec<Option<(Arc<Region>, usize)>>,
-    /// Per buffer: whether it is writable shared memory (`pymizu.empty`/`zeros`).
-    writable: Vec<bool>,
+/// The bytes of a buffer a Python object exports, copied into a payload when it is written.
+/// Holding it keeps the exporter's memory in place.
+pub(crate) struct Exported(pub(crate) PyUntypedBuffer);
+
+impl Source for Exported {
+    fn len(&self) -> usize {
+        self.0.len_bytes()
+    }
+
+    fn write_to(&self, out: &mut [u8]) {
+        // SAFETY: the exporter keeps buf_ptr..+len_bytes valid while the buffer is held (it
+        // is: `self` holds it), and every `Exported` is contiguous (checked where it is made).
+        let src = unsafe { std::slice::from_raw_parts(self.0.buf_ptr().cast::<u8>(), self.len()) };
+        src.write_to(out);
+    }
 }
 
+/// A payload to send: the pickle (after a call's function, for a `C` payload) and the
+/// out-of-band buffers, written in place by [`Fill`].
+pub struct Outgoing<'a>(oob::Writer<(Vec<u8>, &'a [u8]), Exported>);
+
 impl<'a> Outgoing<'a> {
-    /// Checks the buffers (contiguous bytes) and lays the payload out.
+    /// A `P` payload: `pickle` and its buffers `bufs` (None or an iterable of buffers).
     pub fn new(py: Python<'_>, pickle: &'a [u8], bufs: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let mut out = Outgoing {
-            pickle,
-            bufs: Vec::new(),
-            size: 1 + pickle.len(),
-            at: Vec::new(),
-            refs: Vec::new(),
-            writable: Vec::new(),
-        };
+        Self::with(py, tag::PICKLE, Vec::new(), pickle, bufs)
+    }
+
+    /// A `C` payload: a call of the function pickled by reference as `head`, whose arguments
+    /// (a tuple, or `[args, kwargs]`) pickle as `pickle` with the buffers `bufs`.
+    pub fn call(
+        py: Python<'_>,
+        head: &[u8],
+        pickle: &'a [u8],
+        bufs: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        let mut prefix = Vec::with_capacity(head.len() + 2);
+        compact::put_varint(&mut prefix, head.len() as u64);
+        prefix.extend_from_slice(head);
+        Self::with(py, tag::PICKLED_CALL, prefix, pickle, bufs)
+    }
+
+    fn with(
+        py: Python<'_>,
+        tag: u8,
+        prefix: Vec<u8>,
+        pickle: &'a [u8],
+        bufs: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        let mut w = oob::Writer::new(tag, (prefix, pickle));
         if bufs.is_none() {
-            return Ok(out);
+            return Ok(Outgoing(w));
         }
         for b in bufs.try_iter()? {
             let b = b?;
@@ -69,90 +86,53 @@ impl<'a> Outgoing<'a> {
                 Ok(r) => r,
                 Err(_) => b,
             };
-            let pb = PyBuffer::<u8>::get(&raw)?;
+            let pb = PyUntypedBuffer::get(&raw)?;
             if !pb.is_c_contiguous() {
                 return Err(PyBufferError::new_err(
                     "pymizu: an out-of-band buffer is not contiguous",
                 ));
             }
-            out.bufs.push(pb);
-        }
-        if out.bufs.is_empty() {
-            return Ok(out);
-        }
-        let mut at = 16 + 16 * out.bufs.len() + pickle.len();
-        for b in &out.bufs {
-            let n = b.len_bytes();
+            let n = pb.len_bytes();
             // Writable shared memory (every other view of shared memory is read-only) goes by
             // reference whatever its size, and is never copied: tasks may be writing it.
-            let writable = !b.readonly();
+            let writable = !pb.readonly();
             let shared = (n >= REF_MIN || writable)
-                .then(|| Region::containing(b.buf_ptr().cast_const().cast::<u8>()))
+                .then(|| Region::containing(pb.buf_ptr().cast_const().cast::<u8>()))
                 .flatten()
                 .filter(|(r, off)| off + n <= r.len());
             let writable = writable && shared.is_some();
-            let by_ref = shared.filter(|(r, _)| r.still_named());
-            if writable && by_ref.is_none() {
-                return Err(PyValueError::new_err(
-                    "pymizu: a writable shared array whose memory is being released cannot be sent",
-                ));
+            match shared.filter(|(r, _)| r.still_named()) {
+                Some((region, off)) => {
+                    w.push_ref(code::BYTES, region, off, n, writable, None);
+                }
+                None if writable => {
+                    return Err(PyValueError::new_err(
+                        "pymizu: a writable shared array whose memory is being released cannot be sent",
+                    ));
+                }
+                None => {
+                    w.push(code::BYTES, Exported(pb));
+                }
             }
-            at = at.next_multiple_of(ALIGN);
-            out.at.push(at);
-            at += if by_ref.is_some() { REF_RECORD } else { n };
-            out.refs.push(by_ref);
-            out.writable.push(writable);
         }
-        out.size = at;
-        Ok(out)
+        Ok(Outgoing(w))
+    }
+
+    /// The payload as bytes (for paths that need an owned copy, e.g. channels).
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.0.to_vec()
     }
 }
 
 impl Fill for Outgoing<'_> {
     fn size(&self) -> usize {
-        self.size
+        self.0.size()
     }
 
+    /// Each write takes a new reference of every region referred to: adopted by the receiver,
+    /// or given back by [`release_refs`] when the runtime discards the payload.
     fn fill(&self, out: &mut [u8]) {
-        if self.bufs.is_empty() {
-            out[0] = TAG_PLAIN;
-            out[1..].copy_from_slice(self.pickle);
-            return;
-        }
-        out[..16].fill(0);
-        out[0] = TAG_BUFFERS;
-        out[4..8].copy_from_slice(&(self.bufs.len() as u32).to_le_bytes());
-        out[8..16].copy_from_slice(&(self.pickle.len() as u64).to_le_bytes());
-        for (i, ((b, &at), r)) in self.bufs.iter().zip(&self.at).zip(&self.refs).enumerate() {
-            let e = 16 + 16 * i;
-            let flag = match (r, self.writable[i]) {
-                (Some(_), true) => BY_REF | oob::PY_WRITABLE_REF,
-                (Some(_), false) => BY_REF,
-                (None, _) => 0,
-            };
-            out[e..e + 8].copy_from_slice(&(at as u64 | flag).to_le_bytes());
-            out[e + 8..e + 16].copy_from_slice(&(b.len_bytes() as u64).to_le_bytes());
-        }
-        let p = 16 + 16 * self.bufs.len();
-        out[p..p + self.pickle.len()].copy_from_slice(self.pickle);
-        let mut end = p + self.pickle.len();
-        for ((b, &at), r) in self.bufs.iter().zip(&self.at).zip(&self.refs) {
-            out[end..at].fill(0);
-            if let Some((region, off)) = r {
-                // Each fill takes a new reference: adopted by the receiver, or given back by
-                // `release_refs` when the runtime discards the payload.
-                region.share().write_to(&mut out[at..at + 64]);
-                out[at + 64..at + REF_RECORD].copy_from_slice(&(*off as u64).to_le_bytes());
-                end = at + REF_RECORD;
-                continue;
-            }
-            let n = b.len_bytes();
-            // SAFETY: the exporter keeps buf_ptr..+len_bytes valid while the PyBuffer lives
-            // (it does: `self` owns it); the buffer is C-contiguous (checked in `new`).
-            let src = unsafe { std::slice::from_raw_parts(b.buf_ptr() as *const u8, n) };
-            mizu_pool::wire::copy_large(&mut out[at..at + n], src);
-            end = at + n;
-        }
+        self.0.write(out);
     }
 }
 
@@ -160,65 +140,74 @@ fn bad(why: impl Into<String>) -> PyErr {
     PyValueError::new_err(format!("pymizu: malformed payload: {}", why.into()))
 }
 
-/// Decodes a received payload into `(pickle, buffers)` for `pickle.loads(pickle,
-/// buffers=buffers)`. Input is untrusted: every offset is checked.
-pub fn decode(py: Python<'_>, buf: Buffer) -> PyResult<(Py<PyAny>, Py<PyList>)> {
-    let b = buf.as_slice();
-    let view = |start: usize, len: usize| -> PyResult<Py<PyAny>> {
-        if len <= COPY_PICKLE_MAX {
-            Ok(PyBytes::new(py, &b[start..start + len]).into_any().unbind())
-        } else {
-            let v = ShmBuffer::new(buf.slice_with_length(start, len));
-            Ok(Py::new(py, v)?.into_any())
-        }
-    };
-    match b.first() {
-        Some(&TAG_PLAIN) => Ok((view(1, b.len() - 1)?, PyList::empty(py).unbind())),
-        Some(&TAG_BUFFERS) => {
-            let layout = oob::parse(b, Dialect::Python).map_err(|e| bad(e.to_string()))?;
-            let list = PyList::empty(py);
-            for (i, entry) in layout.entries.into_iter().enumerate() {
-                let buf = match entry.place {
-                    Place::Inline(r) => buf.slice_with_length(r.start, r.len()),
-                    Place::Ref {
-                        desc, offset, len, ..
-                    } => by_reference(&desc, offset, len)
-                        .map_err(|why| bad(format!("buffer {i}: {why}")))?,
-                };
-                let view = if entry.code == oob::PY_WRITABLE {
-                    ShmBuffer::writable(buf)
-                } else {
-                    ShmBuffer::new(buf)
-                };
-                list.append(Py::new(py, view)?)?;
-            }
-            let body = layout.body;
-            Ok((view(body.start, body.len())?, list.unbind()))
-        }
-        Some(t) => Err(bad(format!("unknown tag {t:#04x}"))),
-        None => Err(bad("empty")),
+/// A received pickled payload: for a `C` payload the function's pickle, then the pickle (as
+/// `bytes`, or a view when it is large) and the buffers for `pickle.loads(pickle,
+/// buffers=buffers)`.
+pub struct Pickled {
+    /// The function's pickle (by reference) of a call.
+    pub head: Option<Py<PyBytes>>,
+    /// The pickle.
+    pub data: Py<PyAny>,
+    /// Its out-of-band buffers, as read-only (or, for `pymizu.empty`/`zeros` memory,
+    /// writable) views.
+    pub bufs: Py<PyList>,
+}
+
+impl Pickled {
+    /// `(pickle, buffers)`, for a payload that is not a call.
+    pub fn pair(self) -> (Py<PyAny>, Py<PyList>) {
+        (self.data, self.bufs)
     }
 }
 
-/// A buffer by reference: adopts the region `d` names and views `len` bytes of it at `off`.
-fn by_reference(d: &RegionDesc, off: u64, len: u64) -> Result<Buffer, String> {
-    let region = Arc::new(
-        crate::payload::MAPPER
-            .adopt(d)
-            .map_err(|e| format!("its region: {e}"))?,
-    );
-    let (off, len) = match (usize::try_from(off), usize::try_from(len)) {
-        (Ok(o), Ok(n)) if o.checked_add(n).is_some_and(|e| e <= region.len()) => (o, n),
-        _ => return Err("it is beyond its region".into()),
+/// Decodes a received `P` or `C` payload. Input is untrusted: every offset is checked.
+pub fn decode(py: Python<'_>, buf: Buffer) -> PyResult<Pickled> {
+    let b = buf.as_slice();
+    let layout = oob::parse(b).map_err(|e| bad(e.to_string()))?;
+    let mut body = layout.body;
+    let head = match layout.tag {
+        tag::PICKLE => None,
+        tag::PICKLED_CALL => {
+            let mut r = compact::Reader::new(&b[..body.end], body.start, body.start);
+            let n = r.len("function").map_err(|e| bad(e.to_string()))?;
+            let h = r.take("function", n).map_err(|e| bad(e.to_string()))?;
+            body.start = r.pos;
+            Some(PyBytes::new(py, h).unbind())
+        }
+        t => return Err(bad(format!("not a pickle (tag {t:#04x})"))),
     };
-    Ok(Region::buffer(&region).slice_with_length(off, len))
+    let list = PyList::empty(py);
+    let received = oob::receive(&buf, layout.entries, &crate::payload::MAPPER)
+        .map_err(|e| bad(e.to_string()))?;
+    for r in received {
+        let view = if r.writable {
+            ShmBuffer::writable(r.bytes)
+        } else {
+            ShmBuffer::new(r.bytes)
+        };
+        list.append(Py::new(py, view)?)?;
+    }
+    let data = if body.len() <= COPY_PICKLE_MAX {
+        PyBytes::new(py, &b[body]).into_any().unbind()
+    } else {
+        Py::new(
+            py,
+            ShmBuffer::new(buf.slice_with_length(body.start, body.len())),
+        )?
+        .into_any()
+    };
+    Ok(Pickled {
+        head,
+        data,
+        bufs: list.unbind(),
+    })
 }
 
-/// Gives back the region references of a `B` payload nobody will read (see
-/// `small_read::release_refs`, which calls it): runs on any thread, touches no Python object,
+/// Gives back the region references of a payload nobody will read (the runtime's discard
+/// hook, and a task's outcome dropped unread): runs on any thread, touches no Python object,
 /// stops at the first malformed byte.
 pub fn release_refs(b: &[u8]) {
-    for d in oob::references(b, Dialect::Python) {
+    for d in oob::references(b) {
         // Adopting takes the reference over; dropping the region gives it back.
         drop(crate::payload::MAPPER.adopt(&d));
     }
@@ -287,11 +276,4 @@ pub fn shared_region(obj: &Bound<'_, PyAny>) -> PyResult<Option<(String, u64, us
 #[pyfunction]
 pub fn release_shared() {
     mizu_pool::share::release();
-}
-
-/// Encodes a payload into bytes (for paths that need an owned copy, e.g. channels).
-pub fn encode_vec(o: &Outgoing<'_>) -> Vec<u8> {
-    let mut v = vec![0u8; o.size()];
-    o.fill(&mut v);
-    v
 }

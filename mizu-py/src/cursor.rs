@@ -4,17 +4,14 @@
 
 use std::sync::Arc;
 
-use arrow_buffer::Buffer;
 use mizu_pool::wire::Region;
 use mizu_pool::wire::compact::{self, tag};
-use pyo3::buffer::PyUntypedBuffer;
+use mizu_pool::wire::oob;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 /// Values that encode larger than this go through pickle.
 pub(crate) const MAX_SIZE: usize = 1 << 20;
-/// Alignment of out-of-band array bytes (from the start of their area).
-pub(crate) const ALIGN: usize = 64;
 
 /// Writes small values; gives up (returns false) on anything else.
 #[derive(Default)]
@@ -22,12 +19,8 @@ pub(crate) struct Writer {
     pub(crate) out: Vec<u8>,
     /// Mutable containers written so far (by address): one seen twice gives up.
     pub(crate) seen: Vec<usize>,
-    /// Out-of-band arrays, in order, and where each starts in the array area.
-    pub(crate) bufs: Vec<(PyUntypedBuffer, usize)>,
-    /// The array area's length so far.
-    pub(crate) area: usize,
-    /// Arrays sent by reference: their regions and where each descriptor goes in `out`.
-    pub(crate) refs: Vec<(Arc<Region>, usize)>,
+    /// The arrays that travel beside the values, in the order of their indices.
+    pub(crate) beside: Vec<Beside>,
     /// Whether arrays may go by reference (not for bytes that are never delivered).
     pub(crate) refs_ok: bool,
     /// For a task's arguments, the pool they go to: a large array goes by reference to a copy
@@ -71,6 +64,19 @@ impl Writer {
     }
 }
 
+/// An array's bytes beside the values: copied in, or by reference to the region it views.
+pub(crate) enum Beside {
+    /// Copied when the payload is written.
+    Copy(crate::codec::Exported),
+    /// `len` bytes at `offset` of `region` (`writable`: memory of `pymizu.empty`/`zeros`).
+    Ref {
+        region: Arc<Region>,
+        offset: usize,
+        len: usize,
+        writable: bool,
+    },
+}
+
 pub(crate) fn bad(why: &str) -> PyErr {
     PyValueError::new_err(format!("pymizu: malformed small payload: {why}"))
 }
@@ -78,8 +84,8 @@ pub(crate) fn bad(why: &str) -> PyErr {
 /// Reads values from untrusted bytes (the items through `mizu_pool::wire::compact`).
 pub(crate) struct Reader<'a> {
     pub(crate) r: compact::Reader<'a>,
-    /// A `W` payload's bytes and where its array area starts.
-    pub(crate) oob: Option<(&'a Buffer, usize)>,
+    /// The payload's buffers (arrays beside the values), by index.
+    pub(crate) beside: Vec<oob::Buffer>,
 }
 
 /// A malformed item.

@@ -125,7 +125,7 @@ fn line_round_trip_ns(py: Python<'_>, a: usize, b: usize, rounds: u64) -> PyResu
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     // Payloads the runtime discards unread give back the regions their arrays refer to.
-    mizu_pool::set_discard_hook(small_read::release_refs);
+    mizu_pool::set_discard_hook(codec::release_refs);
     // A full `/dev/shm`: what Python's garbage holds (views of earlier values, copies kept
     // for arrays sent again) goes before the runtime gives up.
     mizu_pool::set_pressure_hook(pool::relieve_pressure);

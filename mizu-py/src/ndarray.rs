@@ -7,9 +7,9 @@
 
 use std::collections::HashMap;
 use std::ffi::c_int;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use mizu_pool::wire::{Region, RegionDesc};
+use mizu_pool::wire::Region;
 use numpy::npyffi::{
     _PyArray_GET_ITEM_DATA, NPY_ARRAY_F_CONTIGUOUS, NPY_ARRAY_WRITEABLE, NpyTypes, get_type_object,
     npy_intp,
@@ -23,8 +23,8 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyString, PyType};
 
-use crate::cursor::{ALIGN, MAX_SIZE, Reader, Writer, bad};
-use crate::payload::MAPPER;
+use crate::codec::Exported;
+use crate::cursor::{Beside, MAX_SIZE, Reader, Writer, bad};
 use crate::shmbuf::ShmBuffer;
 use mizu_pool::wire::compact::tag;
 
@@ -103,43 +103,25 @@ pub(crate) fn read_array<'py>(
         b'F' => true,
         _ => return Err(bad("unknown array order")),
     };
-    // Inline: the bytes follow; out of band: where they are in the array area; by
-    // reference: a region (whose reference this takes over) and where they are in it. Bytes
-    // are handled by address and length: writable memory must never sit behind a Rust
-    // reference while other processes may write it.
-    let writable = item == tag::PY_NDARRAY_REF_MUT;
-    let (data, view) = if item == tag::PY_NDARRAY_REF || writable {
-        let d = RegionDesc::read_from(r.take(64)?).map_err(bad)?;
-        let at = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
-        let n = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
-        let region = Arc::new(
-            MAPPER
-                .adopt(&d)
-                .map_err(|e| bad(&format!("an array by reference: {e}")))?,
-        );
-        let (at, n) = match (usize::try_from(at), usize::try_from(n)) {
-            (Ok(at), Ok(n)) if at.checked_add(n).is_some_and(|e| e <= region.len()) => (at, n),
-            _ => return Err(bad("an array by reference beyond its region")),
-        };
-        let view = Region::buffer(&region).slice_with_length(at, n);
-        ((view.as_ptr(), n), Some(view))
-    } else if item == tag::PY_NDARRAY_OOB {
-        let at = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
-        let n = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
-        let (buf, area) = r
-            .oob
-            .ok_or_else(|| bad("an out-of-band array outside a W payload"))?;
-        let start = usize::try_from(at)
+    // Inline: the bytes follow; beside the values: the index of the payload's buffer that
+    // holds them (in the payload, or in a region it names, whose reference the payload's
+    // reader took over). Bytes are handled by address and length: writable memory must
+    // never sit behind a Rust reference while other processes may write it.
+    let mut writable = false;
+    let (data, view) = if item == tag::PY_NDARRAY_OOB {
+        let i =
+            r.r.varint("buffer index")
+                .map_err(crate::cursor::wire_bad)?;
+        let b = usize::try_from(i)
             .ok()
-            .and_then(|at| at.checked_add(area))
-            .filter(|s| s.is_multiple_of(ALIGN))
-            .ok_or_else(|| bad("an out-of-band array out of bounds"))?;
-        let n = usize::try_from(n)
-            .ok()
-            .filter(|&n| start.checked_add(n).is_some_and(|e| e <= buf.len()))
-            .ok_or_else(|| bad("an out-of-band array out of bounds"))?;
-        let view = buf.slice_with_length(start, n);
-        ((view.as_ptr(), n), Some(view))
+            .and_then(|i| r.beside.get(i))
+            .ok_or_else(|| bad("an array names a buffer the payload does not have"))?;
+        if b.code != mizu_pool::wire::oob::code::BYTES {
+            return Err(bad("an array's buffer holds something else"));
+        }
+        writable = b.writable;
+        let view = b.bytes.clone();
+        ((view.as_ptr(), view.len()), Some(view))
     } else {
         let n = r.u32()?;
         let b = r.take(n)?;
@@ -391,11 +373,10 @@ impl Writer {
         let (Ok(dlen), Ok(ndim)) = (u8::try_from(dstr.len()), u8::try_from(a.ndim())) else {
             return Ok(false);
         };
-        self.out.push(match (&by_ref, &oob) {
-            (Some(_), _) if writable => tag::PY_NDARRAY_REF_MUT,
-            (Some(_), _) => tag::PY_NDARRAY_REF,
-            (_, Some(_)) => tag::PY_NDARRAY_OOB,
-            _ => tag::PY_NDARRAY,
+        self.out.push(if by_ref.is_some() || oob.is_some() {
+            tag::PY_NDARRAY_OOB
+        } else {
+            tag::PY_NDARRAY
         });
         self.out.push(order);
         self.out.push(dlen);
@@ -404,32 +385,31 @@ impl Writer {
         for &d in a.shape() {
             self.out.extend_from_slice(&(d as u64).to_le_bytes());
         }
-        if let Some((region, off)) = by_ref {
+        let beside = match (by_ref, oob) {
             // The descriptor (a new reference) is written when the payload is.
-            self.refs.push((region, self.out.len()));
-            self.out.extend_from_slice(&[0u8; 64]);
-            self.out.extend_from_slice(&(off as u64).to_le_bytes());
-            self.out.extend_from_slice(&(nbytes as u64).to_le_bytes());
-            return Ok(true);
-        }
-        if let Some(b) = oob {
-            self.out
-                .extend_from_slice(&(self.area as u64).to_le_bytes());
-            self.out.extend_from_slice(&(nbytes as u64).to_le_bytes());
-            self.bufs.push((b, self.area));
-            self.area = (self.area + nbytes).next_multiple_of(ALIGN);
-            return Ok(true);
-        }
-        if !self.len_u32(nbytes) {
-            return Ok(false);
-        }
-        if nbytes > 0 {
-            // SAFETY: the array is contiguous in `order` (its flags say so), so its `nbytes`
-            // bytes start at its data pointer; they stay valid while we hold it and the GIL
-            // (no Python code runs during the copy).
-            let src = unsafe { std::slice::from_raw_parts(data_ptr(a), nbytes) };
-            self.out.extend_from_slice(src);
-        }
+            (Some((region, offset)), _) => Beside::Ref {
+                region,
+                offset,
+                len: nbytes,
+                writable,
+            },
+            (None, Some(b)) => Beside::Copy(Exported(b)),
+            (None, None) => {
+                if !self.len_u32(nbytes) {
+                    return Ok(false);
+                }
+                if nbytes > 0 {
+                    // SAFETY: the array is contiguous in `order` (its flags say so), so its
+                    // `nbytes` bytes start at its data pointer; they stay valid while we hold it
+                    // and the GIL (no Python code runs during the copy).
+                    let src = unsafe { std::slice::from_raw_parts(data_ptr(a), nbytes) };
+                    self.out.extend_from_slice(src);
+                }
+                return Ok(true);
+            }
+        };
+        self.count(self.beside.len());
+        self.beside.push(beside);
         Ok(true)
     }
 }

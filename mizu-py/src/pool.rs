@@ -8,7 +8,7 @@ use std::time::Duration;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PyList, PyTuple, PyType};
+use pyo3::types::{PyDict, PyList, PyTuple, PyType};
 
 use mizu_pool::retry::{MakeRoom, retrying};
 use mizu_pool::{Fill, Launcher, PoolConfig, PoolError};
@@ -194,8 +194,8 @@ impl Pool {
                 })?
                 .kept(slf.as_any())
                 .untracked(py),
-            crate::small::CallPayload::Pickled(data, bufs) => {
-                Pool::submit(slf, data.as_bytes(), Some(&bufs))
+            crate::small::CallPayload::Pickled(call) => {
+                Pool::submit_out(slf, &call.outgoing()?)?.untracked(py)
             }
         }
     }
@@ -258,34 +258,26 @@ impl Pool {
         Ok(fut.unbind())
     }
 
-    /// `submit`, giving the task before Python sees it.
-    fn submit_task(
-        slf: &Bound<'_, Self>,
-        pickle: &[u8],
-        buffers: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Task> {
+    /// Submits a payload, giving the task before Python sees it.
+    fn submit_out(slf: &Bound<'_, Self>, out: &Outgoing<'_>) -> PyResult<Task> {
         let py = slf.py();
         let this = slf.get();
-        let out = match buffers {
-            Some(b) => Outgoing::new(py, pickle, b)?,
-            None => Outgoing::new(py, pickle, &py.None().into_bound(py))?,
-        };
         this.with(|pool| {
             submit_draining(py, &this.tasks, false, out.size(), |t| {
-                pool.submit_with(&out, t)
+                pool.submit_with(out, t)
             })
         })
         .map(|t| t.kept(slf.as_any()))
     }
 
-    /// Submits a pickled call, returning the runtime's handle (the chunk that replaces a
-    /// cancelled one, see `Task::cancel`).
+    /// Submits a pickled call (`pymizu._codec.dumps_call`'s `(pickle, buffers, head)`),
+    /// returning the runtime's handle (the chunk that replaces a cancelled one, see
+    /// `Task::cancel`).
     pub(crate) fn submit_handle(
         slf: &Bound<'_, Self>,
-        pickle: &[u8],
-        buffers: &Bound<'_, PyAny>,
+        call: &crate::small::PickledCall<'_>,
     ) -> PyResult<mizu_pool::Task> {
-        Pool::submit_task(slf, pickle, Some(buffers))?
+        Pool::submit_out(slf, &call.outgoing()?)?
             .into_handle()
             .ok_or_else(|| crate::MizuError::new_err("pymizu: the chunk could not be resubmitted"))
     }
@@ -344,16 +336,25 @@ impl Pool {
         })
     }
 
-    /// Submits a pickled call and its out-of-band buffers (copied once, into shared memory).
-    /// When every task slot holds an uncollected task, finished outcomes are moved into their
-    /// `Task` objects to make room (or it waits for a task to finish).
-    #[pyo3(signature = (pickle, buffers=None))]
+    /// Submits a pickled call and its out-of-band buffers (copied once, into shared memory):
+    /// `pymizu._codec.dumps_call`'s `(pickle, buffers, head)`. When every task slot holds an
+    /// uncollected task, finished outcomes are moved into their `Task` objects to make room
+    /// (or it waits for a task to finish).
+    #[pyo3(signature = (pickle, buffers=None, head=None))]
     fn submit<'py>(
         slf: &Bound<'py, Self>,
         pickle: &[u8],
         buffers: Option<&Bound<'py, PyAny>>,
+        head: Option<&[u8]>,
     ) -> PyResult<Bound<'py, Task>> {
-        Pool::submit_task(slf, pickle, buffers)?.untracked(slf.py())
+        let py = slf.py();
+        let none = py.None().into_bound(py);
+        let bufs = buffers.unwrap_or(&none);
+        let out = match head {
+            Some(h) => Outgoing::call(py, h, pickle, bufs)?,
+            None => Outgoing::new(py, pickle, bufs)?,
+        };
+        Pool::submit_out(slf, &out)?.untracked(py)
     }
 
     /// Submits a call of the function pickled (by reference) as `head` when every argument
@@ -476,14 +477,15 @@ impl Pool {
         .map(|ts| ts.into_iter().map(|t| t.kept(slf.as_any())).collect())
     }
 
-    /// Submits several pickled calls (`[(pickle, buffers), ...]`) with one publication per
-    /// worker queue, making room as `submit` does.
+    /// Submits several pickled calls (`[(pickle, buffers, head), ...]`) with one publication
+    /// per worker queue, making room as `submit` does.
     fn submit_batch<'py>(
         slf: &Bound<'py, Self>,
-        calls: Vec<(Py<PyBytes>, Py<PyAny>)>,
+        calls: Vec<Bound<'py, PyAny>>,
     ) -> PyResult<Vec<Bound<'py, Task>>> {
         let (py, this) = (slf.py(), slf.get());
-        let outs = outgoing(py, &calls)?;
+        let calls = pickled_calls(&calls)?;
+        let outs = outgoing(&calls)?;
         this.with(|pool| {
             submit_all_draining(py, &this.tasks, false, &outs, |rest, slice| {
                 pool.submit_batch_with(rest.iter().map(|o| o as &dyn Fill), Some(slice))
@@ -523,8 +525,8 @@ impl Pool {
                 .map(|c| {
                     Ok(match c {
                         crate::small::CallPayload::Small(p) => CallFill::Small(p),
-                        crate::small::CallPayload::Pickled(data, bufs) => {
-                            CallFill::Pickled(Outgoing::new(py, data.as_bytes(), bufs)?)
+                        crate::small::CallPayload::Pickled(call) => {
+                            CallFill::Pickled(call.outgoing()?)
                         }
                     })
                 })
@@ -596,17 +598,15 @@ impl Pool {
                     }
                 }
             } else {
-                let (data, bufs) = PAYLOAD
-                    .import(py, "pymizu._batches", "_batch_payload")?
-                    .call1((fn_, PyList::new(py, part)?, &no_skip))?
-                    .extract::<(Bound<'py, PyBytes>, Bound<'py, PyAny>)>()?;
-                crate::small::CallPayload::Pickled(data, bufs)
+                crate::small::CallPayload::Pickled(crate::small::PickledCall::from_python(
+                    &PAYLOAD
+                        .import(py, "pymizu._batches", "_batch_payload")?
+                        .call1((fn_, PyList::new(py, part)?, &no_skip))?,
+                )?)
             };
             let fill = match &payload {
                 crate::small::CallPayload::Small(p) => CallFill::Small(p),
-                crate::small::CallPayload::Pickled(data, bufs) => {
-                    CallFill::Pickled(Outgoing::new(py, data.as_bytes(), bufs)?)
-                }
+                crate::small::CallPayload::Pickled(call) => CallFill::Pickled(call.outgoing()?),
             };
             let task = this
                 .with(|pool| {
@@ -689,12 +689,19 @@ impl Pool {
     }
 }
 
-pub(crate) fn outgoing<'a>(
-    py: Python<'a>,
-    calls: &'a [(Py<PyBytes>, Py<PyAny>)],
-) -> PyResult<Vec<Outgoing<'a>>> {
+/// Python's pickled calls (`(pickle, buffers, head)` each).
+pub(crate) fn pickled_calls<'py>(
+    calls: &[Bound<'py, PyAny>],
+) -> PyResult<Vec<crate::small::PickledCall<'py>>> {
     calls
         .iter()
-        .map(|(p, b)| Outgoing::new(py, p.as_bytes(py), b.bind(py)))
+        .map(crate::small::PickledCall::from_python)
         .collect()
+}
+
+/// The payloads of pickled calls.
+pub(crate) fn outgoing<'a>(
+    calls: &'a [crate::small::PickledCall<'_>],
+) -> PyResult<Vec<Outgoing<'a>>> {
+    calls.iter().map(|c| c.outgoing()).collect()
 }

@@ -10,46 +10,32 @@
 //! The values are items of the wire format's compact tagged encoding (`docs/wire-format.md`
 //! §3, written and read with `mizu_pool::wire::compact`): the shared items for `None`, booleans,
 //! ints, floats, strings, bytes, lists and dicts with `str` keys, and the Python items for
-//! tuples, dicts with other keys and numpy arrays. Payloads (see `docs/python.md`, "Payload
-//! format"):
-//! * `V` then one value: a task's result;
-//! * `C` then a call item of form 2: the function's pickle (by reference), the arguments,
-//!   the keyword arguments: a call.
+//! tuples, dicts with other keys and numpy arrays. A payload is a `K` payload of the runtime's
+//! one layout of a language's own payloads (`mizu_pool::wire::oob`) whose body is one value: a
+//! task's result, or a call item of form 2 (the function's pickle by reference, the arguments,
+//! the keyword arguments).
 //!
 //! A numpy array item holds: order `C`/`F`, u8 length + the dtype's `str`, u8 dimensions +
-//! u64 each, then its bytes: inline (u32 length + the bytes, up to 4 KiB); out of band (the
-//! u64 offset of its bytes in the array area and their u64 length); or by reference to a
-//! region this process holds (one it received: the region's 64-byte descriptor, a new
-//! reference taken each time the payload is written, which the receiver adopts and
-//! [`release_refs`] gives back for payloads nobody reads; the u64 offset and length). A
-//! payload with out-of-band arrays is `W`, 3 zero bytes, the u32 length `m` of the `V`/`C`
-//! body, the body, then (at the next multiple of 64 from the start) the array area;
-//! receivers view those bytes in place. Positions of padding are relative to the body's
-//! value (offset 1). Input is untrusted: every length and offset is checked and nesting is
-//! bounded.
+//! u64 each, then its bytes: inline (u32 length + the bytes, up to 4 KiB), or the varint index
+//! of the payload's buffer that holds them — copied in (viewed in place on arrival), or by
+//! reference to a region this process holds (one it received, or a copy kept for repeated
+//! sends), which the receiver adopts. Input is untrusted: every length and offset is checked
+//! and nesting is bounded.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 use mizu_pool::Fill;
-use mizu_pool::wire::Region;
 use mizu_pool::wire::compact::{self, form, tag};
-use pyo3::buffer::PyUntypedBuffer;
+use mizu_pool::wire::oob;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
 
-use crate::cursor::{ALIGN, MAX_SIZE, Writer};
+use crate::codec::Exported;
+use crate::cursor::{Beside, MAX_SIZE, Writer};
 
-/// Payload tag of a small result value.
-pub const TAG_VALUE: u8 = b'V';
-/// Where a payload body's value starts (after its `V`/`C` byte): padding is relative to it.
-pub(crate) const VALUE_BASE: usize = 1;
-/// Payload tag of a small call.
-pub const TAG_CALL: u8 = b'C';
 /// Containers nested deeper than this go through pickle.
 pub(crate) const MAX_DEPTH: u32 = 16;
-/// Payload tag of small values with out-of-band arrays (`W`, the body, the array bytes).
-pub const TAG_WIDE: u8 = b'W';
 impl Writer {
     /// Writes `v` (false: not a small value). An `int`, the commonest argument, is written
     /// here, outside the frame of the function that writes everything else.
@@ -99,7 +85,7 @@ impl Writer {
             if self.out.len() + b.len() > MAX_SIZE {
                 return false;
             }
-            compact::put_bytes(&mut self.out, VALUE_BASE, b);
+            compact::put_bytes(&mut self.out, 0, b);
         } else if let Ok(l) = v.cast_exact::<PyList>() {
             if depth >= MAX_DEPTH || !self.mutable(v) {
                 return false;
@@ -226,17 +212,9 @@ impl<'a, 'py> Args<'a, 'py> {
     }
 }
 
-/// A small-value payload ready to write: the values (`V` or `C`), and the out-of-band arrays
-/// that follow them (then it is a `W` payload: `W`, 3 zero bytes, `u32` body length `m`, the
-/// body, zeros up to the array area at the next multiple of 64, each array at its offset).
-pub struct Payload {
-    body: Vec<u8>,
-    bufs: Vec<(PyUntypedBuffer, usize)>,
-    refs: Vec<(Arc<Region>, usize)>,
-    /// Where the array area starts (bufs present).
-    area_at: usize,
-    size: usize,
-}
+/// A small-value payload ready to write: a `K` payload whose buffers are the arrays that
+/// travel beside the values.
+pub struct Payload(oob::Writer<Vec<u8>, Exported>);
 
 thread_local! {
     /// The body buffer of the last payload dropped on this thread, for the next payload
@@ -258,8 +236,8 @@ fn body_buffer(n: usize) -> Vec<u8> {
 
 impl Drop for Payload {
     fn drop(&mut self) {
-        if self.body.capacity() <= SPARE_MAX {
-            let body = std::mem::take(&mut self.body);
+        if self.0.body().capacity() <= SPARE_MAX {
+            let body = std::mem::take(self.0.body_mut());
             // (A thread being torn down frees it instead.)
             let _ = SPARE_BODY.try_with(|s| s.set(body));
         }
@@ -268,76 +246,45 @@ impl Drop for Payload {
 
 impl Payload {
     fn new(w: Writer) -> Option<Payload> {
-        if w.bufs.is_empty() {
-            let size = w.out.len();
-            return Some(Payload {
-                body: w.out,
-                bufs: Vec::new(),
-                refs: w.refs,
-                area_at: 0,
-                size,
-            });
+        let mut p = oob::Writer::new(oob::tag::COMPACT, w.out);
+        for b in w.beside {
+            match b {
+                Beside::Copy(e) => p.push(oob::code::BYTES, e),
+                Beside::Ref {
+                    region,
+                    offset,
+                    len,
+                    writable,
+                } => p.push_ref(oob::code::BYTES, region, offset, len, writable, None),
+            };
         }
-        u32::try_from(w.out.len()).ok()?;
-        let area_at = (8 + w.out.len()).next_multiple_of(ALIGN);
-        let end = w.bufs.last().map_or(0, |(b, at)| at + b.len_bytes());
-        Some(Payload {
-            size: area_at + end,
-            body: w.out,
-            bufs: w.bufs,
-            refs: w.refs,
-            area_at,
-        })
+        Some(Payload(p))
     }
 
     /// Its size in bytes.
     pub fn len(&self) -> usize {
-        self.size
+        self.0.size()
     }
 
     /// The payload as bytes.
     pub fn to_vec(&self) -> Vec<u8> {
-        let mut v = vec![0u8; self.size];
-        self.fill(&mut v);
-        v
+        self.0.to_vec()
     }
 }
 
 impl Fill for Payload {
     fn size(&self) -> usize {
-        self.size
+        self.0.size()
     }
 
-    /// Each fill takes a new reference of every region referred to: adopted by the receiver,
-    /// or given back by [`release_refs`] when the runtime discards the payload.
+    /// Each write takes a new reference of every region referred to: adopted by the
+    /// receiver, or given back by `codec::release_refs` when the runtime discards the payload.
     fn fill(&self, out: &mut [u8]) {
-        let m = self.body.len();
-        let base = if self.bufs.is_empty() { 0 } else { 8 };
-        out[base..base + m].copy_from_slice(&self.body);
-        for (region, at) in &self.refs {
-            region.share().write_to(&mut out[base + at..base + at + 64]);
-        }
-        if self.bufs.is_empty() {
-            return;
-        }
-        out[..8].fill(0);
-        out[0] = TAG_WIDE;
-        out[4..8].copy_from_slice(&(m as u32).to_le_bytes());
-        let mut end = 8 + m;
-        for (b, at) in &self.bufs {
-            let at = self.area_at + at;
-            out[end..at].fill(0);
-            let n = b.len_bytes();
-            // SAFETY: the exporter keeps buf_ptr..+len_bytes valid while the buffer is held
-            // (`self` holds it), and it is contiguous (checked when the array was written).
-            let src = unsafe { std::slice::from_raw_parts(b.buf_ptr().cast::<u8>(), n) };
-            mizu_pool::wire::copy_large(&mut out[at..at + n], src);
-            end = at + n;
-        }
+        self.0.write(out);
     }
 }
 
-/// The `V` payload of `v`, or None when `v` is not a small value. With `refs`, arrays that
+/// The payload of the value `v`, or None when `v` is not a small value. With `refs`, arrays that
 /// view a region this process holds are sent by reference (the payload must then be
 /// delivered or discarded by the runtime).
 pub fn encode_value(v: &Bound<'_, PyAny>, refs: bool) -> Option<Payload> {
@@ -346,11 +293,10 @@ pub fn encode_value(v: &Bound<'_, PyAny>, refs: bool) -> Option<Payload> {
         refs_ok: refs,
         ..Writer::default()
     };
-    w.out.push(TAG_VALUE);
     if w.value(v, 0) { Payload::new(w) } else { None }
 }
 
-/// The `C` payload of a call of the function pickled as `head` (by reference), or None when
+/// The payload of a call of the function pickled as `head` (by reference), or None when
 /// an argument is not a small value or a keyword is not a plain `str`. `repeats`: the pool
 /// the call goes to, when large arrays may go by reference to copies kept for their next
 /// sends (see `repeats.rs`).
@@ -363,7 +309,7 @@ pub fn encode_call(
     encode_call_of(head, Args::Tuple(args), kwargs, repeats)
 }
 
-/// A writer of a `C` payload of the function pickled as `head`, its count of positional
+/// A writer of the payload of a call of the function pickled as `head`, its count of positional
 /// arguments written.
 fn call_writer(head: &[u8], nargs: usize, repeats: Option<u64>) -> Writer {
     let mut w = Writer {
@@ -373,15 +319,14 @@ fn call_writer(head: &[u8], nargs: usize, repeats: Option<u64>) -> Writer {
         repeats,
         ..Writer::default()
     };
-    w.out
-        .extend_from_slice(&[TAG_CALL, tag::CALL, form::NATIVE]);
+    w.out.extend_from_slice(&[tag::CALL, form::NATIVE]);
     compact::put_varint(&mut w.out, head.len() as u64);
     w.out.extend_from_slice(head);
     w.count(nargs);
     w
 }
 
-/// The `C` payload of a batch chunk's call `run(head, calls, ())` (`run` pickled as
+/// The payload of a batch chunk's call `run(head, calls, ())` (`run` pickled as
 /// `run_head`), written as [`encode_call`] would write it with `calls` in a list, without
 /// making the list. None when an argument is not a small value.
 pub fn encode_chunk_call(
@@ -456,10 +401,41 @@ fn fn_types(py: Python<'_>) -> PyResult<&[Py<PyType>; 3]> {
 
 /// A call ready to submit: written natively, or pickled by `pymizu._codec`.
 pub enum CallPayload<'py> {
-    /// A `C` payload.
+    /// A small call's payload.
     Small(Payload),
-    /// `(pickle, out-of-band buffers)`.
-    Pickled(Bound<'py, PyBytes>, Bound<'py, PyAny>),
+    /// Pickled.
+    Pickled(PickledCall<'py>),
+}
+
+/// A pickled call: `(pickle, buffers, head)` as `pymizu._codec.dumps_call` gives it — with
+/// `head`, the function's pickle by reference and the arguments' pickle; without, the whole
+/// call's pickle.
+pub struct PickledCall<'py> {
+    /// The pickle.
+    pub data: Bound<'py, PyBytes>,
+    /// Its out-of-band buffers (an iterable, or None).
+    pub bufs: Bound<'py, PyAny>,
+    /// The function's pickle by reference.
+    pub head: Option<Bound<'py, PyBytes>>,
+}
+
+impl<'py> PickledCall<'py> {
+    /// From Python's `(pickle, buffers, head)`.
+    pub fn from_python(t: &Bound<'py, PyAny>) -> PyResult<Self> {
+        let (data, bufs, head) = t.extract()?;
+        Ok(PickledCall { data, bufs, head })
+    }
+
+    /// Its payload.
+    pub fn outgoing(&self) -> PyResult<crate::codec::Outgoing<'_>> {
+        let py = self.data.py();
+        match &self.head {
+            Some(h) => {
+                crate::codec::Outgoing::call(py, h.as_bytes(), self.data.as_bytes(), &self.bufs)
+            }
+            None => crate::codec::Outgoing::new(py, self.data.as_bytes(), &self.bufs),
+        }
+    }
 }
 
 /// The pickle by reference of `f` (`pymizu._codec.fn_ref`): None when `f` must travel by
@@ -525,21 +501,41 @@ pub fn call_payload_of<'py>(
     kwargs: Option<&Bound<'py, PyDict>>,
     repeats: Option<u64>,
 ) -> PyResult<CallPayload<'py>> {
+    static DUMPS_ARGS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     static DUMPS_CALL: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let py = f.py();
-    if let Some(h) = fn_head(f)?
+    let head = fn_head(f)?;
+    if let Some(h) = &head
         && let Some(p) = encode_call_of(h.as_bytes(), args, kwargs, repeats)
     {
         return Ok(CallPayload::Small(p));
     }
     let args = args.tuple()?;
-    let kw = match kwargs {
-        Some(k) => k.clone(),
-        None => PyDict::new(py),
+    // One call into Python, which pickles what it must: the arguments of a function whose
+    // pickle by reference is known, else the whole call.
+    let call = match head {
+        Some(head) => {
+            let (data, bufs) = DUMPS_ARGS
+                .import(py, "pymizu._codec", "dumps_args")?
+                .call1((args, kwargs))?
+                .extract::<(Bound<'py, PyBytes>, Bound<'py, PyAny>)>()?;
+            PickledCall {
+                data,
+                bufs,
+                head: Some(head),
+            }
+        }
+        None => {
+            let kw = match kwargs {
+                Some(k) => k.clone(),
+                None => PyDict::new(py),
+            };
+            PickledCall::from_python(
+                &DUMPS_CALL
+                    .import(py, "pymizu._codec", "dumps_call")?
+                    .call1((f, args, kw))?,
+            )?
+        }
     };
-    let (data, bufs) = DUMPS_CALL
-        .import(py, "pymizu._codec", "dumps_call")?
-        .call1((f, args, kw))?
-        .extract::<(Bound<'py, PyBytes>, Bound<'py, PyAny>)>()?;
-    Ok(CallPayload::Pickled(data, bufs))
+    Ok(CallPayload::Pickled(call))
 }

@@ -3,14 +3,14 @@
 //! untrusted: every length and offset is checked and nesting is bounded.
 
 use arrow_buffer::Buffer;
-use mizu_pool::wire::RegionDesc;
 use mizu_pool::wire::compact::{self, form, tag};
+use mizu_pool::wire::oob;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyList, PyString, PyTuple};
 
-use crate::cursor::{ALIGN, Reader, bad, wire_bad};
+use crate::cursor::{Reader, bad, wire_bad};
 
-use crate::small::{MAX_DEPTH, TAG_CALL, TAG_VALUE, TAG_WIDE, VALUE_BASE};
+use crate::small::MAX_DEPTH;
 
 /// The items of a tuple or list at `r` (its count first).
 fn read_items<'py>(
@@ -100,89 +100,12 @@ fn read_other<'py>(py: Python<'py>, r: &mut Reader<'_>, depth: u32) -> PyResult<
             }
             d.into_any()
         }
-        t @ (tag::PY_NDARRAY
-        | tag::PY_NDARRAY_OOB
-        | tag::PY_NDARRAY_REF
-        | tag::PY_NDARRAY_REF_MUT) => crate::ndarray::read_array(py, r, t)?,
+        t @ (tag::PY_NDARRAY | tag::PY_NDARRAY_OOB) => crate::ndarray::read_array(py, r, t)?,
         t => return Err(bad(&format!("unknown value tag {t:#04x}"))),
     })
 }
 
-/// Walks one value of a small payload without making Python objects, calling `f` with the
-/// descriptor of every array by reference; None when the bytes are malformed.
-fn walk(r: &mut compact::Reader<'_>, depth: u32, f: &mut impl FnMut(&[u8])) -> Option<()> {
-    if depth > MAX_DEPTH {
-        return None;
-    }
-    match r.u8("tag").ok()? {
-        tag::NONE | tag::TRUE | tag::FALSE => {}
-        tag::INT | tag::FLOAT => {
-            r.take("number", 8).ok()?;
-        }
-        tag::STR => {
-            r.str("str").ok()?;
-        }
-        tag::BYTES => {
-            r.bytes_item("bytes").ok()?;
-        }
-        tag::PY_TUPLE | tag::LIST => {
-            for _ in 0..r.len("count").ok()? {
-                walk(r, depth + 1, f)?;
-            }
-        }
-        tag::DICT => {
-            for _ in 0..r.len("count").ok()? {
-                r.str("key").ok()?;
-                walk(r, depth + 1, f)?;
-            }
-        }
-        tag::PY_DICT => {
-            for _ in 0..r.len("count").ok()? {
-                walk(r, depth + 1, f)?;
-                walk(r, depth + 1, f)?;
-            }
-        }
-        t @ (tag::PY_NDARRAY
-        | tag::PY_NDARRAY_OOB
-        | tag::PY_NDARRAY_REF
-        | tag::PY_NDARRAY_REF_MUT) => {
-            r.take("order", 1).ok()?;
-            let dlen = r.u8("dtype").ok()? as usize;
-            r.take("dtype", dlen).ok()?;
-            let ndim = r.u8("ndim").ok()? as usize;
-            r.take("shape", 8 * ndim).ok()?;
-            match t {
-                tag::PY_NDARRAY => {
-                    let n = u32::from_le_bytes(r.array("length").ok()?) as usize;
-                    r.take("data", n).ok()?;
-                }
-                tag::PY_NDARRAY_OOB => {
-                    r.take("place", 16).ok()?;
-                }
-                _ => {
-                    f(r.take("descriptor", 64).ok()?);
-                    r.take("place", 16).ok()?;
-                }
-            }
-        }
-        _ => return None,
-    }
-    Some(())
-}
-
-/// Walks the arguments and keyword arguments of a `C` body at `r` (after the function).
-fn walk_args(r: &mut compact::Reader<'_>, f: &mut impl FnMut(&[u8])) -> Option<()> {
-    for _ in 0..r.len("count").ok()? {
-        walk(r, 1, f)?;
-    }
-    for _ in 0..r.len("count").ok()? {
-        r.str("name").ok()?;
-        walk(r, 1, f)?;
-    }
-    Some(())
-}
-
-/// The function's pickle in a `C` body at `r` (its call item's head), `r` left at the
+/// The function's pickle in a small call's body at `r` (its call item's head), `r` left at the
 /// arguments.
 fn call_head<'a>(r: &mut compact::Reader<'a>) -> mizu_pool::wire::Result<&'a [u8]> {
     if r.u8("call")? != tag::CALL || r.u8("call form")? != form::NATIVE {
@@ -195,96 +118,73 @@ fn call_head<'a>(r: &mut compact::Reader<'a>) -> mizu_pool::wire::Result<&'a [u8
     r.take("function", n)
 }
 
-/// Gives back the region references inside a payload nobody will read (the runtime's
-/// discard hook, `mizu_pool::set_discard_hook`; also a task's outcome dropped unread): each
-/// was taken by the sender when it wrote the payload. Runs on any thread, touches no Python
-/// object; stops at the first malformed byte.
-pub fn release_refs(p: &[u8]) {
-    let body = match p.first() {
-        Some(&crate::codec::TAG_BUFFERS) => return crate::codec::release_refs(p),
-        Some(&TAG_WIDE) => {
-            let Some(m) = p.get(4..8) else { return };
-            let m = u32::from_le_bytes(m.try_into().expect("4 bytes")) as usize;
-            match p.get(8..8usize.saturating_add(m)) {
-                Some(b) => b,
-                None => return,
-            }
-        }
-        _ => p,
-    };
-    let mut release = |d: &[u8]| {
-        if let Ok(d) = RegionDesc::read_from(d) {
-            // Adopting takes the reference over; dropping the region gives it back.
-            drop(crate::payload::MAPPER.adopt(&d));
-        }
-    };
-    let mut r = compact::Reader::new(body, 1, VALUE_BASE);
-    match body.first() {
-        Some(&TAG_VALUE) => {
-            let _ = walk(&mut r, 0, &mut release);
-        }
-        Some(&TAG_CALL) if call_head(&mut r).is_ok() => {
-            let _ = walk_args(&mut r, &mut release);
-        }
-        _ => {}
-    }
-}
-
-/// The body of a small payload (a `W` payload's `V` or `C` part) and its reader.
+/// The body of a `K` payload (after its buffer table, when it has one) and its reader, which
+/// holds the payload's buffers (those by reference adopted).
 fn reader(buf: &Buffer) -> PyResult<Reader<'_>> {
     let b = buf.as_slice();
-    if b.first() != Some(&TAG_WIDE) {
+    if b.first() == Some(&oob::tag::COMPACT) {
         return Ok(Reader {
-            r: compact::Reader::new(b, 1, VALUE_BASE),
-            oob: None,
+            r: compact::Reader::new(b, 1, 1),
+            beside: Vec::new(),
         });
     }
-    let m = b
-        .get(4..8)
-        .map(|m| u32::from_le_bytes(m.try_into().expect("4 bytes")) as usize)
-        .ok_or_else(|| bad("truncated"))?;
-    let area = (8 + m).next_multiple_of(ALIGN);
-    if area > b.len() || m == 0 {
-        return Err(bad("the body does not fit"));
+    let p = oob::parse(b).map_err(wire_bad)?;
+    if p.tag != oob::tag::COMPACT {
+        return Err(bad("not a small payload"));
     }
+    let beside = oob::receive(buf, p.entries, &crate::payload::MAPPER).map_err(wire_bad)?;
     Ok(Reader {
-        r: compact::Reader::new(&b[8..8 + m], 1, VALUE_BASE),
-        oob: Some((buf, area)),
+        r: compact::Reader::new(&b[..p.body.end], p.body.start, p.body.start),
+        beside,
     })
 }
 
-/// The tag of a small payload's values: `V`, `C`, or None for any other payload.
-pub fn kind(b: &[u8]) -> Option<u8> {
+/// The first byte of a `K` payload's value (None for any other payload).
+fn first_item(b: &[u8]) -> Option<u8> {
     match *b.first()? {
-        TAG_WIDE => b.get(8).copied(),
-        t => Some(t),
+        oob::tag::COMPACT => b.get(1).copied(),
+        t if t == oob::tag::COMPACT | oob::tag::WITH_BUFFERS => {
+            let n = u32::from_le_bytes(b.get(4..8)?.try_into().ok()?) as usize;
+            b.get(oob::HEADER.checked_add(n.checked_mul(oob::ENTRY)?)?)
+                .copied()
+        }
+        _ => None,
     }
-    .filter(|&t| t == TAG_VALUE || t == TAG_CALL)
 }
 
-/// [`decode_value`] of a task's outcome (a small one read where it is: no array can view
-/// its bytes, since it holds no array area).
+/// Whether `b` is a small call's payload.
+pub fn is_call(b: &[u8]) -> bool {
+    first_item(b) == Some(tag::CALL)
+}
+
+/// Whether `b` is a small value's payload.
+pub fn is_value(b: &[u8]) -> bool {
+    first_item(b).is_some_and(|t| t != tag::CALL)
+}
+
+/// [`decode_value`] of a task's outcome (one without buffers read where it is: no array can
+/// view its bytes).
 pub fn decode_outcome(py: Python<'_>, o: mizu_pool::OutcomeBytes) -> PyResult<Bound<'_, PyAny>> {
     match o {
-        mizu_pool::OutcomeBytes::Small { .. } if o.first() != Some(&TAG_WIDE) => value_of(
+        mizu_pool::OutcomeBytes::Small { .. } if o.first() == Some(&oob::tag::COMPACT) => value_of(
             py,
             Reader {
-                r: compact::Reader::new(&o, 1, VALUE_BASE),
-                oob: None,
+                r: compact::Reader::new(&o, 1, 1),
+                beside: Vec::new(),
             },
         ),
         o => decode_value(py, &o.into_buffer()),
     }
 }
 
-/// The value of a `V` payload (or a `W` payload holding one).
+/// The value of a small value's payload.
 pub fn decode_value<'py>(py: Python<'py>, buf: &Buffer) -> PyResult<Bound<'py, PyAny>> {
     value_of(py, reader(buf)?)
 }
 
-/// The value a reader of a `V` body holds, the whole of it.
+/// The value a reader of a value's body holds, the whole of it.
 fn value_of<'py>(py: Python<'py>, mut r: Reader<'_>) -> PyResult<Bound<'py, PyAny>> {
-    if r.r.bytes().first() != Some(&TAG_VALUE) {
+    if r.r.bytes().get(r.r.pos) == Some(&tag::CALL) {
         return Err(bad("not a value"));
     }
     let v = read(py, &mut r, 0)?;
@@ -294,7 +194,7 @@ fn value_of<'py>(py: Python<'py>, mut r: Reader<'_>) -> PyResult<Bound<'py, PyAn
     Ok(v)
 }
 
-/// A decoded `C` payload: the function's pickle, the arguments and the keyword arguments.
+/// A decoded small call: the function's pickle, the arguments and the keyword arguments.
 pub struct Call<'a, 'py> {
     /// The function's pickle (by reference).
     pub head: &'a [u8],
@@ -304,12 +204,9 @@ pub struct Call<'a, 'py> {
     pub kwargs: Option<Bound<'py, PyDict>>,
 }
 
-/// Reads a `C` payload (or a `W` payload holding one).
+/// Reads a small call's payload.
 pub fn decode_call<'a, 'py>(py: Python<'py>, buf: &'a Buffer) -> PyResult<Call<'a, 'py>> {
     let mut r = reader(buf)?;
-    if r.r.bytes().first() != Some(&TAG_CALL) {
-        return Err(bad("not a call"));
-    }
     let head = call_head(&mut r.r).map_err(wire_bad)?;
     let args = read_tuple(py, &mut r, 0)?;
     let n = r.count()?;

@@ -422,9 +422,9 @@ impl Task {
             .import(py, "pymizu._batches", "_batch_payload")?
             .call1((fn_, calls, skip))
             .and_then(|p| {
-                let (data, bufs): (Vec<u8>, Bound<'_, PyAny>) = p.extract()?;
+                let call = crate::small::PickledCall::from_python(&p)?;
                 let pool = pool.bind(py).cast::<crate::pool_class::Pool>()?;
-                crate::pool_class::Pool::submit_handle(pool, &data, &bufs)
+                crate::pool_class::Pool::submit_handle(pool, &call)
             });
         match again {
             Ok(handle) => t.task = Some(handle),

@@ -40,13 +40,13 @@ pub(crate) fn to_python(
         )
     };
     let (status, (data, bufs), slot, pid) = match r {
-        Ok(b) if crate::small_read::kind(&b) == Some(crate::small::TAG_VALUE) => {
+        Ok(b) if crate::small_read::is_value(&b) => {
             return Ok((true, crate::small_read::decode_outcome(py, b)?.unbind()));
         }
         Ok(b) if mizu_pool::wire::envelope::is_envelope(&b) => {
             return crate::xlang::outcome(py, &b.into_buffer());
         }
-        Ok(b) => (0, decode(py, b.into_buffer())?, 0, 0),
+        Ok(b) => (0, decode(py, b.into_buffer())?.pair(), 0, 0),
         Err(CollectError::Timeout) | Err(CollectError::AlreadyCollected) => {
             return Err(MizuError::new_err(
                 "pymizu: the task's outcome was already taken",
@@ -58,7 +58,7 @@ pub(crate) fn to_python(
                 return crate::xlang::outcome(py, &Buffer::from_slice_ref(b));
             }
             TaskError::Failed(b) => match decode(py, Buffer::from_vec(b.clone())) {
-                Ok(d) => (1u8, d, 0, 0),
+                Ok(d) => (1u8, d.pair(), 0, 0),
                 Err(_) => (
                     1,
                     (

@@ -11,9 +11,9 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 use mizu_pool::{Executor, Fill, PoolError, TaskContext};
 
-use crate::codec::{Outgoing, decode};
+use crate::codec::{Outgoing, Pickled, decode};
 use crate::err;
-use crate::pool::{outgoing, submit_all_draining, submit_draining};
+use crate::pool::{outgoing, pickled_calls, submit_all_draining, submit_draining};
 use crate::registry::NESTED;
 use crate::task::Task;
 use crate::{small, small_read};
@@ -21,7 +21,8 @@ use crate::{small, small_read};
 /// The context of the task this thread is running, if any (set by the runtime).
 pub use mizu_pool::with_current_task as with_context;
 
-/// Python's side of a worker (`pymizu.worker`): `run(pickle, buffers)` runs a pickled call
+/// Python's side of a worker (`pymizu.worker`): `run(pickle, buffers, head)` runs a pickled
+/// call
 /// and returns `(None, value, None)`, or `(False, pickle, buffers)` for an exception;
 /// `fail(exc)` and `dumps_result(value)` pickle an outcome as `(ok, pickle, buffers)`.
 struct PyExec {
@@ -81,20 +82,21 @@ impl PyExec {
             let (ok, env) = crate::xlang::run_task(py, &buf);
             return ctx.send(ok, &env);
         }
-        let is_small = small_read::kind(&buf) == Some(small::TAG_CALL);
+        let is_small = small_read::is_call(&buf);
         if self.fast && is_small {
             return self.run_small(py, ctx, &buf);
         }
-        let (data, bufs) = if is_small {
+        let p = if is_small {
             // `run` fails such a worker's tasks before reading them.
-            (
-                PyBytes::new(py, b"").into_any().unbind(),
-                PyList::empty(py).unbind(),
-            )
+            Pickled {
+                head: None,
+                data: PyBytes::new(py, b"").into_any().unbind(),
+                bufs: PyList::empty(py).unbind(),
+            }
         } else {
             decode(py, buf).map_err(|e| text(format!("mizu: {e}")))?
         };
-        match self.run.bind(py).call1((data, bufs)) {
+        match self.run.bind(py).call1((p.data, p.bufs, p.head)) {
             // `(None, value, None)`: the call returned `value`.
             Ok(r) if r.get_item(0).is_ok_and(|x| x.is_none()) => match r.get_item(1) {
                 Ok(v) => self.send_value(py, ctx, v),
@@ -371,14 +373,19 @@ fn context_error() -> PyErr {
 
 /// Submits a nested task from inside a task (to the pool running it).
 #[pyfunction]
-#[pyo3(signature = (pickle, buffers=None))]
+#[pyo3(signature = (pickle, buffers=None, head=None))]
 pub fn nested_submit(
     py: Python<'_>,
     pickle: &[u8],
     buffers: Option<&Bound<'_, PyAny>>,
+    head: Option<&[u8]>,
 ) -> PyResult<Task> {
     let none = py.None().into_bound(py);
-    let out = Outgoing::new(py, pickle, buffers.unwrap_or(&none))?;
+    let bufs = buffers.unwrap_or(&none);
+    let out = match head {
+        Some(h) => Outgoing::call(py, h, pickle, bufs)?,
+        None => Outgoing::new(py, pickle, bufs)?,
+    };
     if !in_task() {
         return Err(context_error());
     }
@@ -410,11 +417,12 @@ pub fn nested_submit_small(
 
 /// Nested batch submission (see `Pool.submit_batch`).
 #[pyfunction]
-pub fn nested_submit_batch(
-    py: Python<'_>,
-    calls: Vec<(Py<PyBytes>, Py<PyAny>)>,
+pub fn nested_submit_batch<'py>(
+    py: Python<'py>,
+    calls: Vec<Bound<'py, PyAny>>,
 ) -> PyResult<Vec<Task>> {
-    let outs = outgoing(py, &calls)?;
+    let calls = pickled_calls(&calls)?;
+    let outs = outgoing(&calls)?;
     if !in_task() {
         return Err(context_error());
     }
@@ -426,33 +434,34 @@ pub fn nested_submit_batch(
     })
 }
 
-/// The small-value payload of `value` (`V`), or None when it is not small (for tests).
+/// The small-value payload of `value`, or None when it is not small (for tests).
 #[pyfunction]
 pub fn small_dumps(py: Python<'_>, value: &Bound<'_, PyAny>) -> Option<Py<PyBytes>> {
     small::encode_value(value, false).map(|b| PyBytes::new(py, &b.to_vec()).unbind())
 }
 
-/// Reads a small payload (for tests): a `V` payload's value, or a `C` payload's
-/// `(function pickle, args, kwargs)`. Malformed input raises `ValueError`.
+/// Reads a small payload (for tests): a value, or a call's `(function pickle, args,
+/// kwargs)`. Malformed input raises `ValueError`.
 #[pyfunction]
 pub fn small_loads<'py>(py: Python<'py>, payload: &[u8]) -> PyResult<Bound<'py, PyAny>> {
     let buf = arrow_buffer::Buffer::from_slice_ref(payload);
-    match small_read::kind(payload) {
-        Some(small::TAG_CALL) => {
-            let c = small_read::decode_call(py, &buf)?;
-            (PyBytes::new(py, c.head), c.args, c.kwargs)
-                .into_pyobject(py)
-                .map(|t| t.into_any())
-        }
-        Some(_) => small_read::decode_value(py, &buf),
-        _ => Err(pyo3::exceptions::PyValueError::new_err(
-            "pymizu: not a small payload",
-        )),
+    if small_read::is_call(payload) {
+        let c = small_read::decode_call(py, &buf)?;
+        return (PyBytes::new(py, c.head), c.args, c.kwargs)
+            .into_pyobject(py)
+            .map(|t| t.into_any());
     }
+    if small_read::is_value(payload) {
+        return small_read::decode_value(py, &buf);
+    }
+    Err(pyo3::exceptions::PyValueError::new_err(
+        "pymizu: not a small payload",
+    ))
 }
 
 /// Decodes a payload (for tests and channels): `(pickle, buffers)`.
 #[pyfunction]
 pub fn decode_payload(py: Python<'_>, payload: &[u8]) -> PyResult<(Py<PyAny>, Py<PyList>)> {
-    decode(py, arrow_buffer::Buffer::from_slice_ref(payload))
+    let p = decode(py, arrow_buffer::Buffer::from_slice_ref(payload))?;
+    Ok((p.data, p.bufs))
 }

@@ -28,27 +28,28 @@ SMALL = [
 
 def small_seeds():
     seeds = [_native.small_dumps(v) for v in SMALL]
-    # `C`: a call item of a pickled function (docs/wire-format.md §3), its arguments, keywords.
+    # `K` holding a call item of a pickled function (docs/wire-format.md §3), its arguments,
+    # keywords.
     args = _native.small_dumps((1, "x", [2.0]))[2:]
-    seeds.append(b"C\x0b\x02\x02fn" + args + b"\x00")
-    seeds.append(b"C\x0b\x02\x02fn" + args + _native.small_dumps({"k": 1})[2:])
+    seeds.append(b"K\x0b\x02\x02fn" + args + b"\x00")
+    seeds.append(b"K\x0b\x02\x02fn" + args + _native.small_dumps({"k": 1})[2:])
     return [s for s in seeds if s is not None]
 
 
 def oob_seeds():
-    """`B` payloads as pymizu lays them out: header, table, pickle, 64-byte aligned buffers."""
+    """`p` payloads as pymizu lays them out: header, table, pickle, 64-byte aligned buffers."""
     out = []
     for arrays in ([np.arange(1000.0)], [np.arange(10, dtype=np.int8), np.ones((50, 3))], []):
         bufs = []
         data = pickle.dumps(arrays, protocol=5, buffer_callback=bufs.append)
         raws = [b.raw().tobytes() for b in bufs]
         n = len(raws)
-        head = bytearray(b"B\x00\x00\x00" + n.to_bytes(4, "little") + len(data).to_bytes(8, "little"))
-        table_end = 16 + 16 * n
+        head = bytearray(b"p\x00\x00\x00" + n.to_bytes(4, "little") + len(data).to_bytes(8, "little"))
+        table_end = 16 + 24 * n
         at = -(-(table_end + len(data)) // 64) * 64
         body = bytearray()
         for r in raws:
-            head += at.to_bytes(8, "little") + len(r).to_bytes(8, "little")
+            head += at.to_bytes(8, "little") + len(r).to_bytes(8, "little") + bytes(8)
             body += r + b"\x00" * (-len(r) % 64)
             at += len(r) + (-len(r) % 64)
         payload = bytes(head) + data

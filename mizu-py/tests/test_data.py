@@ -126,8 +126,9 @@ def test_nested_structures_with_many_buffers(pool):
 def test_malformed_payloads_are_clear_errors_not_crashes():
     from pymizu import _native
 
-    for bad in [b"", b"Z123", b"B\x00\x00\x00", b"B\x00\x00\x00\xff\xff\xff\x7f" + b"\x00" * 8,
-                b"B\x00\x00\x00\x01\x00\x00\x00" + (10**6).to_bytes(8, "little") + b"\x00" * 16]:
+    for bad in [b"", b"Z123", b"p\x00\x00\x00", b"p\x00\x00\x00\xff\xff\xff\x7f" + b"\x00" * 8,
+                b"p\x00\x00\x00\x01\x00\x00\x00" + (10**6).to_bytes(8, "little") + b"\x00" * 24,
+                b"K" + (5).to_bytes(8, "little")]:
         with pytest.raises(ValueError, match="malformed"):
             _native.decode_payload(bad)
     data, bufs = _native.decode_payload(b"P" + __import__("pickle").dumps(5))
@@ -313,12 +314,12 @@ def test_malformed_references_are_clear_errors():
     from pymizu import _native
 
     good = _native.small_dumps(np.arange(1024, dtype=np.int64))  # an out-of-band array
-    m = int.from_bytes(good[4:8], "little")
-    body = bytearray(good[8 : 8 + m])
-    at = body.index(b"\x13")  # its item, turned into one by reference (tag 0x14)
-    head = bytes(body[at + 1 : len(body) - 16])  # order, dtype, shape
+    # Its buffer's entry (the first, at 16) turned into one by reference (code 0x80), the
+    # reference record (a region descriptor, the offset in the region) where its bytes were.
+    at = int.from_bytes(good[16:24], "little")
+    entry = good[16:32] + b"\x80" + bytes(7)
     for desc in (bytes(64), b"mizu_0_0" + bytes(56), bytes(range(64))):
-        bad = bytes(body[:at]) + b"\x14" + head + desc + (0).to_bytes(8, "little") + (8192).to_bytes(8, "little")
+        bad = good[:16] + entry + good[40:at] + desc + (0).to_bytes(8, "little") + good[at + 72 :]
         with pytest.raises(ValueError, match="malformed"):
             _native.small_loads(bad)
 

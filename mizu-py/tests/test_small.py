@@ -172,38 +172,38 @@ def test_malformed_small_payloads_raise_value_error_never_crash():
     # Items of the wire format's compact encoding (docs/wire-format.md §3).
     bad = [
         b"",
-        b"V",
-        b"C",
-        b"V\x7f",  # unknown tag
-        b"V\x00\x00",  # trailing bytes
-        b"V\x03\x01",  # truncated int
-        b"V\x06\xff\xff\xff\xff\x0f",  # length beyond the payload
-        b"V\x10\xff\xff\xff\x7f",  # count beyond the payload
-        b"V\x11\x01\x08\x00\x00",  # an unhashable key (a list)
-        b"V\x06\x02\xc3\x28",  # not UTF-8
-        b"V\x09\x01\x01\xff\x00",  # a dict key that is not UTF-8
-        b"V" + b"\x10\x01" * 100 + b"\x00",  # nested too deep
-        b"V\x07\x40" + b"\x01" * 63 + bytes(64),  # non-zero padding before long bytes
-        b"V\x0c\x00",  # an Arrow array (not in Python's same-language payloads)
-        b"C\x0b\x02\x05fn",  # function pickle beyond the payload
-        b"C\x0b\x00\x02fn\x00\x00",  # a call by name, not of a pickled function
-        b"C\x0b\x02\x02fn\x00",  # no keyword count
-        b"C\x0b\x02\x02fn\x00\x01\x01\xff\x00",  # a keyword that is not UTF-8
-        b"C\x0b\x02\x02fn\x00\x00\x00",  # trailing bytes
+        b"K",
+        b"k",  # a buffer table cut short
+        b"K\x7f",  # unknown tag
+        b"K\x00\x00",  # trailing bytes
+        b"K\x03\x01",  # truncated int
+        b"K\x06\xff\xff\xff\xff\x0f",  # length beyond the payload
+        b"K\x10\xff\xff\xff\x7f",  # count beyond the payload
+        b"K\x11\x01\x08\x00\x00",  # an unhashable key (a list)
+        b"K\x06\x02\xc3\x28",  # not UTF-8
+        b"K\x09\x01\x01\xff\x00",  # a dict key that is not UTF-8
+        b"K" + b"\x10\x01" * 100 + b"\x00",  # nested too deep
+        b"K\x07\x40" + b"\x01" * 63 + bytes(64),  # non-zero padding before long bytes
+        b"K\x0c\x00",  # an Arrow array (not in Python's same-language payloads)
+        b"K\x0b\x02\x05fn",  # function pickle beyond the payload
+        b"K\x0b\x00\x02fn\x00\x00",  # a call by name, not of a pickled function
+        b"K\x0b\x02\x02fn\x00",  # no keyword count
+        b"K\x0b\x02\x02fn\x00\x01\x01\xff\x00",  # a keyword that is not UTF-8
+        b"K\x0b\x02\x02fn\x00\x00\x00",  # trailing bytes
     ]
     for b in bad:
         with pytest.raises(ValueError):
             _native.small_loads(b)
-    # `C`, a call item of a pickled function: its bytes, the arguments, the keywords.
-    call = b"C\x0b\x02\x02fn" + _native.small_dumps((1, "x", [2.0]))[2:] + b"\x00"
+    # `K` holding a call item of a pickled function: its bytes, the arguments, the keywords.
+    call = b"K\x0b\x02\x02fn" + _native.small_dumps((1, "x", [2.0]))[2:] + b"\x00"
     assert _native.small_loads(call) == (b"fn", (1, "x", [2.0]), None)
-    kw = b"C\x0b\x02\x02fn\x00\x01\x01k\x03" + (5).to_bytes(8, "little")
+    kw = b"K\x0b\x02\x02fn\x00\x01\x01k\x03" + (5).to_bytes(8, "little")
     assert _native.small_loads(kw) == (b"fn", (), {"k": 5})
     # The shared items are the ones every reader of the format understands.
     assert _native.small_dumps([None, True, 7, "é"]) == (
-        b"V\x08\x04\x00\x02\x03" + (7).to_bytes(8, "little") + b"\x06\x02" + "é".encode()
+        b"K\x08\x04\x00\x02\x03" + (7).to_bytes(8, "little") + b"\x06\x02" + "é".encode()
     )
-    assert _native.small_dumps({"a": 1.5})[:4] == b"V\x09\x01\x01"
+    assert _native.small_dumps({"a": 1.5})[:4] == b"K\x09\x01\x01"
     # Random mutations of valid payloads: each decodes or raises ValueError, nothing else.
     rng = random.Random(7)
     decoded = refused = 0
@@ -286,7 +286,7 @@ BIG_CASES = [
 @pytest.mark.parametrize("a", BIG_CASES, ids=lambda a: f"{a.dtype.str}{a.shape}")
 def test_large_arrays_travel_out_of_band_as_read_only_views(pool, a):
     b = _native.small_dumps(a)
-    assert b is not None and b[:1] == b"W"  # values, then the array bytes, no pickle
+    assert b is not None and b[:1] == b"k"  # values, then the array bytes, no pickle
     for back in (_native.small_loads(b), pool.submit(tasks.ident, a).result(timeout=60)):
         assert type(back) is np.ndarray
         assert back.dtype.str == a.dtype.str and back.shape == a.shape
@@ -322,25 +322,29 @@ def test_malformed_out_of_band_arrays_raise_value_error():
     a = np.arange(1024, dtype=np.int64)
     good = _native.small_dumps(a)
     assert np.array_equal(_native.small_loads(good), a)
-    m = int.from_bytes(good[4:8], "little")
-    body = good[8 : 8 + m]
-    at = body.index(b"\x13")  # the out-of-band array item
+    # `k`: header, one 24-byte entry (position, length, code), the values, the array's bytes.
+    assert good[:1] == b"k" and int.from_bytes(good[4:8], "little") == 1
+    m = int.from_bytes(good[8:16], "little")
+    body = good[40 : 40 + m]
+    at = int.from_bytes(good[16:24], "little")
 
-    def wide(body, tail=good[64:]):
-        head = b"W\0\0\0" + len(body).to_bytes(4, "little") + body
-        return head + bytes(-len(head) % 64) + tail
+    def with_entry(pos=at, length=8192, code=0):
+        entry = pos.to_bytes(8, "little") + length.to_bytes(8, "little") + bytes([code]) + bytes(7)
+        return good[:16] + entry + good[40:]
 
-    off = len(body) - 16
+    item = 40 + body.index(b"\x13")  # the out-of-band array item
     bad = [
         good[:100],  # the array bytes cut short
-        b"W\0\0\0" + (10_000).to_bytes(4, "little") + body,  # body longer than the payload
-        body + good[64:],  # an out-of-band array outside a W payload
-        wide(body[:off] + (8).to_bytes(8, "little") + body[off + 8 :]),  # misaligned
-        wide(body[:off] + (64).to_bytes(8, "little") + body[off + 8 :]),  # past the end
-        wide(body[: off + 8] + (8191).to_bytes(8, "little")),  # bytes do not fit the shape
-        wide(body[: off + 8] + (2**63).to_bytes(8, "little")),  # absurd length
-        wide(body[:at] + b"\x12" + body[at + 1 :]),  # inline tag over out-of-band fields
-        b"W\0\0\0\0\0\0\0" + bytes(56),  # empty body
+        good[:8] + (10_000).to_bytes(8, "little") + good[16:],  # body longer than the payload
+        b"K" + body,  # an out-of-band array in a payload without buffers
+        with_entry(pos=at + 8, length=8184),  # misaligned
+        with_entry(length=8192 + 64),  # past the end
+        with_entry(length=8191),  # bytes do not fit the shape
+        with_entry(length=2**63),  # absurd length
+        with_entry(code=2),  # a buffer of another kind (an R double vector's)
+        with_entry(code=0x40),  # writable but not shared
+        good[:item] + b"\x12" + good[item + 1 :],  # inline tag over out-of-band fields
+        good[:8] + bytes(8) + good[16:],  # empty body
     ]
     for b in bad:
         with pytest.raises(ValueError):
@@ -363,14 +367,14 @@ def test_malformed_inline_arrays_raise_value_error():
     good = _native.small_dumps(np.arange(4, dtype=np.int32))
     assert np.array_equal(_native.small_loads(good), np.arange(4, dtype=np.int32))
     dt = b"<i4"
-    head = b"V\x12C" + bytes([len(dt)]) + dt + b"\x01" + (4).to_bytes(8, "little")
+    head = b"K\x12C" + bytes([len(dt)]) + dt + b"\x01" + (4).to_bytes(8, "little")
     assert good.startswith(head)
     bad = [
         head + (15).to_bytes(4, "little") + bytes(15),  # bytes do not fit the dtype
         head + (12).to_bytes(4, "little") + bytes(12),  # nor the shape
-        b"V\x12X" + good[3:],  # unknown order
-        b"V\x12C\x03|O8\x01" + (1).to_bytes(8, "little") + (8).to_bytes(4, "little") + bytes(8),  # objects
-        b"V\x12C\x04zzzz\x01" + (1).to_bytes(8, "little") + (8).to_bytes(4, "little") + bytes(8),  # no dtype
+        b"K\x12X" + good[3:],  # unknown order
+        b"K\x12C\x03|O8\x01" + (1).to_bytes(8, "little") + (8).to_bytes(4, "little") + bytes(8),  # objects
+        b"K\x12C\x04zzzz\x01" + (1).to_bytes(8, "little") + (8).to_bytes(4, "little") + bytes(8),  # no dtype
         good[:-3],  # truncated
     ]
     for b in bad:

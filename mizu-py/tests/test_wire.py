@@ -115,8 +115,8 @@ def test_a_frame_in_shared_memory_is_decoded_from_the_view():
 
     frame = wire.dumps(pa.table({"x": np.arange(10_000)}))
     pk = pickle.dumps(None)
-    off = -(-(16 + 16 + len(pk)) // 64) * 64
-    payload = b"B\0\0\0" + struct.pack("<IQQQ", 1, len(pk), off, len(frame)) + pk
+    off = -(-(16 + 24 + len(pk)) // 64) * 64
+    payload = b"p\0\0\0" + struct.pack("<IQQQQ", 1, len(pk), off, len(frame), 0) + pk
     payload += b"\0" * (off - len(payload)) + frame
     _, bufs = _native.decode_payload(payload)
     assert type(bufs[0]).__name__ == "ShmBuffer"

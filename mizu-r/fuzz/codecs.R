@@ -26,7 +26,7 @@ values <- list(
 )
 seeds <- lapply(values, encode)
 tags <- vapply(seeds, function(s) rawToChar(s[1]), "")
-stopifnot(all(c("R", "S", "V") %in% tags))
+stopifnot(all(c("R", "K", "r") %in% tags))
 for (s in seeds) invisible(decode(s))
 
 word <- function(v) {

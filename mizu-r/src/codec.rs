@@ -12,36 +12,39 @@
 //! placeholder's attributes) where each placeholder is. Serialization goes straight through
 //! R's C API into a byte buffer.
 //!
-//! Layout (all integers little-endian; offsets from the payload start):
-//! * `R` then the serialization — no buffers;
-//! * `S` then the compact encoding of a small plain value (see `small.rs`) — no buffers;
-//! * `V`, 3 zero bytes, `u32` buffer count `n`, `u64` serialization length, then `n` entries of
-//!   (`u64` offset, `u64` length, `u8` type code, 7 zero bytes), the serialization, then each
-//!   buffer at its offset, 64-byte aligned. Type codes: 0–5 a vector in R's layout
-//!   ([`VType`]: integer, double, logical, raw, complex, the string layout of `strview.rs`), 6
-//!   a `mizu-wire` Arrow array value, 7 a `mizu-wire` record batch value (a data frame), and
-//!   with bit `0x80` a reference instead: a region descriptor (64 bytes) and the `u64` offset
-//!   in the region of the bytes (code 8: a record batch value, followed by the `u64` column);
-//! * `T` then UTF-8 text: a runtime error (not an R condition).
+//! The payload is the runtime's one layout of a language's own payloads
+//! (`mizu_pool::wire::oob`, `docs/wire-format.md`): `R` an R serialization, `K` the compact
+//! encoding of a small plain value (`small.rs`, whose `R_OOB` items name buffers by index), each
+//! in its lower-case letter with a buffer table; `T` a runtime error's text (not an R
+//! condition). Buffer codes: a vector in R's layout (`VType::wire`; a character vector in the
+//! string layout of `strview.rs`), an Arrow array value, a record batch value (a data frame),
+//! or by reference a region and the offset of the bytes in it (a column of a record batch
+//! value: and the column).
 
 use extendr_api::Error;
 use extendr_api::prelude::*;
 
-pub(crate) const TAG_PLAIN: u8 = b'R';
-pub(crate) const TAG_SMALL: u8 = b'S';
-pub(crate) const TAG_BUFFERS: u8 = b'V';
-/// Buffers as [`TAG_BUFFERS`], with the compact encoding (`small.rs`) as the body.
-pub(crate) const TAG_SMALL_BUFFERS: u8 = b'W';
+use mizu_pool::wire::oob::{code, tag};
+
+/// An R serialization.
+pub(crate) const TAG_PLAIN: u8 = tag::R_SERIAL;
+/// The compact encoding.
+pub(crate) const TAG_SMALL: u8 = tag::COMPACT;
+/// [`TAG_PLAIN`] with a buffer table.
+pub(crate) const TAG_BUFFERS: u8 = tag::R_SERIAL | tag::WITH_BUFFERS;
+/// [`TAG_SMALL`] with a buffer table.
+pub(crate) const TAG_SMALL_BUFFERS: u8 = tag::COMPACT | tag::WITH_BUFFERS;
 /// A runtime error message (see the module docs).
-pub const TAG_TEXT: u8 = b'T';
-pub(crate) const ALIGN: usize = 64;
+pub const TAG_TEXT: u8 = tag::TEXT;
 /// Lists nested deeper than this are serialized whole.
 pub(crate) const MAX_DEPTH: usize = 64;
 pub(crate) const PLACEHOLDER: &str = "mizu_oob_";
-/// Type code of a vector carried as a `mizu-wire` Arrow array value (see `arrow_out.rs`).
-pub(crate) const ARROW: u8 = 6;
-/// Type code of a data frame carried as a `mizu-wire` Arrow record batch value.
-pub(crate) const FRAME: u8 = 7;
+/// Code of a vector carried as a `mizu-wire` Arrow array value (see `arrow_out.rs`).
+pub(crate) const ARROW: u8 = code::ARROW_ARRAY;
+/// Code of a data frame carried as a `mizu-wire` Arrow record batch value.
+pub(crate) const FRAME: u8 = code::ARROW_TABLE;
+/// Code of one column of a data frame value sent on by reference.
+pub(crate) const FRAME_COL: u8 = code::ARROW_COLUMN;
 
 pub(crate) fn bad(why: impl std::fmt::Display) -> Error {
     crate::rerr(format!("malformed payload: {why}"))

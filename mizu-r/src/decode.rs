@@ -10,11 +10,8 @@ use extendr_ffi::{
     CAR, CDR, PRINTNAME, R_CHAR, R_ExternalPtrTag, R_NilValue, Rf_setAttrib, SET_VECTOR_ELT, SEXP,
     SEXPTYPE, TAG, TYPEOF, VECTOR_ELT, XLENGTH,
 };
-use std::sync::Arc;
 
-// The layout's parser, its entry size, reference records and flags (see `mizu_pool::wire::oob`).
-use mizu_pool::wire::Region;
-use mizu_pool::wire::oob::{self, Dialect, Place, R_FRAME_COL as FRAME_COL};
+use mizu_pool::wire::oob;
 
 use crate::codec::*;
 use crate::encode::unserialize;
@@ -120,10 +117,7 @@ pub fn decode_small(buf: &Buffer) -> Option<Result<SEXP>> {
 /// the sender (`Region::share`), that only a decoder adopting it would give back. Touches no
 /// R API (it may run on the runtime's threads); malformed input releases nothing.
 pub fn release_refs(b: &[u8]) {
-    if !matches!(b.first(), Some(&TAG_BUFFERS | &TAG_SMALL_BUFFERS)) {
-        return;
-    }
-    for d in oob::references(b, Dialect::R) {
+    for d in oob::references(b) {
         // Adopting takes the reference over; dropping the region gives it back.
         drop(MAPPER.adopt(&d));
     }
@@ -148,7 +142,7 @@ pub fn decode(buf: Buffer) -> Result<Decoded> {
             String::from_utf8_lossy(&b[1..]).replace('\0', "\u{fffd}"),
         )),
         Some(&TAG_SMALL_BUFFERS) => {
-            let layout = oob::parse(b, Dialect::R).map_err(bad)?;
+            let layout = oob::parse(b).map_err(bad)?;
             let views = buffer_views(&buf, layout.entries)?;
             // SAFETY: each view is protected by its Robj in `views` while the value is read.
             let sexps: Vec<SEXP> = views.iter().map(|v| unsafe { v.get() }).collect();
@@ -159,7 +153,7 @@ pub fn decode(buf: Buffer) -> Result<Decoded> {
             }
         }
         Some(&TAG_BUFFERS) => {
-            let layout = oob::parse(b, Dialect::R).map_err(bad)?;
+            let layout = oob::parse(b).map_err(bad)?;
             let views = buffer_views(&buf, layout.entries)?;
             let value = unserialize(&b[layout.body])?;
             // SAFETY: `value` is protected by its Robj.
@@ -180,44 +174,26 @@ pub fn decode(buf: Buffer) -> Result<Decoded> {
 
 /// The views of a payload's out-of-band buffers (`entries`, parsed from `buf`), in order.
 fn buffer_views(buf: &Buffer, entries: Vec<oob::Entry>) -> Result<Vec<Robj>> {
-    let mut views = Vec::with_capacity(entries.len());
+    // Every reference is adopted first (and given back if anything fails).
+    let received = oob::receive(buf, entries, &MAPPER).map_err(bad)?;
+    let mut views = Vec::with_capacity(received.len());
     // Data frame values already read for a column sent on by reference (every column
     // of one frame refers to the same value).
     let mut tables: Vec<(usize, arrow_array::RecordBatch, Buffer)> = Vec::new();
-    for (i, entry) in entries.into_iter().enumerate() {
-        let kind = entry.code;
-        let by_ref = matches!(entry.place, Place::Ref { .. });
+    for (i, r) in received.into_iter().enumerate() {
+        let kind = r.code;
         let t = match kind {
-            ARROW => None,
-            FRAME if !by_ref => None,
-            FRAME_COL if by_ref => None,
+            ARROW | FRAME | FRAME_COL => None,
             c => Some(
-                VType::from_code(c)
+                VType::from_wire(c)
                     .ok_or_else(|| bad(format!("buffer {i} has unknown type {kind}")))?,
             ),
         };
-        let (bytes, column) = match entry.place {
-            Place::Inline(r) => (buf.slice_with_length(r.start, r.len()), None),
-            Place::Ref {
-                desc,
-                offset,
-                len,
-                column,
-            } => {
-                let region = Arc::new(MAPPER.adopt(&desc).map_err(bad)?);
-                let end = offset
-                    .checked_add(len)
-                    .filter(|&x| x <= region.len() as u64)
-                    .ok_or_else(|| bad(format!("reference {i} beyond its region")))?;
-                let whole = Region::buffer(&region);
-                (
-                    whole.slice_with_length(offset as usize, (end - offset) as usize),
-                    column,
-                )
-            }
-        };
-        let copy = !by_ref;
-        views.push(match (t, column) {
+        if (kind == FRAME && r.by_ref) || r.writable {
+            return Err(bad(format!("buffer {i}: not a buffer an R payload has")));
+        }
+        let (bytes, copy) = (r.bytes, !r.by_ref);
+        views.push(match (t, r.column) {
             (Some(t), _) => view::make(bytes, t, copy)?,
             (None, _) if kind == ARROW => crate::arrow_in::view(bytes, copy)?,
             (None, Some(col)) => {

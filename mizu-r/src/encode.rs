@@ -13,11 +13,8 @@ use extendr_ffi::{
 use std::sync::Arc;
 
 use mizu_pool::Fill;
-// The layout's parser, its entry size, reference records and flags (see `mizu_pool::wire::oob`).
 use mizu_pool::wire::Region;
-use mizu_pool::wire::oob::{
-    R_BY_REF as BY_REF, R_ENTRY as ENTRY, R_FRAME_COL as FRAME_COL, REF_RECORD as REF_BYTES,
-};
+use mizu_pool::wire::oob::{self, Source};
 
 use crate::altrep::Shared;
 use crate::codec::*;
@@ -26,22 +23,21 @@ use crate::payload::FLOOR;
 use crate::rtry::try_r;
 use crate::view::{self, VType};
 
-/// A payload to send, written in place by [`Fill`]. Holds the vectors it points into, so
-/// their memory stays alive (R does not move vectors).
+/// A payload to send, written in place by [`Fill`] with the runtime's one writer of a
+/// language's own payloads. Holds the vectors it points into, so their memory stays alive (R
+/// does not move vectors).
 pub struct Outgoing {
-    /// `TAG_PLAIN` or `TAG_SMALL` when there are no buffers.
-    tag: u8,
-    skel: Vec<u8>,
-    pub(crate) bufs: Vec<Oob>,
-    at: Vec<usize>,
-    size: usize,
+    w: oob::Writer<Vec<u8>, Oob>,
+    /// Whether the body is the compact encoding (whose buffer `small.rs` reuses).
+    compact: bool,
 }
 
 /// One out-of-band vector.
 pub(crate) struct Oob {
     /// Keeps the vector (and the memory `how` points into) alive.
     pub(crate) vec: Robj,
-    /// Its type code in the table: a [`VType`], [`ARROW`], [`FRAME`] or [`FRAME_COL`].
+    /// Its code in the table (`oob::code`): a vector's [`VType::wire`], [`ARROW`], [`FRAME`]
+    /// or [`FRAME_COL`].
     pub(crate) code: u8,
     /// Its length in bytes (of the layout, for a character vector).
     pub(crate) len: usize,
@@ -60,13 +56,23 @@ pub(crate) enum How {
     Ref(Arc<Region>, usize, Option<u32>),
 }
 
-impl Oob {
-    /// Bytes it takes in the payload.
-    fn space(&self) -> usize {
-        match self.how {
-            How::Ref(_, _, None) => REF_BYTES,
-            How::Ref(_, _, Some(_)) => REF_BYTES + 8,
-            _ => self.len,
+impl Source for Oob {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn write_to(&self, out: &mut [u8]) {
+        match &self.how {
+            // SAFETY: a character vector `self` keeps alive, unchanged since its length was
+            // measured.
+            How::Strings => unsafe { crate::strview::fill(self.vec.get(), out) },
+            How::Arrow(col) => col.write(out),
+            How::Bytes(p) => {
+                // SAFETY: `p` points to `self.len` bytes of a vector that `self` keeps alive.
+                let src = unsafe { std::slice::from_raw_parts(*p, self.len) };
+                src.write_to(out);
+            }
+            How::Ref(..) => unreachable!("a reference is written by the writer"),
         }
     }
 }
@@ -76,7 +82,7 @@ impl Oob {
 fn by_ref(v: SEXP) -> Option<(How, usize, u8)> {
     let (buf, code, col) = match view::shared(v).or_else(|| crate::strview::shared(v))? {
         // SAFETY: TYPEOF reads any live SEXP.
-        Shared::Elements(b) => (b, VType::of(unsafe { TYPEOF(v) })? as u8, None),
+        Shared::Elements(b) => (b, VType::of(unsafe { TYPEOF(v) })?.wire(), None),
         Shared::Arrow(s) => (
             s.bytes,
             if s.col.is_some() { FRAME_COL } else { ARROW },
@@ -417,29 +423,31 @@ impl Outgoing {
     }
 
     fn layout(tag: u8, skel: Vec<u8>, bufs: Vec<Oob>) -> Outgoing {
-        let mut out = Outgoing {
-            tag,
-            size: 1 + skel.len(),
-            skel,
-            bufs,
-            at: Vec::new(),
-        };
-        if out.bufs.is_empty() {
-            return out;
+        let mut w = oob::Writer::new(tag, skel);
+        for b in bufs {
+            match b.how {
+                How::Ref(region, off, col) => {
+                    w.push_ref(b.code, region, off, b.len, false, col.map(u64::from));
+                }
+                _ => {
+                    w.push(b.code, b);
+                }
+            }
         }
-        let mut at = 16 + ENTRY * out.bufs.len() + out.skel.len();
-        for b in &out.bufs {
-            at = at.next_multiple_of(ALIGN);
-            out.at.push(at);
-            at += b.space();
+        Outgoing {
+            w,
+            compact: tag == TAG_SMALL,
         }
-        out.size = at;
-        out
+    }
+
+    /// The vectors copied in, in order.
+    pub(crate) fn buffers(&self) -> impl Iterator<Item = &Oob> {
+        self.w.sources()
     }
 
     /// The payload as bytes (where it cannot be written in place).
     pub fn to_vec(&self) -> Vec<u8> {
-        let mut v = vec![0u8; self.size];
+        let mut v = vec![0u8; self.size()];
         self.fill(&mut v);
         v
     }
@@ -447,8 +455,8 @@ impl Outgoing {
 
 impl Drop for Outgoing {
     fn drop(&mut self) {
-        if self.tag == TAG_SMALL {
-            crate::small::give_back(std::mem::take(&mut self.skel));
+        if self.compact {
+            crate::small::give_back(std::mem::take(self.w.body_mut()));
         }
     }
 }
@@ -465,66 +473,12 @@ fn payload_bytes_written() -> f64 {
 
 impl Fill for Outgoing {
     fn size(&self) -> usize {
-        self.size
+        self.w.size()
     }
 
     fn fill(&self, out: &mut [u8]) {
-        WRITTEN.fetch_add(self.size as u64, std::sync::atomic::Ordering::Relaxed);
-        let skel = &self.skel;
-        if self.bufs.is_empty() {
-            out[0] = self.tag;
-            out[1..].copy_from_slice(skel);
-            return;
-        }
-        out[..16].fill(0);
-        out[0] = if self.tag == TAG_SMALL {
-            TAG_SMALL_BUFFERS
-        } else {
-            TAG_BUFFERS
-        };
-        out[4..8].copy_from_slice(&(self.bufs.len() as u32).to_le_bytes());
-        out[8..16].copy_from_slice(&(skel.len() as u64).to_le_bytes());
-        for (i, (b, &at)) in self.bufs.iter().zip(&self.at).enumerate() {
-            let e = 16 + ENTRY * i;
-            out[e..e + ENTRY].fill(0);
-            out[e..e + 8].copy_from_slice(&(at as u64).to_le_bytes());
-            out[e + 8..e + 16].copy_from_slice(&(b.len as u64).to_le_bytes());
-            let by_ref = if matches!(b.how, How::Ref(..)) {
-                BY_REF
-            } else {
-                0
-            };
-            out[e + 16] = b.code | by_ref;
-        }
-        let p = 16 + ENTRY * self.bufs.len();
-        out[p..p + skel.len()].copy_from_slice(skel);
-        let mut end = p + skel.len();
-        for (b, &at) in self.bufs.iter().zip(&self.at) {
-            out[end..at].fill(0);
-            match &b.how {
-                // SAFETY: a character vector `self` keeps alive, unchanged since its length
-                // was measured.
-                How::Strings => unsafe {
-                    crate::strview::fill(b.vec.get(), &mut out[at..at + b.len])
-                },
-                How::Arrow(col) => col.write(&mut out[at..at + b.len]),
-                How::Bytes(p) => {
-                    // SAFETY: `p` points to `b.len` bytes of a vector that `self` keeps alive.
-                    let src = unsafe { std::slice::from_raw_parts(*p, b.len) };
-                    out[at..at + b.len].copy_from_slice(src);
-                }
-                How::Ref(region, off, col) => {
-                    // The descriptor carries a new reference, which the receiver adopts.
-                    region.share().write_to(&mut out[at..at + 64]);
-                    out[at + 64..at + REF_BYTES].copy_from_slice(&(*off as u64).to_le_bytes());
-                    if let Some(c) = col {
-                        out[at + REF_BYTES..at + REF_BYTES + 8]
-                            .copy_from_slice(&u64::from(*c).to_le_bytes());
-                    }
-                }
-            }
-            end = at + b.space();
-        }
+        WRITTEN.fetch_add(out.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        self.w.write(out);
     }
 }
 
@@ -561,7 +515,7 @@ fn oob_entry(v: Robj) -> Result<Oob> {
             let len = crate::strview::encoded_len(s);
             return Ok(Oob {
                 vec: v,
-                code: t as u8,
+                code: t.wire(),
                 len,
                 how: How::Strings,
             });
@@ -574,7 +528,7 @@ fn oob_entry(v: Robj) -> Result<Oob> {
     };
     Ok(Oob {
         vec: v,
-        code: t as u8,
+        code: t.wire(),
         len: n,
         how: How::Bytes(ptr),
     })

@@ -62,7 +62,7 @@ fn codec_encode(value: Robj) -> Result<Raw> {
 fn codec_arrow_frames(value: Robj) -> Result<List> {
     let out = Outgoing::encode(&value)?;
     let mut frames = Vec::new();
-    for b in &out.bufs {
+    for b in out.buffers() {
         if let How::Arrow(col) = &b.how {
             // As written into a payload, read back (so arrow checks it) and framed.
             let mut bytes = arrow_buffer::MutableBuffer::from_len_zeroed(col.len());

@@ -56,6 +56,18 @@ impl VType {
         })
     }
 
+    /// Its code in a payload's buffer table (`mizu_pool::wire::oob::code`: `R_INTEGER` ...
+    /// `R_STRINGS`, in this order).
+    pub fn wire(self) -> u8 {
+        mizu_pool::wire::oob::code::R_INTEGER + self as u8
+    }
+
+    /// From its code in a payload's buffer table.
+    pub fn from_wire(c: u8) -> Option<VType> {
+        c.checked_sub(mizu_pool::wire::oob::code::R_INTEGER)
+            .and_then(VType::from_code)
+    }
+
     /// Of an R vector (None for types that cannot be views).
     pub fn of(t: SEXPTYPE) -> Option<VType> {
         Some(match t {

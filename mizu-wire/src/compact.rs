@@ -51,13 +51,9 @@ pub mod tag {
     pub const PY_DICT: u8 = 0x11;
     /// Python: a numpy array, its bytes inline.
     pub const PY_NDARRAY: u8 = 0x12;
-    /// Python: a numpy array, its bytes in the payload's array area.
+    /// Python: a numpy array whose bytes are one of the payload's buffers (`oob`), named by
+    /// its varint index.
     pub const PY_NDARRAY_OOB: u8 = 0x13;
-    /// Python: a numpy array viewing a region, by reference.
-    pub const PY_NDARRAY_REF: u8 = 0x14;
-    /// Python: a writable numpy array viewing a region (`pymizu.empty`/`zeros`), by
-    /// reference; the receiver's view is writable too.
-    pub const PY_NDARRAY_REF_MUT: u8 = 0x15;
 
     /// R: an atomic vector (u8 type, varint length, the elements).
     pub const R_VECTOR: u8 = 0x18;

@@ -184,4 +184,73 @@ fn every_corpus_file_is_described() {
         );
     }
     assert!(readme.contains("`region-frame.bin`"));
+    for (name, ..) in own_payloads() {
+        assert!(
+            readme.contains(&format!("`{name}.bin`")),
+            "{name} is not described in corpus/README.md"
+        );
+    }
+}
+
+/// A same-language payload of the corpus: its name, body, buffers (code, bytes) and tag.
+type Own = (&'static str, Vec<u8>, Vec<(u8, Vec<u8>)>, u8);
+
+/// Same-language payloads (`oob`): written by the one writer both bindings use, their bytes
+/// pinned, and parsed back to the same body and buffers.
+fn own_payloads() -> Vec<Own> {
+    use mizu_wire::oob::{code, tag};
+    vec![
+        (
+            "own-compact",
+            vec![0x08, 0x01, 0x03, 2, 0, 0, 0, 0, 0, 0, 0],
+            vec![],
+            tag::COMPACT,
+        ),
+        (
+            "own-pickle-buffers",
+            b"\x80\x05a pickle's bytes".to_vec(),
+            vec![
+                (code::BYTES, (0..100u8).collect()),
+                (code::BYTES, vec![1, 2, 3]),
+            ],
+            tag::PICKLE,
+        ),
+        (
+            "own-r-double",
+            b"R's serialization".to_vec(),
+            vec![(code::R_DOUBLE, 1.5f64.to_le_bytes().repeat(4))],
+            tag::R_SERIAL,
+        ),
+    ]
+}
+
+#[test]
+fn same_language_payloads_are_pinned() {
+    use mizu_wire::oob::{self, Place};
+    let bless = std::env::var_os("MIZU_BLESS").is_some();
+    for (name, body, bufs, tag) in own_payloads() {
+        let mut w = oob::Writer::<&[u8], &[u8]>::new(tag, &body);
+        for (c, b) in &bufs {
+            w.push(*c, b);
+        }
+        let bytes = w.to_vec();
+        let path = dir().join(format!("own/{name}.bin"));
+        if bless {
+            std::fs::write(&path, &bytes).unwrap();
+        }
+        let pinned = std::fs::read(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (MIZU_BLESS=1 creates it)", path.display()));
+        assert_eq!(bytes, pinned, "{name}: the layout changed");
+        let p = oob::parse(&pinned).unwrap();
+        assert_eq!(p.tag, tag, "{name}");
+        assert_eq!(&pinned[p.body], &body[..], "{name}");
+        assert_eq!(p.entries.len(), bufs.len(), "{name}");
+        for (e, (c, b)) in p.entries.iter().zip(&bufs) {
+            let Place::Inline(r) = &e.place else {
+                panic!("{name}: a buffer by reference")
+            };
+            assert_eq!((e.code, &pinned[r.clone()]), (*c, &b[..]), "{name}");
+            assert_eq!(r.start % oob::ALIGN, 0, "{name}: an unaligned buffer");
+        }
+    }
 }

@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 use arrow_buffer::{Buffer, MutableBuffer};
 use mizu_wire::envelope::{self, Context, Envelope, RemoteError};
 use mizu_wire::frame::{self, Body};
-use mizu_wire::oob::{self, Dialect, Place};
+use mizu_wire::oob::{self, Place};
 use mizu_wire::{CallTarget, DataPool, Mapper, RegionDesc, Value, decode_slice, rser};
 use proptest::prelude::*;
 
@@ -129,62 +129,57 @@ fn corpus_desc() -> [u8; 64] {
         .unwrap()
 }
 
-/// Out-of-band payloads of both bindings, built by their layout: a body, an inline buffer, and
-/// a buffer by reference to the live region (R: also a data frame column by reference).
-fn oob_payloads() -> &'static [(Dialect, Vec<u8>)] {
-    static S: OnceLock<Vec<(Dialect, Vec<u8>)>> = OnceLock::new();
+/// Same-language payloads of both bindings, in their one layout: a body, an inline buffer, and
+/// buffers by reference to the live region (a data frame column by reference; a writable one).
+fn oob_payloads() -> &'static [Vec<u8>] {
+    static S: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
     S.get_or_init(|| {
         let desc = &corpus_desc();
-        let build = |dialect: Dialect, tag: u8, refs: &[Option<u64>]| {
-            let entry = match dialect {
-                Dialect::Python => oob::PY_ENTRY,
-                Dialect::R => oob::R_ENTRY,
-            };
+        let build = |tag: u8, refs: &[(u8, Option<u64>)]| {
+            let entry = oob::ENTRY;
             let body = b"the language's own serialization";
             let n = 1 + refs.len();
-            let body_end = 16 + entry * n + body.len();
-            let mut out = vec![tag, 0, 0, 0];
+            let body_end = oob::HEADER + entry * n + body.len();
+            let mut out = vec![tag | oob::tag::WITH_BUFFERS, 0, 0, 0];
             out.extend_from_slice(&(n as u32).to_le_bytes());
             out.extend_from_slice(&(body.len() as u64).to_le_bytes());
-            out.resize(16 + entry * n, 0);
+            out.resize(oob::HEADER + entry * n, 0);
             out.extend_from_slice(body);
             out.resize(body_end.next_multiple_of(64), 0);
-            let put = |out: &mut Vec<u8>, i: usize, at: u64, len: u64, code: u8, by_ref: bool| {
-                let e = 16 + entry * i;
-                let at = match (dialect, by_ref) {
-                    (Dialect::Python, true) => at | oob::PY_BY_REF,
-                    _ => at,
-                };
+            let put = |out: &mut Vec<u8>, i: usize, at: u64, len: u64, code: u8| {
+                let e = oob::HEADER + entry * i;
                 out[e..e + 8].copy_from_slice(&at.to_le_bytes());
                 out[e + 8..e + 16].copy_from_slice(&len.to_le_bytes());
-                if dialect == Dialect::R {
-                    out[e + 16] = code | if by_ref { oob::R_BY_REF } else { 0 };
-                }
+                out[e + 16] = code;
             };
             let at = out.len() as u64;
-            put(&mut out, 0, at, 100, 2, false);
+            put(&mut out, 0, at, 100, oob::code::R_DOUBLE);
             out.resize(out.len() + 128, 7);
-            for (i, col) in refs.iter().enumerate() {
+            for (i, (code, col)) in refs.iter().enumerate() {
+                out.resize(out.len().next_multiple_of(64), 0);
                 let at = out.len() as u64;
-                let code = if col.is_some() { oob::R_FRAME_COL } else { 6 };
-                put(&mut out, 1 + i, at, 1000, code, true);
+                put(&mut out, 1 + i, at, 1000, code | oob::code::BY_REF);
                 out.extend_from_slice(desc);
                 out.extend_from_slice(&64u64.to_le_bytes());
                 if let Some(c) = col {
                     out.extend_from_slice(&c.to_le_bytes());
                 }
             }
-            (dialect, out)
+            out
         };
-        // Python: the same with the buffer by reference writable (`pymizu.empty`/`zeros`).
-        let (_, mut writable) = build(Dialect::Python, b'B', &[None]);
-        let e = 16 + oob::PY_ENTRY;
-        let at = u64::from_le_bytes(writable[e..e + 8].try_into().unwrap()) | oob::PY_WRITABLE_REF;
-        writable[e..e + 8].copy_from_slice(&at.to_le_bytes());
         vec![
-            build(Dialect::Python, b'B', &[None]),
-            build(Dialect::R, b'V', &[None, Some(2)]),
-            (Dialect::Python, writable),
+            build(oob::tag::PICKLE, &[(oob::code::BYTES, None)]),
+            build(
+                oob::tag::R_SERIAL,
+                &[
+                    (oob::code::R_STRINGS, None),
+                    (oob::code::ARROW_COLUMN, Some(2)),
+                ],
+            ),
+            build(
+                oob::tag::COMPACT,
+                &[(oob::code::BYTES | oob::code::WRITABLE, None)],
+            ),
         ]
     })
 }
@@ -283,26 +278,24 @@ fn every_seed_is_accepted() {
         Mapper::new().adopt(&d).unwrap();
     });
     let d = RegionDesc::read_from(&corpus_desc()).unwrap();
-    for (dialect, p) in oob_payloads() {
-        let parsed = oob::parse(p, *dialect).unwrap();
-        let refs = oob::references(p, *dialect);
+    for p in oob_payloads() {
+        let parsed = oob::parse(p).unwrap();
+        let refs = oob::references(p);
         assert_eq!(parsed.entries.len(), 1 + refs.len());
         assert!(matches!(parsed.entries[0].place, Place::Inline(_)));
         assert!(refs.iter().all(|r| *r == d));
     }
     // Only a buffer by reference can be writable, and its entry says so.
-    let (dialect, w) = &oob_payloads()[2];
-    assert_eq!(
-        oob::parse(w, *dialect).unwrap().entries[1].code,
-        oob::PY_WRITABLE
-    );
-    assert_eq!(
-        oob::parse(&oob_payloads()[0].1, *dialect).unwrap().entries[1].code,
-        0
-    );
+    let w = &oob_payloads()[2];
+    assert!(oob::parse(w).unwrap().entries[1].writable);
+    assert!(!oob::parse(&oob_payloads()[0]).unwrap().entries[1].writable);
     let mut inline_writable = w.clone();
-    inline_writable[16 + 7] = 0x40; // bit 62 without bit 63, on the inline buffer's entry
-    assert!(oob::parse(&inline_writable, *dialect).is_err());
+    inline_writable[oob::HEADER + 16] |= oob::code::WRITABLE; // on the inline buffer's entry
+    assert!(oob::parse(&inline_writable).is_err());
+    // A column of a table travels by reference only.
+    let mut inline_column = w.clone();
+    inline_column[oob::HEADER + 16] = oob::code::ARROW_COLUMN;
+    assert!(oob::parse(&inline_column).is_err());
 }
 
 proptest! {
@@ -336,21 +329,14 @@ proptest! {
         let _ = envelope::read_task(&buf, None);
     }
 
-    /// The bindings' out-of-band layouts, each parsed in both dialects: every range it gives
-    /// lies inside the payload, after the body.
+    /// The bindings' same-language payloads: every range a parse gives lies inside the
+    /// payload, after the body.
     #[test]
-    fn mutated_out_of_band_payloads_never_panic(which in any::<usize>(), m in mutation(), other in any::<bool>()) {
+    fn mutated_out_of_band_payloads_never_panic(which in any::<usize>(), m in mutation()) {
         let seeds = oob_payloads();
-        let all: Vec<Vec<u8>> = seeds.iter().map(|(_, p)| p.clone()).collect();
-        let (dialect, seed) = &seeds[which % seeds.len()];
-        let b = apply(seed, &m, &all);
-        let dialect = match (dialect, other) {
-            (d, false) => *d,
-            (Dialect::Python, true) => Dialect::R,
-            (Dialect::R, true) => Dialect::Python,
-        };
-        let _ = oob::references(&b, dialect);
-        if let Ok(p) = oob::parse(&b, dialect) {
+        let b = apply(&seeds[which % seeds.len()], &m, seeds);
+        let _ = oob::references(&b);
+        if let Ok(p) = oob::parse(&b) {
             prop_assert!(p.body.start <= p.body.end && p.body.end <= b.len());
             for e in &p.entries {
                 if let Place::Inline(r) = &e.place {

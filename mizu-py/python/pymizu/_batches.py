@@ -124,6 +124,6 @@ def _batch_element(values: _Batch, i: int) -> tuple[bool, Any]:
     return decode(1, b, [], 0, 0)
 
 
-def _batch_payload(fn, calls: list, skip: list) -> tuple[bytes, list]:
+def _batch_payload(fn, calls: list, skip: list) -> tuple[bytes, list, bytes | None]:
     """The pickled call of a chunk, leaving out the calls at positions `skip` (cancelled)."""
     return _codec.dumps_call(_run_batch, (fn, calls, frozenset(skip)), {})

@@ -18,7 +18,6 @@ _dumps = pickle.dumps
 loads = pickle.loads
 
 
-_CALL = 0x01  # first byte of a call payload; a pickle starts with 0x80
 _FN_TYPES = (types.FunctionType, types.BuiltinFunctionType, type)
 _fn_bytes: dict = {}  # caller: function -> its pickle (by reference)
 _fn_objs: dict = {}  # worker: pickle -> function
@@ -61,31 +60,31 @@ def fn_ref(fn) -> bytes | None:
     return b
 
 
-def _pickled_fn(fn) -> bytes | None:
-    """The call header of a function `fn_ref` accepts: the call marker, the length of its
-    pickle and the pickle."""
-    b = fn_ref(fn)
-    if b is None:
-        return None
-    return bytes((_CALL,)) + len(b).to_bytes(2, "little") + b
-
-
-def dumps_call(fn, args: tuple, kwargs: dict) -> tuple[bytes, list]:
-    """A call `fn(*args, **kwargs)`: the function's pickle is cached (and the worker caches
-    what it unpickles to), so a trivial call costs one small pickle."""
-    head = _pickled_fn(fn)
-    if head is None:
-        return dumps((fn, args, kwargs))
+def dumps_args(args: tuple, kwargs: dict | None) -> tuple[bytes, list]:
+    """The pickle of a call's arguments (the positional ones a tuple; with keywords, a list
+    `[args, kwargs]`) and its out-of-band buffers."""
     if not kwargs:
         # Scalar arguments (the common small call) need no buffer machinery.
         for a in args:
             if type(a) not in _SCALARS:
                 break
         else:
-            return head + _dumps(args, 5), _NO_BUFFERS
-    # Positional arguments alone are a tuple; with keywords, a list [args, kwargs].
-    data, bufs = dumps([args, kwargs] if kwargs else args)
-    return head + data, bufs
+            return _dumps(args, 5), _NO_BUFFERS
+        return dumps(args)
+    return dumps([args, kwargs])
+
+
+def dumps_call(fn, args: tuple, kwargs: dict) -> tuple[bytes, list, bytes | None]:
+    """A call `fn(*args, **kwargs)` as `(pickle, buffers, head)`: with `head`, the function's
+    pickle by reference (cached here, and by the worker as what it unpickles to), the pickle is
+    the arguments' (`dumps_args`), so a trivial call costs one small pickle; without, the
+    pickle is the whole call `(fn, args, kwargs)`."""
+    head = fn_ref(fn)
+    if head is None:
+        data, bufs = dumps((fn, args, kwargs))
+        return data, bufs, None
+    data, bufs = dumps_args(args, kwargs)
+    return data, bufs, head
 
 
 def fn_from_ref(fb: bytes):
@@ -99,15 +98,12 @@ def fn_from_ref(fb: bytes):
     return fn
 
 
-def loads_call(data, bufs):
-    """`(fn, args, kwargs)` from `dumps_call` (or a plain pickled triple)."""
-    if type(data) is not bytes:
-        data = memoryview(data)  # a large payload arrives as a shared-memory view
-    if data[0] != _CALL:
+def loads_call(data, bufs, head: bytes | None = None):
+    """`(fn, args, kwargs)` from `dumps_call`'s `(pickle, buffers, head)`."""
+    if head is None:
         return loads(data, buffers=bufs)
-    n = 3 + int.from_bytes(data[1:3], "little")
-    fn = fn_from_ref(bytes(data[3:n]))
-    rest = loads(memoryview(data)[n:], buffers=bufs)
+    fn = fn_from_ref(head)
+    rest = loads(data, buffers=bufs)
     if type(rest) is tuple:
         return fn, rest, {}
     return fn, rest[0], rest[1]

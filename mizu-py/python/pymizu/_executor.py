@@ -355,11 +355,11 @@ class PoolExecutor(Executor):
             return _failed(e)
         return self._register(task)
 
-    def _submit_payload(self, data, bufs) -> _MizuFuture:
+    def _submit_payload(self, data, bufs, head=None) -> _MizuFuture:
         self._mpool._check()
         if not self._state.accepting:
             raise self._state.refuse()
-        return self._register(self._pool.submit(data, bufs))
+        return self._register(self._pool.submit(data, bufs, head))
 
     def _register(self, task) -> _MizuFuture:
         """The future of a submitted `task`, among the pending ones. (Added outside the

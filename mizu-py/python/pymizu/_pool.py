@@ -66,7 +66,7 @@ class _Submitter:
     _workers = 1
     _language = "python"
 
-    def _submit_raw(self, data, bufs) -> Task:
+    def _submit_raw(self, data, bufs, head=None) -> Task:
         raise NotImplementedError
 
     def _submit_small(self, head, args, kwargs) -> Task | None:
@@ -87,8 +87,7 @@ class _Submitter:
             t = self._submit_small(head, args, kwargs)
             if t is not None:
                 return t
-        data, bufs = _codec.dumps_call(fn, args, kwargs)
-        return self._submit_raw(data, bufs)
+        return self._submit_raw(*_codec.dumps_call(fn, args, kwargs))
 
     def submit_batch(self, fn: Callable, argss: Iterable[tuple], chunksize: int | None = None) -> list[Task]:
         """Submits `fn(*args)` for every `args` tuple; returns one `Task` per call.

@@ -44,7 +44,7 @@ def _result_native(value) -> tuple[bool, bytes, list]:
     return True, out, bufs
 
 
-def _run(data, bufs) -> tuple:
+def _run(data, bufs, head=None) -> tuple:
     if _init_error is not None:
         try:
             # (Without its last traceback: raising an exception again extends the one it
@@ -53,12 +53,12 @@ def _run(data, bufs) -> tuple:
         except BaseException as e:
             return _fail(e)
     try:
-        fn, args, kwargs = _loads_call(data, bufs)
+        fn, args, kwargs = _loads_call(data, bufs, head)
     except BaseException as e:  # unpickling runs arbitrary code, even `sys.exit()`
         tb = traceback.format_exc()
         return _fail(PayloadError(f"the task's call could not be unpickled in the worker: {e!r}"), tb)
     try:
-        del data, bufs
+        del data, bufs, head
         result = fn(*args, **kwargs)
         # The native layer sends the value (pickling it through `_result_native` when it is
         # not a small one).
