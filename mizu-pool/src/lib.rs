@@ -74,6 +74,8 @@ mod pool;
 #[cfg(not(mizu_loom))]
 pub mod pressure;
 #[cfg(not(mizu_loom))]
+pub mod repeats;
+#[cfg(not(mizu_loom))]
 pub mod retry;
 #[cfg(not(mizu_loom))]
 pub mod share;

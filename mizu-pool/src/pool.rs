@@ -193,6 +193,9 @@ struct Children {
     launched: Vec<u32>,
 }
 
+/// The next [`Pool::id`].
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
 /// A pool of worker processes; this process is its controller and first submitter.
 pub struct Pool {
     core: Arc<SubmitterCore>,
@@ -200,6 +203,8 @@ pub struct Pool {
     children: Arc<Mutex<Children>>,
     launcher: Launcher,
     stopping: Arc<AtomicBool>,
+    /// This pool's number in this process (the key of its kept copies, `repeats`).
+    id: u64,
     /// Workers that died on their own (not retired, recycled, timed out or stopped).
     deaths: Arc<AtomicU64>,
     monitor: Option<JoinHandle<()>>,
@@ -260,6 +265,7 @@ impl Pool {
             children,
             launcher,
             stopping: Arc::new(AtomicBool::new(false)),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             deaths: Arc::new(AtomicU64::new(0)),
             monitor: None,
             cfg,
@@ -349,6 +355,12 @@ impl Pool {
     /// caller fills or hands out itself, such as a map's output written by the workers.
     pub fn data_pool(&self) -> &mizu_wire::DataPool {
         &self.shared.data_pool
+    }
+
+    /// This pool's number, unique in this process (the key of the copies `repeats` keeps for
+    /// it).
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The token other processes use to attach (workers, extra submitters).
@@ -618,6 +630,7 @@ impl Pool {
         // What this process kept mapped only for reuse goes now, not seconds later: after a
         // stop nothing of the pool's is left in /dev/shm (what views still read stays).
         mizu_wire::store::give_back_idle_now();
+        crate::repeats::release(self.id);
     }
 
     /// `Err(PoolError::Forked)` when called in a forked child of the pool's process.

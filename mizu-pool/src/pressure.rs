@@ -21,6 +21,7 @@ pub fn set_pressure_hook(f: fn()) -> bool {
 
 /// Frees what can be freed now: the binding's garbage, then what this process keeps idle.
 pub fn relieve() {
+    crate::repeats::forget();
     if let Some(f) = HOOK.get() {
         f();
     }

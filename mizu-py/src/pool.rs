@@ -15,7 +15,7 @@ use mizu_pool::{Fill, Launcher, PoolConfig, PoolError};
 
 use crate::cell::SLICE;
 use crate::codec::Outgoing;
-use crate::pool_class::{ExecutorHooks, NEXT_ID, Pool};
+use crate::pool_class::{ExecutorHooks, Pool};
 use crate::registry::Registry;
 use crate::small::Args;
 use crate::task::Task;
@@ -99,10 +99,7 @@ pub(crate) fn submit_draining(
 /// The pressure hook (`mizu_pool::set_pressure_hook`): `/dev/shm` is full, so the copies
 /// kept for arrays sent again and the views Python's garbage still holds are let go.
 pub(crate) fn relieve_pressure() {
-    Python::attach(|py| {
-        crate::repeats::forget();
-        collect_garbage(py);
-    });
+    Python::attach(collect_garbage);
 }
 
 pub(crate) fn collect_garbage(py: Python<'_>) {
@@ -327,7 +324,7 @@ impl Pool {
             (p, _) => p.map_err(err)?,
         };
         Ok(Pool {
-            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            id: pool.id(),
             inner: RwLock::new(Some(pool)),
             origin: mizu_pool::Origin::here(),
             tasks: Registry::default(),
@@ -682,8 +679,6 @@ impl Pool {
                 p.stop(grace);
                 drop(p);
             });
-            // The copies kept for arrays sent to this pool go with it (see `repeats.rs`).
-            crate::repeats::release(self.id);
         }
         Ok(())
     }

@@ -10,13 +10,11 @@ use pyo3::types::PyType;
 
 use crate::registry::Registry;
 
-/// Numbers the pools of this process.
-pub(crate) static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
 /// A pool of Python worker processes (`python -m pymizu.worker ...`).
 #[pyclass(module = "pymizu._native", frozen)]
 pub struct Pool {
-    /// This pool's number in this process (keys the copies of `repeats.rs`).
+    /// The runtime pool's number in this process (`mizu_pool::Pool::id`: keys the copies
+    /// `mizu_pool::repeats` keeps for it).
     pub(crate) id: u64,
     /// Read-locked to use the pool (never held while waiting for the GIL to be written to),
     /// write-locked only to take it out in `stop`.

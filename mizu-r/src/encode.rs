@@ -351,6 +351,13 @@ impl Outgoing {
 
     /// [`Outgoing::encode`] of a value the caller keeps alive (protected) for the call.
     pub fn encode_sexp(root: SEXP) -> Result<Outgoing> {
+        Outgoing::encode_to(root, None)
+    }
+
+    /// [`Outgoing::encode_sexp`] of a task for the pool numbered `to` (`mizu_pool::Pool::id`):
+    /// a large plain vector goes by reference to a copy the runtime keeps for its next sends
+    /// to that pool (`mizu_pool::repeats`).
+    pub fn encode_to(root: SEXP, to: Option<u64>) -> Result<Outgoing> {
         let mut w = Walk {
             bufs: Vec::new(),
             frames: Vec::new(),
@@ -363,7 +370,7 @@ impl Outgoing {
             return Ok(Outgoing::layout(TAG_SMALL, bytes, Vec::new()));
         }
         if let Some((bytes, vecs)) = crate::small::encode_oob(root) {
-            return Outgoing::with_oob(bytes, vecs);
+            return Outgoing::with_oob(bytes, vecs, to);
         }
         let top = if oob_type(root).is_some() {
             w.placeholder(root, None)
@@ -391,7 +398,7 @@ impl Outgoing {
                     len: f.len(),
                     how: How::Arrow(f),
                 },
-                None => oob_entry(v)?,
+                None => oob_entry(v, to)?,
             });
         }
         Ok(Outgoing::layout(TAG_PLAIN, skel, bufs))
@@ -400,16 +407,16 @@ impl Outgoing {
     /// The compact payload of `list("e", expr, vars)` (an expression task), made without
     /// the list, with large vectors and views of shared memory out of band (a binding that is
     /// a shared view, say); `None` when the message takes another encoding.
-    pub fn encode_expr_task(expr: SEXP, vars: SEXP) -> Option<Result<Outgoing>> {
+    pub fn encode_expr_task(expr: SEXP, vars: SEXP, to: Option<u64>) -> Option<Result<Outgoing>> {
         // SAFETY: R's main thread; the kind string is kept for the session.
         let kind = unsafe { crate::handle::kept_expr_kind() };
         crate::small::encode_list3(kind, expr, vars)
-            .map(|(bytes, vecs)| Outgoing::with_oob(bytes, vecs))
+            .map(|(bytes, vecs)| Outgoing::with_oob(bytes, vecs, to))
     }
 
     /// A compact payload `bytes` whose out-of-band items are `vecs` (each reachable from a
     /// value the caller keeps protected for the call).
-    fn with_oob(bytes: Vec<u8>, vecs: Vec<SEXP>) -> Result<Outgoing> {
+    fn with_oob(bytes: Vec<u8>, vecs: Vec<SEXP>, to: Option<u64>) -> Result<Outgoing> {
         if vecs.is_empty() {
             return Ok(Outgoing::layout(TAG_SMALL, bytes, Vec::new()));
         }
@@ -417,7 +424,7 @@ impl Outgoing {
         // payload lives.
         let bufs = vecs
             .into_iter()
-            .map(|v| oob_entry(unsafe { Robj::from_sexp(v) }))
+            .map(|v| oob_entry(unsafe { Robj::from_sexp(v) }, to))
             .collect::<Result<Vec<_>>>()?;
         Ok(Outgoing::layout(TAG_SMALL, bytes, bufs))
     }
@@ -485,7 +492,11 @@ impl Fill for Outgoing {
 /// How one out-of-band atomic vector `v` goes: by reference when it is an unmodified view of
 /// ours, as Arrow when `arrow_out` encodes it, laid out when it is a character vector, else
 /// its bytes.
-fn oob_entry(v: Robj) -> Result<Oob> {
+///
+/// With `to`, a task for that pool: a large plain vector (numbers, logicals, raw bytes) goes by
+/// reference to the copy `mizu_pool::repeats` keeps of it, made on its first send and served
+/// while its bytes stay the same, as pymizu does for numpy arrays.
+fn oob_entry(v: Robj, to: Option<u64>) -> Result<Oob> {
     // SAFETY: `v` is an atomic vector (checked by `oob_type` or `small::encode_oob`)
     // protected by its Robj; DATAPTR_RO is valid for XLENGTH elements while it lives
     // unmodified.
@@ -498,6 +509,24 @@ fn oob_entry(v: Robj) -> Result<Oob> {
                 code,
                 len,
                 how,
+            });
+        }
+        let n = XLENGTH(s) as usize * t.size();
+        if let Some(pool) = to
+            && t != VType::Str
+            && extendr_ffi::ALTREP(s) == 0
+            && n >= mizu_pool::repeats::REPEAT_MIN
+        {
+            // SAFETY: a plain (not ALTREP) vector's elements, `n` bytes, which `v` keeps alive
+            // and the caller unmodified while they are compared or copied.
+            let bytes = std::slice::from_raw_parts(DATAPTR_RO(s).cast::<u8>(), n);
+            let region = mizu_pool::repeats::shared_copy(pool, bytes)
+                .map_err(|e| crate::rerr(e.to_string()))?;
+            return Ok(Oob {
+                vec: v,
+                code: t.wire(),
+                len: n,
+                how: How::Ref(region, 0, None),
             });
         }
         // SAFETY: `v` stays protected (in `bufs`) and unmodified while the payload

@@ -41,26 +41,21 @@ fn guarded<T, E: From<String>>(f: impl FnOnce() -> Result<T, E>) -> Result<T, E>
 unsafe extern "C" fn submit(pool: SEXP, msg: SEXP) -> SEXP {
     // SAFETY: R's main thread (`.Call`); `msg` is protected by R (or by the caller) meanwhile.
     unsafe {
-        submit_with(pool, || {
+        let p = pool_at(pool);
+        let to = p.as_ref().ok().and_then(|p| p.repeats_key());
+        submit_to(pool, p, || {
             check_msg_sexp(msg)?;
-            Outgoing::encode_sexp(msg).map_err(|e| Unsendable::from(e.to_string()))
+            Outgoing::encode_to(msg, to).map_err(|e| Unsendable::from(e.to_string()))
         })
     }
 }
 
-/// Submits the payload `encode` makes to `pool`: as [`submit`] answers.
+/// Submits the payload `encode` makes to `pool` (the pool behind it already looked up, `p`):
+/// as [`submit`] answers.
 ///
 /// # Safety
-/// R's main thread; `pool` and whatever `encode` reads are protected meanwhile.
-unsafe fn submit_with(pool: SEXP, encode: impl FnOnce() -> Result<Outgoing, Unsendable>) -> SEXP {
-    // SAFETY: the caller's contract.
-    unsafe { submit_to(pool, pool_at(pool), encode) }
-}
-
-/// [`submit_with`] with the pool behind `pool` already looked up (`p`).
-///
-/// # Safety
-/// As [`submit_with`]; `p` is `pool_at(pool)`.
+/// R's main thread; `pool` and whatever `encode` reads are protected meanwhile; `p` is
+/// `pool_at(pool)`.
 unsafe fn submit_to(
     pool: SEXP,
     p: extendr_api::Result<&crate::pool::RPool>,
@@ -141,7 +136,11 @@ pub unsafe extern "C" fn mizu_rs_submit_expr(pool: SEXP, expr: SEXP, vars: SEXP)
         // names check or need another encoding take the list, and its whole check: what the
         // compact encoding takes holds no environment or external pointer).
         if check_var_names(vars).is_ok()
-            && let Some(out) = Outgoing::encode_expr_task(expr, vars)
+            && let Some(out) = Outgoing::encode_expr_task(
+                expr,
+                vars,
+                p.as_ref().ok().and_then(|p| p.repeats_key()),
+            )
         {
             return submit_to(pool, p, || out.map_err(|e| Unsendable::from(e.to_string())));
         }

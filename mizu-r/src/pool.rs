@@ -44,6 +44,12 @@ impl Drop for RPool {
 }
 
 impl RPool {
+    /// The key of the copies the runtime keeps of large vectors sent again to this pool
+    /// (`mizu_pool::repeats`): None for a nested pool handle, whose tasks go to the pool
+    /// running it.
+    pub(crate) fn repeats_key(&self) -> Option<u64> {
+        self.inner.try_borrow().ok()?.as_ref().map(|p| p.id())
+    }
     /// Moves finished outcomes out of their task slots; waits (in Ctrl-C-checked slices, up
     /// to `timeout`) for one when none is finished.
     pub(crate) fn drain(&self, timeout: Option<Duration>) -> Drained {

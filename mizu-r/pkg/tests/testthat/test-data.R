@@ -819,3 +819,20 @@ test_that("the serialization check lets every kind of R object through", {
   expect_identical(got$ns, asNamespace("stats"))
   expect_identical(got$g, globalenv())
 })
+
+test_that("a large vector sent again unchanged goes by reference to a kept copy", {
+  written <- function() .Call(mizu:::wrap__payload_bytes_written)
+  p <- mizu_pool(1)
+  big <- runif(2e5)                                   # 1.6 MB
+  expect_identical(mizu_collect(mizu_submit(p, x, x = big)), big)
+  before <- written()
+  expect_identical(mizu_collect(mizu_submit(p, sum(x), x = big)), sum(big))
+  expect_lt(written() - before, 4096)                 # a region descriptor, not 1.6 MB
+  # changed in place (one reference: R modifies it where it is): copied anew, never stale
+  big[7] <- -1
+  expect_identical(mizu_collect(mizu_submit(p, x[7], x = big)), -1)
+  expect_identical(mizu_collect(mizu_submit(p, x, x = big)), big)
+  ints <- sample.int(100L, 5e5, TRUE)
+  expect_identical(mizu_collect(mizu_submit(p, x, x = ints)), ints)
+  expect_identical(mizu_collect(mizu_submit(p, x, x = ints)), ints)
+})
