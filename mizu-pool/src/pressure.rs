@@ -7,9 +7,20 @@
 //! not collected yet). The binding says how to free the second once, with
 //! [`set_pressure_hook`]; the runtime decides when.
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 static HOOK: OnceLock<fn()> = OnceLock::new();
+/// What the runtime itself keeps that can go under pressure (copies kept for repeated sends,
+/// `repeats`), registered by whoever keeps it, so that this module names none of them.
+static KEPT: Mutex<Vec<fn()>> = Mutex::new(Vec::new());
+
+/// Adds `f` to what [`relieve`] lets go first (once per function).
+pub(crate) fn let_go_too(f: fn()) {
+    let mut k = KEPT.lock().unwrap_or_else(|p| p.into_inner());
+    if !k.iter().any(|&g| std::ptr::fn_addr_eq(g, f)) {
+        k.push(f);
+    }
+}
 
 /// Sets what this process's binding does when `/dev/shm` is full: collect its language's
 /// garbage, so that views nobody reaches give their regions back. Called on the thread that
@@ -19,9 +30,13 @@ pub fn set_pressure_hook(f: fn()) -> bool {
     HOOK.set(f).is_ok()
 }
 
-/// Frees what can be freed now: the binding's garbage, then what this process keeps idle.
+/// Frees what can be freed now: what the runtime keeps for reuse, the binding's garbage, then
+/// what this process keeps idle.
 pub fn relieve() {
-    crate::repeats::forget();
+    let kept = KEPT.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    for f in kept {
+        f();
+    }
     if let Some(f) = HOOK.get() {
         f();
     }

@@ -63,6 +63,7 @@ pub fn find(pool: u64, bytes: &[u8]) -> Option<Arc<Region>> {
 /// A new copy of `bytes` in `pool`'s store, kept for their next send (in place of an older
 /// copy of the same place and length).
 pub fn keep(pool: u64, bytes: &[u8]) -> Result<Arc<Region>> {
+    crate::pressure::let_go_too(forget);
     let store = store(pool);
     let region = Arc::new(crate::share::filled_in(&store, bytes.len(), |b| {
         mizu_wire::copy::copy_large(b, bytes)

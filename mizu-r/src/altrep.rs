@@ -302,21 +302,11 @@ pub enum Shared {
     Arrow(Source),
 }
 
-/// Collections of R's garbage this process ran for its views (young and full).
-#[extendr]
-fn view_collections() -> f64 {
+pub(crate) fn view_collections() -> f64 {
     COLLECTIONS.with(Cell::get) as f64
 }
 
-/// Views in this process not finalized yet: `c(count, bytes)` (bytes as `account` counts them).
-#[extendr]
-fn view_live() -> Vec<f64> {
+pub(crate) fn view_live() -> Vec<f64> {
     let (n, b) = LIVE.with(Cell::get);
     vec![n as f64, b as f64]
-}
-
-extendr_module! {
-    mod altrep;
-    fn view_live;
-    fn view_collections;
 }

@@ -44,9 +44,12 @@ fn chan(ch: &Robj) -> Result<&RChannel> {
     Ok(c)
 }
 
-/// Launches `program args… <token>` as the peer; returns once it attached.
-#[extendr]
-fn channel_launch(program: &str, args: Vec<String>, capacity: f64, timeout: f64) -> Result<Robj> {
+pub(crate) fn channel_launch(
+    program: &str,
+    args: Vec<String>,
+    capacity: f64,
+    timeout: f64,
+) -> Result<Robj> {
     if timeout.is_nan() {
         return Err(rerr("`timeout` must be a number of seconds, not NaN"));
     }
@@ -58,16 +61,11 @@ fn channel_launch(program: &str, args: Vec<String>, capacity: f64, timeout: f64)
         .map_err(rerr)
 }
 
-/// Attaches to the channel named by `token` (the peer's side).
-#[extendr]
-fn channel_attach(token: &str) -> Result<Robj> {
+pub(crate) fn channel_attach(token: &str) -> Result<Robj> {
     mizu_pool::Channel::attach(token).map(wrap).map_err(rerr)
 }
 
-/// Sends values (a list) without blocking: `c(sent, status)`, the
-/// status of the first message not sent (0 when all were; 1 full, 2 closed, 3 peer gone).
-#[extendr]
-fn channel_send_batch(ch: Robj, payloads: List) -> Result<Vec<i32>> {
+pub(crate) fn channel_send_batch(ch: Robj, payloads: List) -> Result<Vec<i32>> {
     let c = chan(&ch)?;
     let bytes: Vec<Vec<u8>> = if c.foreign.get() {
         payloads
@@ -95,10 +93,7 @@ fn channel_send_batch(ch: Robj, payloads: List) -> Result<Vec<i32>> {
     })
 }
 
-/// Waits at most `timeout` seconds (Inf: forever) for a message: `list(status, value)`
-/// with status 0 message, 1 timeout, 2 closed, 3 peer gone, 8 interrupted (Ctrl-C).
-#[extendr]
-fn channel_recv(ch: Robj, timeout: f64) -> Result<List> {
+pub(crate) fn channel_recv(ch: Robj, timeout: f64) -> Result<List> {
     let c = chan(&ch)?;
     let start = Instant::now();
     let timeout = if timeout.is_infinite() || timeout.is_nan() {
@@ -135,27 +130,19 @@ fn channel_recv(ch: Robj, timeout: f64) -> Result<List> {
     }
 }
 
-/// Marks the channel's peer as one of another language (messages cross as cross-language
-/// values).
-#[extendr]
-fn channel_set_foreign(ch: Robj) -> Result<()> {
+pub(crate) fn channel_set_foreign(ch: Robj) -> Result<()> {
     chan(&ch)?.foreign.set(true);
     Ok(())
 }
 
-/// Closes this side: the peer reads what was sent, then sees the channel closed.
-#[extendr]
-fn channel_close(ch: Robj) -> Result<()> {
+pub(crate) fn channel_close(ch: Robj) -> Result<()> {
     if let Some(c) = chan(&ch)?.inner.borrow_mut().as_mut() {
         c.close();
     }
     Ok(())
 }
 
-/// Closes, then waits up to `timeout` seconds for a launched peer to exit (killing it after
-/// that): its exit code, or NA if it was killed or this end attached.
-#[extendr]
-fn channel_finish(ch: Robj, timeout: f64) -> Result<Option<i32>> {
+pub(crate) fn channel_finish(ch: Robj, timeout: f64) -> Result<Option<i32>> {
     let c = chan(&ch)?;
     let mut g = c.inner.borrow_mut();
     let Some(chl) = g.as_mut() else {
@@ -170,25 +157,11 @@ fn channel_finish(ch: Robj, timeout: f64) -> Result<Option<i32>> {
     Ok(code)
 }
 
-/// The launched peer's process id (NA when this end attached).
-#[extendr]
-fn channel_peer_pid(ch: Robj) -> Result<Option<f64>> {
+pub(crate) fn channel_peer_pid(ch: Robj) -> Result<Option<f64>> {
     Ok(chan(&ch)?
         .inner
         .borrow_mut()
         .as_mut()
         .and_then(|c| c.child())
         .map(|c| f64::from(c.id())))
-}
-
-extendr_module! {
-    mod channel;
-    fn channel_launch;
-    fn channel_attach;
-    fn channel_set_foreign;
-    fn channel_send_batch;
-    fn channel_recv;
-    fn channel_close;
-    fn channel_finish;
-    fn channel_peer_pid;
 }

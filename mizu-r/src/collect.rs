@@ -134,11 +134,7 @@ pub(crate) unsafe fn timeout_sexp(t: SEXP) -> Result<Option<Duration>> {
     opt_secs(x, "timeout")
 }
 
-/// Waits at most `timeout` seconds (Inf: forever) for the task's outcome (see `outcome`);
-/// asked again, returns the same outcome. Inside a worker, waiting runs other tasks (nested
-/// maps never deadlock).
-#[extendr]
-fn task_collect(task: Robj, timeout: Robj) -> Result<Robj> {
+pub(crate) fn task_collect(task: Robj, timeout: Robj) -> Result<Robj> {
     let t = task_ref(&task)?;
     let timeout = timeout_arg(&timeout)?;
     // SAFETY: R's main thread; `task` is the live handle `t` was read from; the outcome comes
@@ -298,32 +294,23 @@ unsafe fn value_outcome(v: SEXP) -> SEXP {
     }
 }
 
-/// Whether the task's outcome is ready to collect (or was collected).
-#[extendr]
-fn task_done(task: Robj) -> Result<bool> {
+pub(crate) fn task_done(task: Robj) -> Result<bool> {
     Ok(task_ref(&task)?.is_done())
 }
 
-/// Whether the task was collected.
-#[extendr]
-fn task_collected(task: Robj) -> Result<bool> {
+pub(crate) fn task_collected(task: Robj) -> Result<bool> {
     Ok(matches!(
         &*task_ref(&task)?.cell.borrow(),
         TaskState::Done { .. }
     ))
 }
 
-/// Cancels the task if it has not started; whether it will never run.
-#[extendr]
-fn task_cancel(task: Robj) -> Result<bool> {
+pub(crate) fn task_cancel(task: Robj) -> Result<bool> {
     let t = task_ref(&task)?;
     Ok(matches!(&*t.cell.borrow(), TaskState::Pending(t) if t.cancel()))
 }
 
-/// Waits until one of `tasks` that was not collected yet has an outcome: its 1-based
-/// position, 0 after `timeout` seconds, -1 on Ctrl-C, -2 when every task was collected.
-#[extendr]
-fn task_wait_any(tasks: List, timeout: Robj) -> Result<i32> {
+pub(crate) fn task_wait_any(tasks: List, timeout: Robj) -> Result<i32> {
     let ts: Vec<&RTask> = tasks
         .values()
         .map(|t| task_ref(&t).map(|r| r as *const RTask))
@@ -366,13 +353,4 @@ fn task_wait_any(tasks: List, timeout: Robj) -> Result<i32> {
             return Ok(-1);
         }
     }
-}
-
-extendr_module! {
-    mod collect;
-    fn task_collect;
-    fn task_done;
-    fn task_collected;
-    fn task_cancel;
-    fn task_wait_any;
 }

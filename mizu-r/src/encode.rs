@@ -472,9 +472,7 @@ impl Drop for Outgoing {
 /// shared values): what crossed, for the benchmarks.
 static WRITTEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// [`WRITTEN`], in bytes (as a double: R has no 64-bit integers).
-#[extendr]
-fn payload_bytes_written() -> f64 {
+pub(crate) fn payload_bytes_written() -> f64 {
     WRITTEN.load(std::sync::atomic::Ordering::Relaxed) as f64
 }
 
@@ -561,9 +559,4 @@ fn oob_entry(v: Robj, to: Option<u64>) -> Result<Oob> {
         len: n,
         how: How::Bytes(ptr),
     })
-}
-
-extendr_module! {
-    mod encode;
-    fn payload_bytes_written;
 }

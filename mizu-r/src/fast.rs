@@ -320,10 +320,7 @@ unsafe fn native_symbol(f: *const c_void) -> SEXP {
     }
 }
 
-/// The routines R calls through `.native_…` bindings: `list(submit = , submit_expr = ,
-/// collect = , collect_value = , tasks_ok = , nop = )`.
-#[extendr]
-fn native_routines() -> List {
+pub(crate) fn native_routines() -> List {
     type One = unsafe extern "C" fn(SEXP) -> SEXP;
     type Two = unsafe extern "C" fn(SEXP, SEXP) -> SEXP;
     type Three = unsafe extern "C" fn(SEXP, SEXP, SEXP) -> SEXP;
@@ -356,9 +353,4 @@ fn native_routines() -> List {
         )
         .unwrap_or_default()
     }
-}
-
-extendr_module! {
-    mod fast;
-    fn native_routines;
 }

@@ -11,13 +11,7 @@ use extendr_ffi::{
 /// Expressions deeper than this are left to `codetools` (the walk is recursive).
 const MAX_DEPTH: usize = 64;
 
-/// TRUE when `expr` names something that is neither bound by `vars` (the task's named
-/// values) nor a base function it calls — so the caller should look for its globals. A name
-/// in call position found in base (and not redefined in the global environment: a user's own
-/// `sum` is a global) is one the worker has too; any other name might be a global, and
-/// `codetools` decides. Conservative: TRUE whenever unsure.
-#[extendr]
-fn may_use_globals(expr: Robj, vars: Robj) -> bool {
+pub(crate) fn may_use_globals(expr: Robj, vars: Robj) -> bool {
     // SAFETY: both are live for the call (held by their Robj); R's main thread (`.Call`).
     unsafe { may_use(expr.get(), vars.get()) }
 }
@@ -112,12 +106,7 @@ unsafe fn walk(x: SEXP, called: bool, depth: usize, bound: &dyn Fn(SEXP) -> bool
     }
 }
 
-/// For each of `names` (a character vector) not in `bound`: the environment it is found in
-/// from `env` when that is the global environment or a function's frame — a global of an
-/// expression written in `env` — as `list(names, envs)`; NULL when there is none. A name
-/// found first in a package (or base) or nowhere is not one.
-#[extendr]
-fn global_frames(names: Robj, bound: Robj, env: Robj) -> Robj {
+pub(crate) fn global_frames(names: Robj, bound: Robj, env: Robj) -> Robj {
     let (Some(names), Ok(env)) = (names.as_string_vector(), Environment::try_from(env)) else {
         return Robj::from(());
     };
@@ -176,10 +165,4 @@ unsafe fn frame_of(name: &str, mut env: SEXP) -> Option<SEXP> {
             env = extendr_ffi::get_parent_env(env);
         }
     }
-}
-
-extendr_module! {
-    mod globals;
-    fn may_use_globals;
-    fn global_frames;
 }

@@ -19,6 +19,7 @@ mod codec;
 mod collect;
 mod decode;
 mod encode;
+mod entry;
 mod fast;
 mod ffi;
 mod globals;
@@ -61,12 +62,7 @@ pub(crate) fn forked(origin: mizu_pool::Origin) -> Result<()> {
     })
 }
 
-/// Called when the package loads: registers the runtime's discard hook, and keeps the panics
-/// that carry errors this crate returns (extendr turns a returned `Err` into a panic it
-/// catches, and R sees an R error) from printing a Rust panic report. Genuine panics still
-/// print.
-#[extendr]
-fn init_native() {
+pub(crate) fn init_native() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         // Payloads nobody reads (abandoned results, cancelled inputs, undone submissions)
@@ -88,10 +84,7 @@ fn init_native() {
     });
 }
 
-/// Whether `f` is a closure whose body is byte code (compiled by `compiler::cmpfun` or R's
-/// JIT); false for anything else.
-#[extendr]
-fn is_compiled(f: Robj) -> bool {
+pub(crate) fn is_compiled(f: Robj) -> bool {
     // SAFETY: `f` is live (held for this call); TYPEOF reads any SEXP, and BODY is read only
     // of a closure.
     unsafe {
@@ -102,48 +95,20 @@ fn is_compiled(f: Robj) -> bool {
     }
 }
 
-/// Removes shared-memory names left by processes that are gone; returns them.
-#[extendr]
-fn prune() -> Result<Vec<String>> {
+pub(crate) fn prune() -> Result<Vec<String>> {
     mizu_pool::machine::prune().map_err(rerr)
 }
 
-/// The shared-memory names this machine has under mizu's prefix.
-#[extendr]
-fn shm_names() -> Vec<String> {
+pub(crate) fn shm_names() -> Vec<String> {
     mizu_pool::machine::shm_names()
 }
 
-/// Nanoseconds for one cache line's round trip between CPUs `a` and `b` now (the median of 5
-/// runs of 20 000): the floor under any shared-memory round trip, which the benchmarks print
-/// beside theirs. It spins both CPUs for a while.
-#[extendr]
-fn line_round_trip_ns(a: i32, b: i32) -> Result<f64> {
+pub(crate) fn line_round_trip_ns(a: i32, b: i32) -> Result<f64> {
     let cpu = |c: i32| usize::try_from(c).map_err(|_| rerr(format!("no CPU {c}")));
     mizu_pool::machine::line_round_trip(cpu(a)?, cpu(b)?, 20_000, 5).map_err(rerr)
 }
 
 extendr_module! {
     mod mizu;
-    fn init_native;
-    fn line_round_trip_ns;
-    fn is_compiled;
-    fn prune;
-    fn shm_names;
-    use encode;
-    use values;
-    use fast;
-    use globals;
-    use pool;
-    use submit;
-    use collect;
-    use sendable;
-    use task;
-    use worker;
-    use rng;
-    use view;
-    use altrep;
-    use channel;
-    use outvec;
-    use xcall;
+    use entry;
 }

@@ -37,12 +37,7 @@ fn out_type(ptype: &Robj) -> Option<VType> {
     (t != VType::Str).then_some(t)
 }
 
-/// An output area for `n` results of `ptype`'s type: `list(handle, spec)`, the spec
-/// (`list(token, descriptor, type code and count)`) to pass to every chunk task; NULL when
-/// the results are not of a fixed-size type or would be smaller than a view's floor (the
-/// caller then assembles them itself).
-#[extendr]
-fn out_new(pool: Robj, ptype: Robj, n: f64) -> Result<Robj> {
+pub(crate) fn out_new(pool: Robj, ptype: Robj, n: f64) -> Result<Robj> {
     let Some(t) = out_type(&ptype) else {
         return Ok(Robj::from(()));
     };
@@ -70,10 +65,7 @@ fn out_new(pool: Robj, ptype: Robj, n: f64) -> Result<Robj> {
     Ok(List::from_values([handle, spec.into()]).into())
 }
 
-/// In a chunk task: writes `values` (the results of elements `start`, `start + 1`, ...) into
-/// the output area `spec` names.
-#[extendr]
-fn out_write(spec: Robj, start: f64, values: Robj) -> Result<()> {
+pub(crate) fn out_write(spec: Robj, start: f64, values: Robj) -> Result<()> {
     let bad = |why: &str| rerr(format!("malformed map output spec: {why}"));
     let parts = spec
         .as_list()
@@ -117,9 +109,7 @@ fn out_write(spec: Robj, start: f64, values: Robj) -> Result<()> {
     unsafe { region.write_at((start as usize - 1) * t.size(), data) }.map_err(rerr)
 }
 
-/// Of the caller's output area, once every chunk task finished: the results as a view.
-#[extendr]
-fn out_view(handle: Robj) -> Result<Robj> {
+pub(crate) fn out_view(handle: Robj) -> Result<Robj> {
     // SAFETY: `handle` is held by its Robj while the reference is used.
     let o = unsafe { crate::handle::ext_ref::<OutVec>(handle.get()) }
         .ok_or_else(|| rerr("not a map output handle"))?;
@@ -136,11 +126,4 @@ fn plain_vector(values: &Robj, t: VType) -> Result<extendr_ffi::SEXP> {
         }
         Ok(v)
     }
-}
-
-extendr_module! {
-    mod outvec;
-    fn out_new;
-    fn out_write;
-    fn out_view;
 }

@@ -200,11 +200,8 @@ fn pool_robj(p: RPool) -> Robj {
     r
 }
 
-/// Starts a pool: `workers` processes `program args… <token> <slot>`; the failure
-/// `c("interrupt", …)` if Ctrl-C came while they started (the R wrapper signals it).
-#[extendr]
 #[allow(clippy::too_many_arguments)]
-fn pool_new(
+pub(crate) fn pool_new(
     workers: i32,
     program: &str,
     args: Vec<String>,
@@ -246,9 +243,7 @@ fn pool_new(
     }))
 }
 
-/// The pool running the current task (see `mizu_current_pool()`).
-#[extendr]
-fn pool_nested() -> Result<Robj> {
+pub(crate) fn pool_nested() -> Result<Robj> {
     if !with_context(|c| c.is_some()) {
         return Err(rerr(
             "mizu_current_pool() is only available inside a mizu task",
@@ -265,9 +260,7 @@ fn pool_nested() -> Result<Robj> {
     }))
 }
 
-/// `list(n_workers, nested, running, foreign)`.
-#[extendr]
-fn pool_info(pool: Robj) -> Result<List> {
+pub(crate) fn pool_info(pool: Robj) -> Result<List> {
     let p = pool_ref(&pool)?;
     Ok(List::from_values([
         Robj::from(p.workers),
@@ -277,9 +270,7 @@ fn pool_info(pool: Robj) -> Result<List> {
     ]))
 }
 
-/// Per worker: `list(slot, pid, state, busy, tasks, steals)` columns.
-#[extendr]
-fn pool_status(pool: Robj) -> Result<List> {
+pub(crate) fn pool_status(pool: Robj) -> Result<List> {
     let p = pool_ref(&pool)?;
     if p.nested {
         return Err(rerr(
@@ -302,11 +293,7 @@ fn pool_status(pool: Robj) -> Result<List> {
     ]))
 }
 
-/// Stops the pool (queued tasks cancelled, running ones fail, uncollected results dropped);
-/// idempotent; a no-op on the handle of `mizu_current_pool()`. What its workers left in shared
-/// memory is removed.
-#[extendr]
-fn pool_stop(pool: Robj, grace: f64) -> Result<()> {
+pub(crate) fn pool_stop(pool: Robj, grace: f64) -> Result<()> {
     if grace.is_nan() {
         return Err(rerr("`grace` must be a number of seconds, not NaN"));
     }
@@ -321,13 +308,4 @@ fn pool_stop(pool: Robj, grace: f64) -> Result<()> {
         mizu_pool::machine::give_back_idle_now();
     }
     Ok(())
-}
-
-extendr_module! {
-    mod pool;
-    fn pool_new;
-    fn pool_nested;
-    fn pool_info;
-    fn pool_status;
-    fn pool_stop;
 }

@@ -9,7 +9,6 @@
 use std::cell::{Cell, RefCell};
 
 use extendr_api::Result;
-use extendr_api::prelude::*;
 use mizu_rng::{Philox4x64, element_stream};
 
 thread_local! {
@@ -51,30 +50,17 @@ pub extern "C" fn user_unif_rand() -> *mut f64 {
     DRAW.0.as_ptr()
 }
 
-/// Makes R's hook draw from the stream of `(seed, index)` (0-based element index).
-#[extendr]
-fn rng_enter(seed: f64, index: f64) -> Result<()> {
+pub(crate) fn rng_enter(seed: f64, index: f64) -> Result<()> {
     let s = element_stream(seed_of(seed)?, index_of(index)?);
     STREAM.with(|c| *c.borrow_mut() = Some(s));
     Ok(())
 }
 
-/// Forgets the current stream.
-#[extendr]
-fn rng_exit() {
+pub(crate) fn rng_exit() {
     STREAM.with(|c| *c.borrow_mut() = None);
 }
 
-/// The first `n` doubles of the stream of `(seed, index)` (tests and documentation).
-#[extendr]
-fn rng_stream(seed: f64, index: f64, n: i32) -> Result<Vec<f64>> {
+pub(crate) fn rng_stream(seed: f64, index: f64, n: i32) -> Result<Vec<f64>> {
     let mut s = element_stream(seed_of(seed)?, index_of(index)?);
     Ok((0..n.max(0)).map(|_| s.next_f64()).collect())
-}
-
-extendr_module! {
-    mod rng;
-    fn rng_enter;
-    fn rng_exit;
-    fn rng_stream;
 }

@@ -224,19 +224,10 @@ pub(crate) unsafe fn portability(x: SEXP, prefix: &str) -> Option<Unsendable> {
     })
 }
 
-/// `NULL` when nothing in `x` is an environment or external pointer (see [`portability`]),
-/// else the failure `c("mizu_error_not_portable", message)`, its place named after `what`
-/// (e.g. "argument " or "`.x` element ").
-#[extendr]
-fn check_portable(x: Robj, what: &str) -> Robj {
+pub(crate) fn check_portable(x: Robj, what: &str) -> Robj {
     // SAFETY: `x` is protected by its handle for the call.
     match unsafe { portability(x.get(), what) } {
         Some(u) => u.failure(),
         None => ().into(),
     }
-}
-
-extendr_module! {
-    mod sendable;
-    fn check_portable;
 }

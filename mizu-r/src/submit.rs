@@ -17,12 +17,7 @@ use crate::task::RTask;
 use crate::worker::with_context;
 use crate::{interrupt, rerr};
 
-/// Submits a chunk of a map over a pool of another language's workers: `call` a
-/// `mizu_call()`, `vars` further keyword arguments (a named list), `elements` the chunk's
-/// elements (a list; each is appended to the arguments), element `j` under the stream
-/// `(seed, first + j)`. The task handle, or a failure `c(class, message)`.
-#[extendr]
-fn pool_submit_xchunk(
+pub(crate) fn pool_submit_xchunk(
     pool: Robj,
     call: Robj,
     vars: Robj,
@@ -59,11 +54,7 @@ fn submit_xenvelope(
     })
 }
 
-/// Submits a task message: the task (class `mizu_task`), or `c(class, message)` when it
-/// cannot be submitted. When every task slot is taken, finished outcomes are moved into their
-/// tasks first (and, if none is finished, it waits for one, up to the pool's submit timeout).
-#[extendr]
-fn pool_submit(pool: Robj, msg: Robj) -> Result<Robj> {
+pub(crate) fn pool_submit(pool: Robj, msg: Robj) -> Result<Robj> {
     let p = pool_ref(&pool)?;
     if let Err(u) = check_msg(&msg) {
         return Ok(u.failure());
@@ -183,10 +174,7 @@ impl MakeRoom for Room<'_> {
     }
 }
 
-/// Submits several task messages with one publication per worker queue: `list(tasks,
-/// failure)` where `failure` is NULL or `c(class, message)` for the rest.
-#[extendr]
-fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
+pub(crate) fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
     let p = pool_ref(&pool)?;
     // As in `submit_encoded`: before the handles exist.
     crate::altrep::collect_garbage_if_due();
@@ -250,11 +238,4 @@ fn handle(pool: &Robj, p: &RPool, t: mizu_pool::Task) -> Robj {
 fn batch_list(tasks: Vec<Robj>, fail: Option<Robj>) -> List {
     let fail = fail.unwrap_or_else(|| Robj::from(()));
     List::from_values([List::from_values(tasks).into(), fail])
-}
-
-extendr_module! {
-    mod submit;
-    fn pool_submit_xchunk;
-    fn pool_submit;
-    fn pool_submit_batch;
 }

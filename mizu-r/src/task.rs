@@ -4,7 +4,6 @@
 use std::cell::RefCell;
 
 use arrow_buffer::Buffer;
-use extendr_api::prelude::*;
 use mizu_pool::{CollectError, TaskError};
 
 /// Where a task is.
@@ -33,9 +32,7 @@ thread_local! {
     static LIVE_TASKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// How many task objects this process holds (a test hook: see `test-pool.R`).
-#[extendr]
-fn live_tasks() -> f64 {
+pub(crate) fn live_tasks() -> f64 {
     LIVE_TASKS.get() as f64
 }
 
@@ -70,9 +67,4 @@ impl Drop for RTask {
     fn drop(&mut self) {
         LIVE_TASKS.set(LIVE_TASKS.get().saturating_sub(1));
     }
-}
-
-extendr_module! {
-    mod task;
-    fn live_tasks;
 }

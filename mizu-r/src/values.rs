@@ -15,9 +15,7 @@ use crate::decode::decode;
 use crate::encode::{How, Outgoing};
 use crate::payload::MAPPER;
 
-/// Encodes and decodes in this process (tests of the payload format and of views).
-#[extendr]
-fn codec_roundtrip(value: Robj) -> Result<Robj> {
+pub(crate) fn codec_roundtrip(value: Robj) -> Result<Robj> {
     let out = Outgoing::encode(&value)?;
     match decode(Buffer::from_vec(out.to_vec()))? {
         Decoded::Value(v) => Ok(v),
@@ -25,11 +23,7 @@ fn codec_roundtrip(value: Robj) -> Result<Robj> {
     }
 }
 
-/// `mizu_share()`: the value with every vector of 4 KiB or more (and every data frame of
-/// such columns) copied once into shared memory of this process and read through views of
-/// it, which travel by reference from then on (see `docs/r.md`, "Sharing data").
-#[extendr]
-fn share_value(value: Robj) -> Result<Robj> {
+pub(crate) fn share_value(value: Robj) -> Result<Robj> {
     let out = Outgoing::encode(&value)?;
     let n = out.size();
     let region = mizu_pool::share::filled(n, |b| out.fill(b))
@@ -41,25 +35,15 @@ fn share_value(value: Robj) -> Result<Robj> {
     }
 }
 
-/// When R exits: the names of the segments holding shared values go (processes still
-/// reading them keep their mappings), so that nothing of this session's is left in /dev/shm
-/// by values R never freed.
-#[extendr]
-fn release_shared() {
+pub(crate) fn release_shared() {
     mizu_pool::share::release();
 }
 
-/// The payload bytes of a value (tests).
-#[extendr]
-fn codec_encode(value: Robj) -> Result<Raw> {
+pub(crate) fn codec_encode(value: Robj) -> Result<Raw> {
     Ok(Raw::from_bytes(&Outgoing::encode(&value)?.to_vec()))
 }
 
-/// The out-of-band vectors of a value's payload that travel as Arrow arrays, each as an
-/// inline frame of the cross-language format (tests: Python reads them with
-/// `pymizu.wire.loads`).
-#[extendr]
-fn codec_arrow_frames(value: Robj) -> Result<List> {
+pub(crate) fn codec_arrow_frames(value: Robj) -> Result<List> {
     let out = Outgoing::encode(&value)?;
     let mut frames = Vec::new();
     for b in out.buffers() {
@@ -77,10 +61,7 @@ fn codec_arrow_frames(value: Robj) -> Result<List> {
     Ok(List::from_values(frames))
 }
 
-/// The vector an inline frame of the cross-language format holding an Arrow array becomes
-/// when it arrives out of band (tests: arrays written by Python).
-#[extendr]
-fn codec_arrow_read(frame: Raw) -> Result<Robj> {
+pub(crate) fn codec_arrow_read(frame: Raw) -> Result<Robj> {
     let f = mizu_pool::wire::frame::read(frame.as_slice()).map_err(bad)?;
     let mizu_pool::wire::frame::Body::Inline(value) = f.body else {
         return Err(bad("not an inline frame"));
@@ -88,45 +69,21 @@ fn codec_arrow_read(frame: Raw) -> Result<Robj> {
     crate::arrow_in::view(Buffer::from_slice_ref(value), true)
 }
 
-/// Unmaps the data segments kept mapped only for reuse (regions views still hold stay
-/// mapped). Called when R exits, so that nothing of this process's outlives it.
-#[extendr]
-fn release_mappings() {
+pub(crate) fn release_mappings() {
     MAPPER.release_unused();
 }
 
-/// Gives back now the data segments and mappings this process keeps only for reuse (they
-/// would go after a few idle seconds).
-#[extendr]
-fn give_back_idle() {
+pub(crate) fn give_back_idle() {
     mizu_pool::machine::give_back_idle_now();
 }
 
-/// The size of a value's payload (tests; nothing is shared).
-#[extendr]
-fn codec_size(value: Robj) -> Result<f64> {
+pub(crate) fn codec_size(value: Robj) -> Result<f64> {
     Ok(Outgoing::encode(&value)?.size() as f64)
 }
 
-/// Decodes arbitrary bytes as a payload (tests: malformed input gives an error).
-#[extendr]
-fn codec_decode(bytes: Raw) -> Result<Robj> {
+pub(crate) fn codec_decode(bytes: Raw) -> Result<Robj> {
     match decode(Buffer::from_slice_ref(bytes.as_slice()))? {
         Decoded::Value(v) => Ok(v),
         Decoded::Text(t) => Ok(Robj::from(t)),
     }
-}
-
-extendr_module! {
-    mod values;
-    fn share_value;
-    fn release_shared;
-    fn codec_roundtrip;
-    fn codec_encode;
-    fn codec_arrow_frames;
-    fn codec_arrow_read;
-    fn codec_size;
-    fn release_mappings;
-    fn give_back_idle;
-    fn codec_decode;
 }

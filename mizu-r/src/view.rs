@@ -337,9 +337,7 @@ pub fn is_any_view(x: SEXP) -> bool {
     is_view_sexp(x) || crate::lazyview::is_lazy_view(x) || crate::strview::string_view(x).is_some()
 }
 
-/// Whether `x` is a view whose elements are still the shared pages (not copied).
-#[extendr]
-fn view_is_shared(x: Robj) -> bool {
+pub(crate) fn view_is_shared(x: Robj) -> bool {
     // SAFETY: `x` is live (held by R for this call); data2 is read only for our views.
     unsafe {
         if let Some(complete) = crate::strview::string_view(x.get()) {
@@ -352,17 +350,11 @@ fn view_is_shared(x: Robj) -> bool {
     }
 }
 
-/// The data segment an unmodified view reads (its name), or NULL: what tests check to see
-/// that a value crossed by reference.
-#[extendr]
-fn view_segment(x: Robj) -> Option<String> {
+pub(crate) fn view_segment(x: Robj) -> Option<String> {
     Some(region_of(&x)?.describe().name)
 }
 
-/// Where a view's shared pages are: `"<segment>+<region offset>"` (tests: two views of the
-/// same region name the same place, two copies do not); NULL for anything else.
-#[extendr]
-fn view_region(x: Robj) -> Option<String> {
+pub(crate) fn view_region(x: Robj) -> Option<String> {
     let d = region_of(&x)?.describe();
     Some(format!("{}+{}", d.name, d.offset))
 }
@@ -378,18 +370,8 @@ fn region_of(x: &Robj) -> Option<std::sync::Arc<mizu_pool::wire::Region>> {
     Some(mizu_pool::wire::Region::containing(buf.as_ptr())?.0)
 }
 
-/// Whether `x` is a mizu view.
-#[extendr]
-fn view_is_view(x: Robj) -> bool {
+pub(crate) fn view_is_view(x: Robj) -> bool {
     // SAFETY: as above.
     let s = unsafe { x.get() };
     is_any_view(s)
-}
-
-extendr_module! {
-    mod view;
-    fn view_is_shared;
-    fn view_is_view;
-    fn view_segment;
-    fn view_region;
 }

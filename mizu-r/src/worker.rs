@@ -639,12 +639,8 @@ fn handler_stack(add: &Robj, now: &Robj) -> Result<Robj> {
     }
 }
 
-/// Serves a pool as worker `slot` until it stops (see [`RExec`] for what runs each task); with
-/// `max_tasks > 0` the worker leaves after that many tasks and the pool replaces it. `hands`
-/// is `list(add, now)` (see [`handler_stack`]).
-#[extendr]
 #[allow(clippy::too_many_arguments)]
-fn run_worker(
+pub(crate) fn run_worker(
     token: &str,
     slot: i32,
     hands: Robj,
@@ -741,29 +737,14 @@ unsafe fn task_env(vars: SEXP) -> std::result::Result<SEXP, ()> {
     }
 }
 
-/// Called first by a starting worker: if the pool's owner dies before this worker joins
-/// (while it loads the package or runs `init`), the worker exits instead of living on.
-#[extendr]
-fn exit_if_orphaned_while_starting() {
+pub(crate) fn exit_if_orphaned_while_starting() {
     mizu_pool::exit_if_orphaned_while_starting();
 }
 
-/// Whether this process is running a task (inside a worker).
-#[extendr]
-fn in_task() -> bool {
+pub(crate) fn in_task() -> bool {
     with_context(|c| c.is_some())
 }
 
-/// The worker slot of this process while it runs a task (else NULL).
-#[extendr]
-fn worker_slot() -> Option<i32> {
+pub(crate) fn worker_slot() -> Option<i32> {
     with_context(|c| c.map(|c| c.worker_slot() as i32))
-}
-
-extendr_module! {
-    mod worker;
-    fn run_worker;
-    fn exit_if_orphaned_while_starting;
-    fn in_task;
-    fn worker_slot;
 }

@@ -170,24 +170,13 @@ pub fn message(x: &Robj, path: &str) -> Result<Vec<u8>> {
         .map_err(crate::rerr)
 }
 
-/// `x` as the bytes of a cross-language value message (for the cross-language golden corpus).
-#[extendr]
-fn xlang_dumps(x: Robj) -> Result<Raw> {
+pub(crate) fn xlang_dumps(x: Robj) -> Result<Raw> {
     Ok(Raw::from_bytes(&message(&x, "x")?))
 }
 
-/// The R value of the bytes of a cross-language value message (as Python sends them); a
-/// malformed one is an error.
-#[extendr]
-fn xlang_loads(b: Raw) -> Result<Robj> {
+pub(crate) fn xlang_loads(b: Raw) -> Result<Robj> {
     // Arrow parts are read in place from a 64-byte aligned copy, as from a region.
     let mut m = arrow_buffer::MutableBuffer::with_capacity(b.len());
     m.extend_from_slice(b.as_slice());
     received(&m.into())
-}
-
-extendr_module! {
-    mod xcall;
-    fn xlang_dumps;
-    fn xlang_loads;
 }
