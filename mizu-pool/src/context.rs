@@ -193,6 +193,10 @@ impl<'a> TaskContext<'a> {
             crate::pressure::relieve();
             replied = self.reply(ok, payload);
         }
+        // A worker's stderr is its pool owner's: the user sees a worker's first spill there.
+        if let Some(notice) = crate::machine::take_spill_notice() {
+            eprintln!("{notice}");
+        }
         if replied.is_ok() {
             return Ok(Vec::new());
         }

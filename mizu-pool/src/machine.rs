@@ -21,6 +21,13 @@ pub fn give_back_idle_now() {
     mizu_wire::store::give_back_idle_now();
 }
 
+/// The notice of this process's first value spilled to the spill directory because `/dev/shm`
+/// had no room (how much it holds, how to enlarge it), once: a binding shows it to its user
+/// after the operation that spilled (a submission, a share); a worker prints it.
+pub fn take_spill_notice() -> Option<String> {
+    mizu_wire::store::take_spill_notice()
+}
+
 /// Bytes `/dev/shm` holds in all (or the `MIZU_SHM_BYTES` limit, when smaller).
 pub fn shm_capacity() -> u64 {
     mizu_shm::space::capacity()

@@ -458,8 +458,11 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
     // Leaving: what this process still holds (a binding's objects) is read by nobody.
     drop(ledger);
     if controller_dead.load(Ordering::Relaxed) {
-        // The controller cannot clean up any more: remove what it left.
+        // The controller cannot clean up any more: remove what it left, and the names of this
+        // worker's own data segments (results it held references to are read by nobody now;
+        // without this, the last worker to leave left its results behind).
         let _ = shared.segment().unlink();
+        shared.data_pool.unlink_all();
         mizu_wire::ledger::release_dead(None);
         let _ = mizu_shm::prune();
     }

@@ -53,6 +53,8 @@ fn a_result_that_cannot_be_stored_is_a_runtime_failure_with_its_text() {
             vec![
                 format!("MIZU_SHM_DIR={}", dir.0.display()),
                 format!("MIZU_SHM_BYTES={limit}"),
+                // What this test is about: no room anywhere (no spill directory).
+                "MIZU_SPILL_DIR=none".to_owned(),
                 common::WORKER.to_owned(),
             ],
         ),

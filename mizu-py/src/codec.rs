@@ -229,6 +229,7 @@ pub fn share_buffer(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<ShmBuff
     // to the end of this function); the buffer is contiguous (checked above).
     let src = unsafe { std::slice::from_raw_parts(pb.buf_ptr() as *const u8, n) };
     let region = py.detach(|| mizu_pool::share::copy(src));
+    crate::spill::warn_if_spilled(py);
     let region = Arc::new(region.map_err(crate::err)?);
     Ok(ShmBuffer::new(
         Region::buffer(&region).slice_with_length(0, n),
@@ -248,6 +249,7 @@ pub fn shared_empty(py: Python<'_>, nbytes: usize, zero: bool) -> PyResult<ShmBu
             }
         })
     });
+    crate::spill::warn_if_spilled(py);
     let region = Arc::new(region.map_err(crate::err)?);
     Ok(ShmBuffer::writable(
         Region::buffer(&region).slice_with_length(0, nbytes),

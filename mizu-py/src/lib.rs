@@ -23,6 +23,7 @@ mod shmbuf;
 mod signal;
 mod small;
 mod small_read;
+mod spill;
 mod task;
 mod task_outcome;
 mod waits;

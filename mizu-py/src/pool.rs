@@ -89,15 +89,14 @@ pub(crate) fn submit_draining(
         } else {
             py.detach(|| f(Some(slice)))
         }
-    })?;
-    Ok(Task::new(t, tasks, nested))
+    });
+    crate::spill::warn_if_spilled(py);
+    Ok(Task::new(t?, tasks, nested))
 }
 
-/// `/dev/shm` is full even after the wait for room: arrays this process no longer uses may
-/// still hold it (results of earlier tasks kept by reference cycles until the next full
-/// collection). Collects them, once, before the submission tries again.
-/// The pressure hook (`mizu_pool::set_pressure_hook`): `/dev/shm` is full, so the copies
-/// kept for arrays sent again and the views Python's garbage still holds are let go.
+/// The pressure hook (`mizu_pool::set_pressure_hook`): `/dev/shm` is full even after the wait
+/// for room, so the views Python's garbage still holds (results of earlier tasks kept by
+/// reference cycles until the next full collection) are let go.
 pub(crate) fn relieve_pressure() {
     Python::attach(collect_garbage);
 }
@@ -127,11 +126,13 @@ pub(crate) fn submit_all_draining<T: Sync>(
         tasks,
         hot: false,
     };
-    retrying(&mut room, |slice| {
+    let r = retrying(&mut room, |slice| {
         let (ts, r) = py.detach(|| f(&outs[done.len()..], slice));
         done.extend(ts.into_iter().map(|t| Task::new(t, tasks, nested)));
         r
-    })?;
+    });
+    crate::spill::warn_if_spilled(py);
+    r?;
     Ok(done)
 }
 

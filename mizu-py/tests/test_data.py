@@ -349,10 +349,12 @@ def mizu_shm_bytes() -> int:
     )
 
 
-def run_in_64_mib(tmp_path, main: str) -> list[str]:
+def run_in_64_mib(tmp_path, main: str, spill=None) -> list[str]:
     """Runs `main` as the `if __name__ == "__main__":` block of a script (with `gc`, `np`,
     `pd`, `pymizu` and `tasks` imported) in a fresh interpreter whose mizu sees a 64 MiB
-    `/dev/shm` (a container's default; `MIZU_SHM_BYTES`); returns its output lines."""
+    `/dev/shm` (a container's default; `MIZU_SHM_BYTES`); returns its output lines. Values
+    that do not fit spill to the directory `spill`; without it, spilling is off (the error of
+    a full `/dev/shm`)."""
     import subprocess
     import sys
     import textwrap
@@ -364,7 +366,8 @@ def run_in_64_mib(tmp_path, main: str) -> list[str]:
         "import pymizu, tasks\n\n"
         'if __name__ == "__main__":\n' + textwrap.indent(textwrap.dedent(main), "    ")
     )
-    env = dict(os.environ, MIZU_SHM_BYTES=str(mizu_shm_bytes() + (64 << 20)))
+    env = dict(os.environ, MIZU_SHM_BYTES=str(mizu_shm_bytes() + (64 << 20)),
+               MIZU_SPILL_DIR=str(spill) if spill is not None else "none")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=300, env=env)
     assert out.returncode == 0, out.stderr
@@ -394,6 +397,37 @@ def test_a_small_dev_shm_carries_large_values_and_a_full_one_fails_clearly(tmp_p
     """)
     assert lines[0].startswith("error: no room in /dev/shm") and "--shm-size" in lines[0], lines
     assert lines[1] == "3"
+
+
+def test_values_too_big_for_a_small_dev_shm_spill_to_files_said_once(tmp_path):
+    # A 200 MB array through a 64 MiB /dev/shm (a container's default): it goes to files in
+    # the spill directory, there and back, through Pool and PoolExecutor, shared or not; the
+    # first spill warns once, naming how to enlarge /dev/shm; nothing is left behind.
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    lines = run_in_64_mib(tmp_path, """
+        import operator, warnings
+        a = np.random.rand(25_000_000)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with pymizu.Pool(1) as p:
+                print("pool", np.array_equal(p.submit(tasks.ident, a).result(timeout=120), a))
+                b = a * 2
+                print("again", np.array_equal(p.submit(tasks.ident, b).result(timeout=120), b))
+                del b
+            with pymizu.PoolExecutor(1) as ex:
+                print("executor", np.array_equal(ex.submit(tasks.ident, a).result(timeout=120), a))
+            s = pymizu.share(a)
+            with pymizu.Pool(2) as p:
+                ts = [p.submit(operator.getitem, s, i) for i in range(100)]
+                print("shared", [t.result(timeout=120) for t in ts] == list(a[:100]))
+            del s
+        said = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
+        print("warned", len(said), "--shm-size" in said[0], "MIZU_SPILL_DIR" in said[0])
+    """, spill=spill)
+    assert lines == ["pool True", "again True", "executor True", "shared True",
+                     "warned 1 True True"], lines
+    assert list(spill.iterdir()) == [], "nothing left in the spill directory"
 
 
 def test_a_worker_short_of_dev_shm_collects_its_garbage_before_failing(tmp_path):

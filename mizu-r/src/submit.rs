@@ -95,12 +95,13 @@ pub(crate) unsafe fn submit_encoded(
         });
     }
     let mut room = Room::new(pool, p);
-    Ok(retrying(&mut room, |slice| {
+    let r = retrying(&mut room, |slice| {
         let g = p.inner.borrow();
         let inner = g.as_ref().ok_or(PoolError::Stopped)?;
         inner.submit_with(out, Some(slice))
-    })
-    .map(RTask::new))
+    });
+    crate::spill::warn_if_spilled();
+    Ok(r.map(RTask::new))
 }
 
 /// The R package's part in the submit policy (`mizu_pool::retry`): waits go in slices with
@@ -219,6 +220,7 @@ pub(crate) fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
         res
     })
     .err();
+    crate::spill::warn_if_spilled();
     Ok(batch_list(tasks, fail))
 }
 

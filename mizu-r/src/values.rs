@@ -26,8 +26,9 @@ pub(crate) fn codec_roundtrip(value: Robj) -> Result<Robj> {
 pub(crate) fn share_value(value: Robj) -> Result<Robj> {
     let out = Outgoing::encode(&value)?;
     let n = out.size();
-    let region = mizu_pool::share::filled(n, |b| out.fill(b))
-        .map_err(|e| crate::rerr(format!("mizu_share: {e}")))?;
+    let region = mizu_pool::share::filled(n, |b| out.fill(b));
+    crate::spill::warn_if_spilled();
+    let region = region.map_err(|e| crate::rerr(format!("mizu_share: {e}")))?;
     let region = Arc::new(region);
     match decode(Region::buffer(&region).slice_with_length(0, n))? {
         Decoded::Value(v) => Ok(v),

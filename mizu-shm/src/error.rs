@@ -104,6 +104,18 @@ pub enum ShmError {
         /// Bytes free on the file system when the request failed.
         available: u64,
     },
+    /// The spill directory cannot hold a segment `/dev/shm` had no room for either.
+    #[error(
+        "no room for {requested} bytes in /dev/shm, nor in the spill directory {dir}          ({available} bytes free there; MIZU_SPILL_DIR chooses another directory)"
+    )]
+    SpillFull {
+        /// The spill directory.
+        dir: String,
+        /// Bytes asked for.
+        requested: u64,
+        /// Bytes free there when the request failed.
+        available: u64,
+    },
     /// The object is smaller than a header: truncated, or never initialised.
     #[error("segment {name} is {actual} bytes, too small for its {needed}-byte header")]
     Truncated {

@@ -1,5 +1,7 @@
 //! Segment and lock-file names: `/mizu_<pid hex>_<process nonce 16 hex><random 8 hex>` (the
-//! prefix `mizu_` unless configured, see [`crate::place`]).
+//! prefix `mizu_` unless configured, see [`crate::place`]), and a trailing `s` for a segment
+//! spilled to the spill directory ([`crate::place::spill_dir`]): the name alone says where a
+//! reader finds it.
 //!
 //! The 24 "random" hex digits are the creating process's 64-bit incarnation nonce followed by 32
 //! random bits. Embedding the nonce lets `prune` map a segment to its creator's lock file
@@ -9,26 +11,35 @@
 use crate::error::{Result, ShmError};
 use crate::liveness::ProcessId;
 
+/// The end of a spilled segment's name.
+const SPILL_MARK: &str = "s";
+
 /// A validated segment name such as `/mizu_1a2b_0123456789abcdef01234567`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SegmentName {
     full: String,
     creator: ProcessId,
+    spilled: bool,
 }
 
 impl SegmentName {
-    /// A fresh name for a segment created by `creator`.
-    pub(crate) fn generate(creator: ProcessId) -> Result<Self> {
+    /// A fresh name for a segment created by `creator`, of a spilled one when `spilled`.
+    pub(crate) fn generate_in(creator: ProcessId, spilled: bool) -> Result<Self> {
         let mut r = [0u8; 4];
         crate::liveness::random_bytes(&mut r)?;
         let full = format!(
-            "/{}{:x}_{:016x}{:08x}",
+            "/{}{:x}_{:016x}{:08x}{}",
             crate::place::here().prefix(),
             creator.pid,
             creator.nonce,
-            u32::from_le_bytes(r)
+            u32::from_le_bytes(r),
+            if spilled { SPILL_MARK } else { "" }
         );
-        Ok(SegmentName { full, creator })
+        Ok(SegmentName {
+            full,
+            creator,
+            spilled,
+        })
     }
 
     /// Parses a name or join token (with or without the leading `/`).
@@ -39,6 +50,10 @@ impl SegmentName {
             .strip_prefix(crate::place::here().prefix())
             .ok_or_else(bad)?;
         let (pid_hex, tail) = rest.split_once('_').ok_or_else(bad)?;
+        let (tail, spilled) = match tail.strip_suffix(SPILL_MARK) {
+            Some(t) => (t, true),
+            None => (tail, false),
+        };
         let is_hex = |s: &str| {
             s.bytes()
                 .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
@@ -59,6 +74,7 @@ impl SegmentName {
         Ok(SegmentName {
             full: format!("/{body}"),
             creator: ProcessId::new(pid, nonce),
+            spilled,
         })
     }
 
@@ -72,9 +88,19 @@ impl SegmentName {
         self.creator
     }
 
-    /// The path of the object in the shared-memory directory ([`crate::place`]).
+    /// Whether the segment lives in the spill directory.
+    pub fn is_spilled(&self) -> bool {
+        self.spilled
+    }
+
+    /// The path of the object: in the shared-memory directory ([`crate::place`]), or for a
+    /// spilled segment in the spill directory (in the shared-memory directory when spilling
+    /// is off, where opening it then finds nothing).
     pub fn path(&self) -> std::path::PathBuf {
-        crate::place::here().path_of(&self.full)
+        match crate::place::spill_dir() {
+            Some(d) if self.spilled => d.join(self.full.trim_start_matches('/')),
+            _ => crate::place::here().path_of(&self.full),
+        }
     }
 }
 
@@ -91,9 +117,14 @@ mod tests {
     #[test]
     fn parse_accepts_generated_names_and_rejects_others() {
         let id = ProcessId::new(0x1a2b, 0x0123_4567_89ab_cdef);
-        let n = SegmentName::generate(id).unwrap();
+        let n = SegmentName::generate_in(id, false).unwrap();
         let p = SegmentName::parse(n.as_str()).unwrap();
         assert_eq!(p, n);
+        assert!(!p.is_spilled());
+        let s = SegmentName::generate_in(id, true).unwrap();
+        let q = SegmentName::parse(s.as_str()).unwrap();
+        assert_eq!((q.creator(), q.is_spilled()), (id, true));
+        assert!(s.as_str().len() <= 40, "fits a region descriptor");
         assert_eq!(p.creator(), id);
         assert_eq!(SegmentName::parse(&n.as_str()[1..]).unwrap(), n);
         for bad in [
@@ -109,6 +140,8 @@ mod tests {
             "/mizu_1_000000000000000001234567",
             "/other_1a2b_0123456789abcdef01234567",
             "/mizu_1a2b_0123456789abcdef01234567/../x",
+            "/mizu_1a2b_0123456789abcdef01234567ss",
+            "/mizu_1a2b_0123456789abcdef0123456s",
             "../../etc/passwd",
         ] {
             assert!(

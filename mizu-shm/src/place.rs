@@ -126,3 +126,38 @@ pub(crate) fn here() -> &'static Place {
     static DEFAULT: OnceLock<Place> = OnceLock::new();
     current().unwrap_or_else(|_| DEFAULT.get_or_init(Place::default_place))
 }
+
+/// Where data segments go when the shared-memory directory has no room for them (a
+/// container's `/dev/shm` is 64 MiB by default): `MIZU_SPILL_DIR`, else the platform's
+/// temporary directory; `MIZU_SPILL_DIR=none` (or an empty value) turns spilling off. None
+/// when off, or when the setting is not an absolute path to a directory (then spilling is off
+/// and [`spill_problem`] says why). Segments there are files mapped shared by every process
+/// that reads them — memory the kernel may write back to disk, slower than `/dev/shm` but with
+/// the same guarantees (see `Segment::create_spilled`).
+pub fn spill_dir() -> Option<&'static Path> {
+    spill().as_ref().ok().and_then(|d| d.as_deref())
+}
+
+/// Why the spill setting is unusable, if it is.
+pub fn spill_problem() -> Option<&'static str> {
+    spill().as_ref().err().map(String::as_str)
+}
+
+fn spill() -> &'static std::result::Result<Option<PathBuf>, String> {
+    static SPILL: OnceLock<std::result::Result<Option<PathBuf>, String>> = OnceLock::new();
+    SPILL.get_or_init(|| {
+        let dir = match std::env::var_os("MIZU_SPILL_DIR") {
+            Some(v) if v.is_empty() || v == "none" => return Ok(None),
+            Some(v) => PathBuf::from(v),
+            None => std::env::temp_dir(),
+        };
+        if dir.is_absolute() && dir.is_dir() {
+            Ok(Some(dir))
+        } else {
+            Err(format!(
+                "the spill directory {} (MIZU_SPILL_DIR, else the temporary directory) is not                  an absolute path to a directory",
+                dir.display()
+            ))
+        }
+    })
+}

@@ -19,6 +19,37 @@ pub fn prune_of(pids: &[u32]) -> Result<Vec<String>> {
 }
 
 fn prune_where(wanted: impl Fn(u32) -> bool) -> Result<Vec<String>> {
+    let mut removed = prune_spilled(&wanted);
+    removed.extend(prune_shm(&wanted)?);
+    Ok(removed)
+}
+
+/// The spilled segments of dead creators (their lock files are in the shared-memory
+/// directory, which [`prune_shm`] prunes after this).
+fn prune_spilled(wanted: &impl Fn(u32) -> bool) -> Vec<String> {
+    let Some(dir) = crate::place::spill_dir() else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for n in entries.filter_map(|e| e.ok()?.file_name().into_string().ok()) {
+        let Ok(seg) = SegmentName::parse(&n) else {
+            continue;
+        };
+        if seg.is_spilled()
+            && wanted(seg.creator().pid)
+            && !seg.creator().is_alive()
+            && crate::segment::remove_name(&seg.path()).is_ok()
+        {
+            removed.push(n);
+        }
+    }
+    removed
+}
+
+fn prune_shm(wanted: &impl Fn(u32) -> bool) -> Result<Vec<String>> {
     let place = crate::place::current()?;
     let shown = place.dir().display().to_string();
     let dir = std::fs::read_dir(place.dir()).map_err(|e| ShmError::io("read_dir", &shown, e))?;
@@ -34,7 +65,7 @@ fn prune_where(wanted: impl Fn(u32) -> bool) -> Result<Vec<String>> {
             .or_else(|| lock_owner(&n, ".lock.tmp"))
             .map(|id| id.pid)
             .or_else(|| SegmentName::parse(&n).ok().map(|s| s.creator().pid));
-        if !owner.is_some_and(&wanted) {
+        if !owner.is_some_and(wanted) {
             continue;
         }
         if let Some(id) = lock_owner(&n, ".lock") {

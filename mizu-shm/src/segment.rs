@@ -133,10 +133,28 @@ impl Segment {
     /// Creates, sizes (with `fallocate`), maps and initialises a new segment. With
     /// `prefault`, every page is faulted in now so first touches cost nothing later.
     pub fn create(layout: &Layout, prefault: bool) -> Result<Self> {
+        Self::create_in(layout, prefault, false)
+    }
+
+    /// [`Segment::create`] in the spill directory ([`crate::place::spill_dir`]): a file
+    /// there, created `O_EXCL` and `0600`, its space reserved with `fallocate` (a full disk is
+    /// [`ShmError::SpillFull`], never a `SIGBUS`), mapped shared; its name ends in `s`, so
+    /// readers and `prune` find it there. An error when spilling is off.
+    pub fn create_spilled(layout: &Layout, prefault: bool) -> Result<Self> {
+        if crate::place::spill_dir().is_none() {
+            return Err(ShmError::Config(match crate::place::spill_problem() {
+                Some(why) => why.to_owned(),
+                None => "spilling is off (MIZU_SPILL_DIR=none)".to_owned(),
+            }));
+        }
+        Self::create_in(layout, prefault, true)
+    }
+
+    fn create_in(layout: &Layout, prefault: bool, spilled: bool) -> Result<Self> {
         let identity = liveness::current()?;
         let size = layout.total_size();
         let (name, fd) = loop {
-            let name = SegmentName::generate(identity.id())?;
+            let name = SegmentName::generate_in(identity.id(), spilled)?;
             // What `shm_open` does on Linux, in the configured directory (`place`).
             match rustix::fs::open(
                 name.path(),
@@ -379,7 +397,7 @@ impl Drop for Segment {
 
 /// Reserves the pages now so a full /dev/shm is an error here, never a SIGBUS later.
 fn reserve(fd: &OwnedFd, name: &SegmentName, size: u64) -> Result<()> {
-    if let Some(available) = crate::space::left_under_limit()
+    if let Some(available) = crate::space::left_under_limit().filter(|_| !name.is_spilled())
         && available < size
     {
         return Err(ShmError::NoSpace {
@@ -393,9 +411,20 @@ fn reserve(fd: &OwnedFd, name: &SegmentName, size: u64) -> Result<()> {
             Ok(()) => return Ok(()),
             Err(Errno::INTR) => continue,
             Err(Errno::NOSPC) | Err(Errno::FBIG) => {
-                let available = rustix::fs::statvfs(crate::place::here().dir())
+                let dir = match crate::place::spill_dir() {
+                    Some(d) if name.is_spilled() => d,
+                    _ => crate::place::here().dir(),
+                };
+                let available = rustix::fs::statvfs(dir)
                     .map(|s| s.f_bavail.saturating_mul(s.f_frsize))
                     .unwrap_or(0);
+                if name.is_spilled() {
+                    return Err(ShmError::SpillFull {
+                        dir: dir.display().to_string(),
+                        requested: size,
+                        available,
+                    });
+                }
                 return Err(ShmError::NoSpace {
                     name: name.to_string(),
                     requested: size,

@@ -33,8 +33,12 @@ fn size_of(name: &str) -> Option<u64> {
 #[test]
 fn a_small_dev_shm_is_shared_out_and_a_full_one_fails_clearly() {
     let limit = mizu_bytes() + 48 * MIB;
-    // SAFETY: the only test of this binary sets it before anything reads the environment.
-    unsafe { std::env::set_var("MIZU_SHM_BYTES", limit.to_string()) };
+    // SAFETY: the only test of this binary sets them before anything reads the environment.
+    // (Spilling off: this is about making room in /dev/shm, and failing when there is none.)
+    unsafe {
+        std::env::set_var("MIZU_SHM_BYTES", limit.to_string());
+        std::env::set_var("MIZU_SPILL_DIR", "none");
+    }
 
     // Segments scale with /dev/shm: a 16 MiB pool segment would be a third of it.
     let pool = DataPool::new(16 * MIB);
@@ -47,6 +51,7 @@ fn a_small_dev_shm_is_shared_out_and_a_full_one_fails_clearly() {
     let mut peer = Command::new(PEER)
         .args(["keep-idle", &(20 * MIB).to_string()])
         .env("MIZU_SHM_BYTES", limit.to_string())
+        .env("MIZU_SPILL_DIR", "none")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()

@@ -19,8 +19,10 @@ pub(crate) mod mapper;
 pub(crate) mod pool;
 pub(crate) mod region;
 pub(crate) mod segment;
+pub(crate) mod spill;
 
 pub use mapper::Mapper;
 pub use pool::{DataPool, ROOM_WAIT, give_back_idle_now, with_room};
 pub use region::{Region, RegionDesc, RegionMut};
 pub use segment::{ALIGN, DATA_KIND, DEFAULT_SEGMENT_BYTES, DataSegment, IDLE_RELEASE};
+pub use spill::take_spill_notice;

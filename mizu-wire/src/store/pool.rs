@@ -10,6 +10,22 @@ use crate::error::{Result, WireError};
 use super::region::{Region, RegionMut};
 use super::segment::{ALIGN, DataSegment, IDLE_RELEASE};
 
+/// The segment a region needs, when no segment of the pool has room.
+#[derive(Clone, Copy)]
+enum Make {
+    /// One of the pool's segment size (or larger, for a large value).
+    Ordinary,
+    /// One of just the size needed (`/dev/shm` is short of room).
+    Exact,
+    /// One of just the size needed, in the spill directory.
+    Spilled,
+}
+
+/// Whether data segments may spill (`MIZU_SPILL_DIR` is not `none`).
+fn spills() -> bool {
+    mizu_shm::place::spill_dir().is_some()
+}
+
 struct PoolInner {
     segments: Vec<Pooled>,
     current: usize,
@@ -127,10 +143,31 @@ impl DataPool {
                     .ok_or_else(|| too_big(len))?,
             )
             .ok_or_else(|| too_big(len))?;
-        match self.alloc_in(need, len, false) {
-            Err(e) if no_space(&e) => self.alloc_under_pressure(need, len),
+        match self.alloc_in(need, len, Make::Ordinary) {
+            // A value too big for `/dev/shm` to hold beside others takes what this process
+            // keeps idle, else goes to the spill directory without waiting; a smaller one
+            // waits for room first, and spills only if none comes.
+            Err(e) if no_space(&e) && spills() && need > mizu_shm::space::capacity() / 4 => {
+                crate::janitor::release_idle_now();
+                match self.alloc_in(need, len, Make::Exact) {
+                    Err(e) if no_space(&e) => self.alloc_spilled(need, len),
+                    r => r,
+                }
+            }
+            Err(e) if no_space(&e) => match self.alloc_under_pressure(need, len) {
+                Err(e) if no_space(&e) && spills() => self.alloc_spilled(need, len),
+                r => r,
+            },
             r => r,
         }
+    }
+
+    /// A region in a new segment of the spill directory (`mizu_shm::place::spill_dir`), said
+    /// once per process (`spill::notice`).
+    fn alloc_spilled(&self, need: u64, len: u64) -> Result<RegionMut> {
+        let r = self.alloc_in(need, len, Make::Spilled)?;
+        super::spill::spilled(len);
+        Ok(r)
     }
 
     /// `/dev/shm` is full: give back what this process keeps only for reuse (idle segments of
@@ -140,12 +177,15 @@ impl DataPool {
     /// that is still [`WireError::is_no_space`]: a binding can free what its runtime holds
     /// unused (R's collector: views nobody uses) and try again.
     fn alloc_under_pressure(&self, need: u64, len: u64) -> Result<RegionMut> {
-        with_room(|| self.alloc_in(need, len, true), WireError::is_no_space)
+        with_room(
+            || self.alloc_in(need, len, Make::Exact),
+            WireError::is_no_space,
+        )
     }
 
     /// Carves a region of `need` bytes (header included) from the current segment, an idle
-    /// one, or a new one (of the pool's segment size, or of `need` bytes when `exact`).
-    fn alloc_in(&self, need: u64, len: u64, exact: bool) -> Result<RegionMut> {
+    /// one, or a new one (`make` says which).
+    fn alloc_in(&self, need: u64, len: u64, make: Make) -> Result<RegionMut> {
         crate::checked::written::forget();
         let mut g = self.inner.lock();
         let fits =
@@ -163,12 +203,11 @@ impl DataPool {
             let idx = match reuse {
                 Some(i) => i,
                 None => {
-                    let size = if exact {
-                        need
-                    } else {
-                        g.segment_bytes.max(need)
-                    };
-                    let seg = Arc::new(DataSegment::create(size)?);
+                    let seg = Arc::new(match make {
+                        Make::Ordinary => DataSegment::create(g.segment_bytes.max(need))?,
+                        Make::Exact => DataSegment::create(need)?,
+                        Make::Spilled => DataSegment::create_spilled(need)?,
+                    });
                     g.segments.push(Pooled { seg, used: now });
                     crate::janitor::ensure_running();
                     g.segments.len() - 1

@@ -48,12 +48,26 @@ impl std::fmt::Debug for DataSegment {
 
 impl DataSegment {
     pub(super) fn create(arena_bytes: u64) -> Result<Self> {
+        Self::create_in(arena_bytes, false)
+    }
+
+    /// [`DataSegment::create`] in the spill directory (`Segment::create_spilled`).
+    pub(super) fn create_spilled(arena_bytes: u64) -> Result<Self> {
+        Self::create_in(arena_bytes, true)
+    }
+
+    fn create_in(arena_bytes: u64, spilled: bool) -> Result<Self> {
         let mut l = Layout::new(DATA_KIND);
         l.add(std::mem::size_of::<CacheLine<Control>>() as u64, 128)?;
         l.add(arena_bytes, ALIGN)?;
         // Pre-faulted: fallocate has committed the pages already, so mapping them now costs no
-        // memory and spares every later send a page fault per 4 KiB it touches first.
-        let seg = Segment::create(&l, true)?;
+        // memory and spares every later send a page fault per 4 KiB it touches first. (A
+        // spilled segment's pages are a file's: mapped as they are touched.)
+        let seg = if spilled {
+            Segment::create_spilled(&l, false)?
+        } else {
+            Segment::create(&l, true)?
+        };
         seg.set_unlink_on_drop(false); // lifetime is by the live count, see the module docs
         let arena = seg.extent(1)?;
         let ds = DataSegment {

@@ -133,8 +133,10 @@ impl Executor for TestExec {
 }
 
 /// `--controller`: create a pool of two workers (this binary), print their pids and the token,
-/// then sleep until killed (for the controller-death test).
-fn controller() {
+/// then sleep until killed (for the controller-death test). With `bytes`, first send a task
+/// of that many bytes and have a worker answer one as large, keeping both (with a small
+/// `/dev/shm`, they spill).
+fn controller(bytes: Option<usize>) {
     let exe = std::env::current_exe().expect("own path");
     let cfg = mizu_pool::PoolConfig {
         workers: 2,
@@ -148,6 +150,21 @@ fn controller() {
         .iter()
         .map(|w| w.pid.to_string())
         .collect();
+    let mut kept = Vec::new();
+    if let Some(n) = bytes {
+        let mut task = b"input:".to_vec();
+        task.resize(6 + n, 1);
+        let sent = pool
+            .submit(&task)
+            .expect("submit")
+            .result(None)
+            .expect("input");
+        assert_eq!(sent.as_slice(), (6 + n).to_string().as_bytes()); // the whole input
+        let mut big = pool.submit(format!("big:{n}").as_bytes()).expect("submit");
+        let got = big.outcome(None).expect("big");
+        assert_eq!(got.len(), n);
+        kept.push(got);
+    }
     println!("{} {}", pool.token(), pids.join(" "));
     use std::io::Write;
     let _ = std::io::stdout().flush();
@@ -190,7 +207,7 @@ pub fn main() {
     }
     let token = || args.get(1).cloned().unwrap_or_default();
     match args.first().map(String::as_str) {
-        Some("--controller") => controller(),
+        Some("--controller") => controller(args.get(1).and_then(|n| n.parse().ok())),
         Some("--channel-echo") => {
             // Echo every message back until the host closes, then close.
             let mut ch = mizu_pool::Channel::attach(&token()).expect("attach");

@@ -441,7 +441,7 @@ test_that("a small /dev/shm carries a data-frame loop and a full one fails clear
   files <- list.files("/dev/shm", "^mizu_", full.names = TRUE)
   limit <- sum(file.size(files), na.rm = TRUE) + 64 * 2^20
   out <- run_r(c(
-    sprintf('Sys.setenv(MIZU_SHM_BYTES = "%.0f")', limit),
+    sprintf('Sys.setenv(MIZU_SHM_BYTES = "%.0f", MIZU_SPILL_DIR = "none")', limit),
     "library(mizu)",
     "pool <- mizu_pool(2)",
     df_loop,
@@ -469,6 +469,41 @@ test_that("a small /dev/shm carries a data-frame loop and a full one fails clear
   expect_true("after 2 " %in% out, info = paste(out, collapse = "\n"))
 })
 
+test_that("values too big for a small /dev/shm spill to files, said once", {
+  # A 200 MB vector through a 64 MiB /dev/shm (a container's default; MIZU_SHM_BYTES makes mizu
+  # behave so here): it goes to files in the spill directory, there and back, shared or not;
+  # the first spill warns once, naming how to enlarge /dev/shm; nothing is left behind.
+  files <- list.files("/dev/shm", "^mizu_", full.names = TRUE)
+  limit <- sum(file.size(files), na.rm = TRUE) + 64 * 2^20
+  spill <- tempfile("spill")
+  dir.create(spill)
+  on.exit(unlink(spill, recursive = TRUE))
+  out <- run_r(c(
+    sprintf('Sys.setenv(MIZU_SHM_BYTES = "%.0f", MIZU_SPILL_DIR = "%s")', limit, spill),
+    "library(mizu)",
+    "pool <- mizu_pool(1)",
+    "x <- runif(2.5e7)",
+    "r <- mizu_collect(mizu_submit(pool, v, v = x))",
+    "cat('back', identical(r, x), '\n')",
+    "y <- x * 2",
+    "r2 <- mizu_collect(mizu_submit(pool, v[1:3], v = y))",
+    "cat('again', identical(r2, y[1:3]), '\n')",
+    "s <- mizu_share(x)",
+    "cat('shared', identical(mizu_collect(mizu_submit(pool, sum(v), v = s)), sum(x)), '\n')",
+    "rm(r, s); invisible(gc())",
+    "mizu_pool_stop(pool)"
+  ), timeout = 300)
+  expect_true("back TRUE " %in% out, info = paste(out, collapse = "\n"))
+  expect_true("again TRUE " %in% out, info = paste(out, collapse = "\n"))
+  expect_true("shared TRUE " %in% out, info = paste(out, collapse = "\n"))
+  # The first spill is said once, as a warning at the top level (`mizu: /dev/shm ... has no
+  # room ...`), with how to enlarge /dev/shm.
+  said <- grep("has no room for a value", out, fixed = TRUE, value = TRUE)
+  expect_length(said, 1)
+  expect_match(said, "--shm-size", fixed = TRUE)
+  expect_length(list.files(spill), 0)
+})
+
 test_that("a worker short of /dev/shm gets the room the caller's garbage views hold", {
   # The caller waits for a result while the views of earlier results, garbage R has not
   # collected (it knows nothing of their size), fill /dev/shm: the worker storing this result
@@ -476,7 +511,7 @@ test_that("a worker short of /dev/shm gets the room the caller's garbage views h
   files <- list.files("/dev/shm", "^mizu_", full.names = TRUE)
   limit <- sum(file.size(files), na.rm = TRUE) + 40 * 2^20
   out <- run_r(c(
-    sprintf('Sys.setenv(MIZU_SHM_BYTES = "%.0f")', limit),
+    sprintf('Sys.setenv(MIZU_SHM_BYTES = "%.0f", MIZU_SPILL_DIR = "none")', limit),
     "library(mizu)",
     "pool <- mizu_pool(2)",
     df_loop,

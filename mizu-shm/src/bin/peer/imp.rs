@@ -12,7 +12,8 @@ pub fn main() {
     let role = args.first().map(String::as_str).unwrap_or("");
     let token = args.get(1).map(String::as_str).unwrap_or("");
     let r = match role {
-        "hold" => hold(),
+        "hold" => hold(false),
+        "hold-spilled" => hold(true),
         "open" => Segment::open(token, KIND)
             .map(|_| println!("ok"))
             .map_err(|e| e.to_string()),
@@ -20,7 +21,9 @@ pub fn main() {
         "wait" => wait(token),
         "prune" => mizu_shm::prune().map(|_| ()).map_err(|e| e.to_string()),
         _ => {
-            eprintln!("usage: mizu-shm-peer hold|open TOKEN|wake TOKEN|wait TOKEN|prune");
+            eprintln!(
+                "usage: mizu-shm-peer hold|hold-spilled|open TOKEN|wake TOKEN|wait TOKEN|prune"
+            );
             std::process::exit(2)
         }
     };
@@ -38,10 +41,16 @@ fn words(seg: &Segment) -> Result<(&ParkWord, &AtomicU32), String> {
     ))
 }
 
-fn hold() -> Result<(), String> {
+/// Creates a segment (in the spill directory when `spilled`), says its token and holds it.
+fn hold(spilled: bool) -> Result<(), String> {
     let mut l = Layout::new(KIND);
     l.add(4096, 128).map_err(|e| e.to_string())?;
-    let seg = Segment::create(&l, true).map_err(|e| e.to_string())?;
+    let seg = if spilled {
+        Segment::create_spilled(&l, true)
+    } else {
+        Segment::create(&l, true)
+    }
+    .map_err(|e| e.to_string())?;
     println!("{} {}", seg.token(), seg.me().nonce);
     std::io::stdout().flush().map_err(|e| e.to_string())?;
     loop {
