@@ -98,6 +98,7 @@ mod tests {
             name: "test".into(),
             requested: 1,
             available: 0,
+            unspilled: String::new(),
         }))
     }
 

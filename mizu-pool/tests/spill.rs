@@ -79,3 +79,33 @@ fn a_killed_owner_leaves_nothing_in_the_spill_directory() {
     );
     std::fs::remove_dir(&dir).unwrap();
 }
+
+#[test]
+fn an_unusable_spill_setting_is_named_when_dev_shm_is_full() {
+    // A spill setting that is no directory turns spilling off; the full-/dev/shm error says
+    // why values did not spill, and the owner leaves nothing behind.
+    let limit = mizu_bytes() + (24 << 20);
+    let ctl = Command::new(WORKER)
+        .args(["--controller", "32000000"])
+        .env("MIZU_SPILL_DIR", "not/absolute")
+        .env("MIZU_SHM_BYTES", limit.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = ctl.id();
+    let out = ctl.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("values cannot spill to files instead")
+            && err.contains("not/absolute")
+            && err.contains("not an absolute path to a directory"),
+        "{err}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !shm_entries_of(&[pid]).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(shm_entries_of(&[pid]), Vec::<String>::new(), "nothing left");
+}

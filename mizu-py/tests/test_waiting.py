@@ -414,8 +414,11 @@ def test_the_loop_that_settles_a_future_hands_its_outcome_to_wrap_future_at_once
     # `wrap_future` copies a finished future's outcome into the asyncio future in a handle
     # of the loop; when the loop itself settles the future, that copy happens at once (the
     # coroutine resumes a loop round sooner): a done-callback added after `wrap_future`'s
-    # finds the asyncio future done — with the task's value or its exception. Another
-    # thread's hand-over still goes through a handle.
+    # finds the asyncio future done — with the task's value or its exception. (When another
+    # thread settles it — the collector, once a busy machine kept the loop from looking — the
+    # hand-over goes through a handle, which the loop may or may not have run by the time
+    # that thread reaches the next callback; and a callback added to a future settled that
+    # way runs at once, before the handle: neither says anything about the loop's settling.)
     with pymizu.PoolExecutor(1) as ex:
 
         async def main():
@@ -424,9 +427,13 @@ def test_the_loop_that_settles_a_future_hands_its_outcome_to_wrap_future_at_once
                 fails = i % 2 == 1
                 f = ex.submit(tasks.spin_then_fail, 0.002, "no") if fails else ex.submit(tasks.spin, 0.002)
                 af = asyncio.wrap_future(f)
+                adding = [True]
                 f.add_done_callback(
-                    lambda _f, af=af: seen.append((threading.current_thread().name, af.done()))
+                    lambda _f, af=af, adding=adding: seen.append(
+                        (threading.current_thread().name, af.done(), adding[0])
+                    )
                 )
+                adding[0] = False
                 if fails:
                     with pytest.raises(ValueError, match="no") as caught:
                         await af
@@ -439,10 +446,10 @@ def test_the_loop_that_settles_a_future_hands_its_outcome_to_wrap_future_at_once
 
         seen = asyncio.run(main())
     assert len(seen) == 20
-    for name, done in seen:
-        assert done == (name == "MainThread"), seen
+    by_loop = [done for name, done, adding in seen if name == "MainThread" and not adding]
+    assert all(by_loop), seen
     if SPARE_CPU:
-        assert [name for name, _ in seen].count("MainThread") >= 10, seen
+        assert len(by_loop) >= 10, seen
 
 
 def test_a_done_callback_raising_while_the_loop_settles_is_logged_and_the_rest_run(caplog):

@@ -94,7 +94,7 @@ pub enum ShmError {
     #[error(
         "no room in /dev/shm for segment {name}: asked for {requested} bytes, {available} bytes free \
          (values sent or received through mizu use it until nothing holds them; a container's \
-         /dev/shm can be enlarged, e.g. `docker run --shm-size=2g`)"
+         /dev/shm can be enlarged, e.g. `docker run --shm-size=2g`){unspilled}"
     )]
     NoSpace {
         /// The segment's name.
@@ -103,10 +103,14 @@ pub enum ShmError {
         requested: u64,
         /// Bytes free on the file system when the request failed.
         available: u64,
+        /// Why values cannot spill to files instead, when the spill setting is unusable
+        /// (`"; ..."`; empty otherwise).
+        unspilled: String,
     },
     /// The spill directory cannot hold a segment `/dev/shm` had no room for either.
     #[error(
-        "no room for {requested} bytes in /dev/shm, nor in the spill directory {dir}          ({available} bytes free there; MIZU_SPILL_DIR chooses another directory)"
+        "no room for {requested} bytes in /dev/shm, nor in the spill directory {dir} \
+         ({available} bytes free there; MIZU_SPILL_DIR chooses another directory)"
     )]
     SpillFull {
         /// The spill directory.

@@ -155,7 +155,8 @@ fn spill() -> &'static std::result::Result<Option<PathBuf>, String> {
             Ok(Some(dir))
         } else {
             Err(format!(
-                "the spill directory {} (MIZU_SPILL_DIR, else the temporary directory) is not                  an absolute path to a directory",
+                "the spill directory {} (MIZU_SPILL_DIR, else the temporary directory) is not \
+                 an absolute path to a directory",
                 dir.display()
             ))
         }

@@ -163,6 +163,13 @@ impl Segment {
             ) {
                 Ok(fd) => break (name, fd),
                 Err(Errno::EXIST) => continue,
+                Err(e) if spilled => {
+                    let what = format!(
+                        "{} in the spill directory (MIZU_SPILL_DIR chooses another)",
+                        name.path().display()
+                    );
+                    return Err(ShmError::io("open(O_CREAT|O_EXCL)", what, e));
+                }
                 Err(e) => return Err(ShmError::io("open(O_CREAT|O_EXCL)", name.as_str(), e)),
             }
         };
@@ -395,6 +402,14 @@ impl Drop for Segment {
     }
 }
 
+/// What a full `/dev/shm` error adds when values cannot spill because the spill setting is
+/// unusable (spilling turned off on purpose adds nothing).
+fn unspilled() -> String {
+    crate::place::spill_problem().map_or_else(String::new, |why| {
+        format!("; values cannot spill to files instead: {why}")
+    })
+}
+
 /// Reserves the pages now so a full /dev/shm is an error here, never a SIGBUS later.
 fn reserve(fd: &OwnedFd, name: &SegmentName, size: u64) -> Result<()> {
     if let Some(available) = crate::space::left_under_limit().filter(|_| !name.is_spilled())
@@ -404,6 +419,7 @@ fn reserve(fd: &OwnedFd, name: &SegmentName, size: u64) -> Result<()> {
             name: name.to_string(),
             requested: size,
             available,
+            unspilled: unspilled(),
         });
     }
     loop {
@@ -429,6 +445,7 @@ fn reserve(fd: &OwnedFd, name: &SegmentName, size: u64) -> Result<()> {
                     name: name.to_string(),
                     requested: size,
                     available,
+                    unspilled: unspilled(),
                 });
             }
             Err(e) => return Err(ShmError::io("fallocate", name.as_str(), e)),

@@ -314,6 +314,7 @@ fn a_size_larger_than_dev_shm_is_enospc_not_sigbus() {
             name,
             requested,
             available,
+            ..
         } => {
             assert!(*requested >= too_big);
             assert!(*available <= vfs.f_blocks * vfs.f_frsize);

@@ -78,6 +78,25 @@ fn spilled_segments_live_in_the_spill_directory_and_go_with_their_creator() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("spilling is off"), "{err}");
+
+    // A spill setting that is no directory, and a directory no file can be made in: errors
+    // that name the directory.
+    for (setting, says) in [
+        ("relative/spill", "not an absolute path to a directory"),
+        (
+            "/proc",
+            "in the spill directory (MIZU_SPILL_DIR chooses another)",
+        ),
+    ] {
+        let out = Command::new(PEER)
+            .arg("hold-spilled")
+            .env("MIZU_SPILL_DIR", setting)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says) && err.contains(setting), "{err}");
+    }
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "nothing left");
     std::fs::remove_dir(&dir).unwrap();
 }

@@ -130,6 +130,7 @@ fn test(root: &Path) -> Res {
     stdlib_futures_tests(root, &py)?;
     fresh_installs(root, &py)?;
     r::r_tests(root)?;
+    small_dev_shm_tests(root, &py)?;
     r::fuzz_r(root, FUZZ_CASES)?;
     rsrc::offline_check(root)?;
     loom(root)?;
@@ -549,6 +550,40 @@ fn asan(root: &Path) -> Res {
     leak_check()
 }
 
+/// What a container's 64 MiB `/dev/shm` must carry (values spilling to files, both languages,
+/// across languages, `kill -9` of an owner, a full spill directory): `mizu-py/tests/small_shm`
+/// and `mizu-r/small_shm`, each run in a private mount namespace (`unshare -m`) with a 64 MiB
+/// tmpfs over `/dev/shm`. Mounting needs root, as CI runs; another user is told so.
+fn small_dev_shm_tests(root: &Path, py: &Path) -> Res {
+    if !r::is_root() || which("unshare").is_none() {
+        eprintln!(
+            "\n==> the 64 MiB /dev/shm tests need root and `unshare` (a private mount \
+             namespace); not run here (CI runs them)"
+        );
+        return Ok(());
+    }
+    run(
+        root,
+        &mut in_small_dev_shm(root, py, "mizu-py/tests/small_shm/check.py"),
+    )?;
+    run(
+        root,
+        &mut in_small_dev_shm(root, Path::new("Rscript"), "mizu-r/small_shm/check.R"),
+    )
+}
+
+/// `program script` in a private mount namespace with a 64 MiB tmpfs over `/dev/shm` (a
+/// container's default), R_LIBS naming the R package's library (needs root).
+fn in_small_dev_shm(root: &Path, program: &Path, script: &str) -> Command {
+    let mut cmd = Command::new("unshare");
+    cmd.args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg("mount -t tmpfs -o size=64m tmpfs /dev/shm && exec \"$0\" \"$@\"")
+        .arg(program)
+        .arg(script)
+        .env("R_LIBS", r::rlib(root));
+    cmd
+}
+
 /// After every test process has exited, nothing of ours may remain in /dev/shm.
 fn leak_check() -> Res {
     let left: Vec<String> = std::fs::read_dir("/dev/shm")
@@ -713,6 +748,17 @@ fn python_bench(root: &Path, quick: bool) -> Res {
             cmd.arg("--quick");
         }
         run(root, &mut cmd)?;
+    }
+    // Large values: with this machine's /dev/shm, then (as root) with a container's 64 MiB,
+    // where they spill to files: what spilling costs, beside the peers.
+    if !quick {
+        run(root, Command::new(&py).arg("mizu-py/benchmarks/spill.py"))?;
+        if r::is_root() && which("unshare").is_some() {
+            run(
+                root,
+                &mut in_small_dev_shm(root, &py, "mizu-py/benchmarks/spill.py"),
+            )?;
+        }
     }
     Ok(())
 }
