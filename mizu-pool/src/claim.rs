@@ -10,20 +10,42 @@
 use mizu_queue::{SlotState, TransitionError};
 use mizu_shm::sync::Ordering;
 
-use crate::records::{TaskHdr, WorkerRec, WorkerSlot};
+use crate::records::{TaskHdr, WorkerRec, WorkerSlot, reason};
 
 /// Claims the task that ring word `word` names (its low 32 bits are the generation's) for the
 /// worker whose record is `rec`; returns the task's full generation, or `None` when the task
-/// is not (or no longer) `Pending`. `started_ns`, when the pool times tasks, is written before
-/// the record that publishes it: the timeout monitor reads the record first, and a stale start
-/// time beside a new record would look like a task over its time.
-pub fn claim(rec: &WorkerRec, hdr: &TaskHdr, word: u64, started_ns: Option<u64>) -> Option<u64> {
-    let g32 = word as u32;
-    if let Some(t) = started_ns {
+/// is not (or no longer) `Pending`. Its two steps, [`announce`] and [`take`], are public so
+/// that the models can kill a worker between them.
+///
+/// `outer` is the claim record to put back when this claim fails or its task finishes: the
+/// word of the task this worker runs and helps others from while its nested collect waits
+/// (0 when none). A nested claim keeps the outer task's start time, so the outer task's
+/// execution timeout goes on counting while the worker helps.
+pub fn claim(
+    rec: &WorkerRec,
+    hdr: &TaskHdr,
+    word: u64,
+    started_ns: Option<u64>,
+    outer: u64,
+) -> Option<u64> {
+    announce(rec, word, started_ns, outer);
+    take(rec, hdr, word, outer)
+}
+
+/// The first step of [`claim`]: the claim record. `started_ns`, when the pool times tasks, is
+/// written before the record that publishes it: the timeout monitor reads the record first,
+/// and a stale start time beside a new record would look like a task over its time.
+pub fn announce(rec: &WorkerRec, word: u64, started_ns: Option<u64>, outer: u64) {
+    if let Some(t) = started_ns.filter(|_| outer == 0) {
         rec.started_ns.store(t, Ordering::Relaxed);
     }
     // The claim CAS releases the record to whoever reads the state it writes.
     rec.current.store(word, Ordering::Release);
+}
+
+/// The second step of [`claim`]: the claim CAS.
+pub fn take(rec: &WorkerRec, hdr: &TaskHdr, word: u64, outer: u64) -> Option<u64> {
+    let g32 = word as u32;
     // One CAS, without reading the state first: the collector polls that line, and every
     // access of ours between two of its reads is another transfer of it. A higher generation
     // with the same low bits costs one more try.
@@ -39,7 +61,7 @@ pub fn claim(rec: &WorkerRec, hdr: &TaskHdr, word: u64, started_ns: Option<u64>)
                 state: Some(SlotState::Pending),
             }) if generation != g && generation as u32 == g32 => g = generation,
             Err(_) => {
-                rec.current.store(0, Ordering::Release);
+                rec.current.store(outer, Ordering::Release);
                 return None;
             }
         }
@@ -52,14 +74,15 @@ pub fn set_runner(hdr: &TaskHdr, runner: u64) {
     hdr.runner.store(runner, Ordering::Release);
 }
 
-/// Ends a claimed task as `Ok` or `Err` (its output already written) and clears the record.
-pub fn finish(rec: &WorkerRec, hdr: &TaskHdr, generation: u64, ok: bool) {
+/// Ends a claimed task as `Ok` or `Err` (its output already written) and puts the record
+/// back to `outer` (see [`claim`]).
+pub fn finish(rec: &WorkerRec, hdr: &TaskHdr, generation: u64, ok: bool, outer: u64) {
     let _ = hdr.state.transition(
         generation,
         SlotState::Running,
         if ok { SlotState::Ok } else { SlotState::Err },
     );
-    rec.current.store(0, Ordering::Release);
+    rec.current.store(outer, Ordering::Release);
 }
 
 /// The reaper's verdict on the task the dead worker `dead` (runner value `runner`) names in
@@ -95,9 +118,75 @@ pub fn dead_claim(
         let contested = workers.iter().enumerate().any(|(w, o)| {
             w != dead && o.rec.current.load(Ordering::SeqCst) == word && alive(&o.rec)
         });
-        if !contested {
+        // The verdict holds only for the task the scan was about: another worker may have
+        // claimed it before the scan and finished it since, and the slot gone to a new task.
+        if !contested && hdr.state.load() == (g, Some(SlotState::Running)) {
             return Some(g);
         }
         pause();
     }
+}
+
+/// Fails the `Running` task of generation `generation` as `Died` with reason `why`, for the
+/// reaper of the dead worker whose runner value is `runner`, when that task is still the one
+/// the verdict ([`dead_claim`]) was about; whether it did.
+///
+/// The task header's runner and reason must be set before the transition (whoever sees
+/// `Died` reads them), yet nothing may be written into a slot that has gone on to another
+/// task. So the runner field is taken first by CAS (from 0, or from `runner` itself when the
+/// dead worker had named itself); only while it is held and the state word still shows this
+/// task `Running` is the task this worker's — nobody else can move it on then — and the
+/// reason is written. A runner field taken from a slot that has moved on is given back.
+pub fn fail_dead(hdr: &TaskHdr, generation: u64, runner: u64, why: u32) -> bool {
+    let before = hdr.runner.load(Ordering::Acquire);
+    if before != 0 && before != runner {
+        return false;
+    }
+    if hdr
+        .runner
+        .compare_exchange(before, runner, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return false;
+    }
+    if hdr.state.load() != (generation, Some(SlotState::Running)) {
+        let _ = hdr
+            .runner
+            .compare_exchange(runner, before, Ordering::AcqRel, Ordering::Acquire);
+        return false;
+    }
+    hdr.reason.store(why, Ordering::Relaxed);
+    hdr.state
+        .transition(generation, SlotState::Running, SlotState::Died)
+        .is_ok()
+}
+
+/// Cancels the `Pending` task of generation `generation` before any worker claims it; whether
+/// it did (then it never runs).
+pub fn cancel(hdr: &TaskHdr, generation: u64) -> bool {
+    hdr.state
+        .transition(generation, SlotState::Pending, SlotState::Cancelled)
+        .is_ok()
+}
+
+/// [`cancel`] for a stopping pool: the task is labelled `STOPPED` (its collector reports the
+/// pool's stop, not a cancellation). The label is written before the transition that
+/// publishes it, and is for this task only: if a worker claimed it meanwhile (or the slot went
+/// on to another task), it is taken back.
+pub fn stop_pending(hdr: &TaskHdr, generation: u64) -> bool {
+    hdr.reason.store(reason::STOPPED, Ordering::Relaxed);
+    if cancel(hdr, generation) {
+        return true;
+    }
+    let _ = hdr
+        .reason
+        .compare_exchange(reason::STOPPED, 0, Ordering::AcqRel, Ordering::Relaxed);
+    false
+}
+
+/// The start time of the task the worker whose record is `rec` runs, if it runs one: what the
+/// timeout monitor measures. While the worker helps with other tasks inside a nested collect,
+/// it is the outer task's (see [`claim`]).
+pub fn running_since(rec: &WorkerRec) -> Option<u64> {
+    (rec.current.load(Ordering::Acquire) != 0).then(|| rec.started_ns.load(Ordering::Relaxed))
 }

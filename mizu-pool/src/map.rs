@@ -126,12 +126,7 @@ pub(crate) fn map(
     unsafe { offsets.with_mut(n, |o| o.copy_from_slice(&(at as u64).to_le_bytes())) };
     let v = core.shared().view();
     let live = (0..v.params.max_workers as usize)
-        .filter(|&w| {
-            matches!(
-                v.worker(w).rec.state.load(Ordering::Acquire),
-                wstate::READY | wstate::STARTING
-            )
-        })
+        .filter(|&w| wstate::coming(v.worker(w).rec.state.load(Ordering::Acquire)))
         .count()
         .max(1);
     let runners = live.min(n);

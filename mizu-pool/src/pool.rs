@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use arrow_buffer::Buffer;
 use mizu_queue::SlotState;
 
+use crate::claim;
 use crate::error::{PoolError, Result};
 use crate::layout::{self, Params, now_ns, reason, wstate};
 use crate::shared::Shared;
@@ -147,6 +148,8 @@ pub struct WorkerStatus {
     pub steals: u64,
     /// Times it slept in the kernel.
     pub parks: u64,
+    /// Whether it sleeps in the kernel now.
+    pub asleep: bool,
 }
 
 /// One submitter's task slots as the status reports them: the controller (index 0), a
@@ -444,7 +447,7 @@ impl Pool {
             .filter_map(|w| {
                 let r = &v.worker(w).rec;
                 let state = match r.state.load(Ordering::Acquire) {
-                    wstate::STARTING => "starting",
+                    wstate::STARTING | wstate::JOINING => "starting",
                     wstate::READY => "ready",
                     wstate::EXITING | wstate::RECYCLE => "exiting",
                     wstate::DEAD => "dead",
@@ -458,6 +461,7 @@ impl Pool {
                     tasks: r.tasks.load(Ordering::Relaxed),
                     steals: r.steals.load(Ordering::Relaxed),
                     parks: r.parks.load(Ordering::Relaxed),
+                    asleep: v.worker(w).park.sleepers() != 0,
                 })
             })
             .collect();
@@ -578,15 +582,8 @@ impl Pool {
             for k in 0..v.params.slots as usize {
                 let hdr = v.task(s, k);
                 let (g, st) = hdr.state.load();
-                if st == Some(SlotState::Pending) {
-                    hdr.reason.store(reason::STOPPED, Ordering::Relaxed);
-                    if hdr
-                        .state
-                        .transition(g, SlotState::Pending, SlotState::Cancelled)
-                        .is_ok()
-                    {
-                        self.shared.discard_payload(s, k);
-                    }
+                if st == Some(SlotState::Pending) && claim::stop_pending(hdr, g) {
+                    self.shared.discard_payload(s, k);
                 }
             }
         }
@@ -739,9 +736,8 @@ fn monitor(
                     continue;
                 }
                 if let Some(limit) = cfg.exec_timeout
-                    && rec.current.load(Ordering::Acquire) != 0
-                    && now_ns().saturating_sub(rec.started_ns.load(Ordering::Relaxed))
-                        > limit.as_nanos() as u64
+                    && let Some(started) = claim::running_since(rec)
+                    && now_ns().saturating_sub(started) > limit.as_nanos() as u64
                     && ch.kill_reason[w] == 0
                 {
                     ch.kill_reason[w] = reason::TIMEOUT;

@@ -21,6 +21,14 @@ pub mod wstate {
     pub const DEAD: u32 = 4;
     /// Leaving after its task quota (it asked to be replaced).
     pub const RECYCLE: u32 = 5;
+    /// Taken by the one process joining as this slot's worker (by CAS from `STARTING`),
+    /// which sets up and then stores `READY`.
+    pub const JOINING: u32 = 6;
+
+    /// Whether a worker in state `st` is there or on its way (launched or joining).
+    pub fn coming(st: u32) -> bool {
+        matches!(st, STARTING | JOINING | READY)
+    }
 }
 
 /// Task ids pack a marker bit, the submitter (11 bits), the slot (20 bits) and the low 32 bits of
@@ -311,6 +319,30 @@ impl SubmitterRec {
     pub fn is_held(&self) -> bool {
         self.state.load(Ordering::Relaxed) & held::MASK != held::FREE
     }
+}
+
+/// Takes the worker slot whose record is `rec` for the one process joining it
+/// (`STARTING` → `JOINING`); false when it is not waiting for a worker (another joiner took
+/// it, or no worker was launched for it).
+pub fn join(rec: &WorkerRec) -> bool {
+    rec.state
+        .compare_exchange(
+            wstate::STARTING,
+            wstate::JOINING,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .is_ok()
+}
+
+/// Gives back a slot [`join`] took, for the worker launched for it, when the join fails.
+pub fn unjoin(rec: &WorkerRec) {
+    let _ = rec.state.compare_exchange(
+        wstate::JOINING,
+        wstate::STARTING,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    );
 }
 
 /// `n` worker slots whose workers have joined and are busy, for the models and tests of these

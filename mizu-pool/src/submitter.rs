@@ -321,7 +321,7 @@ impl SubmitterCore {
                                 && finishing(v, rec.current.load(Ordering::Acquire))
                         }
                         2 => st == wstate::READY && rec.idle.load(Ordering::Relaxed) != 0,
-                        _ => st == wstate::READY || st == wstate::STARTING,
+                        _ => wstate::coming(st),
                     };
                     if !ok {
                         continue;
@@ -372,11 +372,7 @@ impl SubmitterCore {
 /// Cancels a task that has not started; true if it will never run.
 pub(crate) fn cancel(shared: &Shared, id: TaskId) -> bool {
     let hdr = shared.view().task(id.submitter, id.slot);
-    if hdr
-        .state
-        .transition(id.generation, SlotState::Pending, SlotState::Cancelled)
-        .is_ok()
-    {
+    if crate::claim::cancel(hdr, id.generation) {
         shared.discard_payload(id.submitter, id.slot);
         true
     } else {

@@ -185,7 +185,9 @@ impl Runtime<'_> {
         let hdr = v.task(s, k);
         let rec = &v.worker(self.slot).rec;
         let started = (v.params.timed != 0).then(now_ns);
-        let Some(g) = claim::claim(rec, hdr, word, started) else {
+        // Set when this task is helped with from inside another's nested collect.
+        let outer = rec.current.load(Ordering::Relaxed);
+        let Some(g) = claim::claim(rec, hdr, word, started, outer) else {
             return false;
         };
         claim::set_runner(hdr, ((self.slot as u64) << 32) | u64::from(self.pid));
@@ -232,7 +234,7 @@ impl Runtime<'_> {
             hdr.reason
                 .store(crate::layout::reason::RUNTIME, Ordering::Relaxed);
         }
-        claim::finish(rec, hdr, g, ok);
+        claim::finish(rec, hdr, g, ok, outer);
         rec.tasks.fetch_add(1, Ordering::Relaxed);
         reclaim_if_abandoned(
             &self.shared,
@@ -323,6 +325,15 @@ pub fn exit_if_orphaned_while_starting() {
         });
 }
 
+/// Gives a slot taken for joining back ([`records::unjoin`]) when the join fails.
+struct JoinGuard<'a>(&'a records::WorkerRec);
+
+impl Drop for JoinGuard<'_> {
+    fn drop(&mut self) {
+        records::unjoin(self.0);
+    }
+}
+
 /// Joins the pool named by `token` as worker `slot` and serves tasks until the pool stops,
 /// this worker is retired, or the controller dies (then it prunes what the controller left).
 pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
@@ -338,11 +349,17 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         )));
     }
     let ws = v.worker(slot);
-    if ws.rec.state.load(Ordering::Acquire) != wstate::STARTING {
+    // One joiner per slot: a second would own the consumer ends of the slot's rings and its
+    // deque's owner role beside the first.
+    if !records::join(&ws.rec) {
         return Err(PoolError::Layout(format!(
-            "worker slot {slot} is not waiting for a worker"
+            "worker slot {slot} is not waiting for a worker (another joined it, or none was \
+             launched for it)"
         )));
     }
+    // A join that fails from here on gives the slot back to the worker the controller
+    // launched for it.
+    let joining = JoinGuard(&ws.rec);
     // What this worker adopts is recorded, so that whoever reaps it gives back what it
     // still held should it be killed.
     let ledger = mizu_wire::ledger::enable();
@@ -394,6 +411,7 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         deques,
         next_deque: Cell::new(0),
     };
+    std::mem::forget(joining);
     ws.rec.state.store(wstate::READY, Ordering::Release);
     let mut spinner = Waiter::new(spin, Duration::from_millis(2));
     let mut sleeper = Waiter::new(Duration::ZERO, Duration::from_millis(2));
@@ -507,14 +525,7 @@ pub fn reap_worker(shared: &Shared, slot: usize, pid: u32, why: u32) {
     let rec = &v.worker(slot).rec;
     let runner = ((slot as u64) << 32) | u64::from(pid);
     let fail = |s: usize, k: usize, g: u64| {
-        let hdr = v.task(s, k);
-        hdr.runner.store(runner, Ordering::Relaxed);
-        hdr.reason.store(why, Ordering::Relaxed);
-        if hdr
-            .state
-            .transition(g, SlotState::Running, SlotState::Died)
-            .is_ok()
-        {
+        if claim::fail_dead(v.task(s, k), g, runner, why) {
             reclaim_if_abandoned(
                 shared,
                 TaskId {
@@ -526,6 +537,8 @@ pub fn reap_worker(shared: &Shared, slot: usize, pid: u32, why: u32) {
             v.submitter(s).park.wake_all();
         }
     };
+    // Only this slot's worker parks on its word, and it is dead.
+    v.worker(slot).park.forget_sleepers();
     let word = rec.current.load(Ordering::SeqCst);
     if let Some((s, k, _)) = TaskId::unpack(word)
         && s < v.params.submitters as usize

@@ -6,7 +6,7 @@
 use loom::sync::Arc;
 use loom::thread;
 use mizu_pool::claim;
-use mizu_pool::records::{self, SubmitterRec, TaskHdr, WorkerSlot, idle, ready_workers};
+use mizu_pool::records::{self, SubmitterRec, TaskHdr, WorkerSlot, idle, ready_workers, wstate};
 use mizu_queue::{HeapDeque, SlotState};
 use mizu_shm::sync::{Ordering, model};
 
@@ -32,20 +32,24 @@ fn claim_record_lets_the_reaper_fail_exactly_what_died() {
         if steps == 0 {
             return (false, false);
         }
-        let Some(g) = claim::claim(rec, &sh.task, WORD, None) else {
+        claim::announce(rec, WORD, None, 0);
+        if steps == 1 {
+            return (false, false);
+        }
+        let Some(g) = claim::take(rec, &sh.task, WORD, 0) else {
             return (false, false);
         };
-        if steps == 1 {
-            return (true, false);
-        }
-        claim::set_runner(&sh.task, RUNNER[me]);
         if steps == 2 {
             return (true, false);
         }
-        claim::finish(rec, &sh.task, g, true);
+        claim::set_runner(&sh.task, RUNNER[me]);
+        if steps == 3 {
+            return (true, false);
+        }
+        claim::finish(rec, &sh.task, g, true, 0);
         (true, true)
     }
-    for steps in 0..4 {
+    for steps in 0..5 {
         model(
             &format!("claim/reaper (killed after {steps} steps)"),
             Some(3),
@@ -76,12 +80,7 @@ fn claim_record_lets_the_reaper_fail_exactly_what_died() {
                         )
                     })
                     .flatten();
-                let reaped = verdict.is_some_and(|g| {
-                    sh.task
-                        .state
-                        .transition(g, SlotState::Running, SlotState::Died)
-                        .is_ok()
-                });
+                let reaped = verdict.is_some_and(|g| claim::fail_dead(&sh.task, g, RUNNER[0], 1));
                 let (other_ran, _) = other.join().unwrap();
                 assert!(!(claimed && other_ran), "the task ran twice");
                 assert!(claimed || other_ran, "nobody ran the task");
@@ -95,6 +94,214 @@ fn claim_record_lets_the_reaper_fail_exactly_what_died() {
             },
         );
     }
+}
+
+/// The reaper's verdict and what it does concern one task. Worker 0 dies after each of its
+/// claim steps in turn (inside `claim` too: between its record and its CAS); worker 1 claims the same task, finishes it, collects and frees the
+/// slot as its submitter would, and runs the slot's next task. The reaper of worker 0 gives
+/// its verdict, fails what it judged died (`claim::fail_dead`), then fails every `Running`
+/// task naming worker 0 as its runner, as `reap_worker` does. The next task is never touched:
+/// it ends `Ok`. (Before the reaper named itself runner by CAS and checked the slot still
+/// held the task, it wrote the runner field of whatever task the slot then held, and its
+/// second pass failed that live worker's task.)
+#[test]
+fn reaper_leaves_alone_the_task_a_slot_went_on_to() {
+    const WORD: [u64; 2] = [0x8000_0000_0000_0000, 0x8000_0000_0000_0001];
+    const RUNNER: [u64; 2] = [1 << 32 | 10, 2 << 32 | 11];
+    const DIED: u32 = 1;
+    struct Sh {
+        workers: Vec<WorkerSlot>,
+        task: TaskHdr,
+    }
+    for steps in 0..4 {
+        model(
+            &format!("reaper/slot reuse (killed after {steps} steps)"),
+            Some(3),
+            move || {
+                let sh = Arc::new(Sh {
+                    workers: ready_workers(2),
+                    task: TaskHdr::default(),
+                });
+                sh.task
+                    .state
+                    .transition(0, SlotState::Free, SlotState::Pending)
+                    .unwrap();
+                let sh2 = sh.clone();
+                let other = thread::spawn(move || {
+                    let (rec, task) = (&sh2.workers[1].rec, &sh2.task);
+                    let g = claim::claim(rec, task, WORD[0], None, 0)?;
+                    claim::set_runner(task, RUNNER[1]);
+                    claim::finish(rec, task, g, true, 0);
+                    // Its submitter collects it and submits the slot's next task.
+                    let next = task.state.collect_and_free(g, SlotState::Ok).unwrap();
+                    task.reason.store(0, Ordering::Relaxed);
+                    task.runner.store(0, Ordering::Relaxed);
+                    task.state
+                        .transition(next, SlotState::Free, SlotState::Pending)
+                        .unwrap();
+                    let g = claim::claim(rec, task, WORD[1], None, 0).unwrap();
+                    claim::set_runner(task, RUNNER[1]);
+                    claim::finish(rec, task, g, true, 0);
+                    Some(g)
+                });
+                // Worker 0: its claim record, the claim CAS, its runner field.
+                let rec = &sh.workers[0].rec;
+                if steps >= 1 {
+                    claim::announce(rec, WORD[0], None, 0);
+                }
+                let claimed = steps >= 2 && claim::take(rec, &sh.task, WORD[0], 0).is_some();
+                if claimed && steps >= 3 {
+                    claim::set_runner(&sh.task, RUNNER[0]);
+                }
+                // Worker 0 is dead from here on.
+                let word = rec.current.load(Ordering::SeqCst);
+                if word == WORD[0]
+                    && let Some(g) = claim::dead_claim(
+                        &sh.workers,
+                        0,
+                        RUNNER[0],
+                        &sh.task,
+                        word,
+                        |r| std::ptr::eq(r, &*sh.workers[1].rec),
+                        thread::yield_now,
+                    )
+                {
+                    claim::fail_dead(&sh.task, g, RUNNER[0], DIED);
+                }
+                let (g, st) = sh.task.state.load();
+                if st == Some(SlotState::Running)
+                    && sh.task.runner.load(Ordering::Relaxed) == RUNNER[0]
+                {
+                    claim::fail_dead(&sh.task, g, RUNNER[0], DIED);
+                }
+                let next = other.join().unwrap();
+                assert_eq!(next.is_some(), !claimed, "the task ran once");
+                if let Some(g) = next {
+                    assert_eq!(sh.task.state.load(), (g, Some(SlotState::Ok)));
+                } else {
+                    assert_eq!(sh.task.state.load(), (0, Some(SlotState::Died)));
+                    assert_eq!(sh.task.runner.load(Ordering::Relaxed), RUNNER[0]);
+                    assert_eq!(sh.task.reason.load(Ordering::Relaxed), DIED);
+                }
+            },
+        );
+    }
+}
+
+/// Two processes join one worker slot at once (a launcher that started the worker twice):
+/// exactly one gets it; a failed join gives it back for the next.
+#[test]
+fn one_of_two_joiners_gets_the_slot() {
+    model("worker join", Some(3), || {
+        let ws = Arc::new(WorkerSlot::default());
+        ws.rec.state.store(wstate::STARTING, Ordering::Relaxed);
+        let w2 = ws.clone();
+        let t = thread::spawn(move || records::join(&w2.rec));
+        let mine = records::join(&ws.rec);
+        let theirs = t.join().unwrap();
+        assert!(mine ^ theirs, "joined twice, or by nobody");
+        records::unjoin(&ws.rec);
+        assert!(records::join(&ws.rec), "given back");
+    });
+}
+
+/// A submitter's cancel races a worker's claim (the production `claim::claim` and
+/// `claim::cancel`): exactly one wins, the slot shows the winner's state, and a worker that
+/// lost leaves no claim record.
+#[test]
+fn cancel_vs_claim_exactly_one_wins() {
+    const WORD: u64 = 0x8000_0000_0000_0000;
+    model("cancel vs claim", Some(3), || {
+        let sh = Arc::new((ready_workers(1), TaskHdr::default()));
+        sh.1.state
+            .transition(0, SlotState::Free, SlotState::Pending)
+            .unwrap();
+        let sh2 = sh.clone();
+        let worker =
+            thread::spawn(move || claim::claim(&sh2.0[0].rec, &sh2.1, WORD, None, 0).is_some());
+        let cancelled = claim::cancel(&sh.1, 0);
+        let claimed = worker.join().unwrap();
+        assert!(cancelled ^ claimed);
+        let want = if claimed {
+            SlotState::Running
+        } else {
+            SlotState::Cancelled
+        };
+        assert_eq!(sh.1.state.load(), (0, Some(want)));
+        assert_eq!(
+            sh.0[0].rec.current.load(Ordering::Relaxed),
+            if claimed { WORD } else { 0 }
+        );
+    });
+}
+
+/// A stopping pool cancels a pending task while a worker claims it: the `STOPPED` label stays
+/// only on a task the stop cancelled, never on one a worker claimed and finished.
+#[test]
+fn stop_labels_only_what_it_cancelled() {
+    const WORD: u64 = 0x8000_0000_0000_0000;
+    model("stop vs claim", Some(3), || {
+        let sh = Arc::new((ready_workers(1), TaskHdr::default()));
+        sh.1.state
+            .transition(0, SlotState::Free, SlotState::Pending)
+            .unwrap();
+        let sh2 = sh.clone();
+        let worker = thread::spawn(move || {
+            let (rec, task) = (&sh2.0[0].rec, &sh2.1);
+            let g = claim::claim(rec, task, WORD, None, 0)?;
+            claim::finish(rec, task, g, false, 0);
+            Some(g)
+        });
+        let stopped = claim::stop_pending(&sh.1, 0);
+        let ran = worker.join().unwrap();
+        assert!(stopped ^ ran.is_some());
+        let reason = sh.1.reason.load(Ordering::Relaxed);
+        if stopped {
+            assert_eq!(sh.1.state.load(), (0, Some(SlotState::Cancelled)));
+            assert_eq!(reason, records::reason::STOPPED);
+        } else {
+            assert_eq!(sh.1.state.load(), (0, Some(SlotState::Err)));
+            assert_eq!(reason, 0, "a task that ran got the stop's label");
+        }
+    });
+}
+
+/// The timeout monitor measures the task a worker runs from its own start, also while the
+/// worker helps with another task inside the first one's nested collect: the monitor never
+/// sees the helped task's start time beside a record, and the outer task stays timed after
+/// the helped one finishes. (Before, the helped task's claim replaced the start time and its
+/// finish cleared the record: the outer task's timeout stopped counting.)
+#[test]
+fn the_timeout_monitor_keeps_timing_a_task_that_helps() {
+    const OUTER: u64 = 0x8000_0000_0000_0000;
+    const NESTED: u64 = 0x8000_0001_0000_0000; // slot 1, generation 0
+    model("timeout monitor vs nested help", Some(3), || {
+        let sh = Arc::new((ready_workers(1), TaskHdr::default(), TaskHdr::default()));
+        for t in [&sh.1, &sh.2] {
+            t.state
+                .transition(0, SlotState::Free, SlotState::Pending)
+                .unwrap();
+        }
+        let sh2 = sh.clone();
+        let worker = thread::spawn(move || {
+            let (rec, outer, nested) = (&sh2.0[0].rec, &sh2.1, &sh2.2);
+            let g = claim::claim(rec, outer, OUTER, Some(100), 0).unwrap();
+            let h = claim::claim(rec, nested, NESTED, Some(200), OUTER).unwrap();
+            claim::finish(rec, nested, h, true, OUTER);
+            assert_eq!(
+                claim::running_since(rec),
+                Some(100),
+                "the outer task is untimed"
+            );
+            claim::finish(rec, outer, g, true, 0);
+        });
+        for _ in 0..2 {
+            let seen = claim::running_since(&sh.0[0].rec);
+            assert!(matches!(seen, None | Some(100)), "timed from {seen:?}");
+        }
+        worker.join().unwrap();
+        assert_eq!(claim::running_since(&sh.0[0].rec), None);
+    });
 }
 
 /// Two processes attaching at once both find a submitter record whose holder died: exactly one

@@ -113,6 +113,31 @@ fn kill_9_of_a_worker_mid_task_fails_that_task_and_the_pool_replaces_the_worker(
 }
 
 #[test]
+fn a_worker_killed_while_asleep_leaves_no_sleeper_behind() {
+    // A worker killed while parked never takes back its announcement; its replacement, busy
+    // with a task, must not count as asleep (wakers would make needless wake syscalls and
+    // submitters would pass it over).
+    let p = pool(workers(1));
+    wait_until("the worker sleeps", || p.status().workers[0].asleep);
+    let victim = p.status().workers[0].pid;
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(victim as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    wait_until("a replacement joins", || {
+        p.status().workers[0].state == "ready" && p.status().workers[0].pid != victim
+    });
+    let mut t = p.submit(b"sleep:2000").unwrap();
+    wait_until("the task starts", || t.state() == Some(SlotState::Running));
+    assert!(
+        !p.status().workers[0].asleep,
+        "a busy worker counted as asleep"
+    );
+    assert_eq!(text(&t.result(GUARD).unwrap()), "slept");
+}
+
+#[test]
 fn a_worker_that_kills_itself_fails_only_its_task() {
     let p = pool(workers(2));
     let mut others: Vec<_> = (0..200)

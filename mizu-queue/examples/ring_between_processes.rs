@@ -40,7 +40,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // 64 slots of 64 bytes: a 56-byte message each.
     add_ring(&mut layout, 64, 64)?;
     let seg = Segment::create(&layout, false)?;
-    let ring = init_ring(&seg, 0, 1, 64, 64)?;
+    // SAFETY: the segment was created just now; the child gets its token below.
+    let ring = unsafe { init_ring(&seg, 0, 1, 64, 64)? };
     // SAFETY: this process is the ring's only consumer (the child only produces).
     let mut rx = unsafe { ring.consumer() };
     let mut child = Command::new(std::env::current_exe()?)

@@ -74,8 +74,11 @@ impl Duplex {
         add_ring(&mut l, capacity, slot_size)?;
         add_ring(&mut l, capacity, slot_size)?;
         let seg = Segment::create(&l, true)?;
-        init_ring(&seg, 1, 2, capacity, slot_size)?;
-        init_ring(&seg, 3, 4, capacity, slot_size)?;
+        // SAFETY: the segment was created just now; its token is not handed out yet.
+        unsafe {
+            init_ring(&seg, 1, 2, capacity, slot_size)?;
+            init_ring(&seg, 3, 4, capacity, slot_size)?;
+        }
         let d = Duplex {
             watch: None,
             seg: Arc::new(seg),

@@ -32,7 +32,13 @@ pub fn add_ring(
 
 /// Creator: initialises a ring of `capacity` slots of `slot_size` bytes at extents
 /// `hdr`/`slots` of a segment nobody else uses yet.
-pub fn init_ring(
+///
+/// # Safety
+///
+/// No other process or thread may use the ring at these extents while it is initialised, nor
+/// hold a [`Ring`] of it from before: its header's plain fields are rewritten. Call it on a
+/// segment this process created, before its token is handed out.
+pub unsafe fn init_ring(
     seg: &Segment,
     hdr: usize,
     slots: usize,
@@ -50,7 +56,7 @@ pub fn init_ring(
             ),
         ));
     }
-    // SAFETY: the creator calls this before handing out the token, so nobody else maps it.
+    // SAFETY: nobody else uses the ring's extents (this function's contract).
     let header = unsafe { seg.init_at(he.offset, RingHeader::new(capacity, slot_size))? };
     Ring::new(header, seg.bytes(se, slot_size as usize)?).map_err(|w| layout_err(seg, w))
 }
@@ -87,9 +93,14 @@ pub fn add_deque(layout: &mut Layout, capacity: u64) -> Result<(usize, usize), Q
 }
 
 /// Creator: initialises a deque of `items`-extent capacity.
-pub fn init_deque(seg: &Segment, hdr: usize, items: usize) -> Result<Deque<'_>, QueueError> {
+///
+/// # Safety
+///
+/// As for [`init_ring`]: nobody else may use the deque at these extents, nor hold a [`Deque`]
+/// of it from before.
+pub unsafe fn init_deque(seg: &Segment, hdr: usize, items: usize) -> Result<Deque<'_>, QueueError> {
     let (he, ie) = (seg.extent(hdr)?, seg.extent(items)?);
-    // SAFETY: the creator calls this before handing out the token.
+    // SAFETY: nobody else uses the deque's extents (this function's contract).
     let header = unsafe { seg.init_at(he.offset, DequeHeader::new(ie.len / 8))? };
     let items: &[AtomicU64] = seg.get_slice(ie.offset, (ie.len / 8) as usize)?;
     Deque::new(header, items).map_err(|w| layout_err(seg, w))

@@ -126,39 +126,6 @@ fn deque_last_item_goes_to_exactly_one() {
     });
 }
 
-/// Cancel races claim: exactly one wins, and the loser sees the winner's state.
-#[test]
-fn slot_cancel_vs_claim_exactly_one_wins() {
-    model("slot cancel vs claim exactly one wins", Some(3), || {
-        let w = Arc::new(StateWord::new());
-        w.transition(0, SlotState::Free, SlotState::Pending)
-            .unwrap();
-        let w2 = w.clone();
-        // The worker's claim as mizu-pool does it: read for update, check, then CAS.
-        let worker = thread::spawn(move || {
-            let (g, s) = w2.load_for_update();
-            s == Some(SlotState::Pending)
-                && w2
-                    .transition(g, SlotState::Pending, SlotState::Running)
-                    .is_ok()
-        });
-        let cancelled = w
-            .transition(0, SlotState::Pending, SlotState::Cancelled)
-            .is_ok();
-        let claimed = worker.join().unwrap();
-        assert!(cancelled ^ claimed);
-        let (_, s) = w.load();
-        assert_eq!(
-            s,
-            Some(if claimed {
-                SlotState::Running
-            } else {
-                SlotState::Cancelled
-            })
-        );
-    });
-}
-
 /// A worker finishing races the reaper declaring it dead: one outcome, never both.
 #[test]
 fn slot_finish_vs_reaper_one_outcome() {

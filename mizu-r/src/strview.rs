@@ -138,11 +138,20 @@ enum Strings {
 }
 
 impl Strings {
-    /// Element `i`: `None` for a null.
-    fn get(&self, i: usize) -> Option<&str> {
+    /// Element `i`'s bytes: `None` for a null, or for offsets (read from shared memory now)
+    /// that do not lie in order inside the values.
+    fn get(&self, i: usize) -> Option<&[u8]> {
+        fn at<O: OffsetSizeTrait>(a: &GenericStringArray<O>, i: usize) -> Option<&[u8]> {
+            if a.is_null(i) {
+                return None;
+            }
+            let offsets = a.value_offsets();
+            let (start, end) = (offsets.get(i)?.as_usize(), offsets.get(i + 1)?.as_usize());
+            a.values().as_slice().get(start..end)
+        }
         match self {
-            Strings::Utf8(a) => (!a.is_null(i)).then(|| a.value(i)),
-            Strings::Large(a) => (!a.is_null(i)).then(|| a.value(i)),
+            Strings::Utf8(a) => at(a, i),
+            Strings::Large(a) => at(a, i),
         }
     }
 
@@ -172,10 +181,13 @@ impl State {
         m[i / 64] |= 1 << (i % 64);
     }
 
+    /// Offset `i` of this module's layout, as the shared bytes hold it now (0 where they
+    /// could not hold one).
     fn offset(&self, i: usize) -> usize {
-        let b = self.buf.as_slice();
         let e = 8 + 8 * i;
-        u64::from_le_bytes(b[e..e + 8].try_into().expect("8 bytes")) as usize
+        self.buf.as_slice().get(e..e + 8).map_or(0, |w| {
+            u64::from_le_bytes(w.try_into().expect("8 bytes")) as usize
+        })
     }
 }
 
@@ -239,42 +251,42 @@ unsafe fn state<'a>(x: SEXP) -> &'a State {
 
 /// Element `i` as an R string (made from the shared bytes; may allocate).
 ///
+/// The bytes are shared memory, checked when the view was made; another process could
+/// still change them since. So what is read now is checked again before R reads a byte of it
+/// — offsets in bounds and in order, a length R allows, no NUL (R would raise an error
+/// through Rust frames) — and an element that fails is `NA`.
+///
 /// # Safety
 /// As [`state`]; `i < n`.
 unsafe fn make_elt(st: &State, i: usize) -> SEXP {
-    let (kinds_at, bytes_at) = match &st.backing {
-        Backing::Layout { kinds_at, bytes_at } => (*kinds_at, *bytes_at),
-        Backing::Arrow(a, _) => {
-            let Some(v) = a.get(i) else {
-                // SAFETY: R's NA string, a constant of the running R.
-                return unsafe { R_NaString };
+    let (bytes, ce) = match &st.backing {
+        Backing::Layout { kinds_at, bytes_at } => {
+            let b = st.buf.as_slice();
+            let kind = b.get(kinds_at + i).copied().unwrap_or(0);
+            let ce = match kind {
+                2 => cetype_t::CE_UTF8,
+                3 => cetype_t::CE_LATIN1,
+                4 => cetype_t::CE_BYTES,
+                _ => cetype_t::CE_NATIVE,
             };
-            // SAFETY: checked by `make_arrow`: no NUL, UTF-8 (arrow), length fits an int.
-            return unsafe {
-                Rf_mkCharLenCE(
-                    v.as_ptr().cast::<c_char>(),
-                    v.len() as c_int,
-                    cetype_t::CE_UTF8,
-                )
-            };
+            let range = (st.offset(i), st.offset(i + 1));
+            let bytes = (kind != 0).then(|| within(b, *bytes_at, range)).flatten();
+            (bytes, ce)
         }
+        Backing::Arrow(a, _) => (a.get(i), cetype_t::CE_UTF8),
     };
-    // SAFETY: the layout was checked by `check` (offsets in bounds, no NULs, lengths fit).
-    unsafe {
-        let kind = st.buf.as_slice()[kinds_at + i];
-        if kind == 0 {
-            return R_NaString;
-        }
-        let (a, b) = (st.offset(i), st.offset(i + 1));
-        let ce = match kind {
-            2 => cetype_t::CE_UTF8,
-            3 => cetype_t::CE_LATIN1,
-            4 => cetype_t::CE_BYTES,
-            _ => cetype_t::CE_NATIVE,
-        };
-        let p = st.buf.as_ptr().add(bytes_at + a).cast::<c_char>();
-        Rf_mkCharLenCE(p, (b - a) as c_int, ce)
-    }
+    let Some(v) = bytes.filter(|v| c_int::try_from(v.len()).is_ok() && !v.contains(&0)) else {
+        // SAFETY: R's NA string, a constant of the running R.
+        return unsafe { R_NaString };
+    };
+    // SAFETY: `v` is `v.len()` readable bytes (checked just now), no NUL, a length R allows.
+    unsafe { Rf_mkCharLenCE(v.as_ptr().cast::<c_char>(), v.len() as c_int, ce) }
+}
+
+/// The bytes `start..end` of the strings area at `base` of `b`, if they lie inside it.
+fn within(b: &[u8], base: usize, (start, end): (usize, usize)) -> Option<&[u8]> {
+    let strings = b.get(base..)?;
+    strings.get(start..end)
 }
 
 /// The private vector of made elements (allocated on first use).

@@ -61,6 +61,14 @@ impl ParkWord {
         self.sleepers.load(Ordering::Relaxed)
     }
 
+    /// Forgets every announced sleeper: for the word of a process that was killed (a death
+    /// while parked leaves its announcement raised for good, and every waker after it would
+    /// make a needless wake syscall and think the word's owner asleep). Only when no live
+    /// process can be parked on the word.
+    pub fn forget_sleepers(&self) {
+        self.sleepers.store(0, Ordering::Relaxed);
+    }
+
     /// One park step: snapshot, announce, re-check with `poll`, sleep at most `timeout`
     /// (forever when `None`), then poll once more. `None` means "not ready yet".
     pub fn park<T>(

@@ -17,9 +17,12 @@ pub fn create(deque_cap: u64, ring_cap: u64) -> Result<Segment, QueueError> {
         add_ring(&mut l, ring_cap, 64)?; // 3-4, 5-6
     }
     let seg = Segment::create(&l, true)?;
-    init_deque(&seg, 1, 2)?;
-    for t in 0..THIEVES {
-        init_ring(&seg, 3 + 2 * t, 4 + 2 * t, ring_cap, 64)?;
+    // SAFETY: the segment was created just now; its token is not handed out yet.
+    unsafe {
+        init_deque(&seg, 1, 2)?;
+        for t in 0..THIEVES {
+            init_ring(&seg, 3 + 2 * t, 4 + 2 * t, ring_cap, 64)?;
+        }
     }
     Ok(seg)
 }

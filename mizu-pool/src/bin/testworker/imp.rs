@@ -275,6 +275,11 @@ pub fn main() {
         eprintln!("usage: mizu-pool-testworker <token> <slot>");
         std::process::exit(2);
     };
+    // A gate for the join test: joiners launched together wait here (a FIFO read to its end
+    // once the test writes and closes it), so that they join at the same moment.
+    if let Some(gate) = std::env::var_os("MIZU_TEST_JOIN_GATE") {
+        let _ = std::fs::read(gate);
+    }
     if let Err(e) = run_worker(token, slot, &TestExec) {
         eprintln!("mizu-pool-testworker: {e}");
         std::process::exit(1);
