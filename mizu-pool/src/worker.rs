@@ -28,6 +28,10 @@ struct Runtime<'e> {
     pid: u32,
     next_ring: Cell<usize>,
     next_deque: Cell<usize>,
+    /// The word of the task this worker runs now (0 when none): the claim record a task it
+    /// helps with inside that task's nested collect puts back. Kept here, not read from the
+    /// shared record, whose line submitters read between two tasks.
+    running: Cell<u64>,
 }
 
 impl Runtime<'_> {
@@ -186,11 +190,12 @@ impl Runtime<'_> {
         let rec = &v.worker(self.slot).rec;
         let started = (v.params.timed != 0).then(now_ns);
         // Set when this task is helped with from inside another's nested collect.
-        let outer = rec.current.load(Ordering::Relaxed);
+        let outer = self.running.get();
         let Some(g) = claim::claim(rec, hdr, word, started, outer) else {
             return false;
         };
         claim::set_runner(hdr, ((self.slot as u64) << 32) | u64::from(self.pid));
+        self.running.set(word);
         let help = || self.run_one() || self.steal();
         let ctx = TaskContext::new(&self.sub, &self.shared, self.slot, &help);
         // The runtime's own failures are marked (`reason::RUNTIME`): their text is not a
@@ -235,6 +240,7 @@ impl Runtime<'_> {
                 .store(crate::layout::reason::RUNTIME, Ordering::Relaxed);
         }
         claim::finish(rec, hdr, g, ok, outer);
+        self.running.set(outer);
         rec.tasks.fetch_add(1, Ordering::Relaxed);
         reclaim_if_abandoned(
             &self.shared,
@@ -410,6 +416,7 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         next_ring: Cell::new(0),
         deques,
         next_deque: Cell::new(0),
+        running: Cell::new(0),
     };
     std::mem::forget(joining);
     ws.rec.state.store(wstate::READY, Ordering::Release);
