@@ -128,37 +128,54 @@ pub fn dead_claim(
 }
 
 /// Fails the `Running` task of generation `generation` as `Died` with reason `why`, for the
-/// reaper of the dead worker whose runner value is `runner`, when that task is still the one
-/// the verdict ([`dead_claim`]) was about; whether it did.
+/// reaper of the dead worker whose runner value is `runner`; whether it did.
 ///
-/// The task header's runner and reason must be set before the transition (whoever sees
-/// `Died` reads them), yet nothing may be written into a slot that has gone on to another
-/// task. So the runner field is taken first by CAS (from 0, or from `runner` itself when the
-/// dead worker had named itself); only while it is held and the state word still shows this
-/// task `Running` is the task this worker's — nobody else can move it on then — and the
-/// reason is written. A runner field taken from a slot that has moved on is given back.
+/// Only on a task that is the dead worker's now: [`dead_claim`]'s verdict (which saw the slot
+/// still holding that task `Running` after its look at the records), or a task `Running` with
+/// the dead worker as its runner (the runner field is cleared when a slot takes a new task).
+/// Only the claimer moves a `Running` task on, and it is dead: so the runner and reason, which
+/// whoever sees `Died` reads, are written before the transition into no other task's slot.
 pub fn fail_dead(hdr: &TaskHdr, generation: u64, runner: u64, why: u32) -> bool {
-    let before = hdr.runner.load(Ordering::Acquire);
-    if before != 0 && before != runner {
-        return false;
-    }
-    if hdr
-        .runner
-        .compare_exchange(before, runner, Ordering::AcqRel, Ordering::Acquire)
-        .is_err()
-    {
-        return false;
-    }
-    if hdr.state.load() != (generation, Some(SlotState::Running)) {
-        let _ = hdr
-            .runner
-            .compare_exchange(runner, before, Ordering::AcqRel, Ordering::Acquire);
-        return false;
-    }
+    hdr.runner.store(runner, Ordering::Relaxed);
     hdr.reason.store(why, Ordering::Relaxed);
     hdr.state
         .transition(generation, SlotState::Running, SlotState::Died)
         .is_ok()
+}
+
+/// The reaper's part for the dead worker `dead` (runner value `runner`): fails with `why` the
+/// task its claim record names when the verdict ([`dead_claim`]) says it died with it, then
+/// every other task `Running` with it as runner (those it ran while helping inside a nested
+/// collect), each through [`fail_dead`]. `named` finds the task a record word names, `tasks`
+/// are all the pool's tasks; `failed(id, generation)` is called for each task failed.
+#[allow(clippy::too_many_arguments)]
+pub fn reap<'t, I>(
+    workers: &[WorkerSlot],
+    dead: usize,
+    runner: u64,
+    why: u32,
+    named: impl FnOnce(u64) -> Option<(I, &'t TaskHdr)>,
+    tasks: impl IntoIterator<Item = (I, &'t TaskHdr)>,
+    alive: impl Fn(&WorkerRec) -> bool,
+    pause: impl FnMut(),
+    mut failed: impl FnMut(I, u64),
+) {
+    let word = workers[dead].rec.current.load(Ordering::SeqCst);
+    if let Some((id, hdr)) = named(word)
+        && let Some(g) = dead_claim(workers, dead, runner, hdr, word, &alive, pause)
+        && fail_dead(hdr, g, runner, why)
+    {
+        failed(id, g);
+    }
+    for (id, hdr) in tasks {
+        let (g, st) = hdr.state.load();
+        if st == Some(SlotState::Running)
+            && hdr.runner.load(Ordering::Relaxed) == runner
+            && fail_dead(hdr, g, runner, why)
+        {
+            failed(id, g);
+        }
+    }
 }
 
 /// Cancels the `Pending` task of generation `generation` before any worker claims it; whether

@@ -531,8 +531,28 @@ pub fn reap_worker(shared: &Shared, slot: usize, pid: u32, why: u32) {
     let v = shared.view();
     let rec = &v.worker(slot).rec;
     let runner = ((slot as u64) << 32) | u64::from(pid);
-    let fail = |s: usize, k: usize, g: u64| {
-        if claim::fail_dead(v.task(s, k), g, runner, why) {
+    // Only this slot's worker parks on its word, and it is dead.
+    v.worker(slot).park.forget_sleepers();
+    let (submitters, slots) = (v.params.submitters as usize, v.params.slots as usize);
+    claim::reap(
+        v.workers(),
+        slot,
+        runner,
+        why,
+        |word| {
+            let (s, k, _) = TaskId::unpack(word)?;
+            (s < submitters && k < slots).then(|| ((s, k), v.task(s, k)))
+        },
+        (0..submitters).flat_map(|s| (0..slots).map(move |k| ((s, k), v.task(s, k)))),
+        |o| {
+            mizu_shm::ProcessId::new(
+                o.pid.load(Ordering::Relaxed),
+                o.nonce.load(Ordering::Relaxed),
+            )
+            .is_alive()
+        },
+        || std::thread::sleep(Duration::from_micros(20)),
+        |(s, k), g| {
             reclaim_if_abandoned(
                 shared,
                 TaskId {
@@ -542,41 +562,8 @@ pub fn reap_worker(shared: &Shared, slot: usize, pid: u32, why: u32) {
                 },
             );
             v.submitter(s).park.wake_all();
-        }
-    };
-    // Only this slot's worker parks on its word, and it is dead.
-    v.worker(slot).park.forget_sleepers();
-    let word = rec.current.load(Ordering::SeqCst);
-    if let Some((s, k, _)) = TaskId::unpack(word)
-        && s < v.params.submitters as usize
-        && k < v.params.slots as usize
-        && let Some(g) = claim::dead_claim(
-            v.workers(),
-            slot,
-            runner,
-            v.task(s, k),
-            word,
-            |o| {
-                mizu_shm::ProcessId::new(
-                    o.pid.load(Ordering::Relaxed),
-                    o.nonce.load(Ordering::Relaxed),
-                )
-                .is_alive()
-            },
-            || std::thread::sleep(Duration::from_micros(20)),
-        )
-    {
-        fail(s, k, g);
-    }
-    for s in 0..v.params.submitters as usize {
-        for k in 0..v.params.slots as usize {
-            let hdr = v.task(s, k);
-            let (g, st) = hdr.state.load();
-            if st == Some(SlotState::Running) && hdr.runner.load(Ordering::Relaxed) == runner {
-                fail(s, k, g);
-            }
-        }
-    }
+        },
+    );
     // Its nested tasks lost their collector: those still queued never run, and every slot
     // is freed as soon as its task is final (by whoever finishes a running one).
     let s = 1 + slot;

@@ -10,21 +10,57 @@ use mizu_pool::records::{self, SubmitterRec, TaskHdr, WorkerSlot, idle, ready_wo
 use mizu_queue::{HeapDeque, SlotState};
 use mizu_shm::sync::{Ordering, model};
 
+/// Two ready workers and one task slot holding a `Pending` task of generation 0, as the
+/// claim and reaper models share them.
+struct Sh {
+    workers: Vec<WorkerSlot>,
+    task: TaskHdr,
+}
+
+impl Sh {
+    fn new() -> Arc<Sh> {
+        let sh = Sh {
+            workers: ready_workers(2),
+            task: TaskHdr::default(),
+        };
+        sh.task
+            .state
+            .transition(0, SlotState::Free, SlotState::Pending)
+            .unwrap();
+        Arc::new(sh)
+    }
+
+    /// The reaper of worker 0 (runner value `runner`), worker 1 alive, as `reap_worker` runs
+    /// it: `claim::reap` over this one slot, whose record word is `word`. Whether it failed
+    /// the task.
+    fn reap_worker_0(&self, word: u64, runner: u64) -> bool {
+        let mut failed = false;
+        claim::reap(
+            &self.workers,
+            0,
+            runner,
+            records::reason::DIED,
+            |w| (w == word).then_some(((), &self.task)),
+            [((), &self.task)],
+            |r| std::ptr::eq(r, &*self.workers[1].rec),
+            thread::yield_now,
+            |(), _| failed = true,
+        );
+        failed
+    }
+}
+
 /// The claim record (`WorkerRec::current`, written before the claim CAS) lets the reaper of a
 /// dead worker fail exactly the task that died with it.
 ///
 /// Worker 0 is killed after each of its steps in turn (0 = before it starts); worker 1
-/// claims the same task at the same time and runs to the end; then the reaper gives its
-/// verdict (`claim::dead_claim`) on worker 0. The task runs exactly once, ends final, and is
-/// failed as died exactly when worker 0 had claimed it and not finished it.
+/// claims the same task at the same time and runs to the end; then the reaper of worker 0
+/// acts (`claim::reap`, as `reap_worker` runs it). The task runs exactly once, ends final,
+/// and is failed as died exactly when worker 0 had claimed it and not finished it.
 #[test]
 fn claim_record_lets_the_reaper_fail_exactly_what_died() {
     const WORD: u64 = 0x8000_0000_0000_0000; // submitter 0, slot 0, generation 0
     const RUNNER: [u64; 2] = [1 << 32 | 10, 2 << 32 | 11];
-    struct Sh {
-        workers: Vec<WorkerSlot>,
-        task: TaskHdr,
-    }
     // A worker's claim, run and finish as `try_run` does them, stopping (killed) after
     // `steps` steps. Returns (claimed, finished).
     fn work(sh: &Sh, me: usize, steps: u32) -> (bool, bool) {
@@ -54,33 +90,12 @@ fn claim_record_lets_the_reaper_fail_exactly_what_died() {
             &format!("claim/reaper (killed after {steps} steps)"),
             Some(3),
             move || {
-                let sh = Arc::new(Sh {
-                    workers: ready_workers(2),
-                    task: TaskHdr::default(),
-                });
-                sh.task
-                    .state
-                    .transition(0, SlotState::Free, SlotState::Pending)
-                    .unwrap();
+                let sh = Sh::new();
                 let sh2 = sh.clone();
                 let other = thread::spawn(move || work(&sh2, 1, u32::MAX));
                 let (claimed, finished) = work(&sh, 0, steps);
                 // Worker 0 is dead from here on; worker 1 lives until it is joined.
-                let word = sh.workers[0].rec.current.load(Ordering::SeqCst);
-                let verdict = (word == WORD)
-                    .then(|| {
-                        claim::dead_claim(
-                            &sh.workers,
-                            0,
-                            RUNNER[0],
-                            &sh.task,
-                            word,
-                            |r| std::ptr::eq(r, &*sh.workers[1].rec),
-                            thread::yield_now,
-                        )
-                    })
-                    .flatten();
-                let reaped = verdict.is_some_and(|g| claim::fail_dead(&sh.task, g, RUNNER[0], 1));
+                let reaped = sh.reap_worker_0(WORD, RUNNER[0]);
                 let (other_ran, _) = other.join().unwrap();
                 assert!(!(claimed && other_ran), "the task ran twice");
                 assert!(claimed || other_ran, "nobody ran the task");
@@ -97,35 +112,23 @@ fn claim_record_lets_the_reaper_fail_exactly_what_died() {
 }
 
 /// The reaper's verdict and what it does concern one task. Worker 0 dies after each of its
-/// claim steps in turn (inside `claim` too: between its record and its CAS); worker 1 claims the same task, finishes it, collects and frees the
-/// slot as its submitter would, and runs the slot's next task. The reaper of worker 0 gives
-/// its verdict, fails what it judged died (`claim::fail_dead`), then fails every `Running`
-/// task naming worker 0 as its runner, as `reap_worker` does. The next task is never touched:
-/// it ends `Ok`. (Before the reaper named itself runner by CAS and checked the slot still
-/// held the task, it wrote the runner field of whatever task the slot then held, and its
-/// second pass failed that live worker's task.)
+/// claim steps in turn (inside `claim` too: between its record and its CAS); worker 1 claims
+/// the same task, finishes it, collects and frees the slot as its submitter would, and runs
+/// the slot's next task. The reaper of worker 0 runs meanwhile (`claim::reap`: its verdict,
+/// then every `Running` task naming worker 0 as its runner). The next task is never touched:
+/// it ends `Ok`. (Before the verdict looked at the slot again after its look at the records,
+/// the reaper wrote the runner field of whatever task the slot then held, and its second pass
+/// failed that live worker's task.)
 #[test]
 fn reaper_leaves_alone_the_task_a_slot_went_on_to() {
     const WORD: [u64; 2] = [0x8000_0000_0000_0000, 0x8000_0000_0000_0001];
     const RUNNER: [u64; 2] = [1 << 32 | 10, 2 << 32 | 11];
-    const DIED: u32 = 1;
-    struct Sh {
-        workers: Vec<WorkerSlot>,
-        task: TaskHdr,
-    }
     for steps in 0..4 {
         model(
             &format!("reaper/slot reuse (killed after {steps} steps)"),
             Some(3),
             move || {
-                let sh = Arc::new(Sh {
-                    workers: ready_workers(2),
-                    task: TaskHdr::default(),
-                });
-                sh.task
-                    .state
-                    .transition(0, SlotState::Free, SlotState::Pending)
-                    .unwrap();
+                let sh = Sh::new();
                 let sh2 = sh.clone();
                 let other = thread::spawn(move || {
                     let (rec, task) = (&sh2.workers[1].rec, &sh2.task);
@@ -154,26 +157,7 @@ fn reaper_leaves_alone_the_task_a_slot_went_on_to() {
                     claim::set_runner(&sh.task, RUNNER[0]);
                 }
                 // Worker 0 is dead from here on.
-                let word = rec.current.load(Ordering::SeqCst);
-                if word == WORD[0]
-                    && let Some(g) = claim::dead_claim(
-                        &sh.workers,
-                        0,
-                        RUNNER[0],
-                        &sh.task,
-                        word,
-                        |r| std::ptr::eq(r, &*sh.workers[1].rec),
-                        thread::yield_now,
-                    )
-                {
-                    claim::fail_dead(&sh.task, g, RUNNER[0], DIED);
-                }
-                let (g, st) = sh.task.state.load();
-                if st == Some(SlotState::Running)
-                    && sh.task.runner.load(Ordering::Relaxed) == RUNNER[0]
-                {
-                    claim::fail_dead(&sh.task, g, RUNNER[0], DIED);
-                }
+                sh.reap_worker_0(WORD[0], RUNNER[0]);
                 let next = other.join().unwrap();
                 assert_eq!(next.is_some(), !claimed, "the task ran once");
                 if let Some(g) = next {
@@ -181,7 +165,10 @@ fn reaper_leaves_alone_the_task_a_slot_went_on_to() {
                 } else {
                     assert_eq!(sh.task.state.load(), (0, Some(SlotState::Died)));
                     assert_eq!(sh.task.runner.load(Ordering::Relaxed), RUNNER[0]);
-                    assert_eq!(sh.task.reason.load(Ordering::Relaxed), DIED);
+                    assert_eq!(
+                        sh.task.reason.load(Ordering::Relaxed),
+                        records::reason::DIED
+                    );
                 }
             },
         );

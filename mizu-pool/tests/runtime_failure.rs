@@ -8,41 +8,16 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-
 use mizu_pool::{CollectError, Launcher, Pool, PoolConfig, TaskError};
-
-fn mizu_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().starts_with("mizu_"))
-        .filter_map(|e| e.metadata().ok())
-        .map(|m| m.len())
-        .sum()
-}
-
-/// A directory of this test's own on the shared-memory file system, removed when dropped.
-struct OwnDir(PathBuf);
-
-impl Drop for OwnDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 #[test]
 fn a_result_that_cannot_be_stored_is_a_runtime_failure_with_its_text() {
-    let dir = OwnDir(PathBuf::from(format!(
-        "/dev/shm/mizu-runtime-failure-{}",
-        std::process::id()
-    )));
-    std::fs::create_dir(&dir.0).unwrap();
+    let dir = common::OwnShmDir::new("mizu-runtime-failure");
     mizu_shm::place::configure(mizu_shm::place::Place::new(&dir.0, "mizu_").unwrap()).unwrap();
     // The workers (not this process) see a /dev/shm with 4 MiB left beyond what this test
     // holds now, less their own start-up segments (set through `env`, read once by each
     // worker): an 8 MB result cannot fit.
-    let limit = mizu_bytes(&dir.0) + (4 << 20);
+    let limit = dir.bytes() + (4 << 20);
     let pool = Pool::new(
         PoolConfig {
             workers: 1,
@@ -61,7 +36,7 @@ fn a_result_that_cannot_be_stored_is_a_runtime_failure_with_its_text() {
     )
     .unwrap();
     assert!(
-        mizu_bytes(&dir.0) + (1 << 20) <= limit,
+        dir.bytes() + (1 << 20) <= limit,
         "the start-up used the room"
     );
     let r = pool.submit(b"big:8000000").unwrap().result(None);
@@ -83,7 +58,7 @@ fn a_result_that_cannot_be_stored_is_a_runtime_failure_with_its_text() {
     assert_eq!(ok.as_slice(), b"still");
     drop(pool);
     assert_eq!(
-        mizu_bytes(&dir.0),
+        dir.bytes(),
         0,
         "the stopped pool left nothing in its directory"
     );

@@ -46,11 +46,13 @@ pub fn ready_pool(workers: usize) -> mizu_pool::Pool {
 
 /// A controller of a two-worker pool: the process, the pool's token and the workers' pids.
 pub fn start_controller() -> (Child, String, Vec<u32>) {
-    let mut ctl = Command::new(WORKER)
-        .arg("--controller")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    launch_controller(Command::new(WORKER).arg("--controller"))
+}
+
+/// [`start_controller`] with the caller's command (the test worker in `--controller` mode,
+/// with its own arguments and environment), once the controller has said its pool is up.
+pub fn launch_controller(cmd: &mut Command) -> (Child, String, Vec<u32>) {
+    let mut ctl = cmd.stdout(Stdio::piped()).spawn().unwrap();
     let mut line = String::new();
     BufReader::new(ctl.stdout.as_mut().unwrap())
         .read_line(&mut line)
@@ -77,4 +79,42 @@ pub fn shm_entries_of(pids: &[u32]) -> Vec<String> {
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|n| pids.iter().any(|p| n.starts_with(&format!("mizu_{p:x}_"))))
         .collect()
+}
+
+/// A directory of a test's own on the shared-memory file system, for the processes it starts
+/// (`MIZU_SHM_DIR`): what is in it is that test's alone, whatever other programs using mizu
+/// do meanwhile. Removed when dropped.
+pub struct OwnShmDir(pub std::path::PathBuf);
+
+impl OwnShmDir {
+    /// `/dev/shm/<name>-<this process's pid>`, made now.
+    pub fn new(name: &str) -> Self {
+        let dir = std::path::PathBuf::from(format!("/dev/shm/{name}-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap();
+        OwnShmDir(dir)
+    }
+
+    /// The names of the `mizu_*` objects in it.
+    pub fn entries(&self) -> Vec<String> {
+        std::fs::read_dir(&self.0)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("mizu_"))
+            .collect()
+    }
+
+    /// Bytes its `mizu_*` objects hold.
+    pub fn bytes(&self) -> u64 {
+        self.entries()
+            .iter()
+            .filter_map(|n| std::fs::metadata(self.0.join(n)).ok())
+            .map(|m| m.len())
+            .sum()
+    }
+}
+
+impl Drop for OwnShmDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
