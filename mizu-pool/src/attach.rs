@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::error::{PoolError, Result};
 use crate::layout::POOL_KIND;
+use crate::records::Holder;
 use crate::shared::Shared;
 use crate::submitter::{SubmitterCore, Task};
 
@@ -20,12 +21,15 @@ impl Submitter {
         let shared = Shared::new(mizu_shm::Segment::open(token, POOL_KIND)?)?;
         let v = shared.view();
         let first = 1 + v.params.max_workers as usize;
+        let me = mizu_shm::current_pid();
         let index = (first..v.params.submitters as usize)
             .find(|&s| {
-                // A record is free when unused or when its previous holder died.
-                v.submitter(s)
-                    .rec
-                    .take(|pid, nonce| mizu_shm::ProcessId::new(pid, nonce).is_alive())
+                // A record is free when unused, or when its previous holder (or a process
+                // that was taking it) died.
+                v.submitter(s).rec.take(me, |h| match h {
+                    Holder::Held(pid, nonce) => mizu_shm::ProcessId::new(pid, nonce).is_alive(),
+                    Holder::Taking(pid) => mizu_shm::pid_runs(pid),
+                })
             })
             .ok_or_else(|| {
                 PoolError::Config(format!(
@@ -34,9 +38,14 @@ impl Submitter {
                 ))
             })?;
         let spin = Duration::from_micros(u64::from(v.params.spin_us));
-        Ok(Submitter {
-            core: SubmitterCore::new(shared, index, spin),
-        })
+        let rec = &v.submitter(index).rec;
+        match SubmitterCore::new(shared.clone(), index, spin) {
+            Ok(core) => Ok(Submitter { core }),
+            Err(e) => {
+                rec.release();
+                Err(e)
+            }
+        }
     }
 
     /// Submits a task.

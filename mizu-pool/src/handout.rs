@@ -50,15 +50,23 @@ impl MapControl {
         }
         let n = self.n.load(Ordering::Acquire);
         let fixed = self.chunk.load(Ordering::Relaxed);
+        // A chunk larger than the map could wrap the cursor round to elements already handed
+        // out.
         let chunk = if fixed > 0 {
-            fixed
+            fixed.min(n.max(1))
         } else {
             let left = n.saturating_sub(self.cursor.load(Ordering::Relaxed));
-            (left / (2 * self.runners.load(Ordering::Relaxed).max(1))).max(1)
+            (left
+                / self
+                    .runners
+                    .load(Ordering::Relaxed)
+                    .max(1)
+                    .saturating_mul(2))
+            .max(1)
         };
         let start = self.cursor.fetch_add(chunk, Ordering::AcqRel);
         (start < n.min(self.first_error.load(Ordering::Acquire)))
-            .then(|| start..(start + chunk).min(n))
+            .then(|| start..start.saturating_add(chunk).min(n))
     }
 
     /// Whether element `i` of a chunk may still start: after a failure only the elements

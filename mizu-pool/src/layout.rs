@@ -171,7 +171,7 @@ impl<'a> PoolView<'a> {
             Deque::new(h, &deque_items[w * cap..(w + 1) * cap])
                 .map_err(|e| bad(format!("deque of worker {w}: {e}")))?;
         }
-        Ok(PoolView {
+        let view = PoolView {
             seg,
             params: p,
             ctl,
@@ -183,7 +183,13 @@ impl<'a> PoolView<'a> {
             ring_slots: seg.extent(6)?,
             deques,
             deque_items,
-        })
+        };
+        for s in 0..p.submitters as usize {
+            for w in 0..p.max_workers as usize {
+                view.ring(s, w)?;
+            }
+        }
+        Ok(view)
     }
 
     /// Whether the pool is stopping.
@@ -221,28 +227,26 @@ impl<'a> PoolView<'a> {
         (self.data, self.params.slots as usize)
     }
 
-    /// Ring (s, w): task ids from submitter `s` to worker `w`.
-    pub fn ring(&self, s: usize, w: usize) -> Ring<'a> {
+    /// Ring (s, w): task ids from submitter `s` to worker `w` (validated again: its header
+    /// is shared memory).
+    pub fn ring(&self, s: usize, w: usize) -> Result<Ring<'a>> {
         let i = s * self.params.max_workers as usize + w;
         let len = u64::from(self.params.ring_capacity) * RING_SLOT;
         let ext = Extent {
             offset: self.ring_slots.offset + i as u64 * len,
             len,
         };
-        let bytes = self
-            .seg
-            .bytes(ext, RING_SLOT as usize)
-            .expect("validated extent");
-        Ring::new(&self.rings[i], bytes).expect("validated ring")
+        let bytes = self.seg.bytes(ext, RING_SLOT as usize)?;
+        Ring::new(&self.rings[i], bytes)
+            .map_err(|e| PoolError::Layout(format!("{}: ring ({s}, {w}): {e}", self.seg.token())))
     }
-}
 
-impl<'a> PoolView<'a> {
-    /// Worker `w`'s deque (validated on attach).
-    pub fn deque(&self, w: usize) -> Deque<'a> {
+    /// Worker `w`'s deque (validated again: its header is shared memory).
+    pub fn deque(&self, w: usize) -> Result<Deque<'a>> {
         let cap = self.params.deque_capacity as usize;
-        Deque::new(&self.deques[w], &self.deque_items[w * cap..(w + 1) * cap])
-            .expect("validated deque")
+        Deque::new(&self.deques[w], &self.deque_items[w * cap..(w + 1) * cap]).map_err(|e| {
+            PoolError::Layout(format!("{}: deque of worker {w}: {e}", self.seg.token()))
+        })
     }
 }
 

@@ -57,6 +57,8 @@ mod collect;
 mod context;
 #[cfg(not(mizu_loom))]
 mod error;
+#[cfg(all(not(mizu_loom), feature = "test-helpers"))]
+pub mod fuzzing;
 #[cfg(not(mizu_loom))]
 mod layout;
 #[cfg(not(mizu_loom))]
@@ -65,6 +67,8 @@ mod loop_watch;
 pub mod machine;
 #[cfg(not(mizu_loom))]
 mod map;
+#[cfg(not(mizu_loom))]
+mod map_segment;
 #[cfg(not(mizu_loom))]
 mod origin;
 #[cfg(not(mizu_loom))]

@@ -2,26 +2,21 @@
 //! adaptive chunks off a shared cursor and runs every element through the executor; results
 //! come back in input order — or are written straight into a typed output area; a failure stops
 //! every element after it, and the smallest failing index is reported (deterministically, as a
-//! sequential run would).
-//!
-//! Map segment (kind `MAP1`): extent 0 control (cursor, cancel flag, smallest failing index),
-//! 1 the `n + 1` input offsets, 2 the input bytes, 3 the typed output area (`n * elem` bytes).
+//! sequential run would). The map's segment and the runners' results: `map_segment`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use arrow_buffer::Buffer;
-use mizu_shm::sync::{AtomicU64, Ordering};
-use mizu_shm::{CacheLine, Layout, Segment};
+use mizu_shm::Segment;
+use mizu_shm::sync::Ordering;
 
 use crate::context::{Executor, TaskContext, execute_current};
 use crate::error::{PoolError, TaskError};
-use crate::handout::MapControl;
 use crate::layout::wstate;
+use crate::map_segment::{self, MAP_KIND, MapInputs};
 use crate::submitter::{CollectError, SubmitterCore, Task};
 
-/// Segment kind of a map.
-pub const MAP_KIND: u32 = u32::from_le_bytes(*b"MAP1");
 /// How often a waiting map asks its caller whether to stop.
 const STOP_POLL: Duration = Duration::from_millis(20);
 /// Payload prefix of a runner task (the runtime runs it; executors never see it).
@@ -94,56 +89,15 @@ pub(crate) fn map(
         });
     }
     let elem = opts.typed_output.unwrap_or(0);
-    let total: usize = inputs.iter().map(|i| i.len()).sum();
-    let mut l = Layout::new(MAP_KIND);
-    let sizes = [
-        std::mem::size_of::<CacheLine<MapControl>>() as u64,
-        8 * (n as u64 + 1),
-        total.max(1) as u64,
-        (n * elem).max(1) as u64,
-    ];
-    for s in sizes {
-        l.add(s, 64).map_err(|e| pool_err(&e))?;
-    }
-    let seg = Segment::create(&l, false).map_err(|e| pool_err(&e))?;
-    let ext = |i| seg.extent(i).expect("created with four extents");
-    // Stage: nobody else knows the segment yet, so plain writes are fine.
-    let offsets = seg.bytes(ext(1), 8).map_err(|e| pool_err(&e))?;
-    // The whole input extent as one granule.
-    let data = seg
-        .bytes(ext(2), ext(2).len as usize)
-        .map_err(|e| pool_err(&e))?;
-    let mut at = 0usize;
-    for (i, inp) in inputs.iter().enumerate() {
-        // SAFETY: the segment is private to this process until the runners get its token.
-        unsafe {
-            offsets.with_mut(i, |o| o.copy_from_slice(&(at as u64).to_le_bytes()));
-            data.with_mut(0, |d| d[at..at + inp.len()].copy_from_slice(inp));
-        }
-        at += inp.len();
-    }
-    // SAFETY: as above.
-    unsafe { offsets.with_mut(n, |o| o.copy_from_slice(&(at as u64).to_le_bytes())) };
     let v = core.shared().view();
     let live = (0..v.params.max_workers as usize)
         .filter(|&w| wstate::coming(v.worker(w).rec.state.load(Ordering::Acquire)))
         .count()
         .max(1);
     let runners = live.min(n);
-    // SAFETY: as above.
-    unsafe {
-        seg.init_at(
-            ext(0).offset,
-            CacheLine(MapControl::new(
-                n as u64,
-                opts.chunk.unwrap_or(0) as u64,
-                elem as u64,
-                runners as u64,
-            )),
-        )
-        .map_err(|e| pool_err(&e))?
-    };
-    let ctl: &CacheLine<MapControl> = seg.get(ext(0).offset).map_err(|e| pool_err(&e))?;
+    let seg = map_segment::stage(inputs, opts.chunk.unwrap_or(0) as u64, elem, runners)
+        .map_err(|e| pool_err(&e))?;
+    let ctl = map_segment::control(&seg).map_err(|e| pool_err(&e))?;
     let payload = runner_payload(seg.token());
     let mut tasks: Vec<Task> = (0..runners)
         .map(|_| core.submit(&payload, None))
@@ -188,28 +142,8 @@ pub(crate) fn map(
     if stopped {
         return Err(MapError::Stopped);
     }
-    // Entries: index u64, status u8 (0 ok, 1 error), length u32, bytes.
-    let mut out: Vec<Option<Buffer>> = vec![None; if elem == 0 { n } else { 0 }];
-    let mut first: Option<(usize, Vec<u8>)> = None;
-    for r in &results {
-        let b = r.as_slice();
-        let mut p = 0;
-        while p + 13 <= b.len() {
-            let idx = u64::from_le_bytes(b[p..p + 8].try_into().expect("8 bytes")) as usize;
-            let status = b[p + 8];
-            let len = u32::from_le_bytes(b[p + 9..p + 13].try_into().expect("4 bytes")) as usize;
-            p += 13;
-            if p + len > b.len() || idx >= n {
-                return Err(MapError::Pool("malformed runner result".into()));
-            }
-            if status == 0 && elem == 0 {
-                out[idx] = Some(r.slice_with_length(p, len));
-            } else if status != 0 && first.as_ref().is_none_or(|(i, _)| idx < *i) {
-                first = Some((idx, b[p..p + len].to_vec()));
-            }
-            p += len;
-        }
-    }
+    let read = map_segment::read_results(&results, n, elem).map_err(MapError::Pool)?;
+    let (out, first) = (read.values, read.first_error);
     if let Some((index, bytes)) = first {
         return Err(MapError::Element {
             index,
@@ -221,7 +155,7 @@ pub(crate) fn map(
     }
     match opts.typed_output {
         Some(_) => {
-            let e3 = ext(3);
+            let e3 = seg.extent(3).map_err(|e| pool_err(&e))?;
             let seg = Arc::new(seg);
             // SAFETY: the output extent lies inside the mapping, which the Arc keeps alive as
             // the buffer's owner; every runner has finished writing it.
@@ -286,70 +220,37 @@ fn run_runner(
     let token = std::str::from_utf8(token).map_err(|_| b"mizu: bad map token".to_vec())?;
     let seg = Segment::open(token, MAP_KIND)
         .map_err(|e| format!("mizu: cannot open map: {e}").into_bytes())?;
-    let err = |e: &dyn std::fmt::Display| format!("mizu: bad map segment: {e}").into_bytes();
-    let ext = |i| seg.extent(i).map_err(|e| err(&e));
-    let ctl: &CacheLine<MapControl> = seg.get(ext(0)?.offset).map_err(|e| err(&e))?;
-    let n = ctl.n.load(Ordering::Acquire);
-    let elem = ctl.elem.load(Ordering::Relaxed) as usize;
-    let offsets: &[AtomicU64] = seg
-        .get_slice(ext(1)?.offset, n as usize + 1)
-        .map_err(|e| err(&e))?;
-    let input_base = ext(2)?;
-    let inputs = seg
-        .bytes(input_base, input_base.len as usize)
-        .map_err(|e| err(&e))?;
-    let output = if elem > 0 {
-        Some(seg.bytes(ext(3)?, elem).map_err(|e| err(&e))?)
-    } else {
-        None
-    };
+    let map = MapInputs::open(&seg).map_err(|e| format!("mizu: {e}").into_bytes())?;
+    let ctl = map.control();
     let mut out = Vec::new();
-    let push = |out: &mut Vec<u8>, i: u64, status: u8, bytes: &[u8]| {
-        out.extend_from_slice(&i.to_le_bytes());
-        out.push(status);
-        out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-        out.extend_from_slice(bytes);
-    };
     'chunks: while let Some(chunk) = ctl.next_chunk() {
         for i in chunk {
             if !ctl.may_run(i) {
                 break 'chunks;
             }
-            let (a, b) = (
-                offsets[i as usize].load(Ordering::Relaxed),
-                offsets[i as usize + 1].load(Ordering::Relaxed),
-            );
-            if a > b || b > input_base.len {
-                return Err(b"mizu: corrupt map offsets".to_vec());
-            }
-            // The staged inputs are immutable while runners exist; copy the element out so no
-            // reference into shared memory is held while user code runs.
-            // SAFETY: nobody writes the input extent after staging.
-            let input = unsafe { inputs.with(0, |d| d[a as usize..b as usize].to_vec()) };
+            let input = map
+                .input(i)
+                .map_err(|e| format!("mizu: {e}").into_bytes())?;
             ctx.set_element(Some(i));
             let r = execute_current(exec, ctx, &input);
             ctx.set_element(None);
             match r {
-                Ok(res) => match &output {
-                    Some(o) if res.len() == elem => {
-                        // SAFETY: element i's output cell is written only by the runner that
-                        // claimed i through the cursor.
-                        unsafe { o.with_mut(i as usize, |d| d.copy_from_slice(&res)) };
-                    }
-                    Some(_) => {
+                Ok(res) if map.elem() > 0 => {
+                    if let Err(e) = map.write_output(i, &res) {
                         ctl.fail(i);
-                        let msg = format!(
-                            "mizu: result of {} bytes, the typed output takes {elem}",
-                            res.len()
+                        map_segment::push_result(
+                            &mut out,
+                            i,
+                            false,
+                            format!("mizu: {e}").as_bytes(),
                         );
-                        push(&mut out, i, 1, msg.as_bytes());
                         break 'chunks;
                     }
-                    None => push(&mut out, i, 0, &res),
-                },
+                }
+                Ok(res) => map_segment::push_result(&mut out, i, true, &res),
                 Err(e) => {
                     ctl.fail(i);
-                    push(&mut out, i, 1, &e);
+                    map_segment::push_result(&mut out, i, false, &e);
                     break 'chunks;
                 }
             }

@@ -255,7 +255,7 @@ impl Pool {
             |e| matches!(e, PoolError::Shm(mizu_shm::ShmError::NoSpace { .. })),
         )?;
         let shared = Shared::new(seg)?;
-        let core = SubmitterCore::new(shared.clone(), 0, cfg.spin);
+        let core = SubmitterCore::new(shared.clone(), 0, cfg.spin)?;
         let children = Arc::new(Mutex::new(Children {
             procs: (0..maxw).map(|_| None).collect(),
             kill_reason: vec![0; maxw],
@@ -470,7 +470,7 @@ impl Pool {
                 let rec = &v.submitter(i).rec;
                 let mut st = SubmitterStatus {
                     index: i,
-                    pid: rec.pid.load(Ordering::Relaxed),
+                    pid: rec.pid(),
                     queued: 0,
                     running: 0,
                     finished: 0,

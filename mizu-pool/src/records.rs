@@ -121,12 +121,10 @@ unsafe impl mizu_shm::ShmSafe for WorkerSlot {}
 #[repr(C)]
 #[derive(Debug, Default)]
 pub struct SubmitterRec {
-    /// Who holds the record: [`SubmitterRec::take`] and friends (a generation count above
-    /// two state bits).
-    pub state: AtomicU32,
-    /// OS pid.
-    pub pid: AtomicU32,
-    /// Identity nonce.
+    /// Who holds the record: [`SubmitterRec::take`] and friends. The holder's (or taker's)
+    /// pid in the high 32 bits, a count of takings, two state bits.
+    pub state: AtomicU64,
+    /// The holder's identity nonce (written before the state names it the holder).
     pub nonce: AtomicU64,
     /// Tasks submitted.
     pub submitted: AtomicU64,
@@ -265,33 +263,60 @@ pub fn announce(workers: &[WorkerSlot], me: Option<usize>, mut n: usize) {
     }
 }
 
-/// A submitter record's state bits (the low two of `state`; the rest count takings).
+/// A submitter record's state word: the holder's pid (high 32 bits), a count of takings, and
+/// the state (low two bits).
 mod held {
-    pub const FREE: u32 = 0;
-    pub const HELD: u32 = 1;
-    /// Taken by [`super::SubmitterRec::take`], its holder not yet recorded.
-    pub const TAKING: u32 = 2;
-    pub const MASK: u32 = 3;
+    pub const FREE: u64 = 0;
+    pub const HELD: u64 = 1;
+    /// Taken by [`super::SubmitterRec::take`], the taker (its pid in the word) not yet
+    /// recorded with its nonce.
+    pub const TAKING: u64 = 2;
+    pub const MASK: u64 = 3;
+    /// One taking in the count (bits 2..32).
+    pub const ONE: u64 = MASK + 1;
+    pub const COUNT: u64 = 0xffff_ffff & !MASK;
+
+    pub fn word(pid: u32, count_bits: u64, state: u64) -> u64 {
+        (u64::from(pid) << 32) | (count_bits & COUNT) | state
+    }
+
+    pub fn pid(word: u64) -> u32 {
+        (word >> 32) as u32
+    }
+}
+
+/// Whom a [`SubmitterRec::take`] asks about: the holder (pid and nonce), or a taker that died
+/// or lives between its taking and its [`SubmitterRec::hold`] (pid only: its nonce is not
+/// written yet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder {
+    /// A holder recorded with [`SubmitterRec::hold`].
+    Held(u32, u64),
+    /// A taker not yet recorded.
+    Taking(u32),
 }
 
 impl SubmitterRec {
-    /// Takes the record for this process if it is free or its holder is dead
-    /// (`holder_alive(pid, nonce)` says). At most one of several processes racing for it wins.
+    /// Takes the record for process `me` if it is free, its holder is dead, or the process
+    /// taking it died before recording itself (`alive` says). At most one of several
+    /// processes racing for it wins.
     ///
     /// Every taking bumps the count in the state word and the winner's one CAS expects the word
     /// it judged: a process that judged an old holder dead cannot win after another process
     /// took the record over and recorded itself (the state bits alone would look the same).
-    pub fn take(&self, holder_alive: impl Fn(u32, u64) -> bool) -> bool {
+    /// The taker's pid goes into the same CAS, so a taker killed before [`SubmitterRec::hold`]
+    /// leaves a record the next taker can judge; a taker's pid reused by an unrelated live
+    /// process keeps the record until that process exits (never gives it to two).
+    pub fn take(&self, me: u32, alive: impl Fn(Holder) -> bool) -> bool {
         let cur = self.state.load(Ordering::Acquire);
+        let pid = held::pid(cur);
         let free = match cur & held::MASK {
             held::FREE => true,
-            held::HELD => !holder_alive(
-                self.pid.load(Ordering::Relaxed),
-                self.nonce.load(Ordering::Relaxed),
-            ),
+            held::HELD => !alive(Holder::Held(pid, self.nonce.load(Ordering::Relaxed))),
+            held::TAKING => !alive(Holder::Taking(pid)),
             _ => false,
         };
-        let next = (cur & !held::MASK).wrapping_add(held::MASK + 1) | held::TAKING;
+        let next = held::word(me, cur.wrapping_add(held::ONE), held::TAKING);
         free && self
             .state
             .compare_exchange(cur, next, Ordering::AcqRel, Ordering::Relaxed)
@@ -301,23 +326,27 @@ impl SubmitterRec {
     /// Records `(pid, nonce)` as the holder (after [`SubmitterRec::take`], or for a record the
     /// process holds by its role: the controller's, a worker's own).
     pub fn hold(&self, pid: u32, nonce: u64) {
-        self.pid.store(pid, Ordering::Relaxed);
         self.nonce.store(nonce, Ordering::Relaxed);
         let cur = self.state.load(Ordering::Relaxed);
         self.state
-            .store((cur & !held::MASK) | held::HELD, Ordering::Release);
+            .store(held::word(pid, cur, held::HELD), Ordering::Release);
     }
 
     /// Gives the record back.
     pub fn release(&self) {
         let cur = self.state.load(Ordering::Relaxed);
         self.state
-            .store((cur & !held::MASK) | held::FREE, Ordering::Release);
+            .store(held::word(0, cur, held::FREE), Ordering::Release);
     }
 
     /// Whether someone holds (or is taking) the record.
     pub fn is_held(&self) -> bool {
         self.state.load(Ordering::Relaxed) & held::MASK != held::FREE
+    }
+
+    /// The holder's (or taker's) pid; 0 when free.
+    pub fn pid(&self) -> u32 {
+        held::pid(self.state.load(Ordering::Relaxed))
     }
 }
 
@@ -389,22 +418,34 @@ mod tests {
     fn a_submitter_record_counts_its_takings() {
         let r = SubmitterRec::default();
         assert!(!r.is_held());
-        assert!(r.take(|_, _| true));
+        assert!(r.take(9, |_| true));
         assert!(r.is_held());
-        assert!(!r.take(|_, _| false), "taken while being taken");
+        assert_eq!(r.pid(), 9);
+        assert!(!r.take(8, |_| true), "taken while a live process takes it");
         r.hold(1, 2);
-        assert!(!r.take(|_, _| true), "taken from a live holder");
+        assert!(!r.take(8, |_| true), "taken from a live holder");
         assert!(
-            r.take(|pid, nonce| (pid, nonce) != (1, 2)),
+            r.take(8, |h| h != Holder::Held(1, 2)),
             "dead holder kept it"
         );
         r.hold(3, 4);
         r.release();
         assert!(!r.is_held());
+        assert_eq!(r.pid(), 0);
         assert_eq!(
-            r.state.load(Ordering::Relaxed) >> 2,
+            (r.state.load(Ordering::Relaxed) & held::COUNT) >> 2,
             2,
             "two takings counted"
         );
+    }
+
+    #[test]
+    fn a_taker_killed_before_it_holds_leaves_the_record_to_the_next() {
+        let r = SubmitterRec::default();
+        assert!(r.take(7, |_| true));
+        // Process 7 dies here, before `hold`.
+        assert!(r.take(8, |h| h != Holder::Taking(7)), "stuck being taken");
+        r.hold(8, 1);
+        assert_eq!(r.pid(), 8);
     }
 }

@@ -65,7 +65,7 @@ pub struct SubmitterCore {
 
 impl SubmitterCore {
     /// The submitter with record `index` of the pool in `shared`.
-    pub fn new(shared: Arc<Shared>, index: usize, spin: Duration) -> Arc<Self> {
+    pub fn new(shared: Arc<Shared>, index: usize, spin: Duration) -> Result<Arc<Self>> {
         let v = shared.view();
         let producers: Vec<OwnedProducer> = (0..v.params.max_workers as usize)
             .map(|w| {
@@ -73,16 +73,15 @@ impl SubmitterCore {
                 // `index` (taken by CAS, or held by role), which makes one SubmitterCore.
                 unsafe {
                     OwnedProducer::new(shared.segment_arc(), |s| {
-                        PoolView::new(s).map(|pv| pv.ring(index, w))
+                        PoolView::new(s).and_then(|pv| pv.ring(index, w))
                     })
                 }
-                .expect("a validated pool segment validates again")
             })
-            .collect();
+            .collect::<Result<_>>()?;
         v.submitter(index)
             .rec
             .hold(std::process::id(), shared.segment().me().nonce);
-        Arc::new(SubmitterCore {
+        Ok(Arc::new(SubmitterCore {
             inner: Mutex::new(Inner {
                 pending: vec![false; producers.len()],
                 last: vec![0; producers.len()],
@@ -101,26 +100,29 @@ impl SubmitterCore {
             parks: AtomicU64::new(0),
             last_freed: std::sync::atomic::AtomicUsize::new(usize::MAX),
             owner: None,
-        })
+        }))
     }
 
     /// The submitter of worker `slot`'s nested tasks, called on the thread that runs its
     /// tasks: what that thread submits goes to the worker's own deque, where the worker pops
     /// it (when it helps while it collects, or next) and idle workers steal it. Other threads,
     /// and a full deque, use the rings.
-    pub(crate) fn for_worker(shared: Arc<Shared>, slot: usize, spin: Duration) -> Arc<Self> {
-        let mut core = Arc::into_inner(SubmitterCore::new(shared, 1 + slot, spin))
+    pub(crate) fn for_worker(
+        shared: Arc<Shared>,
+        slot: usize,
+        spin: Duration,
+    ) -> Result<Arc<Self>> {
+        let mut core = Arc::into_inner(SubmitterCore::new(shared, 1 + slot, spin)?)
             .expect("a new submitter is not shared yet");
         let d = OwnedDeque::new(core.shared.segment_arc(), |s| {
-            PoolView::new(s).map(|pv| pv.deque(slot))
-        })
-        .expect("a validated pool segment validates again");
+            PoolView::new(s).and_then(|pv| pv.deque(slot))
+        })?;
         core.inner
             .get_mut()
             .unwrap_or_else(|p| p.into_inner())
             .deque = Some(d);
         core.owner = Some(std::thread::current().id());
-        Arc::new(core)
+        Ok(Arc::new(core))
     }
 
     /// The shared pool state.

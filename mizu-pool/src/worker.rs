@@ -375,11 +375,11 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         .nonce
         .store(shared.segment().me().nonce, Ordering::Relaxed);
     let spin = Duration::from_micros(u64::from(v.params.spin_us));
-    let sub = SubmitterCore::for_worker(shared.clone(), slot, spin);
+    let sub = SubmitterCore::for_worker(shared.clone(), slot, spin)?;
     let deques = (0..v.params.max_workers as usize)
         .map(|w| {
             OwnedDeque::new(shared.segment_arc(), |s| {
-                PoolView::new(s).map(|pv| pv.deque(w))
+                PoolView::new(s).and_then(|pv| pv.deque(w))
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -391,7 +391,7 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
             // the controller starts one worker per slot and waits for its death to reuse it).
             unsafe {
                 OwnedConsumer::new(shared.segment_arc(), |seg| {
-                    PoolView::new(seg).map(|pv| pv.ring(s, slot))
+                    PoolView::new(seg).and_then(|pv| pv.ring(s, slot))
                 })
             }
         })

@@ -6,7 +6,9 @@
 use loom::sync::Arc;
 use loom::thread;
 use mizu_pool::claim;
-use mizu_pool::records::{self, SubmitterRec, TaskHdr, WorkerSlot, idle, ready_workers, wstate};
+use mizu_pool::records::{
+    self, Holder, SubmitterRec, TaskHdr, WorkerSlot, idle, ready_workers, wstate,
+};
 use mizu_queue::{HeapDeque, SlotState};
 use mizu_shm::sync::{Ordering, model};
 
@@ -301,12 +303,12 @@ fn dead_submitter_record_is_taken_over_once() {
     model("submitter record takeover", Some(3), || {
         let rec = Arc::new(SubmitterRec::default());
         rec.hold(DEAD_PID, 1);
-        let alive = |pid: u32, _nonce: u64| pid != DEAD_PID;
+        let alive = |h: Holder| h != Holder::Held(DEAD_PID, 1);
         let wins = Arc::new(loom::sync::atomic::AtomicU32::new(0));
         let spawn = |pid: u32| {
             let (rec, wins) = (rec.clone(), wins.clone());
             thread::spawn(move || {
-                if rec.take(alive) {
+                if rec.take(pid, alive) {
                     rec.hold(pid, 2);
                     wins.fetch_add(1, Ordering::Relaxed);
                 }
@@ -328,11 +330,44 @@ fn live_submitter_record_is_not_taken() {
         let rec = Arc::new(SubmitterRec::default());
         rec.hold(7, 1);
         let r2 = rec.clone();
-        let t = thread::spawn(move || r2.take(|_, _| true));
+        let t = thread::spawn(move || r2.take(8, |_| true));
         let took = t.join().unwrap();
         assert!(!took, "a live holder's record was taken");
         rec.release();
-        assert!(rec.take(|_, _| true));
+        assert!(rec.take(8, |_| true));
+    });
+}
+
+/// A process killed between taking a submitter record and recording itself as its holder: two
+/// later processes find it being taken by a process that no longer runs, and exactly one of
+/// them takes it over; while the taker still runs, nobody does. (Before the taker's pid went
+/// into the state word with its taking, such a record stayed "being taken" for ever.)
+#[test]
+fn a_record_whose_taker_died_is_taken_over_once() {
+    const TAKER: u32 = 5;
+    model("submitter record, taker killed", Some(3), || {
+        let rec = Arc::new(SubmitterRec::default());
+        assert!(rec.take(TAKER, |_| true));
+        // The taker runs: its record is not taken from it.
+        assert!(!rec.take(9, |_| true));
+        // The taker is killed here, before `hold`.
+        let alive = |h: Holder| h != Holder::Taking(TAKER);
+        let wins = Arc::new(loom::sync::atomic::AtomicU32::new(0));
+        let spawn = |pid: u32| {
+            let (rec, wins) = (rec.clone(), wins.clone());
+            thread::spawn(move || {
+                if rec.take(pid, alive) {
+                    rec.hold(pid, 2);
+                    wins.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        };
+        let a = spawn(10);
+        let b = spawn(11);
+        a.join().unwrap();
+        b.join().unwrap();
+        assert_eq!(wins.load(Ordering::Relaxed), 1, "taken over twice or never");
+        assert!(matches!(rec.pid(), 10 | 11));
     });
 }
 

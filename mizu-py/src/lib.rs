@@ -150,6 +150,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(wire::wire_loads, m)?)?;
     m.add_function(wrap_pyfunction!(xlang::xlang_dumps, m)?)?;
     m.add_function(wrap_pyfunction!(xlang::xlang_loads, m)?)?;
+    m.add_function(wrap_pyfunction!(xlang::xlang_task_loads, m)?)?;
+    m.add_function(wrap_pyfunction!(xlang::xlang_task_dumps, m)?)?;
     m.add_function(wrap_pyfunction!(waits::wait_any, m)?)?;
     m.add_function(wrap_pyfunction!(waits::collect_all, m)?)?;
     m.add_function(wrap_pyfunction!(worker::run_worker, m)?)?;

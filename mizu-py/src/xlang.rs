@@ -66,8 +66,10 @@ fn array_to_py(
     array: ArrayRef,
     src: Option<Buffer>,
 ) -> PyResult<Py<PyAny>> {
+    // Received metadata that does not fit is a malformed payload, not a value of the wrong
+    // type.
     let dim = mizu_pool::wire::rmeta::dim(&field, array.len())
-        .map_err(|e| not_portable(e.to_string()))?;
+        .map_err(|e| crate::err(format!("cannot read a cross-language value: {e}")))?;
     let no_nulls = array.null_count() == 0;
     // A view of a copy or conversion, and a view of the array's own values (sent on by
     // reference while unchanged).
@@ -422,35 +424,32 @@ pub(crate) fn run_task(py: Python<'_>, payload: &Buffer) -> (bool, Envelope) {
     };
     let chunked = chunk.is_some();
     let result = (|| -> PyResult<Bound<'_, PyAny>> {
-        let (t, source) = match target {
-            CallTarget::Name(n) => (n, false),
-            CallTarget::Source(s) => (s, true),
-        };
-        let mut a = Vec::with_capacity(args.len());
-        for v in args {
-            a.push(to_py_natural(py, v)?);
-        }
-        let k = if kwargs.is_empty() {
-            None
-        } else {
-            let k = PyDict::new(py);
-            for (name, v) in kwargs {
-                k.set_item(name, to_py_natural(py, v)?)?;
-            }
-            Some(k)
-        };
-        if let Some(chunk) = chunk {
-            let mut xs = Vec::with_capacity(chunk.elements.len());
-            for v in chunk.elements {
-                xs.push(to_py_natural(py, v)?);
-            }
+        let call = call_objects(
+            py,
+            envelope::Task {
+                target,
+                args,
+                kwargs,
+                ctx,
+                chunk,
+            },
+        )?;
+        let Call {
+            target: t,
+            source,
+            args: a,
+            kwargs: k,
+            chunk,
+            ctx,
+        } = call;
+        if let Some((xs, spread)) = chunk {
             let k = k.unwrap_or_else(|| PyDict::new(py));
             return helper(py)?.getattr("run_chunk")?.call1((
                 t,
                 PyList::new(py, a)?,
                 k,
                 PyList::new(py, xs)?,
-                chunk.spread,
+                spread,
                 ctx.seed,
                 ctx.index,
             ));
@@ -510,6 +509,104 @@ pub(crate) fn run_task(py: Python<'_>, payload: &Buffer) -> (bool, Envelope) {
             }
         }
     }
+}
+
+/// A cross-language task's call as Python objects, read from its payload; nothing run yet.
+struct Call<'py> {
+    /// A function's name, or R/Python source to evaluate.
+    target: String,
+    /// Whether `target` is source.
+    source: bool,
+    args: Vec<Py<PyAny>>,
+    kwargs: Option<Bound<'py, PyDict>>,
+    /// A map chunk's elements and whether each is spread over the arguments.
+    chunk: Option<(Vec<Py<PyAny>>, bool)>,
+    ctx: Context,
+}
+
+/// The Python objects of a task another language sent.
+fn call_objects<'py>(py: Python<'py>, task: envelope::Task) -> PyResult<Call<'py>> {
+    let (target, source) = match task.target {
+        CallTarget::Name(n) => (n, false),
+        CallTarget::Source(s) => (s, true),
+    };
+    let args = task
+        .args
+        .into_iter()
+        .map(|v| to_py_natural(py, v))
+        .collect::<PyResult<Vec<_>>>()?;
+    let kwargs = if task.kwargs.is_empty() {
+        None
+    } else {
+        let k = PyDict::new(py);
+        for (name, v) in task.kwargs {
+            k.set_item(name, to_py_natural(py, v)?)?;
+        }
+        Some(k)
+    };
+    let chunk = match task.chunk {
+        Some(c) => Some((
+            c.elements
+                .into_iter()
+                .map(|v| to_py_natural(py, v))
+                .collect::<PyResult<Vec<_>>>()?,
+            c.spread,
+        )),
+        None => None,
+    };
+    Ok(Call {
+        target,
+        source,
+        args,
+        kwargs,
+        chunk,
+        ctx: task.ctx,
+    })
+}
+
+/// The payload of a task calling `call` (a `pymizu.wire.Call`) as another language's worker
+/// receives it — of a map chunk over `items` when given: the fuzz harness's seeds of the task
+/// reader.
+#[pyfunction]
+#[pyo3(signature = (call, items=None))]
+pub fn xlang_task_dumps<'py>(
+    call: &Bound<'py, PyAny>,
+    items: Option<Vec<Bound<'py, PyAny>>>,
+) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+    let env = match items {
+        None => task_envelope(call)?,
+        Some(xs) => chunk_envelopes(call, &xs, false, Some(7), 0, xs.len().max(1))?
+            .into_iter()
+            .next()
+            .ok_or_else(|| crate::err("a map of no elements has no task"))?,
+    };
+    Ok(pyo3::types::PyBytes::new(call.py(), &env.to_vec()))
+}
+
+/// What a Python worker reads of a cross-language task payload (bytes as R sends them),
+/// without running it: `(target, is_source, args, kwargs, chunk elements or None, seed,
+/// index)`. For the fuzz harness of the task reader; malformed bytes are a `MizuError`.
+#[pyfunction]
+pub fn xlang_task_loads<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+    let mut m = arrow_buffer::MutableBuffer::with_capacity(data.len());
+    m.extend_from_slice(data);
+    let task = envelope::read_task(&m.into(), Some(&crate::payload::MAPPER)).map_err(crate::err)?;
+    let c = call_objects(py, task)?;
+    let elements = match c.chunk {
+        Some((xs, _)) => PyList::new(py, xs)?.into_any(),
+        None => py.None().into_bound(py),
+    };
+    (
+        c.target,
+        c.source,
+        PyList::new(py, c.args)?,
+        c.kwargs,
+        elements,
+        c.ctx.seed,
+        c.ctx.index,
+    )
+        .into_pyobject(py)
+        .map(|t| t.into_any())
 }
 
 thread_local! {

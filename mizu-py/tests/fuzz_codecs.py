@@ -1,8 +1,11 @@
 """Structure-aware fuzzing of pymizu's native decoders: the compact codec of small calls and
-results, the out-of-band payload (a pickle and its buffers) and the wire-format frames. Each
-starts from valid payloads the encoders wrote and mutates them (byte flips, truncation,
-insertions, splices of another seed); every input must decode or raise ValueError — anything
-else (another exception, a crash of the interpreter) fails.
+results, the out-of-band payload (a pickle and its buffers), the wire-format frames, and what
+a Python pool or worker reads of another language's payloads (results and errors as R sends
+them — the cross-language golden corpus — and tasks and map chunks). Each starts from valid
+payloads the encoders wrote and mutates them (byte flips, truncation, insertions, splices of
+another seed); every input must decode or raise the decoder's own error (ValueError; MizuError
+for cross-language payloads, or the task error an error payload stands for) — anything else
+(another exception, a crash of the interpreter) fails.
 
     python mizu-py/tests/fuzz_codecs.py CASES   (per decoder; run by `cargo xtask fuzz`)
 
@@ -10,6 +13,8 @@ The layouts' own parsers are fuzzed from Rust too (`mizu-wire/tests/fuzz.rs`); t
 the Python objects the bindings build from what they parse.
 """
 
+import glob
+import os
 import pickle
 import random
 import sys
@@ -17,6 +22,10 @@ import sys
 import numpy as np
 
 from pymizu import _native
+from pymizu._xlang import TaskError
+from pymizu.wire import Call
+
+CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "mizu-wire", "tests", "corpus", "xlang")
 
 SMALL = [
     None, True, 0, -(2**63), 2**63 - 1, 1.5, float("nan"), "", "héllo ✓", b"\x00\xff",
@@ -65,6 +74,26 @@ def wire_seeds():
     return [_native.wire_dumps(v, i) for i, v in enumerate(values)]
 
 
+def xlang_value_seeds():
+    """Values and errors as either language sends them (the golden corpus), and a few more."""
+    seeds = []
+    for p in sorted(glob.glob(os.path.join(CORPUS, "*.bin"))):
+        with open(p, "rb") as f:
+            seeds.append(f.read())
+    seeds += [_native.xlang_dumps(v) for v in ([1.5, "x", None], {"a": np.arange(3.0)})]
+    return seeds
+
+
+def xlang_task_seeds():
+    """Tasks and map chunks as a Python pool sends them to another language's workers."""
+    call = Call("stats::median", False, [np.arange(5.0), "水", [1, None]], {"na_rm": True})
+    return [
+        _native.xlang_task_dumps(call),
+        _native.xlang_task_dumps(Call("function(x) x + 1", True, [], {})),
+        _native.xlang_task_dumps(call, [1.5, "a", np.arange(4, dtype=np.int32)]),
+    ]
+
+
 def mutate(rng, seed, seeds):
     b = bytearray(seed)
     for _ in range(rng.randint(1, 4)):
@@ -86,16 +115,17 @@ def mutate(rng, seed, seeds):
     return bytes(b)
 
 
-def run(name, decode, seeds, cases, rng):
+def run(name, decode, seeds, cases, rng, errors=(ValueError,)):
     decoded = refused = 0
     for i in range(cases):
         b = mutate(rng, seeds[i % len(seeds)], seeds)
         try:
             decode(b)
             decoded += 1
-        except ValueError:
+        except errors:
             refused += 1
-    print(f"fuzz {name}: {cases} cases, {decoded} decoded, {refused} refused with ValueError")
+    said = " or ".join(e.__name__ for e in errors)
+    print(f"fuzz {name}: {cases} cases, {decoded} decoded, {refused} refused with {said}")
     assert refused > 0, f"{name}: no mutation was refused (the harness is not mutating)"
 
 
@@ -108,9 +138,20 @@ def main():
         _native.decode_payload(s)
     for s in wire_seeds():
         _native.wire_loads(s)
+    for s in xlang_task_seeds():
+        _native.xlang_task_loads(s)
+    for s in xlang_value_seeds():
+        try:
+            _native.xlang_loads(s)
+        except TaskError:
+            pass  # an error payload stands for the task error it raises
     run("compact codec", _native.small_loads, small_seeds(), cases, rng)
     run("out-of-band payload", _native.decode_payload, oob_seeds(), cases, rng)
     run("wire frames", _native.wire_loads, wire_seeds(), cases, rng)
+    run("cross-language results", _native.xlang_loads, xlang_value_seeds(), cases, rng,
+        (_native.MizuError, TaskError))
+    run("cross-language tasks", _native.xlang_task_loads, xlang_task_seeds(), cases, rng,
+        (_native.MizuError,))
 
 
 if __name__ == "__main__":

@@ -121,6 +121,18 @@ def test_values_that_cannot_cross_fail_at_submit_naming_where(rpool):
         rpool.submit(len, [1])
 
 
+def test_strings_r_cannot_hold_fail_the_task_clearly(rpool):
+    # R strings cannot hold a NUL byte: the task fails saying so (R's own error, raised
+    # through the binding's Rust, used to escape it), and the worker goes on.
+    for bad in (pymizu.call("identity", "a\x00b"), pymizu.call("identity", {"k\x00": 1}),
+                pymizu.call("paste0", **{"x\x00": "y"}), pymizu.call("ident\x00ity", 1)):
+        with pytest.raises(pymizu.RError, match="NUL byte"):
+            rpool.submit(bad).result()
+    # An empty argument name is R's "no name".
+    assert rpool.submit(pymizu.call("paste0", "a", **{"": "b"})).result() == "ab"
+    assert rpool.submit(pymizu.call("identity", "fine")).result() == "fine"
+
+
 def test_seeded_maps_draw_the_same_numbers_in_both_languages(rpool):
     seed = 20261201
     r = rpool.map(pymizu.call("runif"), [3, 3, 3, 3], seed=seed)

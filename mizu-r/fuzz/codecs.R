@@ -1,9 +1,11 @@
-# Structure-aware fuzzing of the mizu R package's native decoder: R serializations (checked
-# before R reads them), the compact encoding of small values and the out-of-band payload (a
-# serialization and its vectors, data frames and Arrow values, inline or by reference). It
-# starts from payloads the encoder wrote and mutates them (byte flips, truncation, insertions,
-# length words set near a boundary, splices of another seed); every input must decode or fail
-# with mizu's error saying the payload is malformed or cannot be read — anything else (another
+# Structure-aware fuzzing of the mizu R package's native decoders: R serializations (checked
+# before R reads them), the compact encoding of small values, the out-of-band payload (a
+# serialization and its vectors, data frames and Arrow values, inline or by reference), and
+# what an R pool or worker reads of another language's payloads (results and errors as Python
+# sends them — the cross-language golden corpus — and tasks and map chunks). It starts from
+# payloads the encoders wrote and mutates them (byte flips, truncation, insertions, length
+# words set near a boundary, splices of another seed); every input must decode or fail with
+# mizu's error saying the payload is malformed or cannot be read — anything else (another
 # error, R printing an error of its own, a crash of R) fails.
 #
 #   Rscript mizu-r/fuzz/codecs.R CASES   (run by `cargo xtask fuzz`, with the package installed)
@@ -35,7 +37,7 @@ word <- function(v) {
 }
 boundaries <- list(word(0), word(1), word(2^31), as.raw(rep(0xff, 8)), as.raw(c(rep(0, 7), 0x80)))
 
-mutate <- function(b) {
+mutate <- function(b, seeds) {
   for (k in seq_len(sample(4, 1))) {
     n <- length(b)
     op <- sample(5, 1)
@@ -59,22 +61,47 @@ mutate <- function(b) {
   b
 }
 
-decoded <- refused <- 0L
-for (i in seq_len(cases)) {
-  b <- mutate(seeds[[(i - 1L) %% length(seeds) + 1L]])
-  r <- tryCatch({
-    if (Sys.getenv("MIZU_FUZZ_TRACE") != "") cat("case", i, "\n")
-    decode(b)
-    TRUE
-  }, error = function(e) {
-    if (!grepl("malformed|cannot read", conditionMessage(e))) {
-      stop("case ", i, ": an error that does not say the payload is malformed: ",
-           conditionMessage(e), call. = FALSE)
-    }
-    FALSE
-  })
-  if (r) decoded <- decoded + 1L else refused <- refused + 1L
+fuzz <- function(name, decode, seeds) {
+  decoded <- refused <- 0L
+  for (i in seq_len(cases)) {
+    b <- mutate(seeds[[(i - 1L) %% length(seeds) + 1L]], seeds)
+    r <- tryCatch({
+      if (Sys.getenv("MIZU_FUZZ_TRACE") != "") cat(name, "case", i, "\n")
+      decode(b)
+      TRUE
+    }, error = function(e) {
+      if (!grepl("malformed|cannot read", conditionMessage(e))) {
+        stop(name, " case ", i, ": an error that does not say the payload is malformed: ",
+             conditionMessage(e), call. = FALSE)
+      }
+      FALSE
+    })
+    if (r) decoded <- decoded + 1L else refused <- refused + 1L
+  }
+  cat(sprintf("fuzz %s: %d cases, %d decoded, %d refused as malformed\n",
+              name, cases, decoded, refused))
+  stopifnot(refused > 0L)
 }
-cat(sprintf("fuzz R payloads: %d cases, %d decoded, %d refused as malformed\n",
-            cases, decoded, refused))
-stopifnot(refused > 0L)
+
+fuzz("R payloads", decode, seeds)
+
+# Results and errors as Python (or R) sends them to an R pool.
+corpus <- file.path("mizu-wire", "tests", "corpus", "xlang")
+read_bytes <- function(p) readBin(p, "raw", file.size(p))
+xvalues <- lapply(sort(list.files(corpus, pattern = "[.]bin$", full.names = TRUE)), read_bytes)
+stopifnot(length(xvalues) > 10L)
+xloads <- function(b) .Call(mizu:::wrap__xlang_loads, b)
+for (s in xvalues) invisible(xloads(s))
+fuzz("cross-language results", xloads, xvalues)
+
+# Tasks and map chunks as a pool of another language sends them to an R worker.
+xtask <- function(call, elements = NULL) .Call(mizu:::wrap__xlang_task_dumps, call, elements)
+call <- mizu_call("math:fsum", runif(5), "\u6c34", list(1L, NULL), flag = TRUE)
+xtasks <- list(
+  xtask(call),
+  xtask(mizu_call(source = "lambda x: x + 1")),
+  xtask(call, list(1.5, "a", 1:4))
+)
+xtask_loads <- function(b) .Call(mizu:::wrap__xlang_task_loads, b)
+for (s in xtasks) invisible(xtask_loads(s))
+fuzz("cross-language tasks", xtask_loads, xtasks)

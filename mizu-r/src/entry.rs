@@ -465,6 +465,20 @@ fn xlang_loads(b: Raw) -> Result<Robj> {
     crate::xcall::xlang_loads(b)
 }
 
+/// The bytes of a cross-language task calling `call` (over `elements`, a list, as a map
+/// chunk; NULL for one task), for the fuzz harness.
+#[extendr]
+fn xlang_task_dumps(call: Robj, elements: Robj) -> Result<Raw> {
+    crate::xcall::xlang_task_dumps(call, elements)
+}
+
+/// What an R worker reads of the bytes of a cross-language task (as Python sends them),
+/// without running it; a malformed one is an error.
+#[extendr]
+fn xlang_task_loads(b: Raw) -> Result<Robj> {
+    crate::xcall::xlang_task_loads(b)
+}
+
 extendr_module! {
     mod entry;
     fn view_collections;
@@ -527,4 +541,6 @@ extendr_module! {
     fn worker_slot;
     fn xlang_dumps;
     fn xlang_loads;
+    fn xlang_task_dumps;
+    fn xlang_task_loads;
 }

@@ -250,11 +250,19 @@ impl RExec {
             Ok(t) => t,
             Err(e) => return fail(&["mizu_error"], format!("malformed task: {e}")),
         };
+        if let Err(e) = crate::xvalue_in::call_names(&target, &kwargs) {
+            return fail(&["mizu_error"], format!("malformed task: {e}"));
+        }
         // A named function without a seed: the call itself, evaluated natively in the global
         // environment (no R closure in between: `.xrun` costs ~20 µs a task).
         let chunk_first = chunk.as_ref().map(|_| xctx.index);
+        // (R symbols cannot be empty: a call with an empty name goes through `.dispatch`.)
         let direct = match (&target, xctx.seed, &chunk) {
-            (mizu_pool::wire::CallTarget::Name(n), None, None) => Some(n.clone()),
+            (mizu_pool::wire::CallTarget::Name(n), None, None)
+                if !n.is_empty() && kwargs.iter().all(|(k, _)| !k.is_empty()) =>
+            {
+                Some(n.clone())
+            }
             _ => None,
         };
         if let Some(name) = direct {

@@ -1,6 +1,6 @@
 //! Cross-language calls and messages: the envelope of a call of a Python function (or of a
 //! chunk of a map over Python workers), a channel message to a Python peer, and the
-//! `xlang_dumps`/`xlang_loads` test hooks.
+//! `xlang_dumps`/`xlang_loads` and `xlang_task_dumps`/`xlang_task_loads` test hooks.
 
 use extendr_api::Result;
 use extendr_api::prelude::*;
@@ -179,4 +179,68 @@ pub(crate) fn xlang_loads(b: Raw) -> Result<Robj> {
     let mut m = arrow_buffer::MutableBuffer::with_capacity(b.len());
     m.extend_from_slice(b.as_slice());
     received(&m.into())
+}
+
+/// The payload of a task calling `call` (a `mizu_call()`), of a map chunk over `elements`
+/// when that is a list: the seeds of the R fuzz harness's task reader.
+pub(crate) fn xlang_task_dumps(call: Robj, elements: Robj) -> Result<Raw> {
+    // SAFETY: R's main thread; `call` and `elements` are arguments of the .Call, protected
+    // by R until it returns, and the payload is written before then.
+    let env = unsafe {
+        if elements.is_null() {
+            call_envelope(call.get(), extendr_ffi::R_NilValue)
+        } else {
+            chunk_envelope(
+                call.get(),
+                extendr_ffi::R_NilValue,
+                elements.get(),
+                Some(7.0),
+                0.0,
+            )
+        }
+    }
+    .map_err(crate::rerr)?;
+    Ok(Raw::from_bytes(&env.to_vec()))
+}
+
+/// What an R worker reads of a cross-language task payload (bytes as Python sends them),
+/// without running it: `list(target, source, args, kwargs, elements)`. Malformed bytes are an
+/// error saying the payload cannot be read.
+pub(crate) fn xlang_task_loads(b: Raw) -> Result<Robj> {
+    use crate::xvalue_in::to_r;
+    use mizu_pool::wire::CallTarget;
+    let mut m = arrow_buffer::MutableBuffer::with_capacity(b.len());
+    m.extend_from_slice(b.as_slice());
+    let buf: arrow_buffer::Buffer = m.into();
+    let _reading = crate::xvalue_in::Reading::payload(&buf);
+    let t = mizu_pool::wire::envelope::read_task(&buf, Some(&crate::payload::MAPPER))
+        .map_err(|e| crate::rerr(format!("cannot read a cross-language task: {e}")))?;
+    crate::xvalue_in::call_names(&t.target, &t.kwargs)?;
+    let (target, source) = match t.target {
+        CallTarget::Name(n) => (n, false),
+        CallTarget::Source(s) => (s, true),
+    };
+    let args = t.args.into_iter().map(to_r).collect::<Result<Vec<_>>>()?;
+    let (names, vals): (Vec<String>, Vec<Value>) = t.kwargs.into_iter().unzip();
+    let mut kwargs: Robj =
+        List::from_values(vals.into_iter().map(to_r).collect::<Result<Vec<_>>>()?).into();
+    kwargs.set_names(names)?;
+    let elements: Robj = match t.chunk {
+        Some(c) => List::from_values(
+            c.elements
+                .into_iter()
+                .map(to_r)
+                .collect::<Result<Vec<_>>>()?,
+        )
+        .into(),
+        None => Robj::from(()),
+    };
+    Ok(List::from_values([
+        Robj::from(target.as_str()),
+        Robj::from(source),
+        List::from_values(args).into(),
+        kwargs,
+        elements,
+    ])
+    .into())
 }

@@ -53,6 +53,38 @@ fn rerr(e: impl std::fmt::Display) -> Error {
     crate::rerr(format!("cannot read a cross-language value: {e}"))
 }
 
+/// Refuses received strings that hold a NUL byte, before R is asked to make them: R strings
+/// cannot hold one (R would raise its own error through Rust), and data must not change on the
+/// way. `what` names them in the error.
+pub(crate) fn no_nul<S: AsRef<str>>(what: &str, strings: &[S]) -> Result<()> {
+    match strings.iter().any(|s| s.as_ref().contains('\0')) {
+        true => Err(rerr(format!(
+            "{what} holds a NUL byte, which R strings cannot"
+        ))),
+        false => Ok(()),
+    }
+}
+
+/// A received call's function name (or source) and argument names, checked before R is
+/// asked to make them (see [`no_nul`]).
+pub(crate) fn call_names(
+    target: &mizu_pool::wire::CallTarget,
+    kwargs: &[(String, Value)],
+) -> Result<()> {
+    let (mizu_pool::wire::CallTarget::Name(t) | mizu_pool::wire::CallTarget::Source(t)) = target;
+    no_nul("the call's target", &[t])?;
+    no_nul(
+        "an argument name",
+        &kwargs.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+    )
+}
+
+/// A received diagnostic (an error's message, class, call or traceback) as R text: a NUL is
+/// shown as U+FFFD, as bad UTF-8 is.
+fn shown(s: &str) -> Robj {
+    Robj::from(s.replace('\0', "\u{fffd}").as_str())
+}
+
 /// A received cross-language outcome payload: the value, or for a task's failure the
 /// condition the caller raises (classes `mizu_error_python`, `mizu_error_task`, `mizu_error`,
 /// `error`, `condition`; fields `type`, `classes`, `traceback`).
@@ -77,13 +109,18 @@ pub fn received(payload: &Buffer) -> Result<Robj> {
             } else {
                 e.message.clone()
             };
+            let classes: Vec<String> = e
+                .classes
+                .iter()
+                .map(|c| c.replace('\0', "\u{fffd}"))
+                .collect();
             let mut l: Robj = List::from_values([
-                Robj::from(message.as_str()),
+                shown(&message),
                 Robj::from(()),
-                Robj::from(first.as_str()),
-                Robj::from(e.classes.clone()),
-                Robj::from(e.traceback.as_str()),
-                Robj::from(e.call.as_str()),
+                shown(&first),
+                Robj::from(classes),
+                shown(&e.traceback),
+                shown(&e.call),
                 e.element
                     .map_or_else(|| Robj::from(()), |i| Robj::from(i as f64)),
             ])
@@ -122,7 +159,10 @@ pub fn to_r(v: Value) -> Result<Robj> {
         },
         Value::Float(f) => Robj::from(f),
         Value::Complex(re, im) => Robj::from(Rcplx::from((re, im))),
-        Value::Str(s) => Robj::from(s.as_str()),
+        Value::Str(s) => {
+            no_nul("a string", &[&s])?;
+            Robj::from(s.as_str())
+        }
         Value::Bytes(b) => Robj::from(Raw::from_bytes(b.as_slice())),
         Value::List(items) => {
             let v = items.into_iter().map(to_r).collect::<Result<Vec<_>>>()?;
@@ -130,6 +170,7 @@ pub fn to_r(v: Value) -> Result<Robj> {
         }
         Value::Dict(kv) => {
             let (names, vals): (Vec<String>, Vec<Value>) = kv.into_iter().unzip();
+            no_nul("a dict key", &names)?;
             let vals = vals.into_iter().map(to_r).collect::<Result<Vec<_>>>()?;
             let mut l: Robj = List::from_values(vals).into();
             l.set_names(names)?;
@@ -147,10 +188,9 @@ pub fn to_r(v: Value) -> Result<Robj> {
             message,
             traceback,
         } => {
-            let mut l: Robj =
-                List::from_values([Robj::from(message.as_str()), Robj::from(traceback.as_str())])
-                    .into();
+            let mut l: Robj = List::from_values([shown(&message), shown(&traceback)]).into();
             l.set_names(["message", "traceback"])?;
+            let type_name = type_name.replace('\0', "\u{fffd}");
             l.set_class([type_name.as_str(), "error", "condition"])?;
             l
         }
@@ -226,6 +266,7 @@ pub(crate) fn attributes(
                     .map(|v| v.unwrap_or_default().to_owned())
                     .collect(),
             };
+            no_nul("a factor level", &levels)?;
             a.push(("levels", Robj::from(levels)));
             a.push((
                 "class",
@@ -238,10 +279,12 @@ pub(crate) fn attributes(
         }
         RType::Date => a.push(("class", Robj::from("Date"))),
         RType::PosixCt { tz } => {
+            no_nul("a time zone", &[tz])?;
             a.push(("tzone", Robj::from(tz.as_str())));
             a.push(("class", Robj::from(["POSIXct", "POSIXt"])));
         }
         RType::Difftime { units } => {
+            no_nul("a difftime unit", &[units])?;
             a.push(("units", Robj::from(units.as_str())));
             a.push(("class", Robj::from("difftime")));
         }
@@ -275,6 +318,7 @@ fn data_frame(batch: &RecordBatch, shared: Option<Buffer>) -> Result<Robj> {
         cols.push(column(f, batch.column(j), s)?);
     }
     let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+    no_nul("a column name", &names)?;
     let mut df: Robj = List::from_values(cols).into();
     df.set_names(names)?;
     df.set_attrib("row.names", [i32::MIN, -(batch.num_rows() as i32)])?;
@@ -289,6 +333,9 @@ fn data_frame(batch: &RecordBatch, shared: Option<Buffer>) -> Result<Robj> {
 /// R's main thread.
 pub unsafe fn to_sexp_protected(v: Value) -> Result<SEXP> {
     use extendr_ffi::{R_NilValue, Rf_ScalarInteger, Rf_protect};
+    if let Value::Str(s) = &v {
+        no_nul("a string", &[s])?;
+    }
     // SAFETY: R's main thread; each new value is protected before anything else allocates.
     unsafe {
         let fresh = match &v {

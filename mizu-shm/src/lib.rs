@@ -32,6 +32,8 @@ pub mod sync;
 pub mod affinity;
 #[cfg(not(mizu_loom))]
 pub mod error;
+#[cfg(all(not(mizu_loom), feature = "test-helpers"))]
+pub mod fuzzing;
 #[cfg(not(mizu_loom))]
 pub mod header;
 #[cfg(not(mizu_loom))]
@@ -61,7 +63,7 @@ pub use {
     liveness::ProcessId,
     name::SegmentName,
     parker::{WaitError, Waiter},
-    pid::current_pid,
+    pid::{current_pid, pid_runs},
     prune::{prune, prune_of},
     segment::{Layout, Segment, ShmSafe},
     watch::{DeathWatch, LOOK_EVERY},

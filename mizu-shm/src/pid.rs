@@ -40,9 +40,45 @@ pub fn current_pid() -> u32 {
     p
 }
 
+/// Whether a process with id `pid` runs (a zombie — killed, not yet waited for — does not).
+/// For a process known by its pid alone: a reused pid makes an unrelated process look like it,
+/// so callers may only conclude "not running" from `false`.
+pub fn pid_runs(pid: u32) -> bool {
+    let Some(p) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return false;
+    };
+    match rustix::process::test_kill_process(p) {
+        Err(rustix::io::Errno::SRCH) => false,
+        // Exists (EPERM: another user's) or cannot tell: never declared gone on an error.
+        _ => !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            // The state follows the command name's closing parenthesis.
+            s.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next())
+                .is_some_and(|c| matches!(c, 'Z' | 'X'))
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::current_pid;
+    use super::{current_pid, pid_runs};
+
+    #[test]
+    fn a_zombie_does_not_run() {
+        assert!(pid_runs(current_pid()));
+        assert!(!pid_runs(0));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Not waited for yet: a zombie once it exits.
+        while pid_runs(pid) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        child.wait().unwrap();
+        assert!(!pid_runs(pid));
+    }
 
     #[test]
     fn is_the_process_id() {

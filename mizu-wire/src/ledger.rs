@@ -247,3 +247,32 @@ fn give_back(es: &[Entry]) -> usize {
     }
     n
 }
+
+/// A ledger segment whose entries a fuzz harness writes (as a killed process might have left
+/// them) and a reaper then gives back: the reaper's reading of another process's entries.
+/// For the harnesses only (the `test-helpers` feature).
+#[cfg(feature = "test-helpers")]
+pub struct WrittenLedger(Segment);
+
+#[cfg(feature = "test-helpers")]
+impl WrittenLedger {
+    /// An empty ledger segment.
+    pub fn new() -> Option<Self> {
+        Ledger::create().map(|l| WrittenLedger(l.seg))
+    }
+
+    /// Writes `raw` over the start of the entries (64 bytes each), then gives back what they
+    /// list as a reaper does: how many references were given back.
+    pub fn reap(&self, raw: &[u8]) -> usize {
+        let Some(e) = self.0.extent(1).ok() else {
+            return 0;
+        };
+        let n = raw.len().min(e.len as usize);
+        // SAFETY: the entries extent lies inside this process's own mapping (validated
+        // header), and nobody else has the segment's name.
+        unsafe {
+            std::ptr::copy_nonoverlapping(raw.as_ptr(), self.0.as_ptr().add(e.offset as usize), n)
+        };
+        entries(&self.0).map_or(0, give_back)
+    }
+}

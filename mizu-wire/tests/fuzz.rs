@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use arrow_buffer::{Buffer, MutableBuffer};
+use mizu_shm::fuzzing::{apply, mutation, private_place};
 use mizu_wire::envelope::{self, Context, Envelope, RemoteError};
 use mizu_wire::frame::{self, Body};
 use mizu_wire::oob::{self, Place};
@@ -184,45 +185,6 @@ fn oob_payloads() -> &'static [Vec<u8>] {
     })
 }
 
-/// A mutation: byte flips, then an optional splice of another seed's tail, then a cut.
-#[derive(Debug, Clone)]
-struct Mutation {
-    flips: Vec<(usize, u8)>,
-    splice: Option<(usize, usize, usize)>,
-    cut: Option<usize>,
-}
-
-fn mutation() -> impl Strategy<Value = Mutation> {
-    (
-        proptest::collection::vec((any::<usize>(), 1..=255u8), 0..6),
-        proptest::option::weighted(0.2, (any::<usize>(), any::<usize>(), any::<usize>())),
-        proptest::option::weighted(0.2, any::<usize>()),
-    )
-        .prop_map(|(flips, splice, cut)| Mutation { flips, splice, cut })
-}
-
-fn apply(seed: &[u8], m: &Mutation, others: &[Vec<u8>]) -> Vec<u8> {
-    let mut b = seed.to_vec();
-    for &(at, x) in &m.flips {
-        if !b.is_empty() {
-            let i = at % b.len();
-            b[i] ^= x;
-        }
-    }
-    if let Some((which, from, into)) = m.splice {
-        let o = &others[which % others.len()];
-        let from = if o.is_empty() { 0 } else { from % o.len() };
-        let into = if b.is_empty() { 0 } else { into % b.len() };
-        b.truncate(into);
-        b.extend_from_slice(&o[from..]);
-    }
-    if let Some(cut) = m.cut {
-        let n = if b.is_empty() { 0 } else { cut % b.len() };
-        b.truncate(n);
-    }
-    b
-}
-
 /// The bytes in a 64-byte aligned buffer, as a region hands them over.
 fn aligned(v: &[u8]) -> Buffer {
     let mut m = MutableBuffer::with_capacity(v.len());
@@ -237,6 +199,7 @@ fn aligned(v: &[u8]) -> Buffer {
 #[test]
 fn mutated_region_descriptors_never_panic() {
     use proptest::test_runner::{Config, TestRunner};
+    private_place();
     with_live_region(|desc| {
         let mut runner = TestRunner::new(Config::default());
         runner
@@ -264,6 +227,7 @@ fn mutated_region_descriptors_never_panic() {
 
 #[test]
 fn every_seed_is_accepted() {
+    private_place();
     for f in frames() {
         frame::read(f).unwrap();
     }
@@ -302,6 +266,7 @@ proptest! {
     /// Frames: header, then the inline value's decoder or the region descriptor's parser.
     #[test]
     fn mutated_frames_never_panic(which in any::<usize>(), m in mutation()) {
+        private_place();
         let seeds = frames();
         let b = apply(&seeds[which % seeds.len()], &m, seeds);
         if let Ok(f) = frame::read(&b) {
@@ -352,5 +317,234 @@ proptest! {
         let seeds = r_serializations();
         let b = apply(&seeds[which % seeds.len()], &m, seeds);
         let _ = rser::check(&b);
+    }
+}
+
+/// Every array a decoded value holds passes arrow's full validation: what a reader accepted
+/// can be read without going out of bounds.
+fn assert_valid(v: &Value) {
+    use arrow_array::Array;
+    match v {
+        Value::Array { array, .. } => array.to_data().validate_full().unwrap(),
+        Value::Table(t) => t
+            .columns()
+            .iter()
+            .for_each(|c| c.to_data().validate_full().unwrap()),
+        Value::Shared { value, .. } => assert_valid(value),
+        Value::List(items) => items.iter().for_each(assert_valid),
+        Value::Dict(items) => items.iter().for_each(|(_, v)| assert_valid(v)),
+        _ => {}
+    }
+}
+
+/// Arrays of the R mapping's types and a table of strings, the values the shared-reference and
+/// schema harnesses start from.
+fn r_typed_values() -> Vec<Value> {
+    use mizu_wire::rmeta;
+    let pairs = [
+        rmeta::integer("i", &[1, rmeta::NA_INTEGER, 3]),
+        rmeta::double("d", &[1.5, f64::NAN]),
+        rmeta::character("s", &[Some("a"), None, Some("水")]),
+        rmeta::factor("f", &[1, 2, rmeta::NA_INTEGER], &["u", "v"], false).unwrap(),
+        rmeta::date("t", &[19000.0]),
+        rmeta::posixct("p", &[1.5e9], "UTC"),
+        rmeta::difftime("h", &[3.0], "hours").unwrap(),
+        rmeta::integer64("b", &[1, rmeta::NA_INTEGER64]),
+        {
+            let (f, a) = rmeta::integer("m", &[1, 2, 3, 4, 5, 6]);
+            (rmeta::with_dim(f, &[2, 3]), a)
+        },
+    ];
+    let mut out: Vec<Value> = pairs
+        .iter()
+        .map(|(f, a)| Value::Array {
+            field: std::sync::Arc::new(f.clone()),
+            array: a.clone(),
+        })
+        .collect();
+    out.push(Value::Table(
+        rmeta::data_frame(
+            pairs
+                .iter()
+                .take(3)
+                .map(|(f, a)| {
+                    let a = a.slice(0, 2);
+                    (f.clone(), a)
+                })
+                .collect(),
+        )
+        .unwrap(),
+    ));
+    out
+}
+
+/// Payloads holding references (tag `0E`) to arrays and a table in a live region, mutated and
+/// read as a pool payload is (with a mapper): the descriptor, the value's range in its region,
+/// and the array bytes there (reached by a mutated range) give a value whose arrays validate,
+/// or an error. Each case sends the value on again, so each adoption has a reference to take.
+#[test]
+fn mutated_shared_references_never_panic() {
+    use mizu_wire::envelope::Received;
+    use proptest::test_runner::{Config, TestRunner};
+    private_place();
+    let pool = DataPool::new(1 << 22);
+    let first = Envelope::value(&Value::List(r_typed_values()))
+        .unwrap()
+        .to_vec();
+    let region = pool.store(&first).unwrap();
+    let mapper = Mapper::new();
+    let adopted = std::sync::Arc::new(mapper.adopt(&region.share()).unwrap());
+    let got = match envelope::read_with(&mizu_wire::Region::buffer(&adopted), Some(&mapper)) {
+        Ok(Received::Value(v)) => v,
+        other => panic!("{other:?}"),
+    };
+    let Value::List(items) = &got else {
+        panic!("{got:?}")
+    };
+    assert!(items.iter().all(|v| matches!(v, Value::Shared { .. })));
+    let (accepted, refused) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+    let mut runner = TestRunner::new(Config::default());
+    runner
+        .run(&(mutation(), 0..items.len()), |(m, which)| {
+            // One reference, sent on afresh: the bytes hold a new reference to take.
+            let seed = Envelope::value(&items[which]).unwrap().to_vec();
+            prop_assert!(seed.len() < 256, "sent as a reference");
+            let b = apply(&seed, &m, std::slice::from_ref(&first));
+            match envelope::read_with(&aligned(&b), Some(&mapper)) {
+                Ok(Received::Value(v)) => {
+                    assert_valid(&v);
+                    accepted.set(accepted.get() + 1);
+                }
+                Ok(_) => accepted.set(accepted.get() + 1),
+                Err(_) => refused.set(refused.get() + 1),
+            }
+            Ok(())
+        })
+        .unwrap();
+    eprintln!(
+        "fuzz shared references: {} accepted, {} refused",
+        accepted.get(),
+        refused.get()
+    );
+    assert!(accepted.get() > 0 && refused.get() > 0);
+}
+
+proptest! {
+    /// The schema reader a binding uses on a value it received (`arrow_schema`): mutated
+    /// encodings of arrays and tables give a schema or an error.
+    #[test]
+    fn mutated_values_never_panic_the_schema_reader(which in any::<usize>(), m in mutation()) {
+        static SEEDS: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
+        let seeds = SEEDS.get_or_init(|| {
+            r_typed_values()
+                .iter()
+                .map(|v| mizu_wire::encode(v).unwrap().to_vec())
+                .collect()
+        });
+        let b = apply(&seeds[which % seeds.len()], &m, seeds);
+        let _ = mizu_wire::arrow_schema(&b);
+    }
+
+    /// The R mapping's metadata as another writer may have set it (a pyarrow field with any
+    /// `mizu.r.*` keys, on any of the mapping's array types): `classify`, `dim` and
+    /// `normalize` give an answer or an error.
+    #[test]
+    fn any_r_metadata_never_panics(
+        field in any::<usize>(),
+        array in any::<usize>(),
+        keys in proptest::collection::vec((0..4usize, any::<usize>(), mutation()), 0..3),
+    ) {
+        use mizu_wire::rmeta;
+        static SEEDS: OnceLock<Vec<Value>> = OnceLock::new();
+        let seeds = SEEDS.get_or_init(r_typed_values);
+        let arrays: Vec<_> = seeds
+            .iter()
+            .filter_map(|v| match v {
+                Value::Array { field, array } => Some((field.clone(), array.clone())),
+                _ => None,
+            })
+            .collect();
+        let words: Vec<Vec<u8>> = arrays
+            .iter()
+            .flat_map(|(f, _)| f.metadata().values().map(|v| v.as_bytes().to_vec()))
+            .chain(["factor", "ordered", "integer64", "data.frame", "2,3", "-1", "0,0"]
+                .map(|s| s.as_bytes().to_vec()))
+            .collect();
+        let (f, _) = &arrays[field % arrays.len()];
+        let (_, a) = &arrays[array % arrays.len()];
+        // A decoded value's field always has its array's type.
+        let mut md = f.metadata().clone();
+        for (key, word, m) in &keys {
+            let k = [rmeta::CLASS, rmeta::TZ, rmeta::UNITS, rmeta::DIM][*key];
+            let v = apply(&words[word % words.len()], m, &words);
+            md.insert(k.to_string(), String::from_utf8_lossy(&v).into_owned());
+        }
+        let f = arrow_schema::Field::new(f.name(), a.data_type().clone(), true).with_metadata(md);
+        let _ = rmeta::classify(&f);
+        let _ = rmeta::dim(&f, a.len());
+        if let Some((nf, na)) = rmeta::normalize(&f, a) {
+            prop_assert_eq!(nf.data_type(), na.data_type());
+            na.to_data().validate_full().unwrap();
+        }
+        let schema = arrow_schema::Schema::new(vec![f.clone()]);
+        if let Ok(b) = arrow_array::RecordBatch::try_new(std::sync::Arc::new(schema), vec![a.clone()]) {
+            let _ = rmeta::normalize_batch(b);
+        }
+    }
+}
+
+/// Ledger entries as a killed process may have left them, mutated, given back by a reaper:
+/// entries naming live regions, with the right or a mutated offset and generation (and name),
+/// release at most what they list — never a panic or a count taken from a region that does
+/// not match.
+#[test]
+fn mutated_ledger_entries_never_panic() {
+    use mizu_wire::ledger::WrittenLedger;
+    use proptest::test_runner::{Config, TestRunner};
+    private_place();
+    let pool = DataPool::new(1 << 20);
+    let regions: Vec<_> = (0..4)
+        .map(|i| {
+            let mut r = pool.alloc(256 * (i + 1)).unwrap();
+            r.bytes_mut().fill(i as u8);
+            r.commit()
+        })
+        .collect();
+    let entry = |d: &RegionDesc| {
+        let mut e = vec![0u8; 64];
+        e[..8].copy_from_slice(&1u64.to_le_bytes());
+        e[8..16].copy_from_slice(&d.offset.to_le_bytes());
+        e[16..24].copy_from_slice(&d.generation.to_le_bytes());
+        e[24..24 + d.name.len()].copy_from_slice(d.name.as_bytes());
+        e
+    };
+    let ledger = WrittenLedger::new().expect("a ledger segment");
+    let seeds: Vec<Vec<u8>> = regions.iter().map(|r| entry(&r.describe())).collect();
+    // A well-formed entry gives its reference back: one added here first.
+    let d = regions[0].share();
+    assert_eq!(ledger.reap(&entry(&d)), 1);
+    let mut runner = TestRunner::new(Config::default());
+    runner
+        .run(
+            &proptest::collection::vec((any::<usize>(), mutation()), 1..4),
+            |picks| {
+                let mut raw = Vec::new();
+                for (which, m) in &picks {
+                    // Each listed region holds a reference for its entry to give back.
+                    let r = &regions[which % regions.len()];
+                    let seed = entry(&r.share());
+                    let mut e = apply(&seed, m, &seeds);
+                    e.resize(64, 0);
+                    raw.extend_from_slice(&e);
+                }
+                let given = ledger.reap(&raw);
+                prop_assert!(given <= picks.len());
+                Ok(())
+            },
+        )
+        .unwrap();
+    // The regions the harness holds are still whole.
+    for (i, r) in regions.iter().enumerate() {
+        assert!(r.bytes().iter().all(|&b| b == i as u8));
     }
 }

@@ -241,25 +241,26 @@ fn fuzz_all(root: &Path, long: bool) -> Res {
     r::fuzz_r(root, cases)
 }
 
-/// The Rust harnesses (proptest, structure-aware: `mizu-wire/tests/fuzz.rs`, and the value
-/// decoder's in `values.rs`), `cases` each.
+/// The Rust harnesses (proptest, structure-aware; `cases` each): the segment header
+/// (`mizu-shm/tests/fuzz.rs`), the wire format's decoders (`mizu-wire/tests/fuzz.rs` and the
+/// value decoder's in `values.rs`), and what the pool reads of other processes (`mizu-pool/
+/// tests/fuzz.rs`).
 fn fuzz_rust(root: &Path, cases: u64) -> Res {
-    let mut cmd = Command::new(cargo());
-    cmd.args([
-        "test",
-        "--profile",
-        "checks",
-        "-p",
-        "mizu-wire",
-        "--test",
-        "fuzz",
-        "--test",
-        "values",
-        "--",
-        "never_panic",
-    ])
-    .env("PROPTEST_CASES", cases.to_string());
-    run(root, &mut cmd)
+    for (krate, tests) in [
+        ("mizu-shm", &["fuzz"][..]),
+        ("mizu-wire", &["fuzz", "values"][..]),
+        ("mizu-pool", &["fuzz"][..]),
+    ] {
+        let mut cmd = Command::new(cargo());
+        cmd.args(["test", "--profile", "checks", "-p", krate]);
+        for t in tests {
+            cmd.args(["--test", t]);
+        }
+        cmd.args(["--", "never_panic", "--nocapture"])
+            .env("PROPTEST_CASES", cases.to_string());
+        run(root, &mut cmd)?;
+    }
+    Ok(())
 }
 
 /// The Python binding's decoders (`mizu-py/tests/fuzz_codecs.py`), `cases` each; needs pymizu
