@@ -52,17 +52,24 @@ impl SubmitterCore {
         r
     }
 
-    /// A waiter for outcomes of this submitter, with the spin budget the last one learned.
+    /// A waiter for outcomes of this submitter, with the spin budget the last one learned —
+    /// or none when every CPU runs a worker (outside a worker process): spinning then takes
+    /// a CPU from a worker, and a map of real work is as much slower as its caller spins.
     fn waiter(&self) -> Waiter {
+        if !crate::origin::in_worker_process() && !crate::watch::room(self.shared.view()) {
+            return Waiter::new(Duration::ZERO, Duration::from_millis(2));
+        }
         Waiter::new(self.spin, Duration::from_millis(2)).with_spin(Duration::from_nanos(
             self.learned_spin.load(Ordering::Relaxed),
         ))
     }
 
-    /// Keeps the spin budget `w` ended with for the next wait.
+    /// Keeps the spin budget `w` ended with for the next wait (not a crowded wait's none).
     fn learn(&self, w: &Waiter) {
-        self.learned_spin
-            .store(w.spin_budget().as_nanos() as u64, Ordering::Relaxed);
+        if !w.spin_budget().is_zero() {
+            self.learned_spin
+                .store(w.spin_budget().as_nanos() as u64, Ordering::Relaxed);
+        }
         if w.parks() > 0 {
             self.parks.fetch_add(w.parks(), Ordering::Relaxed);
         }

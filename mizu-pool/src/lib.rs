@@ -34,6 +34,8 @@
 
 // The atomic protocols that involve no segment: public to the loom models only
 // (`tests/loom.rs` under `--cfg mizu_loom`), which run this very code.
+#[cfg(not(mizu_loom))]
+pub mod chunks;
 #[cfg(mizu_loom)]
 pub mod claim;
 #[cfg(not(mizu_loom))]

@@ -106,6 +106,14 @@ fn stream_word(seed: u64, index: u64) -> u64 {
 }
 
 /// Removes shared-memory names left by processes that are gone; returns them.
+/// The chunks of a map of `n` elements over `workers` workers, `(first, length)` each (see
+/// `mizu_pool::chunks`); `chunksize` fixes their size.
+#[pyfunction]
+#[pyo3(signature = (n, workers, chunksize=None))]
+fn chunk_plan(n: u64, workers: u64, chunksize: Option<u64>) -> Vec<(u64, u64)> {
+    mizu_pool::chunks::plan(n, workers, chunksize)
+}
+
 #[pyfunction]
 fn prune() -> PyResult<Vec<String>> {
     mizu_pool::machine::prune().map_err(err)
@@ -171,6 +179,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(worker::small_loads, m)?)?;
     m.add_function(wrap_pyfunction!(stream_word, m)?)?;
     m.add_function(wrap_pyfunction!(prune, m)?)?;
+    m.add_function(wrap_pyfunction!(chunk_plan, m)?)?;
     m.add_function(wrap_pyfunction!(codec::share_buffer, m)?)?;
     m.add_function(wrap_pyfunction!(codec::shared_empty, m)?)?;
     m.add_function(wrap_pyfunction!(xlang::share_ndarray, m)?)?;

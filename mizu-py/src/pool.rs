@@ -138,8 +138,6 @@ pub(crate) fn submit_all_draining<T: Sync>(
 
 /// Calls of a batch published together (`submit_calls`).
 const CALLS_PER_PUBLICATION: usize = 128;
-/// Calls of a chunk at most when `submit_chunks` sizes chunks itself.
-const CHUNK_MAX: usize = 128;
 
 /// One call of a batch, written natively or pickled.
 enum CallFill<'a> {
@@ -540,8 +538,8 @@ impl Pool {
     }
 
     /// `pymizu.Pool.submit_batch` (which documents it): `fn_(*args)` for every tuple of
-    /// `argss`, in chunks of `chunksize` calls, or guided sizes (at most [`CHUNK_MAX`], about
-    /// a quarter per worker of what is left) when None. A chunk is one task, the call of
+    /// `argss`, in chunks of `chunksize` calls, or the runtime's batch chunks
+    /// (`mizu_pool::chunks::batch`) when None. A chunk is one task, the call of
     /// `_pool._run_batch_ref` over its calls (written natively when they are small values);
     /// its calls are its member tasks. A chunk of one call is a task of its own.
     #[pyo3(signature = (fn_, argss, chunksize, workers))]
@@ -572,15 +570,15 @@ impl Pool {
         let run_ref = RUN_REF.import(py, "pymizu._batches", "_run_batch_ref")?;
         let run_head = crate::small::fn_head(run_ref)?;
         let no_skip = PyTuple::empty(py);
-        let per = 4 * workers.max(1);
         let mut out = Vec::with_capacity(calls.len());
-        let mut s = 0;
-        while s < calls.len() {
-            let k = chunksize
-                .unwrap_or_else(|| (calls.len() - s).div_ceil(per).min(CHUNK_MAX))
-                .min(calls.len() - s);
+        let plan = mizu_pool::chunks::batch(
+            calls.len() as u64,
+            workers as u64,
+            chunksize.map(|c| c as u64),
+        );
+        for (s, k) in plan {
+            let (s, k) = (s as usize, k as usize);
             let part = &calls[s..s + k];
-            s += k;
             let payload = if k == 1 {
                 let args = part[0].cast::<PyTuple>()?;
                 crate::small::call_payload(fn_, args, None, Some(this.id))?

@@ -350,3 +350,15 @@ def raise_two_argument_error():
 def wait_event(event):
     """Returns once `event` (a multiprocessing Event) is set; False after a minute."""
     return event.wait(60)
+
+
+def wait_for_file(pair):
+    """Waits until the file `pair[0]` exists (at once for None; a 60 s hang guard), then
+    returns `pair[1]`."""
+    path, value = pair
+    deadline = time.monotonic() + 60
+    while path is not None and not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"hang guard: {path} never appeared")
+        time.sleep(0.005)
+    return value

@@ -91,6 +91,32 @@ def test_map_starmap_imap_keep_order_for_any_chunksize(pool):
     assert pool.map(tasks.add, [], []) == []
 
 
+def test_imap_unordered_yields_each_chunk_as_it_finishes(pool):
+    want = [2 * i for i in range(1000)]
+    assert sorted(pool.imap_unordered(tasks.add, range(1000), range(1000))) == want
+    assert sorted(pool.imap_unordered(tasks.add, range(1000), range(1000), chunksize=7)) == want
+    # A first chunk that cannot finish yet does not hold back the ones after it: it waits
+    # for a file made only once the others were yielded.
+    gate = os.path.join(tempfile.mkdtemp(), "gate")
+    it = pool.imap_unordered(tasks.wait_for_file, [(gate, "held"), (None, "a"), (None, "b")], chunksize=1)
+    assert sorted([next(it), next(it)]) == ["a", "b"]
+    open(gate, "w").close()
+    assert list(it) == ["held"]
+    with pytest.raises(KeyError):
+        list(pool.imap_unordered(tasks.fails_at, range(50), [7] * 50, chunksize=5))
+    with pytest.raises(TimeoutError):
+        list(pool.imap_unordered(tasks.sleep, [0.3] * 4, timeout=0.05, chunksize=1))
+    assert list(pool.imap_unordered(tasks.ident, [])) == []
+    assert pool.map(tasks.ident, range(5)) == list(range(5)), "the pool goes on"
+
+
+def test_default_chunks_are_large_first_and_cover_the_map(pool):
+    plan = pymizu._native.chunk_plan(8000, 2)
+    assert plan[0] == (0, 1000) and sum(k for _, k in plan) == 8000
+    assert [s for s, _ in plan] == [sum(k for _, k in plan[:i]) for i in range(len(plan))]
+    assert pymizu._native.chunk_plan(10, 3, 4) == [(0, 4), (4, 4), (8, 2)]
+
+
 def test_map_raises_the_first_failing_element_with_its_index(pool):
     with pytest.raises(KeyError) as info:
         pool.map(tasks.fails_at, range(500), [137] * 500, chunksize=10)

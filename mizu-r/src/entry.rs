@@ -479,6 +479,24 @@ fn xlang_task_loads(b: Raw) -> Result<Robj> {
     crate::xcall::xlang_task_loads(b)
 }
 
+/// The chunks of a map of `n` elements over `workers` workers (see `mizu_pool::chunks`):
+/// `list(first, length)`, 1-based firsts; `chunk_size` 0 for the runtime's guided chunks.
+#[extendr]
+fn chunk_plan(n: f64, workers: f64, chunk_size: f64) -> List {
+    let whole = |x: f64| {
+        if x.is_finite() && x > 0.0 {
+            x as u64
+        } else {
+            0
+        }
+    };
+    let fixed = Some(whole(chunk_size)).filter(|&c| c > 0);
+    let plan = mizu_pool::chunks::plan(whole(n), whole(workers), fixed);
+    let first: Vec<f64> = plan.iter().map(|&(s, _)| (s + 1) as f64).collect();
+    let len: Vec<f64> = plan.iter().map(|&(_, l)| l as f64).collect();
+    List::from_values([Robj::from(first), Robj::from(len)])
+}
+
 extendr_module! {
     mod entry;
     fn view_collections;
@@ -543,4 +561,5 @@ extendr_module! {
     fn xlang_loads;
     fn xlang_task_dumps;
     fn xlang_task_loads;
+    fn chunk_plan;
 }

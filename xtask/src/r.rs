@@ -172,12 +172,16 @@ pub fn fuzz_r(root: &Path, cases: u64) -> Res {
     Ok(())
 }
 
-/// The R benchmarks: mizu against parallel (PSOCK, mclapply) and future, then the future
-/// backend against future's multisession and cluster backends (`quick`: fewer repetitions,
-/// for the demo).
+/// The R benchmarks: mizu against parallel (PSOCK, mclapply) and future, compute-bound maps
+/// against the machine's limit, then the future backend against future's multisession and
+/// cluster backends (`quick`: fewer repetitions, for the demo).
 pub fn r_bench(root: &Path, quick: bool) -> Res {
     rpkg(root)?;
-    for script in ["mizu-r/benchmarks/bench.R", "mizu-r/benchmarks/future.R"] {
+    for script in [
+        "mizu-r/benchmarks/bench.R",
+        "mizu-r/benchmarks/maps.R",
+        "mizu-r/benchmarks/future.R",
+    ] {
         let mut cmd = r_command(root, "Rscript");
         cmd.arg(script);
         if quick {

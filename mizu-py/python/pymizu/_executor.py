@@ -378,7 +378,8 @@ class PoolExecutor(Executor):
     def map(self, fn, *iterables, timeout: float | None = None, chunksize: int | None = None):
         """As `ProcessPoolExecutor.map`: an iterator of `fn(*xs)` in input order, raising
         `TimeoutError` when a result is not ready `timeout` seconds after the call. Elements
-        travel in chunks of `chunksize` (default: about four chunks per worker). The iterator
+        travel in chunks of `chunksize` (default: the runtime's chunks, large first and smaller
+        towards the end, so that the workers finish together). The iterator
         holds no reference to a result it has yielded."""
         if chunksize is not None and (not isinstance(chunksize, int) or chunksize < 1):
             raise ValueError("chunksize must be >= 1.")
@@ -388,13 +389,13 @@ class PoolExecutor(Executor):
         star = len(iterables) != 1
         items = _share.share_repeated(list(zip(*iterables)) if star else list(iterables[0]), star)
         n = len(items)
-        if chunksize is None:
-            chunksize = max(1, -(-n // (4 * self._max_workers)))
         deadline = None if timeout is None else time.monotonic() + timeout
         futs = []
-        for s in range(0, n, chunksize):
+        # The runtime's chunks (large first, smaller towards the end), each submitted as soon
+        # as it is pickled.
+        for s, k in _native.chunk_plan(n, self._max_workers, chunksize):
             try:
-                payload = _codec.dumps_call(_run_chunk, (fn, s, items[s : s + chunksize], star, None, 0), {})
+                payload = _codec.dumps_call(_run_chunk, (fn, s, items[s : s + k], star, None, 0), {})
             except Exception as e:
                 futs.append(_failed(e))
                 continue

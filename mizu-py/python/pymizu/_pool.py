@@ -144,7 +144,8 @@ class _Submitter:
     ) -> list:
         """`[fn(*xs) for xs in zip(*iterables)]` over the workers, in input order.
 
-        `chunksize` elements travel per task (default: about four chunks per worker);
+        `chunksize` elements travel per task (default: the runtime's chunks, large first and
+        smaller towards the end, so that the workers finish together);
         `timeout` bounds the whole map (`TimeoutError`); with `seed=`, element `i` runs with
         `current_rng()` over the stream `(seed, offset + i)`, so results never depend on the
         worker count or chunking; `progress=True` (or a label) shows a bar on stderr. The
@@ -169,27 +170,44 @@ class _Submitter:
             return self._imap(fn, list(iterables[0]), False, **_map_kw(kw))
         return self._imap(fn, list(zip(*iterables)), True, **_map_kw(kw))
 
-    def _imap(self, fn, items, star, chunksize=None, timeout=None, seed=None, offset=0, progress=False):
+    def imap_unordered(self, fn: Callable, *iterables: Iterable, **kw) -> Iterator:
+        """Like `imap`, but yields each chunk's results as soon as that chunk is done, chunks
+        in the order they finish (as `multiprocessing.Pool.imap_unordered`)."""
+        if not iterables:
+            raise TypeError("imap_unordered() needs at least one iterable")
+        if len(iterables) == 1:
+            return self._imap(fn, list(iterables[0]), False, ordered=False, **_map_kw(kw))
+        return self._imap(fn, list(zip(*iterables)), True, ordered=False, **_map_kw(kw))
+
+    def _imap(self, fn, items, star, chunksize=None, timeout=None, seed=None, offset=0, progress=False,
+              ordered=True):
         seed = _rng.check_seed(seed)
         if not isinstance(offset, int) or offset < 0:
             raise ValueError(f"offset must be a non-negative int, got {offset!r}")
         n = len(items)
-        if chunksize is None:
-            chunksize = max(1, -(-n // (4 * max(1, self._workers))))
-        elif not isinstance(chunksize, int) or chunksize < 1:
+        if chunksize is not None and (not isinstance(chunksize, int) or chunksize < 1):
             raise ValueError(f"chunksize must be a positive int, got {chunksize!r}")
         if self._language != "python":
-            return self._ximap(fn, items, star, chunksize, timeout, seed, offset, progress)
+            size = chunksize or max(1, -(-n // (4 * max(1, self._workers))))
+            return self._ximap(fn, items, star, size, timeout, seed, offset, progress)
         deadline = None if timeout is None else time.monotonic() + timeout
         # A large argument every element (or the function) passes goes once, shared.
         fn = _share.share_fn(fn)
         items = _share.share_repeated(items, star)
-        calls = [
-            _codec.dumps_call(_run_chunk, (fn, s, items[s : s + chunksize], star, seed, offset), {})
-            for s in range(0, n, chunksize)
-        ]
-        # Submitted now (as multiprocessing's imap does), collected as the caller iterates.
-        return self._stream(self._submit_all(calls), deadline, timeout, _Progress(n, progress), chunksize, n)
+        # The runtime's chunks: large first, smaller towards the end.
+        plan = _native.chunk_plan(n, self._workers, chunksize)
+
+        def call(s, k):
+            return _codec.dumps_call(_run_chunk, (fn, s, items[s : s + k], star, seed, offset), {})
+
+        # Submitted now (as multiprocessing's imap does), collected as the caller iterates;
+        # each chunk goes as soon as it is pickled (pickling is ~0.5 us an element here: a
+        # worker would wait milliseconds for a map's whole pickling).
+        tasks = []
+        for c in plan:
+            tasks += self._submit_all([call(*c)])
+        stream = self._stream if ordered else self._stream_unordered
+        return stream(tasks, deadline, timeout, _Progress(n, progress), [k for _, k in plan])
 
     # -- pools of another language's workers (`Pool(language="r")`) -------------------------
 
@@ -239,14 +257,35 @@ class _Submitter:
                 t.cancel()
             bar.close()
 
-    def _stream(self, tasks: list[Task], deadline, timeout, bar, chunksize, n):
+    def _stream_unordered(self, tasks: list[Task], deadline, timeout, bar, lengths):
+        pending = list(tasks)
         try:
-            for k, t in enumerate(tasks):
+            while pending:
+                done = [t for t in pending if t.done()]
+                if not done:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise TimeoutError(f"the map did not finish within {timeout} s")
+                    _native.wait_any(pending, left)
+                    continue
+                for t in done:
+                    pending.remove(t)
+                    chunk = t.result()
+                    yield from chunk
+                    bar.update(len(chunk))
+        finally:
+            for t in pending:
+                t.cancel()
+            bar.close()
+
+    def _stream(self, tasks: list[Task], deadline, timeout, bar, lengths):
+        try:
+            for t, k in zip(tasks, lengths):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"the map did not finish within {timeout} s")
                 yield from t.result(left)
-                bar.update(min(chunksize, n - k * chunksize))
+                bar.update(k)
         finally:
             for t in tasks:
                 t.cancel()

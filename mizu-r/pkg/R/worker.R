@@ -197,7 +197,7 @@
     calls <- calls[keep]
     nm <- nm[keep]
   }
-  lead <- cumprod(nm %in% c("withCallingHandlers", "eval", "do.call", ".dispatch")) == 1
+  lead <- cumprod(nm %in% c("withCallingHandlers", "eval", "do.call", ".dispatch", "call_f")) == 1
   trail <- rev(cumprod(rev(nm) %in% c(".handleSimpleError", "h")) == 1)
   calls <- calls[!(lead | trail)]
   vapply(calls, function(cl) paste(deparse(cl, nlines = 1L), collapse = ""), "")

@@ -1,0 +1,128 @@
+"""Compute-bound maps at the machine's limit: how close each pool's map comes to the ideal —
+the map's own sequential time, measured in the same run, divided by the workers — with tasks of
+5 us, 50 us and 1 ms of computation (`work.burn`, calibrated at the start: a task takes longer
+when anything else takes its CPU, as real work does), and a skewed map (every hundredth element
+costs 100x). Efficiency is ideal / achieved (100%: the workers never wait and nothing else
+takes their CPUs).
+
+    python mizu-py/benchmarks/maps.py [--quick] [--workers N]
+
+Each pool maps as its users call it, with its default chunking: `pymizu.Pool.map`,
+`pymizu.Pool.imap_unordered`, `pymizu.PoolExecutor.map`, `multiprocessing.Pool.map` and
+`imap_unordered`, loky's and `ProcessPoolExecutor`'s `map` (chunksize 1 by default; also shown
+with multiprocessing's chunking). Every number is the median of several runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+os.environ["PYTHONPATH"] = HERE + os.pathsep + os.environ.get("PYTHONPATH", "")
+
+import pymizu  # noqa: E402
+import work  # noqa: E402
+
+
+def mp_chunksize(n, w):
+    """multiprocessing.Pool.map's default chunk size."""
+    c, extra = divmod(n, w * 4)
+    return c + bool(extra)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions (the demo)")
+    ap.add_argument("--workers", type=int, default=2)
+    a = ap.parse_args()
+    w = a.workers
+    reps = 3 if a.quick else 7
+    # (row, function, burn rounds per element, elements): about 40 ms of work each (10 ms
+    # quick).
+    scale = 0.25 if a.quick else 1.0
+    rows = [
+        ("5 us tasks", work.burn, work.rounds_for(5.0), int(8000 * scale)),
+        ("50 us tasks", work.burn, work.rounds_for(50.0), int(800 * scale)),
+        ("1 ms tasks", work.burn, work.rounds_for(1000.0), int(40 * scale) or 4),
+        ("skewed (1% cost 100x)", work.burn_skewed, work.rounds_for(5.0), int(4000 * scale)),
+    ]
+    import loky
+
+    pools = [
+        ("pymizu.Pool.map", lambda: pymizu.Pool(w), lambda p, fn, xs, k: p.map(fn, xs, [k] * len(xs))),
+        ("pymizu.Pool.imap_unordered", lambda: pymizu.Pool(w),
+         lambda p, fn, xs, k: list(p.imap_unordered(fn, xs, [k] * len(xs)))),
+        ("pymizu.PoolExecutor.map", lambda: pymizu.PoolExecutor(w),
+         lambda p, fn, xs, k: list(p.map(fn, xs, [k] * len(xs)))),
+        ("multiprocessing.Pool.map", lambda: multiprocessing.Pool(w),
+         lambda p, fn, xs, k: p.starmap(fn, [(x, k) for x in xs])),
+        ("multiprocessing imap_unordered", lambda: multiprocessing.Pool(w),
+         lambda p, fn, xs, k: list(p.imap_unordered(work.burn_pair if fn is work.burn else work.burn_skewed_pair,
+                                                     [(x, k) for x in xs], mp_chunksize(len(xs), w)))),
+        ("ProcessPoolExecutor.map", lambda: ProcessPoolExecutor(w),
+         lambda p, fn, xs, k: list(p.map(fn, xs, [k] * len(xs)))),
+        ("ProcessPoolExecutor, mp chunks", lambda: ProcessPoolExecutor(w),
+         lambda p, fn, xs, k: list(p.map(fn, xs, [k] * len(xs), chunksize=mp_chunksize(len(xs), w)))),
+        ("loky", lambda: loky.get_reusable_executor(max_workers=w),
+         lambda p, fn, xs, k: list(p.map(fn, xs, [k] * len(xs)))),
+    ]
+    # This VM's speed drifts by up to 2x from one minute to the next: each map run is paired
+    # with a sequential run just before it, and a row's efficiency is the median over the
+    # pairs of (sequential / workers) / map.
+    table, eff, ideal = {}, {}, {}
+    for pname, make, run in pools:
+        p = make()
+        for name, fn, k, n in rows:
+            xs = list(range(n))
+            got = run(p, fn, xs, k)
+            assert sorted(got) == xs, f"{pname} {name}: wrong results"
+            pairs = []
+            for _ in range(reps):
+                t = time.perf_counter()
+                [fn(x, k) for x in xs]
+                seq = time.perf_counter() - t
+                t = time.perf_counter()
+                run(p, fn, xs, k)
+                pairs.append((seq / w, time.perf_counter() - t))
+            table[(pname, name)] = statistics.median(m for _, m in pairs)
+            eff[(pname, name)] = statistics.median(i / m for i, m in pairs)
+            ideal.setdefault(name, []).extend(i for i, _ in pairs)
+        if hasattr(p, "stop"):
+            p.stop()
+        elif hasattr(p, "terminate"):
+            p.terminate()
+        else:
+            p.shutdown()
+        time.sleep(0.3)
+    ideal = {name: statistics.median(v) for name, v in ideal.items()}
+    print(f"\ncompute-bound maps: {w} workers, {os.cpu_count()} CPUs, median of {reps} runs; "
+          "efficiency = median over runs of (sequential time / workers) / time, each map run "
+          "paired with a sequential run just before it")
+    head = f"| {'map':<32} | " + " | ".join(f"{r[0]:>22}" for r in rows) + " |"
+    print(head)
+    print("|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|")
+    print(f"| {'ideal (sequential / workers)':<32} | "
+          + " | ".join(f"{ideal[r[0]] * 1e3:>19.2f} ms" for r in rows) + " |")
+    for pname, _, _ in pools:
+        cells = []
+        for r in rows:
+            t = table[(pname, r[0])]
+            cells.append(f"{t * 1e3:>8.2f} ms {eff[(pname, r[0])]:>6.0%}")
+        print(f"| {pname:<32} | " + " | ".join(f"{c:>22}" for c in cells) + " |")
+    mizu = [p[0] for p in pools if p[0].startswith("pymizu")]
+    peers = [p[0] for p in pools if not p[0].startswith("pymizu")]
+    for r in rows:
+        best_peer = max(peers, key=lambda q: eff[(q, r[0])])
+        effs = ", ".join(f"{m.split('.', 1)[1]} {eff[(m, r[0])]:.0%}" for m in mizu)
+        print(f"{r[0]}: pymizu {effs}; best peer {best_peer} {eff[(best_peer, r[0])]:.0%}")
+
+
+if __name__ == "__main__":
+    main()
