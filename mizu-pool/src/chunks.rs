@@ -1,12 +1,20 @@
 //! How a binding cuts a map's elements into tasks (chunks), the one policy for both
-//! languages: guided — each chunk a `1 / (4 × workers)` share of the elements not yet cut, so
-//! the first chunks are large (few round trips while every worker is busy) and the last are
-//! small (the workers finish together, whatever the machine or a skewed element did to the
-//! ones before) — but never smaller than `1 / (16 × workers)` of the whole map, so that a
-//! map of tiny elements does not end in a run of one-element round trips. A size the caller
-//! fixes is taken as it is. A batch of calls (each call its own task, travelling in chunks)
-//! is cut the same way without the floor and at most [`BATCH_MAX`] calls a chunk, so that a
-//! call's result or cancel never waits behind many others.
+//! languages: guided — rounds of one chunk per worker, each chunk a `1 / (4 × workers)` share
+//! of the elements not yet cut, so the early chunks are large (few round trips while every
+//! worker is busy) and the last are small (the workers finish together, whatever the machine
+//! or a skewed element did to the ones before) — but not smaller than `1 / (16 × workers)` of
+//! the whole map (the last round splits what is left evenly), so that a map of tiny elements
+//! does not end in a run of one-element round trips. The first round is that small too, so
+//! that every worker starts at once: the caller serializes one chunk after another, and the
+//! last worker of a round waits for all of them.
+//!
+//! The chunks of a round are equal: submitted in order, they go to the workers in turn, so
+//! each worker is handed the same share (chunks shrinking one by one gave the first worker of
+//! every round the larger one — 4 248 against 3 752 elements of 8 000 — and left the other
+//! idle until it stole). A size the caller fixes is taken as it is. A batch of calls (each
+//! call its own task, travelling in chunks) is cut the same way without the floor and at most
+//! [`BATCH_MAX`] calls a chunk, so that a call's result or cancel never waits behind many
+//! others.
 
 /// Shares of what is left a guided chunk takes, per worker.
 const SHARE: u64 = 4;
@@ -32,15 +40,22 @@ fn cut(n: u64, workers: u64, fixed: Option<u64>, floor: u64, max: u64) -> Vec<(u
     let w = workers.max(1);
     let mut out = Vec::new();
     let mut at = 0;
+    let mut size = 0;
     while at < n {
         let left = n - at;
-        let len = match fixed {
-            Some(f) => f.max(1),
-            None => left
-                .div_ceil(SHARE.saturating_mul(w))
-                .clamp(floor, max.max(floor)),
+        // A new round: one size for the next `w` chunks.
+        if (out.len() as u64).is_multiple_of(w) {
+            size = match fixed {
+                Some(f) => f.max(1),
+                None if out.is_empty() => floor.min(max).min(left.div_ceil(w)),
+                // (The last round splits what is left evenly.)
+                None => left
+                    .div_ceil(SHARE.saturating_mul(w))
+                    .clamp(floor, max.max(floor))
+                    .min(left.div_ceil(w)),
+            };
         }
-        .min(left);
+        let len = size.min(left);
         out.push((at, len));
         at += len;
     }
@@ -62,7 +77,7 @@ mod tests {
     }
 
     #[test]
-    fn guided_chunks_cover_the_map_large_first() {
+    fn guided_chunks_cover_the_map_in_equal_rounds_that_shrink() {
         for (n, w) in [
             (0, 2),
             (1, 2),
@@ -74,21 +89,36 @@ mod tests {
         ] {
             let c = plan(n, w, None);
             covers(n, &c);
+            // After the first round, chunks only shrink.
+            let later = &c[c.len().min(w as usize)..];
             assert!(
-                c.windows(2)
+                later
+                    .windows(2)
                     .all(|p| p[0].1 >= p[1].1 || p[1].0 + p[1].1 == n)
             );
+            // Handed to the workers in turn, the workers' shares differ by less than one
+            // chunk of the last round.
+            let mut share = vec![0u64; w as usize];
+            for (i, &(_, l)) in c.iter().enumerate() {
+                share[i % w as usize] += l;
+            }
+            let spread = share.iter().max().unwrap() - share.iter().min().unwrap();
+            assert!(spread <= c.last().map_or(0, |l| l.1), "{share:?} {c:?}");
         }
         let c = plan(8000, 2, None);
-        assert_eq!(c[0], (0, 1000), "the first chunk is a 1/(4w) share");
-        let (last, rest) = c.split_last().unwrap();
+        assert_eq!(
+            &c[..3],
+            &[(0, 250), (250, 250), (500, 938)],
+            "a small first round"
+        );
+        let (rest, last_round) = c.split_at(c.len() - 2);
         assert!(
             rest.iter().all(|&(_, l)| l >= 250),
-            "none but the rest below 1/(16w) of the map"
+            "none but the last round below 1/(16w) of the map"
         );
-        assert!(last.1 <= 250);
+        assert!(last_round.iter().all(|&(_, l)| l <= 250));
         assert!(c.len() < 32, "{} chunks", c.len());
-        assert_eq!(plan(40, 2, None)[0], (0, 5));
+        assert_eq!(plan(40, 2, None)[..3], [(0, 2), (2, 2), (4, 5)]);
     }
 
     #[test]

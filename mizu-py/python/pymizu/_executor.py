@@ -378,8 +378,8 @@ class PoolExecutor(Executor):
     def map(self, fn, *iterables, timeout: float | None = None, chunksize: int | None = None):
         """As `ProcessPoolExecutor.map`: an iterator of `fn(*xs)` in input order, raising
         `TimeoutError` when a result is not ready `timeout` seconds after the call. Elements
-        travel in chunks of `chunksize` (default: the runtime's chunks, large first and smaller
-        towards the end, so that the workers finish together). The iterator
+        travel in chunks of `chunksize` (default: the runtime's chunks, in rounds of one per worker
+        that shrink towards the end, so that the workers finish together). The iterator
         holds no reference to a result it has yielded."""
         if chunksize is not None and (not isinstance(chunksize, int) or chunksize < 1):
             raise ValueError("chunksize must be >= 1.")
@@ -391,7 +391,7 @@ class PoolExecutor(Executor):
         n = len(items)
         deadline = None if timeout is None else time.monotonic() + timeout
         futs = []
-        # The runtime's chunks (large first, smaller towards the end), each submitted as soon
+        # The runtime's chunks (rounds of one per worker, shrinking), each submitted as soon
         # as it is pickled.
         for s, k in _native.chunk_plan(n, self._max_workers, chunksize):
             try:

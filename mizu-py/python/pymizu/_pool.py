@@ -144,8 +144,8 @@ class _Submitter:
     ) -> list:
         """`[fn(*xs) for xs in zip(*iterables)]` over the workers, in input order.
 
-        `chunksize` elements travel per task (default: the runtime's chunks, large first and
-        smaller towards the end, so that the workers finish together);
+        `chunksize` elements travel per task (default: the runtime's chunks, in rounds of one per
+        worker that shrink towards the end, so that the workers finish together);
         `timeout` bounds the whole map (`TimeoutError`); with `seed=`, element `i` runs with
         `current_rng()` over the stream `(seed, offset + i)`, so results never depend on the
         worker count or chunking; `progress=True` (or a label) shows a bar on stderr. The
@@ -194,7 +194,7 @@ class _Submitter:
         # A large argument every element (or the function) passes goes once, shared.
         fn = _share.share_fn(fn)
         items = _share.share_repeated(items, star)
-        # The runtime's chunks: large first, smaller towards the end.
+        # The runtime's chunks: rounds of one per worker, shrinking towards the end.
         plan = _native.chunk_plan(n, self._workers, chunksize)
 
         def call(s, k):

@@ -1,8 +1,8 @@
 # Ordered, chunked, seeded maps over a pool.
 
-# Guided chunk sizes: large first, smaller towards the end, so workers finish together.
+# Guided chunk sizes, shrinking towards the end, so workers finish together.
 .chunks <- function(n, workers, chunk_size) {
-  # The runtime's chunks (mizu_pool::chunks): large first, smaller towards the end.
+  # The runtime's chunks (mizu_pool::chunks): rounds of one per worker, shrinking.
   p <- .Call(wrap__chunk_plan, as.double(n), as.double(workers),
              if (is.null(chunk_size)) 0 else as.double(chunk_size))
   lapply(seq_along(p[[1L]]), function(j) {
