@@ -293,6 +293,26 @@ fn the_timeout_monitor_keeps_timing_a_task_that_helps() {
     });
 }
 
+/// Processes 10 and 11 try to take `rec` at once (judging holders by `alive`), and the winner
+/// records itself: how many won.
+fn race_for(rec: &Arc<SubmitterRec>, alive: fn(Holder) -> bool) -> u32 {
+    let wins = Arc::new(loom::sync::atomic::AtomicU32::new(0));
+    let spawn = |pid: u32| {
+        let (rec, wins) = (rec.clone(), wins.clone());
+        thread::spawn(move || {
+            if rec.take(pid, alive) {
+                rec.hold(pid, 2);
+                wins.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    let a = spawn(10);
+    let b = spawn(11);
+    a.join().unwrap();
+    b.join().unwrap();
+    wins.load(Ordering::Relaxed)
+}
+
 /// Two processes attaching at once both find a submitter record whose holder died: exactly one
 /// takes it over. (Before the state word counted takings, the one that judged the dead holder
 /// first could still win after the other had taken the record and recorded itself, leaving two
@@ -303,22 +323,8 @@ fn dead_submitter_record_is_taken_over_once() {
     model("submitter record takeover", Some(3), || {
         let rec = Arc::new(SubmitterRec::default());
         rec.hold(DEAD_PID, 1);
-        let alive = |h: Holder| h != Holder::Held(DEAD_PID, 1);
-        let wins = Arc::new(loom::sync::atomic::AtomicU32::new(0));
-        let spawn = |pid: u32| {
-            let (rec, wins) = (rec.clone(), wins.clone());
-            thread::spawn(move || {
-                if rec.take(pid, alive) {
-                    rec.hold(pid, 2);
-                    wins.fetch_add(1, Ordering::Relaxed);
-                }
-            })
-        };
-        let a = spawn(10);
-        let b = spawn(11);
-        a.join().unwrap();
-        b.join().unwrap();
-        assert_eq!(wins.load(Ordering::Relaxed), 1, "taken over twice");
+        let alive: fn(Holder) -> bool = |h| h != Holder::Held(DEAD_PID, 1);
+        assert_eq!(race_for(&rec, alive), 1, "taken over twice");
         assert!(rec.is_held());
     });
 }
@@ -351,22 +357,8 @@ fn a_record_whose_taker_died_is_taken_over_once() {
         // The taker runs: its record is not taken from it.
         assert!(!rec.take(9, |_| true));
         // The taker is killed here, before `hold`.
-        let alive = |h: Holder| h != Holder::Taking(TAKER);
-        let wins = Arc::new(loom::sync::atomic::AtomicU32::new(0));
-        let spawn = |pid: u32| {
-            let (rec, wins) = (rec.clone(), wins.clone());
-            thread::spawn(move || {
-                if rec.take(pid, alive) {
-                    rec.hold(pid, 2);
-                    wins.fetch_add(1, Ordering::Relaxed);
-                }
-            })
-        };
-        let a = spawn(10);
-        let b = spawn(11);
-        a.join().unwrap();
-        b.join().unwrap();
-        assert_eq!(wins.load(Ordering::Relaxed), 1, "taken over twice or never");
+        let alive: fn(Holder) -> bool = |h| h != Holder::Taking(TAKER);
+        assert_eq!(race_for(&rec, alive), 1, "taken over twice or never");
         assert!(matches!(rec.pid(), 10 | 11));
     });
 }

@@ -239,11 +239,8 @@ class _Submitter:
     def _xstream(self, tasks, deadline, timeout, bar, chunksize, offset):
         try:
             for k, t in enumerate(tasks):
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(f"the map did not finish within {timeout} s")
                 try:
-                    part = t.result(left)
+                    part = t.result(_left(deadline, timeout))
                 except TaskError as e:
                     # The failing element's position (the chunk's start when its call
                     # could not run at all).
@@ -263,10 +260,7 @@ class _Submitter:
             while pending:
                 done = [t for t in pending if t.done()]
                 if not done:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        raise TimeoutError(f"the map did not finish within {timeout} s")
-                    _native.wait_any(pending, left)
+                    _native.wait_any(pending, _left(deadline, timeout))
                     continue
                 for t in done:
                     pending.remove(t)
@@ -281,15 +275,20 @@ class _Submitter:
     def _stream(self, tasks: list[Task], deadline, timeout, bar, lengths):
         try:
             for t, k in zip(tasks, lengths):
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(f"the map did not finish within {timeout} s")
-                yield from t.result(left)
+                yield from t.result(_left(deadline, timeout))
                 bar.update(k)
         finally:
             for t in tasks:
                 t.cancel()
             bar.close()
+
+
+def _left(deadline, timeout):
+    """Seconds left of a map's `timeout` (None without one); `TimeoutError` once none are."""
+    left = None if deadline is None else deadline - time.monotonic()
+    if left is not None and left <= 0:
+        raise TimeoutError(f"the map did not finish within {timeout} s")
+    return left
 
 
 def _map_kw(kw: dict) -> dict:
