@@ -138,9 +138,9 @@ pub fn decode(buf: Buffer) -> Result<Decoded> {
             None => Err(bad("the compact encoding cannot be read")),
         },
         // R strings cannot hold a NUL: one in a message is shown as U+FFFD, as bad UTF-8 is.
-        Some(&TAG_TEXT) => Ok(Decoded::Text(
-            String::from_utf8_lossy(&b[1..]).replace('\0', "\u{fffd}"),
-        )),
+        Some(&TAG_TEXT) => Ok(Decoded::Text(crate::xvalue_in::readable(
+            &String::from_utf8_lossy(&b[1..]),
+        ))),
         Some(&TAG_SMALL_BUFFERS) => {
             let layout = oob::parse(b).map_err(bad)?;
             let views = buffer_views(&buf, layout.entries)?;

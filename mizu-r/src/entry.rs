@@ -472,8 +472,8 @@ fn xlang_task_dumps(call: Robj, elements: Robj) -> Result<Raw> {
     crate::xcall::xlang_task_dumps(call, elements)
 }
 
-/// What an R worker reads of the bytes of a cross-language task (as Python sends them),
-/// without running it; a malformed one is an error.
+/// What an R worker makes of the bytes of a cross-language task (as Python sends them) —
+/// the message it would dispatch — without running it; a malformed one is an error.
 #[extendr]
 fn xlang_task_loads(b: Raw) -> Result<Robj> {
     crate::xcall::xlang_task_loads(b)

@@ -292,56 +292,13 @@ impl RExec {
                 return self.finish_xlang(self.eval_task(msg, true), None);
             }
         }
-        let msg = (|| -> Result<Robj> {
-            let (t, source) = match target {
-                mizu_pool::wire::CallTarget::Name(n) => (n, false),
-                mizu_pool::wire::CallTarget::Source(s) => (s, true),
-            };
-            let a = args
-                .into_iter()
-                .map(crate::xvalue_in::to_r)
-                .collect::<Result<Vec<_>>>()?;
-            let (names, vals): (Vec<String>, Vec<mizu_pool::wire::Value>) =
-                kwargs.into_iter().unzip();
-            let vals = vals
-                .into_iter()
-                .map(crate::xvalue_in::to_r)
-                .collect::<Result<Vec<_>>>()?;
-            let mut kw: Robj = List::from_values(vals).into();
-            kw.set_names(names)?;
-            let seed = match xctx.seed {
-                Some(s) => Robj::from(s as f64),
-                None => Robj::from(()),
-            };
-            if let Some(c) = chunk {
-                let xs = c
-                    .elements
-                    .into_iter()
-                    .map(crate::xvalue_in::to_r)
-                    .collect::<Result<Vec<_>>>()?;
-                return Ok(List::from_values([
-                    Robj::from("xm"),
-                    Robj::from(t.as_str()),
-                    List::from_values(a).into(),
-                    kw,
-                    seed,
-                    Robj::from(xctx.index as f64),
-                    List::from_values(xs).into(),
-                    Robj::from(c.spread),
-                ])
-                .into());
-            }
-            Ok(List::from_values([
-                Robj::from("x"),
-                Robj::from(t.as_str()),
-                Robj::from(source),
-                List::from_values(a).into(),
-                kw,
-                seed,
-                Robj::from(xctx.index as f64),
-            ])
-            .into())
-        })();
+        let msg = xlang_message(envelope::Task {
+            target,
+            args,
+            kwargs,
+            ctx: xctx,
+            chunk,
+        });
         let msg = match msg {
             Ok(m) => m,
             Err(e) => return fail(&["mizu_error_not_portable", "mizu_error"], e.to_string()),
@@ -453,6 +410,66 @@ impl RExec {
 /// A failed cross-language task of this (R) worker.
 fn fail(classes: &[&str], message: String) -> (bool, Envelope) {
     (false, Envelope::failure("r", classes, message))
+}
+
+/// The message `.dispatch` runs for a cross-language task read from its payload (kind `"x"`,
+/// or `"xm"` for a map chunk): the call's parts as R values. The R fuzz harness reads tasks
+/// through this too (`xlang_task_loads`).
+pub(crate) fn xlang_message(task: envelope::Task) -> Result<Robj> {
+    let envelope::Task {
+        target,
+        args,
+        kwargs,
+        ctx: xctx,
+        chunk,
+    } = task;
+    let (t, source) = match target {
+        mizu_pool::wire::CallTarget::Name(n) => (n, false),
+        mizu_pool::wire::CallTarget::Source(s) => (s, true),
+    };
+    let a = args
+        .into_iter()
+        .map(crate::xvalue_in::to_r)
+        .collect::<Result<Vec<_>>>()?;
+    let (names, vals): (Vec<String>, Vec<mizu_pool::wire::Value>) = kwargs.into_iter().unzip();
+    let vals = vals
+        .into_iter()
+        .map(crate::xvalue_in::to_r)
+        .collect::<Result<Vec<_>>>()?;
+    let mut kw: Robj = List::from_values(vals).into();
+    kw.set_names(names)?;
+    let seed = match xctx.seed {
+        Some(s) => Robj::from(s as f64),
+        None => Robj::from(()),
+    };
+    if let Some(c) = chunk {
+        let xs = c
+            .elements
+            .into_iter()
+            .map(crate::xvalue_in::to_r)
+            .collect::<Result<Vec<_>>>()?;
+        return Ok(List::from_values([
+            Robj::from("xm"),
+            Robj::from(t.as_str()),
+            List::from_values(a).into(),
+            kw,
+            seed,
+            Robj::from(xctx.index as f64),
+            List::from_values(xs).into(),
+            Robj::from(c.spread),
+        ])
+        .into());
+    }
+    Ok(List::from_values([
+        Robj::from("x"),
+        Robj::from(t.as_str()),
+        Robj::from(source),
+        List::from_values(a).into(),
+        kw,
+        seed,
+        Robj::from(xctx.index as f64),
+    ])
+    .into())
 }
 
 /// `list("e", <call>, globalenv())` (unprotected): an expression task calling the function

@@ -203,12 +203,10 @@ pub(crate) fn xlang_task_dumps(call: Robj, elements: Robj) -> Result<Raw> {
     Ok(Raw::from_bytes(&env.to_vec()))
 }
 
-/// What an R worker reads of a cross-language task payload (bytes as Python sends them),
-/// without running it: `list(target, source, args, kwargs, elements)`. Malformed bytes are an
-/// error saying the payload cannot be read.
+/// What an R worker makes of a cross-language task payload (bytes as Python sends them),
+/// without running it: the message it would dispatch (`worker::xlang_message`). Malformed
+/// bytes are an error saying the payload cannot be read.
 pub(crate) fn xlang_task_loads(b: Raw) -> Result<Robj> {
-    use crate::xvalue_in::to_r;
-    use mizu_pool::wire::CallTarget;
     let mut m = arrow_buffer::MutableBuffer::with_capacity(b.len());
     m.extend_from_slice(b.as_slice());
     let buf: arrow_buffer::Buffer = m.into();
@@ -216,31 +214,5 @@ pub(crate) fn xlang_task_loads(b: Raw) -> Result<Robj> {
     let t = mizu_pool::wire::envelope::read_task(&buf, Some(&crate::payload::MAPPER))
         .map_err(|e| crate::rerr(format!("cannot read a cross-language task: {e}")))?;
     crate::xvalue_in::call_names(&t.target, &t.kwargs)?;
-    let (target, source) = match t.target {
-        CallTarget::Name(n) => (n, false),
-        CallTarget::Source(s) => (s, true),
-    };
-    let args = t.args.into_iter().map(to_r).collect::<Result<Vec<_>>>()?;
-    let (names, vals): (Vec<String>, Vec<Value>) = t.kwargs.into_iter().unzip();
-    let mut kwargs: Robj =
-        List::from_values(vals.into_iter().map(to_r).collect::<Result<Vec<_>>>()?).into();
-    kwargs.set_names(names)?;
-    let elements: Robj = match t.chunk {
-        Some(c) => List::from_values(
-            c.elements
-                .into_iter()
-                .map(to_r)
-                .collect::<Result<Vec<_>>>()?,
-        )
-        .into(),
-        None => Robj::from(()),
-    };
-    Ok(List::from_values([
-        Robj::from(target.as_str()),
-        Robj::from(source),
-        List::from_values(args).into(),
-        kwargs,
-        elements,
-    ])
-    .into())
+    crate::worker::xlang_message(t)
 }

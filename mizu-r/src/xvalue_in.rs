@@ -79,10 +79,15 @@ pub(crate) fn call_names(
     )
 }
 
-/// A received diagnostic (an error's message, class, call or traceback) as R text: a NUL is
-/// shown as U+FFFD, as bad UTF-8 is.
+/// A received diagnostic (an error's message, class, call or traceback) as R can hold it: a
+/// NUL is shown as U+FFFD, as bad UTF-8 is.
+pub(crate) fn readable(s: &str) -> String {
+    s.replace('\0', "\u{fffd}")
+}
+
+/// [`readable`] as an R string.
 fn shown(s: &str) -> Robj {
-    Robj::from(s.replace('\0', "\u{fffd}").as_str())
+    Robj::from(readable(s).as_str())
 }
 
 /// A received cross-language outcome payload: the value, or for a task's failure the
@@ -109,11 +114,7 @@ pub fn received(payload: &Buffer) -> Result<Robj> {
             } else {
                 e.message.clone()
             };
-            let classes: Vec<String> = e
-                .classes
-                .iter()
-                .map(|c| c.replace('\0', "\u{fffd}"))
-                .collect();
+            let classes: Vec<String> = e.classes.iter().map(|c| readable(c)).collect();
             let mut l: Robj = List::from_values([
                 shown(&message),
                 Robj::from(()),
@@ -190,7 +191,7 @@ pub fn to_r(v: Value) -> Result<Robj> {
         } => {
             let mut l: Robj = List::from_values([shown(&message), shown(&traceback)]).into();
             l.set_names(["message", "traceback"])?;
-            let type_name = type_name.replace('\0', "\u{fffd}");
+            let type_name = readable(&type_name);
             l.set_class([type_name.as_str(), "error", "condition"])?;
             l
         }
