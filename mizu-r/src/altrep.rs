@@ -32,12 +32,13 @@ thread_local! {
 /// (see [`collect_garbage_now_and_then`]).
 ///
 /// Returns the bytes counted as held for it (to give back with [`released`]): a view by
-/// reference counts as at most [`REF_WEIGHT`], as in the collection budget. Counted whole, a
+/// reference counts as at most [`REF_WEIGHT`] here. Counted whole, a
 /// few views of a large shared object that a young collection found still in use (the task
 /// that just ran, the one being read) outgrew the budget and made every young collection a
 /// full one.
 pub fn account(bytes: usize, copy: bool, at: *const u8) -> usize {
-    collect_garbage_now_and_then(bytes, copy, !copy && first_view_of_region(at));
+    let weight = if copy { bytes } else { ref_weight(bytes, at) };
+    collect_garbage_now_and_then(copy, weight);
     let counted = if copy { bytes } else { bytes.min(REF_WEIGHT) };
     LIVE.with(|l| {
         let (n, b) = l.get();
@@ -113,9 +114,8 @@ thread_local! {
 ///   last one. Views of regions re-sent by reference do not count there: the sender's own view
 ///   usually pins the same region, and collecting for each of them would put a collection on
 ///   every re-send.
-/// * Every [`budget`] bytes of views of either kind (the first view by reference of a region
-///   since the last collection counting as at most [`REF_WEIGHT`], later ones of that region
-///   nothing), a young collection too.
+/// * Every [`budget`] bytes of views of either kind (a view by reference weighed by
+///   [`ref_weight`]), a young collection too.
 /// * Views alive at a young collection are promoted and wait for an older one, so when, after
 ///   a young collection, the views alive still grew by more than [`budget`] since the last
 ///   full collection (promoted garbage may be holding that much), a full one follows (tens of
@@ -152,7 +152,7 @@ const REF_WEIGHT: usize = 64 << 10;
 
 thread_local! {
     /// The regions views by reference were made of since the last collection (see
-    /// [`first_view_of_region`]).
+    /// [`ref_weight`]).
     static REGIONS_SEEN: std::cell::RefCell<SeenRegions> = std::cell::RefCell::default();
 }
 
@@ -161,25 +161,34 @@ thread_local! {
 type SeenRegions =
     std::collections::HashSet<usize, std::hash::BuildHasherDefault<rustc_hash::FxHasher>>;
 
-/// Regions remembered by [`first_view_of_region`] between collections, at most (past that,
+/// Regions remembered by [`ref_weight`] between collections, at most (past that,
 /// every view by reference counts again: a collection is then near anyway).
 const SEEN_MAX: usize = 4096;
 
-/// Whether a view by reference of the bytes at `at` is the first of their region since the
-/// last collection (or they are in no region this process knows). Later views of the same
+/// What a view by reference of the `bytes` at `at` counts towards the next collection:
+/// nothing when its region had a view since the last collection (later views of the same
 /// region pin nothing more when they die: a loop of tasks reading one shared object made a
-/// young collection (~5 ms here) every 2 048 tasks for views that, collected, freed nothing.
-fn first_view_of_region(at: *const u8) -> bool {
-    let Some((_, offset)) = mizu_pool::wire::Region::containing(at) else {
-        return true;
+/// young collection every 2 048 tasks for views that, collected, freed nothing); the region's
+/// size (at most [`young_every`]) when this process wrote it, as a task's input comes back
+/// by reference in its result: its views are then all that pins this process's own memory, and
+/// a loop of data frame round trips grew `/dev/shm` by 3 MB per task until R collected; else
+/// at most [`REF_WEIGHT`] (a region of another process that it, too, holds).
+fn ref_weight(bytes: usize, at: *const u8) -> usize {
+    let Some((region, offset)) = mizu_pool::wire::Region::containing(at) else {
+        return bytes.min(REF_WEIGHT);
     };
-    REGIONS_SEEN.with(|s| {
+    let first = REGIONS_SEEN.with(|s| {
         let mut s = s.borrow_mut();
         if s.len() >= SEEN_MAX {
             s.clear();
         }
         s.insert(at as usize - offset)
-    })
+    });
+    match (first, region.made_here()) {
+        (false, _) => 0,
+        (true, true) => region.len().min(young_every()),
+        (true, false) => bytes.min(REF_WEIGHT),
+    }
 }
 
 /// The caller has waited a whole slice for a task while `/dev/shm` is nearly full (less than
@@ -194,18 +203,11 @@ pub fn collect_if_pressed() {
     }
 }
 
-/// `first_ref`: a view by reference that is the first of its region since the last
-/// collection (it counts as at most [`REF_WEIGHT`]; later ones of the region count nothing).
-fn collect_garbage_now_and_then(bytes: usize, copy: bool, first_ref: bool) {
-    let young = SINCE_GC.with(Cell::get) + if copy { bytes } else { 0 };
-    let any = SINCE_ANY.with(Cell::get)
-        + if copy {
-            bytes
-        } else if first_ref {
-            bytes.min(REF_WEIGHT)
-        } else {
-            0
-        };
+/// `weight`: what the view counts against the budget (its bytes for a new copy, see
+/// [`ref_weight`] for a view by reference).
+fn collect_garbage_now_and_then(copy: bool, weight: usize) {
+    let young = SINCE_GC.with(Cell::get) + if copy { weight } else { 0 };
+    let any = SINCE_ANY.with(Cell::get) + weight;
     SINCE_GC.with(|c| c.set(young));
     SINCE_ANY.with(|c| c.set(any));
     if young >= young_every() || (any as u64) >= budget() {

@@ -126,6 +126,12 @@ impl Region {
         &self.seg
     }
 
+    /// Whether this process wrote the region (its segment was made here): a reference to it
+    /// that came back in a task's result pins this process's own shared memory.
+    pub fn made_here(&self) -> bool {
+        self.seg.seg.created_here()
+    }
+
     /// A descriptor carrying one new reference, for a frame: re-sending passes the reference,
     /// never the bytes. The receiver adopts it with [`Mapper::adopt`].
     pub fn share(&self) -> RegionDesc {

@@ -111,3 +111,32 @@ test_that("a worker reading one shared vector task after task does not collect f
     expect_equal(collections(), before)
   })
 })
+
+test_that("a caller whose inputs come back by reference collects for them", {
+  # The unmodified columns come back as views of the caller's own region, which nothing else
+  # holds: they count at the region's size, or a loop of round trips would keep every task's
+  # region until R happened to collect.
+  with_pool(1, function(pool) {
+    d <- data.frame(a = runif(2e5), b = runif(2e5))
+    before <- .Call(mizu:::wrap__view_collections)
+    for (i in 1:60) {
+      r <- mizu_collect(mizu_submit(pool, { d$k <- 1; d }, d = d))
+    }
+    expect_identical(region(r$a), region(r$b))
+    expect_gt(.Call(mizu:::wrap__view_collections), before)
+  })
+})
+
+test_that("a caller given its shared vector back task after task does not collect for it", {
+  # The share itself pins the region: only the first view since a collection counts.
+  with_pool(1, function(pool) {
+    s <- mizu_share(runif(2e5))
+    invisible(mizu_collect(mizu_submit(pool, v, v = s)))
+    before <- .Call(mizu:::wrap__view_collections)
+    for (i in 1:2000) {
+      r <- mizu_collect(mizu_submit(pool, v, v = s))
+    }
+    expect_identical(region(r), region(s))
+    expect_equal(.Call(mizu:::wrap__view_collections), before)
+  })
+})
