@@ -25,6 +25,11 @@ pub struct PoolConfig {
     pub workers: usize,
     /// Worker slots (≥ `workers`; room to spawn more later). 0 means `workers`.
     pub max_workers: usize,
+    /// Start workers beyond `workers`, up to `max_workers`, as work needs them: whenever a
+    /// submission leaves this controller more tasks in flight (submitted, not yet collected)
+    /// than workers running or starting. An idle worker is so reused before another starts
+    /// (`ProcessPoolExecutor`'s behaviour since Python 3.9).
+    pub on_demand: bool,
     /// Submitter records for other processes that attach by token.
     pub extra_submitters: usize,
     /// In-flight task slots per submitter.
@@ -48,6 +53,7 @@ impl Default for PoolConfig {
         PoolConfig {
             workers: mizu_shm::affinity::available_cpus_all().len().max(1),
             max_workers: 0,
+            on_demand: false,
             extra_submitters: 4,
             slots: 1024,
             slot_bytes: 256,
@@ -136,7 +142,7 @@ impl Launcher {
 pub struct WorkerStatus {
     /// Slot.
     pub slot: usize,
-    /// Process id (0 if none).
+    /// Process id (0 if none; a worker still starting shows the process launched for it).
     pub pid: u32,
     /// `starting`, `ready`, `exiting`, `dead` or `empty`.
     pub state: &'static str,
@@ -212,6 +218,12 @@ pub struct Pool {
     deaths: Arc<AtomicU64>,
     monitor: Option<JoinHandle<()>>,
     cfg: PoolConfig,
+    /// An on-demand pool with slots not started yet ([`PoolConfig::on_demand`]).
+    may_grow: AtomicBool,
+    /// Held while a worker is started on demand (two submitters must not pick one slot).
+    growing: Mutex<()>,
+    /// Submissions that failed before reaching a queue ([`Pool::submission_failed`]).
+    unqueued: AtomicU64,
 }
 
 impl Pool {
@@ -271,6 +283,9 @@ impl Pool {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             deaths: Arc::new(AtomicU64::new(0)),
             monitor: None,
+            may_grow: AtomicBool::new(cfg.on_demand && maxw > cfg.workers),
+            growing: Mutex::new(()),
+            unqueued: AtomicU64::new(0),
             cfg,
         };
         for slot in 0..pool.cfg.workers {
@@ -373,7 +388,7 @@ impl Pool {
 
     /// Submits a task (opaque bytes for the workers' executor).
     pub fn submit(&self, payload: &[u8]) -> Result<Task> {
-        self.core.submit(&payload, None)
+        self.grown(self.core.submit(&payload, None))
     }
 
     /// Submits a payload that writes itself in place (see [`crate::Fill`]); `timeout` bounds the
@@ -383,7 +398,7 @@ impl Pool {
         payload: &dyn crate::Fill,
         timeout: Option<Duration>,
     ) -> Result<Task> {
-        self.core.submit(payload, timeout)
+        self.grown(self.core.submit(payload, timeout))
     }
 
     /// [`Pool::submit_batch`] for payloads that write themselves in place; what was submitted
@@ -394,12 +409,12 @@ impl Pool {
         payloads: impl IntoIterator<Item = &'p dyn crate::Fill>,
         timeout: Option<Duration>,
     ) -> (Vec<Task>, Result<()>) {
-        self.core.submit_batch_partial(payloads, timeout)
+        self.grown(self.core.submit_batch_partial(payloads, timeout))
     }
 
     /// Submits a task, waiting at most `timeout` for queue space.
     pub fn submit_timeout(&self, payload: &[u8], timeout: Duration) -> Result<Task> {
-        self.core.submit(&payload, Some(timeout))
+        self.grown(self.core.submit(&payload, Some(timeout)))
     }
 
     /// Submits several tasks with one publication (and at most one wake) per worker queue.
@@ -408,8 +423,10 @@ impl Pool {
         payloads: impl IntoIterator<Item = &'p [u8]>,
     ) -> Result<Vec<Task>> {
         let payloads: Vec<&[u8]> = payloads.into_iter().collect();
-        self.core
-            .submit_batch(payloads.iter().map(|p| p as &dyn crate::Fill), None)
+        self.grown(
+            self.core
+                .submit_batch(payloads.iter().map(|p| p as &dyn crate::Fill), None),
+        )
     }
 
     /// Runs one task and returns its result (submit + collect).
@@ -443,6 +460,15 @@ impl Pool {
     /// A snapshot of workers and counters.
     pub fn status(&self) -> PoolStatus {
         let v = self.shared.view();
+        // A worker that has not joined yet has published no pid: its process's, as launched.
+        let launched: Vec<u32> = self
+            .children
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .procs
+            .iter()
+            .map(|c| c.as_ref().map_or(0, Child::id))
+            .collect();
         let workers = (0..v.params.max_workers as usize)
             .filter_map(|w| {
                 let r = &v.worker(w).rec;
@@ -453,9 +479,13 @@ impl Pool {
                     wstate::DEAD => "dead",
                     _ => return None,
                 };
+                let pid = match r.pid.load(Ordering::Relaxed) {
+                    0 if state == "starting" => launched.get(w).copied().unwrap_or(0),
+                    p => p,
+                };
                 Some(WorkerStatus {
                     slot: w,
-                    pid: r.pid.load(Ordering::Relaxed),
+                    pid,
                     state,
                     busy: r.current.load(Ordering::Relaxed) != 0,
                     tasks: r.tasks.load(Ordering::Relaxed),
@@ -520,6 +550,52 @@ impl Pool {
             .unwrap_or_else(|p| p.into_inner())
             .launched
             .clone()
+    }
+
+    /// `submitted`, after a worker was started if the tasks in flight now need one (see
+    /// [`PoolConfig::on_demand`]). A worker that cannot be started leaves the tasks to the
+    /// running ones, and the pool stops growing.
+    fn grown<T>(&self, submitted: T) -> T {
+        if self.may_grow.load(Ordering::Relaxed) {
+            self.grow();
+        }
+        submitted
+    }
+
+    /// A submission that failed before it reached a queue (its call could not be encoded, say)
+    /// still counts as work in flight for [`PoolConfig::on_demand`], for good: as
+    /// `ProcessPoolExecutor` starts a worker for each submission before it encodes the call.
+    pub fn submission_failed(&self) {
+        self.unqueued.fetch_add(1, Ordering::Relaxed);
+        self.grown(());
+    }
+
+    fn grow(&self) {
+        let v = self.shared.view();
+        let rec = &v.submitter(0).rec;
+        let in_flight = (rec.submitted.load(Ordering::Relaxed)
+            + self.unqueued.load(Ordering::Relaxed))
+        .saturating_sub(rec.collected.load(Ordering::Relaxed));
+        let slots = v.params.max_workers as usize;
+        let started = || {
+            (0..slots)
+                .filter(|&w| v.worker(w).rec.state.load(Ordering::Acquire) != wstate::EMPTY)
+                .count()
+        };
+        if in_flight <= started() as u64 {
+            return;
+        }
+        let _g = self.growing.lock().unwrap_or_else(|p| p.into_inner());
+        let now = started();
+        if in_flight <= now as u64 || self.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let free =
+            (0..slots).find(|&w| v.worker(w).rec.state.load(Ordering::Acquire) == wstate::EMPTY);
+        let launched = free.is_some_and(|slot| self.launch(slot).is_ok());
+        if !launched || now + 1 >= slots {
+            self.may_grow.store(false, Ordering::Relaxed);
+        }
     }
 
     /// Starts a worker in the first free slot; returns the slot.

@@ -473,6 +473,57 @@ fn workers_can_be_retired_and_spawned() {
 }
 
 #[test]
+fn an_on_demand_pool_reuses_an_idle_worker_and_starts_more_for_work_in_flight() {
+    let p = pool(PoolConfig {
+        workers: 1,
+        max_workers: 3,
+        on_demand: true,
+        ..Default::default()
+    });
+    let started = |p: &Pool| {
+        p.status()
+            .workers
+            .iter()
+            .filter(|w| w.state == "ready" || w.state == "starting")
+            .count()
+    };
+    // One task at a time: the idle worker serves each.
+    for i in 0..5 {
+        let mut t = p.submit(format!("echo:{i}").as_bytes()).unwrap();
+        assert_eq!(&t.result(GUARD).unwrap()[..], format!("{i}").as_bytes());
+    }
+    assert_eq!(started(&p), 1);
+    // Four in flight at once: every slot starts (a starting worker shows its process).
+    let mut ts: Vec<_> = (0..4).map(|_| p.submit(b"sleep:200").unwrap()).collect();
+    assert_eq!(started(&p), 3);
+    assert!(p.status().workers.iter().all(|w| w.pid != 0));
+    assert_eq!(collect_all(&mut ts, GUARD).unwrap().len(), 4);
+    wait_until("all joined", || {
+        p.status()
+            .workers
+            .iter()
+            .filter(|w| w.state == "ready")
+            .count()
+            == 3
+    });
+    // A submission that failed before its queue counts too (as ProcessPoolExecutor's do).
+    let q = pool(PoolConfig {
+        workers: 1,
+        max_workers: 2,
+        on_demand: true,
+        ..Default::default()
+    });
+    q.submission_failed();
+    assert_eq!(
+        started(&q),
+        1,
+        "one unqueued submission: the idle worker would take it"
+    );
+    q.submission_failed();
+    assert_eq!(started(&q), 2);
+}
+
+#[test]
 fn bad_configurations_and_launchers_are_clear_errors() {
     for cfg in [
         PoolConfig {

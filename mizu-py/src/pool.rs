@@ -229,8 +229,13 @@ impl Pool {
                 }
                 return Err(e);
             }
-            // Not picklable: fails through its future, as with ProcessPoolExecutor.
+            // Not picklable: fails through its future, as with ProcessPoolExecutor (which
+            // starts a worker for it all the same).
             Err(e) if e.is_instance_of::<pyo3::exceptions::PyException>(py) => {
+                slf.get().with(|p| {
+                    p.submission_failed();
+                    Ok(())
+                })?;
                 return h.failed.call1(py, (e.into_value(py),));
             }
             Err(e) => return Err(e),
@@ -281,8 +286,11 @@ impl Pool {
 
 #[pymethods]
 impl Pool {
+    /// `start`: the workers started now, the others (up to `workers`) as work needs them
+    /// (`PoolConfig::on_demand`); `None` starts them all now.
     #[new]
-    #[pyo3(signature = (workers, python, args, exec_timeout=None, slots=4096, spin_us=None))]
+    #[pyo3(signature = (workers, python, args, exec_timeout=None, slots=4096, spin_us=None, start=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         workers: usize,
@@ -291,13 +299,17 @@ impl Pool {
         exec_timeout: Option<f64>,
         slots: u32,
         spin_us: Option<u64>,
+        start: Option<usize>,
     ) -> PyResult<Self> {
         let exec_timeout = exec_timeout
             .map(Duration::try_from_secs_f64)
             .transpose()
             .map_err(|e| PyValueError::new_err(format!("exec_timeout: {e}")))?;
+        let start = start.unwrap_or(workers).clamp(1, workers.max(1));
         let mut cfg = PoolConfig {
-            workers,
+            workers: start,
+            max_workers: workers,
+            on_demand: start < workers,
             slots,
             exec_timeout,
             ..Default::default()

@@ -403,15 +403,35 @@ pub(crate) fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
     if obj.hasattr("__arrow_c_array__")? {
         return import_array(obj);
     }
+    if let Some(series) = pandas_series(obj)? {
+        return import_stream(&series);
+    }
     // numpy scalars (`np.int32(3)`, `np.bool_(True)`): their Python value.
     if obj.hasattr("dtype")? && obj.hasattr("item")? && !obj.hasattr("__len__")? {
         return from_py(&obj.call_method0("item")?);
     }
     Err(crate::xarray::not_portable(format!(
         "a {} cannot cross languages (None, bool, int, float, complex, str, bytes, list, \
-         tuple, dict with str keys, numpy arrays and Arrow arrays/tables/data frames can)",
+         tuple, dict with str keys, numpy arrays, pandas Series, Index and Categorical, and Arrow \
+         arrays/tables/data frames can)",
         obj.get_type().name()?
     )))
+}
+
+/// A pandas `Categorical` or `Index` (of any kind) as the `Series` of its values, which has an
+/// Arrow stream (they have none of their own): a categorical crosses as a factor, levels and
+/// order kept, as a categorical column does. `None` for anything else.
+fn pandas_series<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    if !obj.get_type().module()?.to_str()?.starts_with("pandas") {
+        return Ok(None);
+    }
+    let pd = obj.py().import("pandas")?;
+    if !(obj.is_instance(&pd.getattr("Categorical")?)? || obj.is_instance(&pd.getattr("Index")?)?) {
+        return Ok(None);
+    }
+    let kwargs = pyo3::types::PyDict::new(obj.py());
+    kwargs.set_item("copy", false)?;
+    pd.getattr("Series")?.call((obj,), Some(&kwargs)).map(Some)
 }
 
 fn checked_pointer(cap: &Bound<'_, PyAny>, name: &'static CStr) -> PyResult<*mut std::ffi::c_void> {

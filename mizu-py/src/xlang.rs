@@ -58,8 +58,10 @@ fn view(
 
 /// A received Arrow array as the Python object users expect: a read-only numpy view for
 /// numbers, dates and times without nulls (and doubles whose nulls hold NaN), a numpy copy for
-/// booleans, doubles with other nulls and strings, else the `ArrowArray` itself (factors,
-/// integers, booleans and strings with NA, zoned timestamps: any Arrow consumer takes it).
+/// booleans, doubles with other nulls, dates and times with nulls (NaT in their place) and
+/// strings, else the `ArrowArray` itself (factors, integers, booleans and strings with NA,
+/// zoned timestamps, `difftime`s with NA in units other than seconds: any Arrow consumer takes
+/// it).
 fn array_to_py(
     py: Python<'_>,
     field: Arc<Field>,
@@ -111,35 +113,38 @@ fn array_to_py(
             let bytes: Vec<u8> = a.values().iter().map(u8::from).collect();
             return plain(&Buffer::from_vec(bytes), "?");
         }
-        DataType::Date32 if no_nulls => {
-            let days: Vec<i64> = array
-                .as_primitive::<Date32Type>()
-                .values()
-                .iter()
-                .map(|&d| i64::from(d))
-                .collect();
+        // Dates and times with NA: numpy's own NaT in their place (a copy).
+        DataType::Date32 => {
+            let a = array.as_primitive::<Date32Type>();
+            let days = with_nat(a.values().iter().map(|&d| i64::from(d)), a.nulls());
             return plain(&Buffer::from_vec(days), "<M8[D]");
         }
         // No zone, or UTC: what numpy's zoneless datetimes mean.
         DataType::Timestamp(TimeUnit::Microsecond, tz)
-            if no_nulls && tz.as_deref().is_none_or(|z| z == "UTC") =>
+            if tz.as_deref().is_none_or(|z| z == "UTC") =>
         {
-            return own(
-                array
-                    .as_primitive::<TimestampMicrosecondType>()
-                    .values()
-                    .inner(),
-                "<M8[us]",
-            );
+            let a = array.as_primitive::<TimestampMicrosecondType>();
+            if no_nulls {
+                return own(a.values().inner(), "<M8[us]");
+            }
+            let us = with_nat(a.values().iter().copied(), a.nulls());
+            return plain(&Buffer::from_vec(us), "<M8[us]");
         }
-        DataType::Duration(TimeUnit::Microsecond) if no_nulls => {
-            return own(
-                array
-                    .as_primitive::<DurationMicrosecondType>()
-                    .values()
-                    .inner(),
-                "<m8[us]",
-            );
+        // With NA, in seconds (what numpy's timedeltas become in R): a copy holds no link to
+        // the received array, so other units would be lost on the way back.
+        DataType::Duration(TimeUnit::Microsecond)
+            if no_nulls
+                || field
+                    .metadata()
+                    .get(mizu_pool::wire::rmeta::UNITS)
+                    .is_none_or(|u| u == "secs") =>
+        {
+            let a = array.as_primitive::<DurationMicrosecondType>();
+            if no_nulls {
+                return own(a.values().inner(), "<m8[us]");
+            }
+            let us = with_nat(a.values().iter().copied(), a.nulls());
+            return plain(&Buffer::from_vec(us), "<m8[us]");
         }
         DataType::Utf8 | DataType::LargeUtf8 if no_nulls => {
             let l = PyList::empty(py);
@@ -162,6 +167,20 @@ fn array_to_py(
     match src {
         Some(bytes) => crate::wire::shared_to_py(py, bytes, Value::Array { field, array }),
         None => crate::wire::to_py(py, Value::Array { field, array }),
+    }
+}
+
+/// `values` with numpy's NaT (`i64::MIN`) wherever `nulls` says a value is missing.
+fn with_nat(
+    values: impl Iterator<Item = i64>,
+    nulls: Option<&arrow_buffer::NullBuffer>,
+) -> Vec<i64> {
+    match nulls {
+        Some(n) => values
+            .zip(n.iter())
+            .map(|(v, ok)| if ok { v } else { i64::MIN })
+            .collect(),
+        None => values.collect(),
     }
 }
 

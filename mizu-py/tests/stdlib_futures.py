@@ -20,13 +20,6 @@ import unittest
 
 # Test name -> why it does not apply to PoolExecutor (docs/python.md lists the same).
 EXCLUDED: dict[str, str] = {
-    "test_processes_terminate": "counts the processes ProcessPoolExecutor starts on demand (3 "
-    "for 3 tasks); PoolExecutor starts all its workers up front, so that the first tasks do "
-    "not wait for interpreters to start",
-    "test_idle_process_reuse_one": "the same on-demand start: expects one process after three "
-    "sequential tasks",
-    "test_idle_process_reuse_multiple": "the same on-demand start: expects at most three "
-    "processes",
     "test_hang_gh83386": "CPython skips it for process pools itself (it hangs "
     "ProcessPoolExecutor), and its child program does not run as written with a start method",
     "test_max_workers_too_large": "Windows only",

@@ -122,6 +122,11 @@ def test_an_idle_worker_that_dies_breaks_the_executor_while_someone_waits():
     import signal
 
     with pymizu.PoolExecutor(2) as e:
+        # Two tasks in flight start the second worker (workers start as work needs them);
+        # then both are idle.
+        for f in [e.submit(tasks.sleep, 0.2) for _ in range(2)]:
+            f.result(timeout=60)
+        assert len(e._processes) == 2
         busy = e.submit(tasks.sleep, 30)
         deadline = time.monotonic() + 60
         while not any(row[3] for row in e._status()):

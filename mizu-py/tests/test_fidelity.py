@@ -122,7 +122,9 @@ def test_a_multiprocessing_queue_in_initargs_reaches_every_worker():
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     with pymizu.PoolExecutor(2, ctx, tasks.announce, (q,)) as e:
-        e.submit(tasks.add, 1, 1).result(timeout=60)
+        # Two tasks in flight: the second worker starts too (workers start as work needs them).
+        for f in [e.submit(tasks.sleep, 0.2) for _ in range(2)]:
+            f.result(timeout=60)
         pids = {q.get(timeout=60) for _ in range(2)}
         assert len(pids) == 2 and os.getpid() not in pids
 

@@ -39,12 +39,12 @@ def test_parallel_runs_on_mizu_workers_and_stays_warm():
     with parallel_config(backend="mizu", n_jobs=2):
         out = Parallel()(delayed(_square)(i) for i in range(2000))
         env = pymizu.joblib.MizuBackend()._prepare_worker_env(2)
-        ex = pymizu.joblib._executors[(2, tuple(sorted(env.items())))]
+        ex, _ = pymizu.joblib._executors[(2, tuple(sorted(env.items())))]
         workers = set(ex._processes)
         pids_a = set(Parallel()(delayed(_pid)(i) for i in range(200)))
         pids_b = set(Parallel()(delayed(_pid)(i) for i in range(200)))
         # Later Parallel calls ran on the same (warm) executor and worker processes.
-        assert pymizu.joblib._executors[(2, tuple(sorted(env.items())))] is ex
+        assert pymizu.joblib._executors[(2, tuple(sorted(env.items())))][0] is ex
     assert out == [i * i for i in range(2000)]
     assert len(workers) == 2 and os.getpid() not in workers
     assert pids_a | pids_b <= workers
@@ -126,9 +126,79 @@ def _slow_square(x):
 def test_timeout_stops_the_call_and_the_backend_recovers():
     with parallel_config(backend="mizu", n_jobs=2):
         t0 = time.monotonic()
-        with pytest.raises((TimeoutError, multiprocessing.TimeoutError)):
+        # What users of joblib's process backends catch (not the built-in TimeoutError).
+        with pytest.raises(multiprocessing.TimeoutError):
             Parallel(timeout=0.5)(delayed(time.sleep)(s) for s in [0.01, 30, 30])
         assert time.monotonic() - t0 < 20  # hang guard: the sleeping workers were stopped
+        assert Parallel()(delayed(_square)(i) for i in range(4)) == [0, 1, 4, 9]
+
+
+def _raise_timeout(i):
+    raise TimeoutError(f"call {i} timed out on its own")
+
+
+def test_a_calls_own_timeout_error_is_not_joblibs():
+    with parallel_config(backend="mizu", n_jobs=2):
+        with pytest.raises(TimeoutError, match="call 3 timed out on its own"):
+            Parallel(timeout=30)(delayed(_raise_timeout)(i) for i in [3])
+
+
+_INITIALIZED = []
+
+
+def _initialize(tag, into):
+    _INITIALIZED.append((tag, into))
+
+
+def _initialized(_):
+    return list(_INITIALIZED), os.getpid()
+
+
+def test_initializer_runs_once_in_every_worker():
+    # Given to parallel_config (the backend's constructor) and to Parallel (its configure).
+    for config, call in [
+        ({"initializer": _initialize, "initargs": ("config", 1)}, {}),
+        ({}, {"initializer": _initialize, "initargs": ("parallel", 2)}),
+    ]:
+        expected = [(config or call)["initargs"]]
+        with parallel_config(backend="mizu", n_jobs=2, **config):
+            out = Parallel(batch_size=1, **call)(delayed(_initialized)(i) for i in range(8))
+        assert {tuple(map(tuple, seen)) for seen, _ in out} == {tuple(expected)}
+        assert _INITIALIZED == []  # never in the caller
+    # Without one, the warm workers are not those an initializer ran in.
+    with parallel_config(backend="mizu", n_jobs=2):
+        assert {tuple(seen) for seen, _ in Parallel()(delayed(_initialized)(i) for i in range(4))} == {()}
+
+
+def _child_runs_its_own(write_fd):
+    try:
+        with parallel_config(backend="mizu", n_jobs=2):
+            out = Parallel()(delayed(_square)(i) for i in range(6))
+        os.write(write_fd, repr(out).encode())
+    except BaseException as e:
+        os.write(write_fd, f"{type(e).__name__}: {e}".encode())
+
+
+def test_a_forked_child_starts_its_own_executor():
+    with parallel_config(backend="mizu", n_jobs=2):
+        assert Parallel()(delayed(_square)(i) for i in range(4)) == [0, 1, 4, 9]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            _child_runs_its_own(w)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        said = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert said == repr([i * i for i in range(6)])
+    assert os.waitstatus_to_exitcode(status) == 0
+    # The parent's executor still serves it.
+    with parallel_config(backend="mizu", n_jobs=2):
         assert Parallel()(delayed(_square)(i) for i in range(4)) == [0, 1, 4, 9]
 
 

@@ -409,6 +409,76 @@ def test_more_rows_of_the_mapping(rpool):
     assert t.column("a").to_pylist() == [1, 2, 3]
 
 
+def test_dates_and_times_with_nat_come_back_as_numpy_with_nat(rpool):
+    ident = pymizu.call("identity")
+    d = np.array(["2020-01-01", "NaT", "2021-05-03"], dtype="datetime64[D]")
+    assert rpool.submit(pymizu.call(source="c(class(x), is.na(x))", x=d)).result().tolist() == [
+        "Date", "FALSE", "TRUE", "FALSE"]
+    back = rpool.submit(ident, d).result()
+    assert back.dtype == d.dtype
+    np.testing.assert_array_equal(back, d)  # NaT equal to NaT here
+    ts = np.array(["2020-01-01T00:00:01.5", "NaT"], dtype="datetime64[us]")
+    back = rpool.submit(ident, ts).result()
+    assert back.dtype == ts.dtype
+    np.testing.assert_array_equal(back, ts)
+    td = np.array([1_500_000, "NaT", -3], dtype="timedelta64[us]")
+    back = rpool.submit(ident, td).result()
+    assert back.dtype == td.dtype
+    np.testing.assert_array_equal(back, td)
+    # Made in R: NA in every kind.
+    got = rpool.submit(pymizu.call(
+        source='list(as.Date(c("2001-02-03", NA)), .POSIXct(c(NA, 0), tz = "UTC"), '
+               'as.difftime(c(NA, 2), units = "secs"))')).result()
+    assert [str(a.dtype) for a in got] == ["datetime64[D]", "datetime64[us]", "timedelta64[us]"]
+    assert [np.isnat(a).tolist() for a in got] == [[False, True], [True, False], [True, False]]
+    assert got[0][0] == np.datetime64("2001-02-03") and got[2][1] == np.timedelta64(2_000_000, "us")
+
+
+def test_date_and_time_columns_with_nulls_there_and_back(rpool):
+    import polars as pl
+
+    ident = pymizu.call("identity")
+    t = pa.table({
+        "d": pa.array([None, 18262, 1], pa.date32()),
+        "t": pa.array([0, None, 1_700_000_000_000_000], pa.timestamp("us", tz="UTC")),
+        "u": pa.array([None, 5, -5], pa.duration("us")),
+    })
+    assert rpool.submit(pymizu.call(
+        source="unname(vapply(x, function(c) sum(is.na(c)), 1L))", x=t)).result().tolist() == [1, 1, 1]
+    back = pa.table(rpool.submit(ident, t).result())
+    assert back.select(["d", "t", "u"]).equals(t)
+    pf = pl.from_arrow(t)
+    assert pl.DataFrame(rpool.submit(ident, pf).result()).equals(pf)
+
+
+def test_pandas_categoricals_and_indexes_and_polars_series_cross(rpool):
+    import pandas as pd
+    import polars as pl
+
+    ident = pymizu.call("identity")
+    describe = pymizu.call(source="list(class(x), levels(x), as.character(x))")
+    c = pd.Categorical(["b", "a", "b", None], categories=["b", "a", "z"])
+    cls, levels, values = rpool.submit(describe, x=c).result()
+    assert cls == "factor" and levels.tolist() == ["b", "a", "z"]
+    assert pa.array(values).to_pylist() == ["b", "a", "b", None]
+    back = pd.Series(pa.array(rpool.submit(ident, c).result()).to_pandas())
+    assert back.cat.categories.tolist() == ["b", "a", "z"] and back.tolist()[:3] == ["b", "a", "b"]
+    o = pd.Categorical(["lo", "hi"], categories=["lo", "hi"], ordered=True)
+    assert rpool.submit(pymizu.call(source="class(x)", x=o)).result().tolist() == ["ordered", "factor"]
+    # Indexes of every supported dtype, a categorical one as a factor.
+    assert rpool.submit(ident, pd.Index([1.5, 2.5])).result().tolist() == [1.5, 2.5]
+    assert rpool.submit(ident, pd.Index(["a", "b"])).result().tolist() == ["a", "b"]
+    assert rpool.submit(ident, pd.RangeIndex(3)).result().tolist() == [0, 1, 2]
+    dates = pd.DatetimeIndex(["2020-01-01", None])
+    assert rpool.submit(pymizu.call(source="class(x)", x=dates)).result().tolist() == ["POSIXct", "POSIXt"]
+    assert rpool.submit(pymizu.call(source="class(x)", x=pd.CategoricalIndex(["x", "y"]))).result() == "factor"
+    # polars Series, a categorical one as a factor.
+    assert rpool.submit(ident, pl.Series("p", [1.0, None, 3.0])).result()[[0, 2]].tolist() == [1.0, 3.0]
+    ps = pl.Series("p", ["a", "b", "a"], dtype=pl.Categorical)
+    assert rpool.submit(pymizu.call(source="c(class(x), levels(x))", x=ps)).result().tolist() == [
+        "factor", "a", "b"]
+
+
 def _segment_of(addr: int) -> str:
     for line in open("/proc/self/maps"):
         parts = line.split()

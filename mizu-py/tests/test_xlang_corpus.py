@@ -11,6 +11,8 @@ the Python value, type and bits included (the R suite checks R still writes thos
 import os
 
 import numpy as np
+import pandas as pd
+import polars as pl
 import pyarrow as pa
 import pytest
 
@@ -34,7 +36,7 @@ def path(writer, name):
 
 
 def value(expr):
-    return eval(expr, {"np": np, "pa": pa})
+    return eval(expr, {"np": np, "pa": pa, "pd": pd, "pl": pl})
 
 
 @pytest.mark.parametrize("name,expr", list(rows("py")))

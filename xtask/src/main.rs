@@ -24,6 +24,7 @@ fn main() -> ExitCode {
         "rtarball" if args.iter().any(|a| a == "--test") => rsrc::offline_check(&root),
         "rtarball" => rsrc::source_tarball(&root).map(drop),
         "futures" => venv(&root).and_then(|py| stdlib_futures_tests(&root, &py)),
+        "joblib" => venv(&root).and_then(|py| joblib_suite_tests(&root, &py)),
         "asan" => asan(&root),
         "fuzz" => fuzz_all(&root, args.iter().any(|a| a == "--long")),
         _ => {
@@ -36,6 +37,7 @@ fn main() -> ExitCode {
                  demo   the headline comparison: mizu against the peers users run today\n  \
                  wheel  build the pymizu wheel (manylinux2014) and sdist into target/wheels\n  \
                  rpkg   build and install the mizu R package into target/rlib\n  \
+                 joblib joblib's own test_parallel.py with mizu among its process backends\n  \
                  rtarball  the R source package that installs offline, anywhere (Rust crates\n           \
                  vendored), into target/rsrc; --test: R CMD check --as-cran of it, installed offline\n           \
                  in an empty place, and a task run with it (part of `test`)\n  \
@@ -128,6 +130,7 @@ fn test(root: &Path) -> Res {
     python_tests(root, &py)?;
     fuzz_python(root, &py, FUZZ_CASES)?;
     stdlib_futures_tests(root, &py)?;
+    joblib_suite_tests(root, &py)?;
     fresh_installs(root, &py)?;
     r::r_tests(root)?;
     small_dev_shm_tests(root, &py)?;
@@ -316,6 +319,54 @@ fn stdlib_futures_tests(root: &Path, py: &Path) -> Res {
             .arg("mizu-py/tests/stdlib_futures.py")
             .arg(&file)
             .env("PYTHONPATH", root.join("mizu-py/tests")),
+    )
+}
+
+/// joblib's own `test_parallel.py`, with pymizu's backend among its process backends
+/// (mizu-py/tests/joblib_suite.py). The file comes from the source distribution of the joblib
+/// pinned in requirements-dev.txt, fetched by pip into `target/` once; when that fails the step
+/// fails, it never skips.
+fn joblib_suite_tests(root: &Path, py: &Path) -> Res {
+    let reqs = root.join("requirements-dev.txt");
+    let pinned = std::fs::read_to_string(&reqs)
+        .map_err(|e| format!("{}: {e}", reqs.display()))?
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("joblib==").map(str::to_owned))
+        .ok_or("requirements-dev.txt pins no joblib")?;
+    let dir = root.join("target/joblib-sdist");
+    let unpacked = dir.join(format!("joblib-{pinned}"));
+    if !unpacked.join("joblib/test/test_parallel.py").is_file() {
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        run(
+            root,
+            Command::new(py)
+                .args([
+                    "-m",
+                    "pip",
+                    "download",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                ])
+                .args(["--no-deps", "--no-binary", ":all:", "--dest"])
+                .arg(&dir)
+                .arg(format!("joblib=={pinned}")),
+        )?;
+        let sdist = dir.join(format!("joblib-{pinned}.tar.gz"));
+        run(
+            root,
+            Command::new("tar")
+                .arg("-xzf")
+                .arg(&sdist)
+                .arg("-C")
+                .arg(&dir),
+        )?;
+    }
+    run(
+        root,
+        Command::new(py)
+            .arg("mizu-py/tests/joblib_suite.py")
+            .arg(&unpacked)
+            .args(["-W", "ignore::pytest.PytestUnknownMarkWarning", "-rxX"]),
     )
 }
 

@@ -316,6 +316,9 @@ class PoolExecutor(Executor):
             initargs=initargs,
             max_tasks_per_child=max_tasks_per_child,
             exec_timeout=exec_timeout,
+            # One worker now, the others as tasks in flight outnumber the workers (an idle one
+            # is reused first), as ProcessPoolExecutor starts them.
+            _start=1,
         )
         self._max_workers = self._mpool.workers
         self._pool = self._mpool._pool
@@ -435,11 +438,15 @@ class PoolExecutor(Executor):
 
     @property
     def _processes(self) -> dict:
-        """pid -> worker process, for the workers running now (ProcessPoolExecutor's
-        attribute)."""
+        """pid -> worker process, for the workers running or starting now
+        (ProcessPoolExecutor's attribute)."""
         if self._state.stopped.is_set():
             return {}
-        return {pid: _WorkerProcess(pid) for _, pid, state, *_ in self._pool.status() if pid and state == "ready"}
+        return {
+            pid: _WorkerProcess(pid)
+            for _, pid, state, *_ in self._pool.status()
+            if pid and state in ("ready", "starting")
+        }
 
     @property
     def _executor_manager_thread(self) -> threading.Thread:

@@ -434,7 +434,10 @@ class Pool(_Submitter):
         exec_timeout: float | None = None,
         slots: int = 4096,
         language: str = "python",
+        _start: int | None = None,
     ):
+        # `_start`: workers started now, the rest (up to `workers`) as tasks in flight need
+        # them (PoolExecutor's on-demand start); None starts all of them now.
         if language not in ("python", "r"):
             raise ValueError(f'language must be "python" or "r", got {language!r}')
         if os.environ.get("PYMIZU_BOOTING") == "1":
@@ -459,7 +462,7 @@ class Pool(_Submitter):
             return
         args, self._start_file = _worker_args(workers, initializer, initargs, max_tasks_per_child)
         try:
-            self._pool = _native.Pool(workers, sys.executable, args, exec_timeout, slots)
+            self._pool = _native.Pool(workers, sys.executable, args, exec_timeout, slots, start=_start)
         except BaseException:
             os.unlink(self._start_file)
             raise
@@ -481,7 +484,8 @@ class Pool(_Submitter):
 
     @property
     def workers(self) -> int:
-        """The number of workers the pool keeps running."""
+        """The number of workers the pool keeps running (a `PoolExecutor`'s: at most, as work
+        needs them)."""
         return self._workers
 
     def status(self) -> dict:

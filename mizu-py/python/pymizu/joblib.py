@@ -8,13 +8,16 @@ runs joblib's batches of calls on a `pymizu.PoolExecutor` — and with them scik
 `Parallel` calls (one per worker count, closed at interpreter exit). Large numpy arrays and
 pandas frames that a call passes (1 MiB or more) are copied into shared memory once per
 `Parallel` call and reach the workers as read-only views, instead of joblib's memory-mapped
-temporary files. Exceptions keep their types; `return_as="generator"`, automatic batching and
-`timeout` work as with joblib's process backends.
+temporary files. Exceptions keep their types; `return_as="generator"`, automatic batching, `timeout` (a call that
+outlives it raises `multiprocessing.TimeoutError`) and `initializer=` / `initargs=` (given to
+`parallel_config` or `Parallel`, run once in every worker) work as with joblib's process
+backends. A forked child process starts executors of its own.
 """
 
 from __future__ import annotations
 
 import atexit
+import multiprocessing
 import os
 import sys
 import threading
@@ -37,40 +40,70 @@ __all__ = ["MizuBackend", "NAME"]
 NAME = "mizu"
 
 _lock = threading.Lock()
-# Warm executors, by worker count and thread limits: the workers of one Parallel call serve
-# the next.
-_executors: dict[tuple, PoolExecutor] = {}
+# Warm executors, by worker count and thread limits, with the initializer their workers ran:
+# the workers of one Parallel call serve the next.
+_executors: dict[tuple, tuple[PoolExecutor, tuple]] = {}
 
 
-def _limit_threads(env: dict) -> None:
+def _init_worker(env: dict, initializer, initargs: tuple) -> None:
     """A worker's initializer: the thread pools of numerical libraries (BLAS, OpenMP) get the
     worker's share of the CPUs, as under joblib's own process backends, so that `n_jobs`
-    processes do not oversubscribe the machine: through the environment for libraries loaded
-    later, through threadpoolctl (when installed) for those loaded already."""
+    processes do not oversubscribe the machine (through the environment for libraries loaded
+    later, through threadpoolctl, when installed, for those loaded already); then the user's
+    `initializer(*initargs)`, given to `parallel_config` or `Parallel`."""
     os.environ.update(env)
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:
-        return
-    threadpool_limits(limits=int(env["OMP_NUM_THREADS"]))
+        pass
+    else:
+        threadpool_limits(limits=int(env["OMP_NUM_THREADS"]))
+    if initializer is not None:
+        initializer(*initargs)
 
 
-def _executor(n_jobs: int, env: dict) -> PoolExecutor:
+def _same(a, b) -> bool:
+    try:
+        return a is b or bool(a == b)
+    except Exception:
+        return False
+
+
+def _executor(n_jobs: int, env: dict, initializer, initargs: tuple) -> PoolExecutor:
+    """The warm executor for `n_jobs` workers with these thread limits; one whose workers ran
+    another initializer (or with other arguments) is replaced, as joblib's loky backend
+    replaces its reusable executor."""
     key = (n_jobs, tuple(sorted(env.items())))
+    init = (initializer, tuple(initargs))
     with _lock:
-        ex = _executors.get(key)
-        if ex is None or ex._broken or not ex._state.accepting:
-            ex = _executors[key] = PoolExecutor(
-                n_jobs, initializer=_limit_threads, initargs=(env,)
-            )
+        held = _executors.get(key)
+        if held is not None:
+            ex, was = held
+            if not ex._broken and ex._state.accepting and _same(was, init):
+                return ex
+            del _executors[key]
+            ex.shutdown(wait=False)
+        ex = PoolExecutor(n_jobs, initializer=_init_worker, initargs=(env, initializer, tuple(initargs)))
+        _executors[key] = (ex, init)
         return ex
+
+
+def _forget_after_fork() -> None:
+    """A forked child cannot use its parent's workers (pymizu refuses with `ForkedError`): it
+    starts its own executors, and leaves its parent's alone."""
+    global _lock
+    _lock = threading.Lock()
+    _executors.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def _discard(ex: PoolExecutor) -> None:
     """Stops `ex` now — queued calls cancelled, running ones killed — so a later call gets a
     fresh executor (joblib's abort after an error or a timeout)."""
     with _lock:
-        for k, v in list(_executors.items()):
+        for k, (v, _) in list(_executors.items()):
             if v is ex:
                 del _executors[k]
     ex.shutdown(wait=False, cancel_futures=True)
@@ -93,7 +126,7 @@ def _array_types() -> frozenset:
 @atexit.register
 def _close_all() -> None:
     with _lock:
-        executors = list(_executors.values())
+        executors = [ex for ex, _ in _executors.values()]
         _executors.clear()
     for ex in executors:
         ex.shutdown(wait=False, cancel_futures=True)
@@ -145,7 +178,16 @@ class MizuBackend(AutoBatchingMixin, ParallelBackendBase):
         if n_jobs == 1:
             raise FallbackToBackend(SequentialBackend(nesting_level=self.nesting_level))
         self.parallel = parallel
-        self._workers = _executor(n_jobs, self._prepare_worker_env(n_jobs))
+        # What `parallel_config(backend="mizu", ...)` and `Parallel(...)` were given beyond
+        # joblib's own parameters; of those, the workers' initializer applies here (memory
+        # mapping's do not: large arrays are shared instead).
+        given = {**self.backend_kwargs, **kwargs}
+        self._workers = _executor(
+            n_jobs,
+            self._prepare_worker_env(n_jobs),
+            given.get("initializer"),
+            given.get("initargs", ()),
+        )
         return n_jobs
 
     def submit(self, func, callback=None):
@@ -174,9 +216,16 @@ class MizuBackend(AutoBatchingMixin, ParallelBackendBase):
         return future.result()
 
     def retrieve_result(self, out, timeout=None):
+        future = out.future if type(out) is _Job else out
+        try:
+            value = future.result(timeout)
+        except TimeoutError:
+            if future.done():
+                raise  # the call's own TimeoutError
+            # What joblib's process backends raise when a call outlives `timeout`.
+            raise multiprocessing.TimeoutError() from None
         if type(out) is not _Job:
-            return out.result(timeout)
-        value = out.future.result(timeout)
+            return value
         # joblib's callback counts the batch complete (and dispatches the next one): until it
         # has, joblib's loop would take the call for unfinished and sleep 10 ms. The thread
         # that settled the future runs it right after.

@@ -253,6 +253,27 @@ test_that("more rows of the mapping, R -> Python -> R", {
   })
 })
 
+test_that("dates and times with NA reach Python as numpy with NaT and come back identical", {
+  with_pool(1, language = "python", function(pool) {
+    run <- function(src, v) mizu_collect(mizu_submit(pool, mizu_call(source = src, x = v)))
+    d <- as.Date(c("2001-02-03", NA, "1969-12-31"))
+    tm <- .POSIXct(c(NA, 0.5, 1.7e9), tz = "UTC")
+    dt <- as.difftime(c(2, NA), units = "secs")
+    expect_identical(run("import numpy as np\n[str(x.dtype), bool(np.isnat(x[1]))]",
+                         d), list("datetime64[D]", TRUE))
+    expect_identical(run("x", d), d)
+    expect_identical(run("x", tm), tm)
+    expect_identical(run("x", dt), dt)
+    # Made in Python.
+    expect_identical(run("import numpy as np\nnp.array(['2001-02-03', 'NaT'], dtype='datetime64[D]')", NULL),
+                     as.Date(c("2001-02-03", NA)))
+    # As data frame columns, both ways.
+    df <- data.frame(d = d, tm = tm[c(1, 2, 3)], n = c(1, NA, 3))
+    expect_identical(run("x", df), df)
+    expect_identical(run("import pyarrow as pa\npa.table(x)", df), df)
+  })
+})
+
 test_that("a data frame relayed unmodified comes back by reference", {
   with_pool(1, language = "python", function(pool) {
     ident <- function(v) mizu_collect(mizu_submit(pool, mizu_call(source = "x", x = v)))
