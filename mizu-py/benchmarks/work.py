@@ -3,6 +3,15 @@
 import time
 
 
+def warm(seconds):
+    """A worker's first call in a benchmark: what the rows use imported, and held long enough
+    that a pool which starts workers on demand starts all of them."""
+    import numpy  # noqa: F401
+    import pandas  # noqa: F401
+
+    time.sleep(seconds)
+
+
 def add(a, b):
     return a + b
 
