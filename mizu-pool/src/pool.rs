@@ -1,8 +1,7 @@
 //! The controller: creates the pool segment, launches workers, watches them (death → reap →
 //! respawn; execution timeout → kill), stops and tears down.
 
-use std::ffi::OsString;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -13,10 +12,15 @@ use mizu_queue::SlotState;
 
 use crate::claim;
 use crate::error::{PoolError, Result};
-use crate::layout::{self, Params, now_ns, reason, wstate};
+use crate::layout::{self, Params, reason, wstate};
 use crate::shared::Shared;
 use crate::submitter::{CollectError, SubmitterCore, Task};
 use crate::worker::reap_worker;
+
+mod workers;
+use workers::Children;
+pub use workers::Launcher;
+pub(crate) use workers::exited;
 
 /// Pool settings; [`PoolConfig::validate`] explains what is wrong.
 #[derive(Debug, Clone)]
@@ -100,43 +104,6 @@ impl PoolConfig {
     }
 }
 
-/// How workers are started: `program args… <token> <slot>`.
-#[derive(Debug, Clone)]
-pub struct Launcher {
-    /// The executable.
-    pub program: OsString,
-    /// Arguments before the token and slot.
-    pub args: Vec<OsString>,
-}
-
-impl Launcher {
-    /// A launcher running `program` with `args`, then the token and slot number.
-    pub fn new(
-        program: impl Into<OsString>,
-        args: impl IntoIterator<Item = impl Into<OsString>>,
-    ) -> Self {
-        Launcher {
-            program: program.into(),
-            args: args.into_iter().map(Into::into).collect(),
-        }
-    }
-
-    fn spawn(&self, token: &str, slot: usize) -> std::io::Result<Child> {
-        Command::new(&self.program)
-            .args(&self.args)
-            .arg(token)
-            .arg(slot.to_string())
-            // Who the worker's parent must be: a worker whose controller died before it looked
-            // would find another parent already (see `exit_if_orphaned_while_starting`).
-            .env(
-                crate::worker::CONTROLLER_ENV,
-                std::process::id().to_string(),
-            )
-            .stdin(Stdio::null())
-            .spawn()
-    }
-}
-
 /// One worker as the status reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerStatus {
@@ -192,14 +159,6 @@ pub struct PoolStatus {
     pub watched: u64,
     /// Times this controller's waits for outcomes slept in the kernel.
     pub parks: u64,
-}
-
-struct Children {
-    procs: Vec<Option<Child>>,
-    kill_reason: Vec<u32>,
-    respawns: u64,
-    /// Every worker process launched, for cleaning up what they left.
-    launched: Vec<u32>,
 }
 
 /// The next [`Pool::id`].
@@ -300,73 +259,6 @@ impl Pool {
         }
         pool.start_monitor();
         Ok(pool)
-    }
-
-    fn launch(&self, slot: usize) -> Result<()> {
-        launch(&self.shared, &self.children, &self.launcher, slot)
-    }
-
-    fn wait_ready(
-        &self,
-        slots: std::ops::Range<usize>,
-        keep_waiting: &mut dyn FnMut() -> bool,
-    ) -> Result<()> {
-        let v = self.shared.view();
-        let start = Instant::now();
-        let mut polls = 0u32;
-        for slot in slots {
-            while v.worker(slot).rec.state.load(Ordering::Acquire) != wstate::READY {
-                polls += 1;
-                if polls.is_multiple_of(50) && !keep_waiting() {
-                    return Err(PoolError::Interrupted);
-                }
-                let mut ch = self.children.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(c) = ch.procs[slot].as_mut()
-                    && let Some(st) = match c.try_wait() {
-                        Ok(Some(st)) => Some(st.to_string()),
-                        Ok(None) => None,
-                        Err(e) => Some(format!("its status was collected elsewhere ({e})")),
-                    }
-                {
-                    return Err(PoolError::Launch {
-                        slot,
-                        why: format!("worker exited before joining: {st}"),
-                    });
-                }
-                drop(ch);
-                if start.elapsed() > self.cfg.start_timeout {
-                    return Err(PoolError::Launch {
-                        slot,
-                        why: format!("did not join within {:?}", self.cfg.start_timeout),
-                    });
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-        Ok(())
-    }
-
-    fn start_monitor(&mut self) {
-        let (shared, children, launcher, stopping, cfg) = (
-            self.shared.clone(),
-            self.children.clone(),
-            self.launcher.clone(),
-            self.stopping.clone(),
-            self.cfg.clone(),
-        );
-        let deaths = self.deaths.clone();
-        self.monitor = Some(
-            std::thread::Builder::new()
-                .name("mizu-pool-monitor".into())
-                .spawn(move || {
-                    let watch = Watch {
-                        stopping: &stopping,
-                        deaths: &deaths,
-                    };
-                    monitor(&shared, &children, &launcher, watch, &cfg)
-                })
-                .expect("spawn the pool monitor thread"),
-        );
     }
 
     /// This process's data segments for the pool (where large payloads go): for regions the
@@ -543,103 +435,6 @@ impl Pool {
         self.deaths.load(Ordering::Acquire)
     }
 
-    /// The pids of every worker process this pool launched (replacements included).
-    pub fn launched_pids(&self) -> Vec<u32> {
-        self.children
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .launched
-            .clone()
-    }
-
-    /// `submitted`, after a worker was started if the tasks in flight now need one (see
-    /// [`PoolConfig::on_demand`]). A worker that cannot be started leaves the tasks to the
-    /// running ones, and the pool stops growing.
-    fn grown<T>(&self, submitted: T) -> T {
-        if self.may_grow.load(Ordering::Relaxed) {
-            self.grow();
-        }
-        submitted
-    }
-
-    /// A submission that failed before it reached a queue (its call could not be encoded, say)
-    /// still counts as work in flight for [`PoolConfig::on_demand`], for good: as
-    /// `ProcessPoolExecutor` starts a worker for each submission before it encodes the call.
-    pub fn submission_failed(&self) {
-        self.unqueued.fetch_add(1, Ordering::Relaxed);
-        self.grown(());
-    }
-
-    fn grow(&self) {
-        let v = self.shared.view();
-        let rec = &v.submitter(0).rec;
-        let in_flight = (rec.submitted.load(Ordering::Relaxed)
-            + self.unqueued.load(Ordering::Relaxed))
-        .saturating_sub(rec.collected.load(Ordering::Relaxed));
-        let slots = v.params.max_workers as usize;
-        let started = || {
-            (0..slots)
-                .filter(|&w| v.worker(w).rec.state.load(Ordering::Acquire) != wstate::EMPTY)
-                .count()
-        };
-        if in_flight <= started() as u64 {
-            return;
-        }
-        let _g = self.growing.lock().unwrap_or_else(|p| p.into_inner());
-        let now = started();
-        if in_flight <= now as u64 || self.stopping.load(Ordering::SeqCst) {
-            return;
-        }
-        let free =
-            (0..slots).find(|&w| v.worker(w).rec.state.load(Ordering::Acquire) == wstate::EMPTY);
-        let launched = free.is_some_and(|slot| self.launch(slot).is_ok());
-        if !launched || now + 1 >= slots {
-            self.may_grow.store(false, Ordering::Relaxed);
-        }
-    }
-
-    /// Starts a worker in the first free slot; returns the slot.
-    pub fn spawn_worker(&self) -> Result<usize> {
-        let v = self.shared.view();
-        let slot = (0..v.params.max_workers as usize)
-            .find(|&w| {
-                matches!(
-                    v.worker(w).rec.state.load(Ordering::Acquire),
-                    wstate::EMPTY | wstate::DEAD
-                )
-            })
-            .ok_or_else(|| {
-                PoolError::Config(format!(
-                    "all {} worker slots are in use",
-                    v.params.max_workers
-                ))
-            })?;
-        self.launch(slot)?;
-        self.wait_ready(slot..slot + 1, &mut || true)?;
-        Ok(slot)
-    }
-
-    /// Asks worker `slot` to leave after its current task; it is not replaced.
-    pub fn retire_worker(&self, slot: usize) -> bool {
-        let v = self.shared.view();
-        if slot >= v.params.max_workers as usize {
-            return false;
-        }
-        let ok = v
-            .worker(slot)
-            .rec
-            .state
-            .compare_exchange(
-                wstate::READY,
-                wstate::EXITING,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_ok();
-        v.worker(slot).park.wake_all_unconditionally();
-        ok
-    }
-
     /// Stops the pool: queued tasks are cancelled, workers are asked to leave and killed if
     /// they have not within `grace`, running tasks fail, every collector wakes, the segment
     /// name is removed.
@@ -725,105 +520,5 @@ impl Drop for Pool {
             std::mem::forget(self.children.clone());
             std::mem::forget(self.monitor.take());
         }
-    }
-}
-
-/// Whether `child` has exited: reaped now, or reaped already by someone else in this process
-/// (a `waitpid(-1, …)` elsewhere — a test harness, a SIGCHLD handler — makes `try_wait` fail
-/// with ECHILD; taking that for "still running" would leave its task waiting forever).
-pub(crate) fn exited(child: &mut Child) -> bool {
-    !matches!(child.try_wait(), Ok(None))
-}
-
-fn launch(
-    shared: &Shared,
-    children: &Mutex<Children>,
-    launcher: &Launcher,
-    slot: usize,
-) -> Result<()> {
-    let v = shared.view();
-    let rec = &v.worker(slot).rec;
-    rec.current.store(0, Ordering::Relaxed);
-    rec.pid.store(0, Ordering::Relaxed);
-    rec.state.store(wstate::STARTING, Ordering::Release);
-    let child = launcher
-        .spawn(shared.segment().token(), slot)
-        .map_err(|e| PoolError::Launch {
-            slot,
-            why: format!("{:?}: {e}", launcher.program),
-        })?;
-    let mut ch = children.lock().unwrap_or_else(|p| p.into_inner());
-    ch.launched.push(child.id());
-    ch.procs[slot] = Some(child);
-    ch.kill_reason[slot] = 0;
-    Ok(())
-}
-
-/// The monitor's flags: the pool is stopping; workers that died on their own.
-#[derive(Clone, Copy)]
-struct Watch<'a> {
-    stopping: &'a AtomicBool,
-    deaths: &'a AtomicU64,
-}
-
-/// Watches the workers: reaps and replaces dead ones, kills those over the execution timeout.
-fn monitor(
-    shared: &Shared,
-    children: &Mutex<Children>,
-    launcher: &Launcher,
-    watch: Watch<'_>,
-    cfg: &PoolConfig,
-) {
-    let Watch { stopping, deaths } = watch;
-    let v = shared.view();
-    while !stopping.load(Ordering::SeqCst) {
-        let mut relaunch = Vec::new();
-        {
-            let mut guard = children.lock().unwrap_or_else(|p| p.into_inner());
-            let ch = &mut *guard;
-            for w in 0..ch.procs.len() {
-                let Some(child) = ch.procs[w].as_mut() else {
-                    continue;
-                };
-                let rec = &v.worker(w).rec;
-                if exited(child) {
-                    let pid = child.id();
-                    let was = rec.state.swap(wstate::DEAD, Ordering::AcqRel);
-                    let why = if ch.kill_reason[w] != 0 {
-                        ch.kill_reason[w]
-                    } else {
-                        reason::DIED
-                    };
-                    reap_worker(shared, w, pid, why);
-                    ch.procs[w] = None;
-                    // Counted once its task failed: whoever sees the count sees that failure
-                    // (and can tell the task that died from the others).
-                    if why == reason::DIED && was == wstate::READY {
-                        deaths.fetch_add(1, Ordering::AcqRel);
-                    }
-                    // Replace workers that died serving or left after their task quota; not
-                    // retired ones, nor ones that never managed to join (a broken launcher
-                    // would loop forever).
-                    let replace = was == wstate::RECYCLE || (cfg.respawn && was == wstate::READY);
-                    if replace && !stopping.load(Ordering::SeqCst) {
-                        ch.respawns += 1;
-                        relaunch.push(w);
-                    }
-                    continue;
-                }
-                if let Some(limit) = cfg.exec_timeout
-                    && let Some(started) = claim::running_since(rec)
-                    && now_ns().saturating_sub(started) > limit.as_nanos() as u64
-                    && ch.kill_reason[w] == 0
-                {
-                    ch.kill_reason[w] = reason::TIMEOUT;
-                    let _ = child.kill();
-                }
-            }
-        }
-        for w in relaunch {
-            let _ = launch(shared, children, launcher, w);
-        }
-        std::thread::sleep(Duration::from_millis(2));
     }
 }

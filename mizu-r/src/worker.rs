@@ -240,32 +240,27 @@ impl RExec {
     /// with the worker's handlers, as an R task does.
     fn run_xlang(&self, buf: &arrow_buffer::Buffer) -> (bool, Envelope) {
         let _reading = crate::xvalue_in::Reading::payload(buf);
-        let envelope::Task {
-            target,
-            args,
-            kwargs,
-            ctx: xctx,
-            chunk,
-        } = match envelope::read_task(buf, Some(&crate::payload::MAPPER)) {
+        let task = match envelope::read_task(buf, Some(&crate::payload::MAPPER)) {
             Ok(t) => t,
             Err(e) => return fail(&["mizu_error"], format!("malformed task: {e}")),
         };
-        if let Err(e) = crate::xvalue_in::call_names(&target, &kwargs) {
+        if let Err(e) = crate::xvalue_in::call_names(&task.target, &task.kwargs) {
             return fail(&["mizu_error"], format!("malformed task: {e}"));
         }
         // A named function without a seed: the call itself, evaluated natively in the global
         // environment (no R closure in between: `.xrun` costs ~20 µs a task).
-        let chunk_first = chunk.as_ref().map(|_| xctx.index);
+        let chunk_first = task.chunk.as_ref().map(|_| task.ctx.index);
         // (R symbols cannot be empty: a call with an empty name goes through `.dispatch`.)
-        let direct = match (&target, xctx.seed, &chunk) {
+        let direct = match (&task.target, task.ctx.seed, &task.chunk) {
             (mizu_pool::wire::CallTarget::Name(n), None, None)
-                if !n.is_empty() && kwargs.iter().all(|(k, _)| !k.is_empty()) =>
+                if !n.is_empty() && task.kwargs.iter().all(|(k, _)| !k.is_empty()) =>
             {
                 Some(n.clone())
             }
             _ => None,
         };
         if let Some(name) = direct {
+            let envelope::Task { args, kwargs, .. } = task;
             // SAFETY: R's main thread; every argument is protected (once each) from the moment
             // it exists until the task is done; the message holds the call.
             unsafe {
@@ -292,14 +287,7 @@ impl RExec {
                 return self.finish_xlang(self.eval_task(msg, true), None);
             }
         }
-        let msg = xlang_message(envelope::Task {
-            target,
-            args,
-            kwargs,
-            ctx: xctx,
-            chunk,
-        });
-        let msg = match msg {
+        let msg = match xlang_message(task) {
             Ok(m) => m,
             Err(e) => return fail(&["mizu_error_not_portable", "mizu_error"], e.to_string()),
         };
