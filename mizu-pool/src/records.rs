@@ -232,6 +232,26 @@ pub fn go_idle(workers: &[WorkerSlot], me: usize, max_active: u32) -> bool {
     false
 }
 
+/// Wakes a worker that was given work (a task in its ring or a deque it looks at), and marks
+/// it busy at once if it was parked or about to park: it is runnable from now, but until it
+/// gets a CPU it cannot say so itself, and a caller that saw it still asleep would watch on
+/// the CPU it needs (see [`crate::watch`]) or hand it the next task of a stream too. True
+/// when it had to be woken. A worker that spins is left alone (it sees the work by itself, and
+/// writing its record would cost the round trip a cache line).
+pub fn wake_for_work(slot: &WorkerSlot) -> bool {
+    let woke = slot.park.wake_all();
+    let was = slot.rec.idle.load(Ordering::Relaxed);
+    if woke || was == idle::SLEEPING {
+        // It may have stored another state meanwhile (it looks at its queues before parking,
+        // so nothing is lost either way): only the one read is replaced.
+        let _ =
+            slot.rec
+                .idle
+                .compare_exchange(was, idle::BUSY, Ordering::Relaxed, Ordering::Relaxed);
+    }
+    woke
+}
+
 /// Tells up to `n` idle workers (other than `me`) that work was pushed where they look for it
 /// by themselves (a worker's deque): spinning ones see it, sleeping ones are woken.
 ///
@@ -256,7 +276,7 @@ pub fn announce(workers: &[WorkerSlot], me: Option<usize>, mut n: usize) {
             idle::BUSY => {}
             idle::SPINNING if slot.park.sleepers() == 0 => n -= 1,
             _ => {
-                slot.park.wake_all();
+                wake_for_work(slot);
                 n -= 1;
             }
         }

@@ -9,6 +9,7 @@ use mizu_queue::{OwnedDeque, OwnedProducer, SlotState};
 
 use crate::error::{PoolError, Result, TaskError};
 use crate::layout::{PoolView, TaskId, wstate};
+use crate::records;
 use crate::shared::{Fill, Shared};
 
 /// Why collecting a result did not return it.
@@ -212,7 +213,7 @@ impl SubmitterCore {
         for w in 0..g.pending.len() {
             if std::mem::take(&mut g.pending[w]) {
                 g.producers[w].with(|p| p.publish_quiet());
-                v.worker(w).park.wake_all();
+                records::wake_for_work(v.worker(w));
             }
         }
     }
@@ -322,7 +323,14 @@ impl SubmitterCore {
                                 && !pending(v, g.last[w])
                                 && finishing(v, rec.current.load(Ordering::Acquire))
                         }
-                        2 => st == wstate::READY && rec.idle.load(Ordering::Relaxed) != 0,
+                        // (A sleeping worker still to take the task we gave it last is as
+                        // good as busy: piling a stream of tasks onto it while it wakes left
+                        // the other workers idle until they stole, an idle slice later.)
+                        2 => {
+                            st == wstate::READY
+                                && rec.idle.load(Ordering::Relaxed) != 0
+                                && !pending(v, g.last[w])
+                        }
                         _ => wstate::coming(st),
                     };
                     if !ok {
@@ -345,7 +353,7 @@ impl SubmitterCore {
                         if defer {
                             g.pending[w] = true;
                         } else {
-                            v.worker(w).park.wake_all();
+                            records::wake_for_work(v.worker(w));
                         }
                         // A single task's next search starts at this worker: round trips keep
                         // to one worker, whose spin budget stays warm (moving on would leave

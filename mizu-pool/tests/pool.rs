@@ -254,6 +254,35 @@ fn a_task_queued_behind_a_long_one_is_taken_by_a_worker_that_goes_idle() {
 }
 
 #[test]
+fn tasks_submitted_back_to_back_to_sleeping_workers_go_one_to_each() {
+    // Both workers parked: the first task wakes one of them. The second must not join the
+    // first in the ring of a worker still waking up (it would wait there until the other
+    // worker stole it, an idle slice later): it goes to the other sleeping worker.
+    let mut p = pool(workers(2));
+    for round in 0..5 {
+        // Long enough for the workers to spend their spin and park (not asserted: a worker
+        // still spinning is found by an earlier pass of the same routing).
+        std::thread::sleep(Duration::from_millis(20));
+        let before = p.status();
+        let mut tasks = vec![
+            p.submit(b"sleep:50").unwrap(),
+            p.submit(b"sleep:50").unwrap(),
+        ];
+        collect_all(&mut tasks, GUARD).unwrap();
+        let after = p.status();
+        for (b, a) in before.workers.iter().zip(&after.workers) {
+            assert_eq!(
+                a.tasks - b.tasks,
+                1,
+                "round {round}: one task each: {after:?}"
+            );
+            assert_eq!(a.steals, b.steals, "round {round}: none stolen: {after:?}");
+        }
+    }
+    p.stop(Duration::ZERO);
+}
+
+#[test]
 fn a_collect_timeout_leaves_the_handle_valid() {
     let p = pool(workers(1));
     let mut t = p.submit(b"sleep:300").unwrap();
