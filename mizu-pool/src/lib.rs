@@ -115,3 +115,8 @@ pub use {
     watch::WATCH,
     worker::{exit_if_orphaned_while_starting, run_worker},
 };
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

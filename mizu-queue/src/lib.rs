@@ -41,3 +41,8 @@ pub use {
     error::QueueError,
     owned::{OwnedConsumer, OwnedDeque, OwnedProducer},
 };
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -23,3 +23,8 @@ pub mod stream;
 pub use philox::{philox4x32_10, philox4x64_10};
 pub use rng::{Philox4x32, Philox4x32Core, Philox4x64, Philox4x64Core, u64_to_f64};
 pub use stream::{element_key_counter, element_stream, element_stream_at};
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -68,3 +68,8 @@ pub use {
     segment::{Layout, Segment, ShmSafe},
     watch::{DeathWatch, LOOK_EVERY},
 };
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -61,3 +61,8 @@ pub use {
         decode_shared, decode_slice, encode, encode_aligned, passed_before, passed_check,
     },
 };
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

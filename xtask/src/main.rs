@@ -1,5 +1,5 @@
 //! Developer tasks for mizu: `cargo xtask test | loom | fuzz | asan | bench | demo | wheel | rpkg |
-//! futures`.
+//! rtarball | futures | joblib | snippets`.
 //!
 //! Each task prints the commands it runs, so a failure can be reproduced by hand.
 
@@ -9,6 +9,7 @@ use std::time::Instant;
 
 mod r;
 mod rsrc;
+mod snippets;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -25,6 +26,11 @@ fn main() -> ExitCode {
         "rtarball" => rsrc::source_tarball(&root).map(drop),
         "futures" => venv(&root).and_then(|py| stdlib_futures_tests(&root, &py)),
         "joblib" => venv(&root).and_then(|py| joblib_suite_tests(&root, &py)),
+        "snippets" => venv(&root).and_then(|py| {
+            install_wheel(&root, &py)?;
+            r::rpkg(&root)?;
+            snippets::snippets(&root, &py)
+        }),
         "asan" => asan(&root),
         "fuzz" => fuzz_all(&root, args.iter().any(|a| a == "--long")),
         _ => {
@@ -38,6 +44,8 @@ fn main() -> ExitCode {
                  wheel  build the pymizu wheel (manylinux2014) and sdist into target/wheels\n  \
                  rpkg   build and install the mizu R package into target/rlib\n  \
                  joblib joblib's own test_parallel.py with mizu among its process backends\n  \
+                 snippets  every Python, R and Rust code block of README.md and docs/, run as\n           \
+                 written (part of `test`)\n  \
                  rtarball  the R source package that installs offline, anywhere (Rust crates\n           \
                  vendored), into target/rsrc; --test: R CMD check --as-cran of it, installed offline\n           \
                  in an empty place, and a task run with it (part of `test`)\n  \
@@ -97,7 +105,7 @@ fn test(root: &Path) -> Res {
     let t = Instant::now();
     // Before anything builds the workspace: `mizu-r`'s bindings (extendr) need R at build
     // time, so on a fresh machine clippy would fail before the R tests could install it.
-    r::ensure_r(root)?;
+    r::ensure_r(root, r::Needs::Tests)?;
     run(
         root,
         Command::new(cargo()).args(["fmt", "--all", "--", "--check"]),
@@ -133,6 +141,7 @@ fn test(root: &Path) -> Res {
     joblib_suite_tests(root, &py)?;
     fresh_installs(root, &py)?;
     r::r_tests(root)?;
+    snippets::snippets(root, &py)?;
     small_dev_shm_tests(root, &py)?;
     r::fuzz_r(root, FUZZ_CASES)?;
     rsrc::offline_check(root)?;

@@ -6,45 +6,73 @@ use std::process::Command;
 
 use crate::{Res, run, which};
 
-/// Debian packages the R side needs: R itself (with headers, for building the package), the
-/// test framework, the peers the benchmarks compare against (`parallel` ships with R;
-/// `data.table` reads and writes the CSV files of the cross-language benchmark's peer), and
-/// the `future` ecosystem the future backend is tested with.
-const DEBIAN_PACKAGES: &[&str] = &[
-    "r-base-dev",
-    "r-cran-codetools",
-    "r-cran-testthat",
-    "r-cran-future",
-    "r-cran-future.apply",
-    "r-cran-furrr",
-    "r-cran-purrr",
-    "r-cran-progressr",
-    "r-cran-data.table",
-];
-/// R packages that must load for the tests and benchmarks.
-const R_PACKAGES: &[&str] = &[
-    "codetools",
-    "testthat",
-    "future",
-    "future.apply",
-    "furrr",
-    "purrr",
-    "progressr",
-    "data.table",
-];
+/// What R must have for a task.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Needs {
+    /// What the package itself needs to build and install: R with its headers and
+    /// `codetools`, the one package it imports beyond R's own.
+    Package,
+    /// Besides, what the tests and benchmarks use: the test framework, the peers the
+    /// benchmarks compare against (`parallel` ships with R; `data.table` reads and writes the
+    /// CSV files of the cross-language benchmark's peer), and the `future` ecosystem the
+    /// future backend is tested with.
+    Tests,
+}
+
+impl Needs {
+    /// The Debian packages that provide it.
+    fn debian(self) -> &'static [&'static str] {
+        const PACKAGE: &[&str] = &["r-base-dev", "r-cran-codetools"];
+        const TESTS: &[&str] = &[
+            "r-base-dev",
+            "r-cran-codetools",
+            "r-cran-testthat",
+            "r-cran-future",
+            "r-cran-future.apply",
+            "r-cran-furrr",
+            "r-cran-purrr",
+            "r-cran-progressr",
+            "r-cran-data.table",
+        ];
+        match self {
+            Needs::Package => PACKAGE,
+            Needs::Tests => TESTS,
+        }
+    }
+
+    /// The R packages that must load.
+    fn r_packages(self) -> &'static [&'static str] {
+        const PACKAGE: &[&str] = &["codetools"];
+        const TESTS: &[&str] = &[
+            "codetools",
+            "testthat",
+            "future",
+            "future.apply",
+            "furrr",
+            "purrr",
+            "progressr",
+            "data.table",
+        ];
+        match self {
+            Needs::Package => PACKAGE,
+            Needs::Tests => TESTS,
+        }
+    }
+}
 
 /// Where `cargo xtask rpkg` installs the package (kept out of the system library).
 pub fn rlib(root: &Path) -> PathBuf {
     root.join("target/rlib")
 }
 
-fn r_ready() -> bool {
+fn r_ready(needs: Needs) -> bool {
     let Some(rscript) = which("Rscript") else {
         return false;
     };
     let check = format!(
         "for (p in c({})) if (!requireNamespace(p, quietly = TRUE)) quit(status = 1)",
-        R_PACKAGES
+        needs
+            .r_packages()
             .iter()
             .map(|p| format!("'{p}'"))
             .collect::<Vec<_>>()
@@ -64,21 +92,22 @@ pub fn is_root() -> bool {
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
 
-/// Makes sure R and the R packages the tests use are installed: from Debian's packages when
+/// Makes sure R and the R packages `needs` names are installed: from Debian's packages when
 /// missing and running as root, else a message saying what to install.
-pub fn ensure_r(root: &Path) -> Res {
-    if r_ready() {
+pub fn ensure_r(root: &Path, needs: Needs) -> Res {
+    if r_ready(needs) {
         return Ok(());
     }
+    let (debian, packages) = (needs.debian(), needs.r_packages());
     if !is_root() || which("apt-get").is_none() {
         return Err(format!(
-            "R 4.2+ with the packages {R_PACKAGES:?} is needed for the R package and its tests.\n\
+            "R 4.2+ with the packages {packages:?} is needed here.\n\
              Debian/Ubuntu: sudo apt-get install {}\n\
-             (as root, `cargo xtask test` installs them itself)",
-            DEBIAN_PACKAGES.join(" ")
+             (as root, `cargo xtask` installs them itself)",
+            debian.join(" ")
         ));
     }
-    eprintln!("\n==> R or its packages are missing: installing {DEBIAN_PACKAGES:?} (apt-get)");
+    eprintln!("\n==> R or its packages are missing: installing {debian:?} (apt-get)");
     run(
         root,
         Command::new("apt-get")
@@ -89,10 +118,10 @@ pub fn ensure_r(root: &Path) -> Res {
         root,
         Command::new("apt-get")
             .args(["install", "-y", "-q", "--no-install-recommends"])
-            .args(DEBIAN_PACKAGES)
+            .args(debian)
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )?;
-    if r_ready() {
+    if r_ready(needs) {
         Ok(())
     } else {
         Err("R was installed but the packages still do not load".into())
@@ -112,7 +141,7 @@ pub fn r_command(root: &Path, program: &str) -> Command {
 /// Builds the native library (cargo, through the package's Makevars) and installs the `mizu`
 /// R package into `target/rlib`.
 pub fn rpkg(root: &Path) -> Res {
-    ensure_r(root)?;
+    ensure_r(root, Needs::Package)?;
     let lib = rlib(root);
     std::fs::create_dir_all(&lib).map_err(|e| format!("{}: {e}", lib.display()))?;
     run(
@@ -126,6 +155,7 @@ pub fn rpkg(root: &Path) -> Res {
 
 /// The testthat suite against the installed package, with real worker processes.
 pub fn r_tests(root: &Path) -> Res {
+    ensure_r(root, Needs::Tests)?;
     rpkg(root)?;
     run(
         root,
@@ -176,6 +206,7 @@ pub fn fuzz_r(root: &Path, cases: u64) -> Res {
 /// against the machine's limit, then the future backend against future's multisession and
 /// cluster backends (`quick`: fewer repetitions, for the demo).
 pub fn r_bench(root: &Path, quick: bool) -> Res {
+    ensure_r(root, Needs::Tests)?;
     rpkg(root)?;
     for script in [
         "mizu-r/benchmarks/bench.R",

@@ -23,7 +23,7 @@ const CRATES: &[&str] = &[
 
 /// Builds the self-contained source tarball into `target/rsrc`; its path.
 pub fn source_tarball(root: &Path) -> Result<PathBuf, String> {
-    ensure_r(root)?;
+    ensure_r(root, crate::r::Needs::Package)?;
     let out = root.join("target/rsrc");
     let _ = std::fs::remove_dir_all(&out);
     let pkg = out.join("mizu");
