@@ -5,8 +5,9 @@
 The file comes from the source distribution of the pinned joblib (`cargo xtask test` fetches
 it); it is not part of this repository. `"mizu"` is added to the process backends the file
 parametrizes over (and to joblib's registry before it is imported, so the cases over every
-valid backend include it), and the cases that run on mizu — every case whose id names it —
-run. The few that need what mizu deliberately does not do are listed in `EXPECTED_TO_FAIL`
+valid backend include it), and the cases that run on mizu run: every case whose id names it,
+and every case parametrized with an instance of the backend (joblib's ids for those are
+`backendN`). The few that need what mizu deliberately does not do are listed in `EXPECTED_TO_FAIL`
 with the reason, and run as strict expected failures: one that starts passing fails the run.
 """
 
@@ -45,7 +46,18 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "thread_unsafe: joblib's marker")
 
 
+def on_mizu(item):
+    """Whether the case runs on mizu: its id names it, or a parameter is the backend itself."""
+    if "mizu" in item.name:
+        return True
+    params = getattr(getattr(item, "callspec", None), "params", {{}})
+    return any(isinstance(v, pymizu.joblib.MizuBackend) for v in params.values())
+
+
 def pytest_collection_modifyitems(config, items):
+    kept = [item for item in items if on_mizu(item)]
+    config.hook.pytest_deselected(items=[item for item in items if not on_mizu(item)])
+    items[:] = kept
     for item in items:
         why = EXPECTED_TO_FAIL.get(item.name)
         if why is not None:
@@ -83,7 +95,7 @@ def main() -> int:
         import pytest
 
         return pytest.main(
-            ["-q", "-p", "no:cacheprovider", "--rootdir", root, "-k", "mizu", *args,
+            ["-q", "-p", "no:cacheprovider", "--rootdir", root, *args,
              os.path.join(root, "test_parallel.py")]
         )
     finally:
