@@ -257,8 +257,13 @@ unsafe extern "C" fn tasks_ok(tasks: SEXP) -> SEXP {
 }
 
 /// Submits `call` (a `mizu_call()`) with the further keyword arguments `vars` to a pool of
-/// Python workers: the task handle, or `c(class, message)` for the R wrapper to raise.
-unsafe extern "C" fn submit_xcall(pool: SEXP, call: SEXP, vars: SEXP) -> SEXP {
+/// Python workers: the task handle, or `c(class, message)` for `mizu_submit_shim`
+/// (`shims.c`) to raise.
+///
+/// # Safety
+/// R's main thread; the arguments are protected meanwhile.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mizu_rs_submit_xcall(pool: SEXP, call: SEXP, vars: SEXP) -> SEXP {
     let r = guarded::<_, String>(|| {
         // SAFETY: R's main thread (`.Call`); the arguments are protected by R for the call.
         unsafe {
@@ -303,7 +308,7 @@ unsafe fn failure_sexp(class: &str, why: &str) -> SEXP {
 /// Returns its first argument: what the benchmarks call in place of the submit and collect
 /// routines to time R's own part of a round trip (the closures, their argument matching,
 /// `substitute` and `list(...)`) with nothing sent.
-unsafe extern "C" fn nop(a: SEXP, _b: SEXP, _c: SEXP) -> SEXP {
+unsafe extern "C" fn nop(a: SEXP, _b: SEXP, _c: SEXP, _d: SEXP) -> SEXP {
     a
 }
 
@@ -323,22 +328,21 @@ unsafe fn native_symbol(f: *const c_void) -> SEXP {
 pub(crate) fn native_routines() -> List {
     type One = unsafe extern "C" fn(SEXP) -> SEXP;
     type Two = unsafe extern "C" fn(SEXP, SEXP) -> SEXP;
-    type Three = unsafe extern "C" fn(SEXP, SEXP, SEXP) -> SEXP;
+    type Four = unsafe extern "C" fn(SEXP, SEXP, SEXP, SEXP) -> SEXP;
     // SAFETY: R's main thread; each pointer is protected by the list's Robj as soon as it
     // exists. `.Call` calls each with the arguments its R wrapper passes (one for `tasks_ok`,
-    // three for `submit_expr` and `nop`, else two).
+    // four for `submit_expr` and `nop`, else two).
     unsafe {
         let s = Robj::from_sexp(native_symbol(submit as Two as *const c_void));
         let e = Robj::from_sexp(native_symbol(
-            crate::ffi::mizu_submit_shim as Three as *const c_void,
+            crate::ffi::mizu_submit_shim as Four as *const c_void,
         ));
         let c = Robj::from_sexp(native_symbol(collect as Two as *const c_void));
         let v = Robj::from_sexp(native_symbol(
             crate::ffi::mizu_collect_shim as Two as *const c_void,
         ));
         let k = Robj::from_sexp(native_symbol(tasks_ok as One as *const c_void));
-        let n = Robj::from_sexp(native_symbol(nop as Three as *const c_void));
-        let x = Robj::from_sexp(native_symbol(submit_xcall as Three as *const c_void));
+        let n = Robj::from_sexp(native_symbol(nop as Four as *const c_void));
         List::from_names_and_values(
             [
                 "submit",
@@ -347,9 +351,8 @@ pub(crate) fn native_routines() -> List {
                 "collect_value",
                 "tasks_ok",
                 "nop",
-                "submit_xcall",
             ],
-            [s, e, c, v, k, n, x],
+            [s, e, c, v, k, n],
         )
         .unwrap_or_default()
     }

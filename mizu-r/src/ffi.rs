@@ -82,7 +82,7 @@ unsafe extern "C" {
 // The package's C shims (`pkg/src/shims.c`), linked into the same shared library.
 unsafe extern "C" {
     /// [`crate::fast::mizu_rs_submit_expr`], raising its failures.
-    pub fn mizu_submit_shim(pool: SEXP, expr: SEXP, vars: SEXP) -> SEXP;
+    pub fn mizu_submit_shim(pool: SEXP, expr: SEXP, vars: SEXP, frame: SEXP) -> SEXP;
     /// [`crate::fast::mizu_rs_collect_value`], turning an outcome into a value or a condition.
     pub fn mizu_collect_shim(task: SEXP, timeout: SEXP) -> SEXP;
 }

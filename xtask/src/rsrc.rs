@@ -37,16 +37,24 @@ pub fn source_tarball(root: &Path) -> Result<PathBuf, String> {
     let rust = pkg.join("src/rust");
     std::fs::create_dir_all(&rust).map_err(|e| e.to_string())?;
     // The workspace: the root manifest with only the R crate as a member (the library crates
-    // are path dependencies inside it, so members too), and the root's lock file.
+    // are path dependencies inside it, so members too) and no default members (they name
+    // crates the package does not carry), and the root's lock file.
     let manifest = read(&root.join("Cargo.toml"))?;
-    let members = manifest
+    if !manifest.lines().any(|l| l.starts_with("members")) {
+        return Err("the root Cargo.toml has no members line".into());
+    }
+    let tarball_manifest: String = manifest
         .lines()
-        .find(|l| l.starts_with("members"))
-        .ok_or("the root Cargo.toml has no members line")?;
-    write(
-        &rust.join("Cargo.toml"),
-        &manifest.replace(members, "members = [\"mizu-r\"]"),
-    )?;
+        .filter(|l| !l.starts_with("default-members"))
+        .map(|l| {
+            if l.starts_with("members") {
+                "members = [\"mizu-r\"]\n".to_owned()
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    write(&rust.join("Cargo.toml"), &tarball_manifest)?;
     std::fs::copy(root.join("Cargo.lock"), rust.join("Cargo.lock")).map_err(|e| e.to_string())?;
     for c in CRATES {
         copy_dir(&root.join(c).join("src"), &rust.join(c).join("src"), &|p| {

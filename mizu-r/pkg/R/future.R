@@ -182,7 +182,7 @@ run.MizuFuture <- function(future, ...) {
   # backends, they are sent as copies (the mark lets the submit check pass them).
   vars <- structure(list(expr = expr, globals = globals, relay = future$mizu_relay),
                     mizu_copy = TRUE)
-  future$task <- .Call(.native_submit_expr, pool, .FUTURE_TASK, vars)
+  future$task <- .Call(.native_submit_expr, pool, .FUTURE_TASK, vars, environment())
   assign(future$mizu_key, future, envir = .fut$active)
   .fut$n_active <- .fut$n_active + 1L
   future$state <- "running"

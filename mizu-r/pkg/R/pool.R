@@ -83,7 +83,6 @@ mizu_pool <- function(n_workers = 1L, exec_timeout = NULL, submit_timeout = NULL
              .secs(exec_timeout, "exec_timeout"), .secs(submit_timeout, "submit_timeout"),
              respawn, language == "python")
   if (is.character(p)) .raise_failure(p)
-  if (language == "python") attr(p, "mizu_xsubmit") <- .xsubmit_caller
   p
 }
 
@@ -246,20 +245,10 @@ print.mizu_call <- function(x, ...) {
   invisible(x)
 }
 
-# Called by the native submit (src/shims.c) for mizu_submit() to a pool of another language's
-# workers: the frame below this one is mizu_submit's, whose `.expr` (a promise of the caller's
-# mizu_call()) is forced there; `vars` are further keyword arguments.
-.xsubmit_caller <- function(pool, vars) {
-  r <- .Call(.native_submit_xcall, pool, eval(quote(.expr), sys.frame(-1L)), vars)
-  if (is.character(r)) .raise_failure(r)
-  r
-}
-
 # Called by the native submit (src/shims.c) for a mizu_submit() whose expression may use
-# variables it does not bind: the frame below this one is mizu_submit's, whose `.expr` is
-# still an unforced promise of the caller's expression.
-.submit_globals <- function(pool, vars) {
-  f <- sys.frame(-1L)
+# variables it does not bind: `f` is mizu_submit's frame, whose `.expr` is still an unforced
+# promise of the caller's expression.
+.submit_globals <- function(pool, vars, f) {
   # (`do.call` evaluates in `f` without a context of its own, which `eval` would add and
   # `parent.frame()` would then answer with.)
   env <- do.call(parent.frame, list(), envir = f)
@@ -348,7 +337,7 @@ print.mizu_call <- function(x, ...) {
 #' @export
 mizu_submit <- function(.pool, .expr, ...) {
   # (The native routine raises its failures itself: see src/shims.c.)
-  .Call(.native_submit_expr, .pool, substitute(.expr), list(...))
+  .Call(.native_submit_expr, .pool, substitute(.expr), list(...), environment())
 }
 
 #' Submit several tasks at once

@@ -11,7 +11,6 @@
 .native_collect_value <- NULL
 .native_tasks_ok <- NULL
 .native_nop <- NULL
-.native_submit_xcall <- NULL
 
 .onLoad <- function(libname, pkgname) {
   .Call(wrap__init_native)

@@ -8,6 +8,7 @@
 #include <string.h>
 
 SEXP mizu_rs_submit_expr(SEXP pool, SEXP expr, SEXP vars);
+SEXP mizu_rs_submit_xcall(SEXP pool, SEXP call, SEXP vars);
 SEXP mizu_rs_collect_value(SEXP task, SEXP timeout, int *outcome);
 
 /* fun(arg), with fun looked up in the package namespace (where R forces a lazy-loaded
@@ -22,42 +23,46 @@ static SEXP mizu_call1(const char *fun, SEXP arg) {
     return v;
 }
 
-/* fun(a, b), looked up as mizu_call1 does. */
-static SEXP mizu_call2(const char *fun, SEXP a, SEXP b) {
+/* fun(a, b, c), looked up as mizu_call1 does. */
+static SEXP mizu_call3(const char *fun, SEXP a, SEXP b, SEXP c) {
     SEXP name = PROTECT(mkString("mizu"));
     SEXP ns = PROTECT(R_FindNamespace(name));
-    SEXP call = PROTECT(lang3(install(fun), a, b));
+    SEXP call = PROTECT(lang4(install(fun), a, b, c));
     SEXP v = eval(call, ns);
     UNPROTECT(3);
     return v;
 }
 
-/* mizu_submit(): the task handle, or the failure `c(class, message)` raised. A pool of
- * another language's workers answers "mizu_foreign": its task is the value of mizu_submit's
- * `expr` (a mizu_call()), which .xsubmit_caller() (the pool's attribute "mizu_xsubmit")
- * forces in mizu_submit's frame. An expression that may use the caller's variables answers
- * "mizu_globals", and .submit_globals() submits it with them. */
-SEXP mizu_submit_shim(SEXP pool, SEXP expr, SEXP vars) {
+/* mizu_submit(): the task handle, or the failure `c(class, message)` raised. `frame` is
+ * mizu_submit's own frame, where `.expr` is still a promise of the caller's expression. A
+ * pool of another language's workers answers "mizu_foreign": its task is the value of that
+ * expression (a mizu_call()), forced here and submitted as a cross-language call (no R
+ * closure on this path: one costs more than the rest of the submit). An expression that may
+ * use the caller's variables answers "mizu_globals", and .submit_globals() submits it with
+ * them. */
+SEXP mizu_submit_shim(SEXP pool, SEXP expr, SEXP vars, SEXP frame) {
     SEXP r = mizu_rs_submit_expr(pool, expr, vars);
     if (TYPEOF(r) != STRSXP) return r;
     PROTECT(r);
     if (XLENGTH(r) == 2 && strcmp(CHAR(STRING_ELT(r, 0)), "mizu_foreign") == 0) {
-        /* The pool handle carries the function (set by mizu_pool()): no namespace lookup,
-         * which costs an R call, on this path. */
-        SEXP f = getAttrib(pool, install("mizu_xsubmit"));
-        if (TYPEOF(f) != CLOSXP) {
+        if (TYPEOF(frame) != ENVSXP) {
             UNPROTECT(1);
-            error("mizu: this pool handle has no cross-language submit");
+            error("mizu: a pool of another language's workers runs mizu_call() tasks");
         }
-        SEXP call = PROTECT(lang3(f, pool, vars));
-        SEXP t = eval(call, R_GlobalEnv);
+        SEXP call = PROTECT(eval(install(".expr"), frame));
+        SEXP t = mizu_rs_submit_xcall(pool, call, vars);
         UNPROTECT(2);
+        if (TYPEOF(t) == STRSXP) {
+            PROTECT(t);
+            mizu_call1(".raise_failure", t);
+            UNPROTECT(1);
+        }
         return t;
     }
     if (XLENGTH(r) == 2 && strcmp(CHAR(STRING_ELT(r, 0)), "mizu_globals") == 0) {
         /* The expression may use variables of the caller's: .submit_globals() finds them
-         * (from mizu_submit's frame, the one below its own) and submits. */
-        SEXP t = mizu_call2(".submit_globals", pool, vars);
+         * from `frame` and submits. */
+        SEXP t = mizu_call3(".submit_globals", pool, vars, frame);
         UNPROTECT(1);
         return t;
     }

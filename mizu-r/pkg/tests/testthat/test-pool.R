@@ -385,7 +385,7 @@ test_that("a pool used in a forked child gives a clear error; the parent's stays
 })
 
 test_that("the no-op routine the benchmark times R's own part with returns its first argument", {
-  expect_identical(.Call(mizu:::.native_nop, 1L, "b", NULL), 1L)
+  expect_identical(.Call(mizu:::.native_nop, 1L, "b", NULL, NULL), 1L)
 })
 
 test_that("the machine floor the benchmarks print is measured, or refused clearly", {

@@ -17,6 +17,21 @@ test_that("the examples: named functions, source, maps", {
   })
 })
 
+test_that("what is submitted to Python workers is evaluated in the caller; a non-call fails clearly", {
+  with_pool(1, language = "python", function(pool) {
+    # The expression is evaluated once, where mizu_submit() was called.
+    n <- 0L
+    make <- function() { n <<- n + 1L; mizu_call("builtins.abs", -n) }
+    expect_identical(mizu_collect(mizu_submit(pool, make())), 1L)
+    expect_identical(n, 1L)
+    # An R error while evaluating it is the caller's own error, and the pool goes on.
+    expect_error(mizu_submit(pool, stop("not a call today")), "not a call today")
+    # An R expression's value is not a task for Python workers.
+    expect_error(mizu_submit(pool, 1 + 1), "mizu_call\\(\\) tasks", class = "mizu_error_not_portable")
+    expect_identical(mizu_collect(mizu_submit(pool, mizu_call("builtins.abs", -2L))), 2L)
+  })
+})
+
 test_that("values cross with their types, both ways", {
   with_pool(1, language = "python", function(pool) {
     ident <- function(v) mizu_collect(mizu_submit(pool, mizu_call(source = "x", x = v)))
