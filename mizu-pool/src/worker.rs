@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use mizu_queue::{OwnedConsumer, OwnedDeque, SlotState, Steal};
-use mizu_shm::{DeathWatch, Waiter};
+use mizu_shm::{DeathWatch, WaitError, Waiter};
 
 use crate::claim;
 use crate::context::{Executor, TaskContext, execute_current};
@@ -28,6 +28,11 @@ struct Runtime<'e> {
     pid: u32,
     next_ring: Cell<usize>,
     next_deque: Cell<usize>,
+    /// Where the next walk of a submitter's slots starts (the slot after the last task found
+    /// there): a submitter stages tasks in consecutive slots, so the next unclaimed one is
+    /// usually just after the last, and stealing a run of them does not walk every slot
+    /// before them each time.
+    scan_from: RefCell<Vec<usize>>,
     /// The word of the task this worker runs now (0 when none): the claim record a task it
     /// helps with inside that task's nested collect puts back. Kept here, not read from the
     /// shared record, whose line submitters read between two tasks.
@@ -127,38 +132,66 @@ impl Runtime<'_> {
         self.steal_nested() || self.scan()
     }
 
+    /// Whether submitter `s` may have a task no worker has claimed: a hint only (abandoned
+    /// tasks are never counted as collected, and a finished task not yet collected counts as
+    /// outstanding), read from its record and the workers' claim records, a few lines in all.
+    fn may_have_unclaimed(&self, s: usize) -> bool {
+        let v = self.shared.view();
+        let rec = &v.submitter(s).rec;
+        if !rec.is_held() {
+            return false;
+        }
+        let outstanding = rec
+            .submitted
+            .load(Ordering::Relaxed)
+            .wrapping_sub(rec.collected.load(Ordering::Relaxed));
+        let claimed = v
+            .workers()
+            .iter()
+            .filter(|w| {
+                TaskId::unpack(w.rec.current.load(Ordering::Relaxed))
+                    .is_some_and(|(by, _, _)| by == s)
+            })
+            .count() as u64;
+        outstanding > claimed
+    }
+
+    /// Whether a submitter that sleeps waiting for outcomes may have a task no worker has
+    /// claimed (see [`Runtime::may_have_unclaimed`]): the end of a map, its last chunks queued
+    /// behind a busy worker. A submitter still submitting is left alone: then every CPU is
+    /// taken, and a walk of its slots would take one from it.
+    fn awaited_unclaimed(&self) -> bool {
+        let v = self.shared.view();
+        (0..v.params.submitters as usize)
+            .any(|s| v.submitter(s).park.sleepers() > 0 && self.may_have_unclaimed(s))
+    }
+
     /// See [`Runtime::steal`].
     fn scan(&self) -> bool {
         let v = self.shared.view();
         for s in 0..v.params.submitters as usize {
-            let rec = &v.submitter(s).rec;
-            // A hint only (abandoned tasks are never counted as collected): skip submitters
-            // with nothing outstanding, or whose every outstanding task a worker has claimed
-            // (the common case of an idle worker beside a long task: walking every slot
-            // header, each its own cache line, would take it a CPU for hundreds of
-            // microseconds every idle slice). A task missed on a stale read is found by a
-            // later slice's scan.
-            if !rec.is_held() {
+            // Skip submitters with nothing outstanding, or whose every outstanding task a
+            // worker has claimed (the common case of an idle worker beside a long task:
+            // walking every slot header, each its own cache line, would take it a CPU for
+            // hundreds of microseconds every idle slice). A task missed on a stale read is
+            // found by a later slice's scan.
+            if !self.may_have_unclaimed(s) {
                 continue;
             }
-            let outstanding = rec
-                .submitted
-                .load(Ordering::Relaxed)
-                .wrapping_sub(rec.collected.load(Ordering::Relaxed));
-            let claimed = v
-                .workers()
-                .iter()
-                .filter(|w| {
-                    TaskId::unpack(w.rec.current.load(Ordering::Relaxed))
-                        .is_some_and(|(by, _, _)| by == s)
-                })
-                .count() as u64;
-            if outstanding <= claimed {
-                continue;
-            }
-            for k in 0..v.params.slots as usize {
+            let n = v.params.slots as usize;
+            let from = self.scan_from.borrow().get(s).copied().unwrap_or(0);
+            for i in 0..n {
+                // Work of our own comes first: a walk of thousands of slot headers must not
+                // hold up a task that arrived in our ring meanwhile.
+                if i % 64 == 63 && self.any_queued() {
+                    return false;
+                }
+                let k = (from + i) % n;
                 let (g, st) = v.task(s, k).state.load();
                 if st == Some(SlotState::Pending) {
+                    if let Some(c) = self.scan_from.borrow_mut().get_mut(s) {
+                        *c = k + 1;
+                    }
                     let id = TaskId {
                         submitter: s,
                         slot: k,
@@ -416,6 +449,7 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         next_ring: Cell::new(0),
         deques,
         next_deque: Cell::new(0),
+        scan_from: RefCell::new(vec![0; v.params.submitters as usize]),
         running: Cell::new(0),
     };
     std::mem::forget(joining);
@@ -432,9 +466,17 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         exec,
         active: false,
     };
+    // Since when this worker has been running tasks without parking, and how many: a run of
+    // long tasks (a map's chunks) makes an unclaimed task worth a walk of the slots before
+    // parking; a run of tiny ones does not (another worker gets through its queue sooner than
+    // a thief finds them, and the two would contend for every slot). Reset at every park
+    // point, so that a look that found nothing is not repeated until tasks ran again.
+    let mut busy: Option<(Instant, u32)> = None;
     while !done() {
         if rt.run_one() || rt.steal_nested() {
             stream.start();
+            let b = busy.get_or_insert_with(|| (Instant::now(), 0));
+            b.1 = b.1.saturating_add(1);
             continue;
         }
         // In a busy stream the next task is a few hundred ns away: look for it before any
@@ -446,14 +488,25 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         let waiter = if spins { &mut spinner } else { &mut sleeper };
         let before = waiter.parks();
         // A stream survives the spin (a task caught there continues it) and ends before the
-        // worker parks: `check` runs between the two.
+        // worker parks: `check` runs between the two. There, before the first park and after a
+        // run of long tasks, a task another worker has not taken yet and a sleeping caller
+        // waits for (queued in a ring behind the one that worker runs — a map's last chunks)
+        // is looked for at once rather than after a whole idle slice: the wait stops, the
+        // worker says it is busy, and the steal below runs.
         let woke = waiter.wait(
             &ws.park,
             || (rt.any_queued() || done()).then_some(()),
             Some(Duration::from_millis(2)),
             || {
                 stream.end();
-                Ok::<(), ()>(())
+                let long = busy
+                    .take()
+                    .is_some_and(|(t, n)| t.elapsed() >= LONG_TASK.saturating_mul(n));
+                if long && rt.awaited_unclaimed() {
+                    ws.rec.idle.store(idle::BUSY, Ordering::Relaxed);
+                    return Err(());
+                }
+                Ok(())
             },
         );
         ws.rec.idle.store(idle::BUSY, Ordering::Relaxed);
@@ -462,10 +515,13 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
                 .parks
                 .fetch_add(waiter.parks() - before, Ordering::Relaxed);
         }
-        // Housekeeping and stealing (which scans task slots) only after a whole idle slice,
-        // never between two tasks of a busy stream (that would put them on every round trip).
-        if woke.is_err() {
-            exec.idle();
+        // Housekeeping and stealing (which scans task slots) only after a whole idle slice or
+        // when a task may be waiting unclaimed (the wait stopped for it before parking), never
+        // between two tasks of a busy stream (that would put them on every round trip).
+        if let Err(why) = woke {
+            if why == WaitError::TimedOut {
+                exec.idle();
+            }
             while rt.steal() {
                 stream.start();
             }
@@ -493,6 +549,10 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
     }
     Ok(())
 }
+
+/// The mean task time from which a worker about to park looks for unclaimed tasks first
+/// (see the worker loop).
+const LONG_TASK: Duration = Duration::from_micros(20);
 
 /// How long a worker whose controller died may take to leave on its own.
 const ORPHAN_GRACE: Duration = Duration::from_secs(1);
