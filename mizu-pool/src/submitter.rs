@@ -323,14 +323,9 @@ impl SubmitterCore {
                                 && !pending(v, g.last[w])
                                 && finishing(v, rec.current.load(Ordering::Acquire))
                         }
-                        // (A sleeping worker still to take the task we gave it last is as
-                        // good as busy: piling a stream of tasks onto it while it wakes left
-                        // the other workers idle until they stole, an idle slice later.)
-                        2 => {
-                            st == wstate::READY
-                                && rec.idle.load(Ordering::Relaxed) != 0
-                                && !pending(v, g.last[w])
-                        }
+                        // (A worker woken for a task reads busy from then on — see
+                        // `records::wake_for_work` — so a stream's next task goes elsewhere.)
+                        2 => st == wstate::READY && rec.idle.load(Ordering::Relaxed) != 0,
                         _ => wstate::coming(st),
                     };
                     if !ok {

@@ -8,9 +8,13 @@ use std::time::{Duration, Instant};
 mod common;
 use common::WORKER;
 
-/// The exit status and error text of the joiner `name`, once it has left.
+/// The exit status and error text of the joiner `name`, once it has left. (`echo $? >file`
+/// creates the file before it writes the status: a status is there once its line ends.)
 fn left(dir: &Path, name: &str) -> Option<(String, String)> {
     let rc = std::fs::read_to_string(dir.join(format!("{name}.rc"))).ok()?;
+    if !rc.ends_with('\n') {
+        return None;
+    }
     let err = std::fs::read_to_string(dir.join(format!("{name}.err"))).unwrap_or_default();
     Some((rc.trim().to_owned(), err))
 }

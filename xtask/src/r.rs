@@ -21,42 +21,28 @@ pub enum Needs {
 
 impl Needs {
     /// The Debian packages that provide it.
-    fn debian(self) -> &'static [&'static str] {
-        const PACKAGE: &[&str] = &["r-base-dev", "r-cran-codetools"];
-        const TESTS: &[&str] = &[
-            "r-base-dev",
-            "r-cran-codetools",
-            "r-cran-testthat",
-            "r-cran-future",
-            "r-cran-future.apply",
-            "r-cran-furrr",
-            "r-cran-purrr",
-            "r-cran-progressr",
-            "r-cran-data.table",
-        ];
-        match self {
-            Needs::Package => PACKAGE,
-            Needs::Tests => TESTS,
+    fn debian(self) -> Vec<&'static str> {
+        let mut p = vec!["r-base-dev", "r-cran-codetools"];
+        if self == Needs::Tests {
+            p.extend([
+                "r-cran-testthat",
+                "r-cran-future",
+                "r-cran-future.apply",
+                "r-cran-furrr",
+                "r-cran-purrr",
+                "r-cran-progressr",
+                "r-cran-data.table",
+            ]);
         }
+        p
     }
 
-    /// The R packages that must load.
-    fn r_packages(self) -> &'static [&'static str] {
-        const PACKAGE: &[&str] = &["codetools"];
-        const TESTS: &[&str] = &[
-            "codetools",
-            "testthat",
-            "future",
-            "future.apply",
-            "furrr",
-            "purrr",
-            "progressr",
-            "data.table",
-        ];
-        match self {
-            Needs::Package => PACKAGE,
-            Needs::Tests => TESTS,
-        }
+    /// The R packages that must load: those of [`Needs::debian`] (R itself aside).
+    fn r_packages(self) -> Vec<&'static str> {
+        self.debian()
+            .iter()
+            .filter_map(|d| d.strip_prefix("r-cran-"))
+            .collect()
     }
 }
 
