@@ -85,7 +85,9 @@ pub struct WorkerRec {
     pub nonce: AtomicU64,
     /// [`idle`]: submitters prefer idle workers, spinning ones first (they need no wake).
     pub idle: AtomicU32,
-    _pad: AtomicU32,
+    /// The CPU the worker ran on when it last woke, plus one (0: not known yet): a hint the
+    /// workers use to keep off each other's CPUs (see `worker::placement`).
+    pub cpu: AtomicU32,
     // Submitters read the fields above on every submit; the worker writes the ones below on
     // every task. Separate lines keep those reads from missing.
     _line: [AtomicU64; 5],

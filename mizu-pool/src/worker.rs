@@ -17,6 +17,7 @@ use crate::records::{self, idle};
 use crate::shared::Shared;
 use crate::submitter::{SubmitterCore, abandon, free_claimed, reclaim_if_abandoned};
 
+mod placement;
 mod steal;
 
 struct Runtime<'e> {
@@ -394,6 +395,9 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
             ws.rec
                 .parks
                 .fetch_add(waiter.parks() - before, Ordering::Relaxed);
+            // The kernel chose a CPU for the wake-up: see that it is not another busy
+            // worker's.
+            placement::settle(v.workers(), slot);
         }
         // Housekeeping and stealing (which scans task slots) only after a whole idle slice or
         // when a task may be waiting unclaimed (the wait stopped for it before parking), never

@@ -268,25 +268,47 @@ pub fn exit_if_orphaned_while_starting() {
 }
 
 /// `[fn_(x) for x in items]` (`fn_(*x)` when `star`): a map chunk's calls, run from here
-/// rather than by a bytecode loop around them. A call's exception is raised with
-/// `_pymizu_index` set to `start` plus its position.
+/// rather than by a bytecode loop around them. `items` may also be columns — a tuple of lists
+/// of one length, the arguments of call `i` being `col[i]` of each — which a map of several
+/// iterables sends instead of a tuple per call (cheaper to make and to pickle). A call's
+/// exception is raised with `_pymizu_index` set to `start` plus its position.
 #[pyfunction]
 pub fn run_calls<'py>(
     fn_: &Bound<'py, PyAny>,
-    items: &Bound<'py, PyList>,
+    items: &Bound<'py, PyAny>,
     star: bool,
     start: usize,
 ) -> PyResult<Bound<'py, PyList>> {
-    let out = PyList::empty(fn_.py());
-    for (i, x) in items.iter().enumerate() {
-        match call_item(fn_, x, star) {
-            Ok(v) => out.append(v)?,
-            Err(e) => {
-                // (An exception that takes no attributes goes without its index.)
-                let _ = e.value(fn_.py()).setattr("_pymizu_index", start + i);
-                return Err(e);
-            }
+    let py = fn_.py();
+    let out = PyList::empty(py);
+    let failed = |e: PyErr, i: usize| {
+        // (An exception that takes no attributes goes without its index.)
+        let _ = e.value(py).setattr("_pymizu_index", start + i);
+        e
+    };
+    if let Ok(cols) = items.cast::<PyTuple>() {
+        let cols = cols
+            .iter()
+            .map(|c| c.cast_into::<PyList>().map_err(PyErr::from))
+            .collect::<PyResult<Vec<_>>>()?;
+        let n = cols.iter().map(|c| c.len()).min().unwrap_or(0);
+        for i in 0..n {
+            let r = match cols.as_slice() {
+                [a] => call_one(fn_, &a.get_item(i)?),
+                [a, b] => call_two(fn_, &a.get_item(i)?, &b.get_item(i)?),
+                _ => fn_.call1(PyTuple::new(
+                    py,
+                    cols.iter()
+                        .map(|c| c.get_item(i))
+                        .collect::<PyResult<Vec<_>>>()?,
+                )?),
+            };
+            out.append(r.map_err(|e| failed(e, i))?)?;
         }
+        return Ok(out);
+    }
+    for (i, x) in items.cast::<PyList>()?.iter().enumerate() {
+        out.append(call_item(fn_, x, star).map_err(|e| failed(e, i))?)?;
     }
     Ok(out)
 }
@@ -349,6 +371,24 @@ fn call_one<'py>(f: &Bound<'py, PyAny>, x: &Bound<'py, PyAny>) -> PyResult<Bound
         let r = pyo3::ffi::PyObject_CallFunctionObjArgs(
             f.as_ptr(),
             x.as_ptr(),
+            std::ptr::null_mut::<pyo3::ffi::PyObject>(),
+        );
+        Bound::from_owned_ptr_or_err(f.py(), r)
+    }
+}
+
+/// `f(a, b)`, as [`call_one`] passes its argument.
+fn call_two<'py>(
+    f: &Bound<'py, PyAny>,
+    a: &Bound<'py, PyAny>,
+    b: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: as in `call_one`, with two arguments before the NULL.
+    unsafe {
+        let r = pyo3::ffi::PyObject_CallFunctionObjArgs(
+            f.as_ptr(),
+            a.as_ptr(),
+            b.as_ptr(),
             std::ptr::null_mut::<pyo3::ffi::PyObject>(),
         );
         Bound::from_owned_ptr_or_err(f.py(), r)

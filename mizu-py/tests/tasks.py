@@ -362,3 +362,10 @@ def wait_for_file(pair):
             raise TimeoutError(f"hang guard: {path} never appeared")
         time.sleep(0.005)
     return value
+
+
+def triple(a, b, c):
+    """The three arguments, as a tuple (a map of three iterables)."""
+    if a == "bad":
+        raise ValueError(b)
+    return (a, b, c)

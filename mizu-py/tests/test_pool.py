@@ -91,6 +91,36 @@ def test_map_starmap_imap_keep_order_for_any_chunksize(pool):
     assert pool.map(tasks.add, [], []) == []
 
 
+def test_maps_of_several_iterables_pair_their_elements_as_zip_does(pool):
+    import itertools
+
+    # Sized iterables travel as columns, the others as argument tuples: the calls are the
+    # same, cut to the shortest iterable. (Each case makes fresh iterables for each map.)
+    cases = [
+        lambda: (range(300), range(1000)),
+        lambda: (range(300), itertools.repeat(5)),
+        lambda: (list("abcdef"), np.arange(6.0), {"k": 1, "l": 2, "m": 3}),
+        lambda: (iter(range(50)), range(40), (x for x in range(45))),
+        lambda: ([], range(3)),
+    ]
+    for make in cases:
+        fn = tasks.add if len(make()) == 2 else tasks.triple
+        want = [fn(*a) for a in zip(*make())]
+        assert pool.map(fn, *make(), chunksize=7) == want
+        assert list(pool.imap(fn, *make())) == want
+        assert sorted(pool.imap_unordered(fn, *make()), key=repr) == sorted(want, key=repr)
+    assert pool.map(tasks.add, range(10), itertools.count(100)) == [i + 100 + i for i in range(10)]
+    # A failing call of a map of columns is reported with its position, seeded or not.
+    for seed in (None, 7):
+        with pytest.raises(ValueError) as info:
+            pool.map(tasks.triple, ["ok"] * 30 + ["bad"] * 3, range(33), range(33), seed=seed, chunksize=4)
+        assert info.value._pymizu_index == 30 and info.value.args == (30,)
+    # A seeded map of columns draws the same as one of tuples.
+    assert pool.map(tasks.rng_draws, range(20), [2] * 20, seed=3) == pool.starmap(
+        tasks.rng_draws, [(i, 2) for i in range(20)], seed=3
+    )
+
+
 def test_imap_unordered_yields_each_chunk_as_it_finishes(pool):
     want = [2 * i for i in range(1000)]
     assert sorted(pool.imap_unordered(tasks.add, range(1000), range(1000))) == want

@@ -331,7 +331,7 @@ pub(crate) fn native_routines() -> List {
     type Four = unsafe extern "C" fn(SEXP, SEXP, SEXP, SEXP) -> SEXP;
     // SAFETY: R's main thread; each pointer is protected by the list's Robj as soon as it
     // exists. `.Call` calls each with the arguments its R wrapper passes (one for `tasks_ok`,
-    // four for `submit_expr` and `nop`, else two).
+    // four for `submit_expr`, `nop` and `each`, else two).
     unsafe {
         let s = Robj::from_sexp(native_symbol(submit as Two as *const c_void));
         let e = Robj::from_sexp(native_symbol(
@@ -343,6 +343,9 @@ pub(crate) fn native_routines() -> List {
         ));
         let k = Robj::from_sexp(native_symbol(tasks_ok as One as *const c_void));
         let n = Robj::from_sexp(native_symbol(nop as Four as *const c_void));
+        let each = Robj::from_sexp(native_symbol(
+            crate::ffi::mizu_each as Four as *const c_void,
+        ));
         List::from_names_and_values(
             [
                 "submit",
@@ -351,8 +354,9 @@ pub(crate) fn native_routines() -> List {
                 "collect_value",
                 "tasks_ok",
                 "nop",
+                "each",
             ],
-            [s, e, c, v, k, n],
+            [s, e, c, v, k, n, each],
         )
         .unwrap_or_default()
     }

@@ -85,4 +85,6 @@ unsafe extern "C" {
     pub fn mizu_submit_shim(pool: SEXP, expr: SEXP, vars: SEXP, frame: SEXP) -> SEXP;
     /// [`crate::fast::mizu_rs_collect_value`], turning an outcome into a value or a condition.
     pub fn mizu_collect_shim(task: SEXP, timeout: SEXP) -> SEXP;
+    /// The loop of a map chunk's elements on a worker, as lapply runs it.
+    pub fn mizu_each(f: SEXP, xs: SEXP, rho: SEXP, pos: SEXP) -> SEXP;
 }

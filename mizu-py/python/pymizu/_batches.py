@@ -1,19 +1,47 @@
-"""What runs inside workers for chunks of calls: a map's chunk (`_run_chunk`) and a chunk of
-`Pool.submit_batch` (`_run_batch`), whose calls fail one by one, and how their results come
-back to each call's task."""
+"""Chunks of calls: how a map's elements travel (`map_items`, `chunk_of`), what runs inside
+workers for a map's chunk (`_run_chunk`) and for a chunk of `Pool.submit_batch` (`_run_batch`),
+whose calls fail one by one, and how their results come back to each call's task."""
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import traceback
 from typing import Any
 
-from . import _codec, _native, _rng
+from . import _codec, _native, _rng, _share
 from ._errors import TaskError
 from ._outcome import decode
 
 
-def _run_chunk(fn, start: int, items: list, star: bool, seed: int | None, offset: int) -> list:
+def map_items(iterables: tuple, share: bool = True) -> tuple[list | tuple, bool]:
+    """A map's elements, and whether each is a tuple of arguments: one iterable's as a list
+    (`fn(x)`); several sized ones' as columns — a tuple of lists, cut to the shortest, as `zip`
+    pairs them — which are cheaper to make and to pickle than a tuple per element; else the
+    tuples `zip` makes. With `share`, a large argument repeated across elements goes shared
+    (`_share.share_repeated`), once for the map."""
+    keep = _share.share_repeated if share else (lambda items, star: items)
+    if len(iterables) == 1:
+        return keep(list(iterables[0]), False), False
+    if iterables and all(hasattr(it, "__len__") for it in iterables):
+        n = min(len(it) for it in iterables)
+        return tuple(keep(list(itertools.islice(it, n)), False) for it in iterables), True
+    return keep(list(zip(*iterables)), True), True
+
+
+def items_len(items: list | tuple) -> int:
+    """How many elements `map_items` made."""
+    return (min(map(len, items)) if items else 0) if type(items) is tuple else len(items)
+
+
+def chunk_of(items: list | tuple, s: int, k: int) -> list | tuple:
+    """Elements `s` to `s + k` of `map_items`'s, in its form."""
+    if type(items) is tuple:
+        return tuple(c[s : s + k] for c in items)
+    return items[s : s + k]
+
+
+def _run_chunk(fn, start: int, items: list | tuple, star: bool, seed: int | None, offset: int) -> list:
     """Runs a map chunk inside a worker; an element's exception carries its index."""
     if seed is None:
         return _native.run_calls(fn, items, star, start)
@@ -21,7 +49,7 @@ def _run_chunk(fn, start: int, items: list, star: bool, seed: int | None, offset
     append = out.append
     i = start
     try:
-        for x in items:
+        for x in zip(*items) if type(items) is tuple else items:
             _rng.enter(seed, offset + i)
             try:
                 append(fn(*x) if star else fn(x))

@@ -14,7 +14,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 from . import _codec, _native, _share
 from ._errors import CancelledError, MizuError
-from ._batches import _run_chunk
+from ._batches import _run_chunk, chunk_of, items_len, map_items
 from ._futures import _has_callbacks, _MizuFuture, _new_future, _settle_finished
 from ._pool import Pool
 
@@ -389,16 +389,15 @@ class PoolExecutor(Executor):
         # A large argument every element (or the function) passes goes once, shared.
         fn = _share.share_fn(fn)
         # One iterable: its elements travel as they are (`fn(x)`), not as 1-tuples.
-        star = len(iterables) != 1
-        items = _share.share_repeated(list(zip(*iterables)) if star else list(iterables[0]), star)
-        n = len(items)
+        items, star = map_items(iterables)
+        n = items_len(items)
         deadline = None if timeout is None else time.monotonic() + timeout
         futs = []
         # The runtime's chunks (rounds of one per worker, shrinking), each submitted as soon
         # as it is pickled.
         for s, k in _native.chunk_plan(n, self._max_workers, chunksize):
             try:
-                payload = _codec.dumps_call(_run_chunk, (fn, s, items[s : s + k], star, None, 0), {})
+                payload = _codec.dumps_call(_run_chunk, (fn, s, chunk_of(items, s, k), star, None, 0), {})
             except Exception as e:
                 futs.append(_failed(e))
                 continue

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 
 from . import _codec, _native, _rng, _share, _xlang
-from ._batches import _run_chunk
+from ._batches import _run_chunk, chunk_of, items_len, map_items
 from ._errors import MizuError, TaskError
 
 from .wire import Call
@@ -154,51 +154,56 @@ class _Submitter:
         """
         if not iterables:
             raise TypeError("map() needs at least one iterable")
-        if len(iterables) == 1:
-            return list(self._imap(fn, list(iterables[0]), False, chunksize, timeout, seed, offset, progress))
-        return list(self._imap(fn, list(zip(*iterables)), True, chunksize, timeout, seed, offset, progress))
+        items, star = map_items(iterables, self._language == "python")
+        out: list = []
+        for part in self._imap(fn, items, star, chunksize, timeout, seed, offset, progress, parts=True):
+            out += part
+        return out
 
     def starmap(self, fn: Callable, iterable: Iterable[tuple], **kw) -> list:
         """`[fn(*args) for args in iterable]`; keywords as for `map`."""
-        return list(self._imap(fn, [tuple(a) for a in iterable], True, **_map_kw(kw)))
+        items = [tuple(a) for a in iterable]
+        if self._language == "python":
+            items = _share.share_repeated(items, True)
+        return list(self._imap(fn, items, True, **_map_kw(kw)))
 
     def imap(self, fn: Callable, *iterables: Iterable, **kw) -> Iterator:
         """Like `map`, but yields results in order as they arrive."""
         if not iterables:
             raise TypeError("imap() needs at least one iterable")
-        if len(iterables) == 1:
-            return self._imap(fn, list(iterables[0]), False, **_map_kw(kw))
-        return self._imap(fn, list(zip(*iterables)), True, **_map_kw(kw))
+        return self._imap(fn, *map_items(iterables, self._language == "python"), **_map_kw(kw))
 
     def imap_unordered(self, fn: Callable, *iterables: Iterable, **kw) -> Iterator:
         """Like `imap`, but yields each chunk's results as soon as that chunk is done, chunks
         in the order they finish (as `multiprocessing.Pool.imap_unordered`)."""
         if not iterables:
             raise TypeError("imap_unordered() needs at least one iterable")
-        if len(iterables) == 1:
-            return self._imap(fn, list(iterables[0]), False, ordered=False, **_map_kw(kw))
-        return self._imap(fn, list(zip(*iterables)), True, ordered=False, **_map_kw(kw))
+        return self._imap(fn, *map_items(iterables, self._language == "python"), ordered=False, **_map_kw(kw))
 
     def _imap(self, fn, items, star, chunksize=None, timeout=None, seed=None, offset=0, progress=False,
-              ordered=True):
+              ordered=True, parts=False):
+        """The results of a map of `items` (as `map_items` makes them) one by one — or, with
+        `parts`, a list per chunk."""
         seed = _rng.check_seed(seed)
         if not isinstance(offset, int) or offset < 0:
             raise ValueError(f"offset must be a non-negative int, got {offset!r}")
-        n = len(items)
+        n = items_len(items)
         if chunksize is not None and (not isinstance(chunksize, int) or chunksize < 1):
             raise ValueError(f"chunksize must be a positive int, got {chunksize!r}")
         if self._language != "python":
             size = chunksize or max(1, -(-n // (4 * max(1, self._workers))))
-            return self._ximap(fn, items, star, size, timeout, seed, offset, progress)
+            if type(items) is tuple:
+                items = list(zip(*items))
+            it = self._ximap(fn, items, star, size, timeout, seed, offset, progress)
+            return ([x] for x in it) if parts else it
         deadline = None if timeout is None else time.monotonic() + timeout
-        # A large argument every element (or the function) passes goes once, shared.
+        # A large argument the function binds goes once, shared.
         fn = _share.share_fn(fn)
-        items = _share.share_repeated(items, star)
         # The runtime's chunks: rounds of one per worker, shrinking towards the end.
         plan = _native.chunk_plan(n, self._workers, chunksize)
 
         def call(s, k):
-            return _codec.dumps_call(_run_chunk, (fn, s, items[s : s + k], star, seed, offset), {})
+            return _codec.dumps_call(_run_chunk, (fn, s, chunk_of(items, s, k), star, seed, offset), {})
 
         # Submitted now (as multiprocessing's imap does), collected as the caller iterates;
         # each chunk goes as soon as it is pickled (pickling is ~0.5 us an element here: a
@@ -207,7 +212,7 @@ class _Submitter:
         for c in plan:
             tasks += self._submit_all([call(*c)])
         stream = self._stream if ordered else self._stream_unordered
-        return stream(tasks, deadline, timeout, _Progress(n, progress), [k for _, k in plan])
+        return stream(tasks, deadline, timeout, _Progress(n, progress), [k for _, k in plan], parts)
 
     # -- pools of another language's workers (`Pool(language="r")`) -------------------------
 
@@ -254,7 +259,7 @@ class _Submitter:
                 t.cancel()
             bar.close()
 
-    def _stream_unordered(self, tasks: list[Task], deadline, timeout, bar, lengths):
+    def _stream_unordered(self, tasks: list[Task], deadline, timeout, bar, lengths, parts=False):
         pending = list(tasks)
         try:
             while pending:
@@ -265,17 +270,23 @@ class _Submitter:
                 for t in done:
                     pending.remove(t)
                     chunk = t.result()
-                    yield from chunk
+                    if parts:
+                        yield chunk
+                    else:
+                        yield from chunk
                     bar.update(len(chunk))
         finally:
             for t in pending:
                 t.cancel()
             bar.close()
 
-    def _stream(self, tasks: list[Task], deadline, timeout, bar, lengths):
+    def _stream(self, tasks: list[Task], deadline, timeout, bar, lengths, parts=False):
         try:
             for t, k in zip(tasks, lengths):
-                yield from t.result(_left(deadline, timeout))
+                if parts:
+                    yield t.result(_left(deadline, timeout))
+                else:
+                    yield from t.result(_left(deadline, timeout))
                 bar.update(k)
         finally:
             for t in tasks:

@@ -24,7 +24,8 @@
 #'   function defined at top level refers to the worker's global environment). It is sent once
 #'   per map and each worker unserializes it once, so what it keeps in its environment lasts
 #'   for the map on that worker, not beyond.
-#' @param ... Further arguments to `.f`, the same for every element.
+#' @param ... Further arguments to `.f`, the same for every element, passed as values as
+#'   `lapply()` passes them (a call or a symbol is not evaluated).
 #' @param .seed `NULL`, or a whole number: element `i` then runs with R's random number
 #'   generator drawing from the stream of `(.seed, i)` (see [mizu_stream()]), so `runif()`,
 #'   `rnorm()`, `sample()` give the same results for any number of workers and any chunking.
@@ -63,7 +64,10 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   }
   n <- length(.x)
   dots <- list(...)
-  xs <- if (is.list(.x)) .x else as.list(.x)
+  # A plain vector travels in slices (one block of values per chunk, to be taken apart with
+  # `[[` as as.list() would): no list of n one-element vectors to build, check and encode.
+  plain <- is.atomic(.x) && !is.null(.x) && is.null(oldClass(.x))
+  xs <- if (is.list(.x) || plain) .x else as.list(.x)
   .check_sendable(dots, "argument ")
   .check_sendable(xs, "`.x` element ")
   workers <- if (info[[2]]) 2L else info[[1]]
@@ -170,43 +174,52 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
     bound <- .bind_globals(globals)
     on.exit(.unbind_globals(bound), add = TRUE)
   }
+  st <- .worker_state
+  # The failing element's position reaches the worker's error handlers (.note_error, which
+  # runs after this one) when an element fails (a binding per element would cost a tenth of
+  # a 5 us element); the handler also sees errors `f` catches itself, so the position is
+  # cleared after the loop. The common chunk — no seed, no type — runs as lapply does, in C
+  # (src/shims.c), which counts the position in `pos`.
+  if (is.null(seed) && is.null(ptype)) {
+    pos <- integer(1L)
+    each <- function(...) .Call(.native_each, f, xs, environment(), pos)
+    out <- withCallingHandlers(
+      do.call(each, dots, quote = TRUE),
+      error = function(e) st$element <- start + pos - 1L
+    )
+    st$element <- NULL
+    return(out)
+  }
   n <- length(xs)
   typed <- !is.null(ptype)
   out <- if (typed) vector(typeof(ptype), n) else vector("list", n)
   pt <- typeof(ptype)
   to_double <- pt == "double"
-  st <- .worker_state
   if (!is.null(seed)) {
     saved <- .rng_switch()
     on.exit(.rng_restore(saved), add = TRUE)
   }
   # The extra arguments bound once: a do.call per element costs ~1 us more than the call.
-  call_f <- if (length(dots)) do.call(function(...) function(x) f(x, ...), dots) else f
-  # The failing element's position reaches the worker's error handlers (.note_error, which
-  # runs after this one) when an element fails: a binding per element would cost a tenth of
-  # a 5 us element. The common chunk — no seed, no type — runs the shortest loop.
+  call_f <- if (length(dots)) {
+    do.call(function(...) function(x) f(x, ...), dots, quote = TRUE)
+  } else {
+    f
+  }
   j <- 0L
   withCallingHandlers(
-    if (is.null(seed) && !typed) {
-      for (j in seq_len(n)) {
-        r <- call_f(xs[[j]])
-        if (!is.null(r)) out[[j]] <- r
-      }
-    } else {
-      for (j in seq_len(n)) {
-        if (!is.null(seed)) .Call(wrap__rng_enter, seed, start + j - 2L)
-        r <- call_f(xs[[j]])
-        if (typed) {
-          # What .typed_value checks, inline: a call per element costs as much as the element.
-          out[[j]] <- if (length(r) == 1L && is.atomic(r) &&
-                          (typeof(r) == pt || (to_double && is.numeric(r)))) {
-            r
-          } else {
-            .typed_value(r, ptype, start + j - 1L)
-          }
-        } else if (!is.null(r)) {
-          out[[j]] <- r
+    for (j in seq_len(n)) {
+      if (!is.null(seed)) .Call(wrap__rng_enter, seed, start + j - 2L)
+      r <- call_f(xs[[j]])
+      if (typed) {
+        # What .typed_value checks, inline: a call per element costs as much as the element.
+        out[[j]] <- if (length(r) == 1L && is.atomic(r) &&
+                        (typeof(r) == pt || (to_double && is.numeric(r)))) {
+          r
+        } else {
+          .typed_value(r, ptype, start + j - 1L)
         }
+      } else if (!is.null(r)) {
+        out[[j]] <- r
       }
     },
     error = function(e) st$element <- start + j - 1L

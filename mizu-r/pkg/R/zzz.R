@@ -11,6 +11,7 @@
 .native_collect_value <- NULL
 .native_tasks_ok <- NULL
 .native_nop <- NULL
+.native_each <- NULL
 
 .onLoad <- function(libname, pkgname) {
   .Call(wrap__init_native)

@@ -5,6 +5,7 @@
  * wrappers' cost dominates a task's round trip). */
 #include <R.h>
 #include <Rinternals.h>
+#include <limits.h>
 #include <string.h>
 
 SEXP mizu_rs_submit_expr(SEXP pool, SEXP expr, SEXP vars);
@@ -81,4 +82,34 @@ SEXP mizu_collect_shim(SEXP task, SEXP timeout) {
     SEXP v = mizu_call1(".value", r);
     UNPROTECT(1);
     return v;
+}
+
+/* The common chunk of a map on a worker (no seed, no type): `f(xs[[i]], ...)` for i in 1..n,
+ * the way lapply runs its calls — one call built once, evaluated with the position counted in
+ * place — instead of an interpreted loop, which costs ~200 ns more per element. `rho` is the
+ * frame of a closure with `...` (the map's extra arguments); `pos`, an integer vector of
+ * length one that the caller allocated for this, holds the position of the element running,
+ * so that an error handler can name the failing one (a condition long-jumps out of here;
+ * there is nothing to release). The results as a list. */
+SEXP mizu_each(SEXP f, SEXP xs, SEXP rho, SEXP pos) {
+    if (TYPEOF(rho) != ENVSXP || TYPEOF(pos) != INTSXP || XLENGTH(pos) != 1)
+        error("mizu: internal error: bad arguments to the chunk loop");
+    R_xlen_t n = xlength(xs);
+    if (n > INT_MAX) error("mizu: a chunk of more than %d elements", INT_MAX);
+    SEXP f_sym = install("f"), xs_sym = install("xs"), i_sym = install("i");
+    defineVar(f_sym, f, rho);
+    defineVar(xs_sym, xs, rho);
+    defineVar(i_sym, pos, rho);
+    SEXP arg = PROTECT(lang3(R_Bracket2Symbol, xs_sym, i_sym));
+    SEXP call = PROTECT(lang3(f_sym, arg, R_DotsSymbol));
+    SEXP out = PROTECT(allocVector(VECSXP, n));
+    for (R_xlen_t i = 0; i < n; i++) {
+        INTEGER(pos)[0] = (int) (i + 1);
+        SEXP r = R_forceAndCall(call, 1, rho);
+        /* As lapply does: a value some binding still refers to is not shared mutably. */
+        if (MAYBE_REFERENCED(r)) r = lazy_duplicate(r);
+        SET_VECTOR_ELT(out, i, r);
+    }
+    UNPROTECT(3);
+    return out;
 }

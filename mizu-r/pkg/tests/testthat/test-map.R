@@ -92,6 +92,33 @@ test_that("a worker keeps a map's function for its chunks, and only for that map
   })
 })
 
+test_that("each element reaches .f as lapply passes it, whatever the vector, and so do the extras", {
+  with_pool(2, function(pool) {
+    # Plain vectors travel in slices, classed ones as lists: the elements are the same.
+    for (x in list(c(a = 1.5, b = 2, c = NA), c("x", NA, "z"), as.raw(1:3), c(1i, 2i),
+                   matrix(1:6, 2), factor(c("u", "v", "u")), as.Date("2024-01-01") + 0:2,
+                   list(1, "a", NULL))) {
+      expect_identical(mizu_map(pool, x, function(e) list(e, class(e))),
+                       lapply(x, function(e) list(e, class(e))))
+    }
+    # An extra argument that is a call or a symbol arrives as it is, not evaluated.
+    expect_identical(mizu_map(pool, 1:3, function(i, e, s) list(e, s), e = quote(a + b),
+                              s = as.name("zz")),
+                     rep(list(list(quote(a + b), as.name("zz"))), 3))
+    # An error `.f` handles itself is no failure, and the next failing element is the one
+    # reported.
+    f <- function(i) {
+      r <- tryCatch(stop("inner"), error = function(e) -i)
+      if (i == 7L) stop("outer ", i)
+      r
+    }
+    expect_identical(mizu_map(pool, 1:5, f), as.list(-(1:5)))
+    e <- tryCatch(mizu_map(pool, 1:9, f), error = function(e) e)
+    expect_equal(conditionMessage(e), "outer 7")
+    expect_equal(e$index, 7)
+  })
+})
+
 test_that("the first failing element by position is reported, with its class and index", {
   with_pool(2, function(pool) {
     f <- function(i) if (i %in% c(37, 80)) stop(structure(

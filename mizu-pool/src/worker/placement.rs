@@ -1,0 +1,127 @@
+//! Which CPU a worker runs on: the kernel's choice, corrected when it puts two of the pool's
+//! busy workers on one CPU while another has none.
+//!
+//! Linux places a woken thread near its waker or on the CPU it last ran on. When a caller
+//! wakes two workers in a row, both can land on one CPU (the other looked busy at that
+//! moment: the caller ran there), and an idle CPU pulls a waiting thread over only when its
+//! idle periods are long enough to be worth balancing — a caller that sleeps between results
+//! keeps them short. The two workers then take turns on one CPU for milliseconds while the
+//! other CPU idles: on 2 CPUs, a map of 20 ms lost 2–12 ms this way (workers' run-queue waits
+//! in `/proc/PID/schedstat`, both waiting at once).
+//!
+//! So a worker that wakes from a park records the CPU it runs on in its record (`cpu`, the
+//! CPU + 1; a hint, read and written relaxed), and looks at the other busy workers' records:
+//! when one of a lower slot is recorded on its CPU and a CPU the worker may run on has no busy
+//! worker recorded, it moves there (restricted to that CPU, then given back its whole
+//! allowance, which leaves it where it is). The lower slot stays, so two workers that find
+//! each other do not both move. Nothing is pinned: the kernel stays free to move a worker
+//! later, and threads a task starts may run anywhere the worker may.
+
+use mizu_shm::sync::Ordering;
+
+use crate::records::{WorkerSlot, idle};
+
+/// A look after a wake: the CPU this worker runs on now, recorded; moved first when it shares
+/// that CPU with a busy worker of a lower slot and another allowed CPU has no busy worker.
+pub(super) fn settle(workers: &[WorkerSlot], slot: usize) {
+    let here = rustix::thread::sched_getcpu();
+    let mut now = here;
+    if shares_cpu(workers, slot, here)
+        && let Ok(allowed) = rustix::thread::sched_getaffinity(None)
+        && let Some(free) = free_cpu(workers, slot, &allowed)
+    {
+        let mut one = rustix::thread::CpuSet::new();
+        one.set(free);
+        // (The move happens inside the first call, before it returns; the second keeps the
+        // thread where it is, as its CPU is allowed.)
+        if rustix::thread::sched_setaffinity(None, &one).is_ok() {
+            let _ = rustix::thread::sched_setaffinity(None, &allowed);
+            now = rustix::thread::sched_getcpu();
+        }
+    }
+    record(&workers[slot], now);
+}
+
+/// Records `cpu` as where the worker runs (written only when it changed: submitters read the
+/// record's line on every submit).
+fn record(w: &WorkerSlot, cpu: usize) {
+    let v = cpu as u32 + 1;
+    if w.rec.cpu.load(Ordering::Relaxed) != v {
+        w.rec.cpu.store(v, Ordering::Relaxed);
+    }
+}
+
+/// Whether a busy worker of a lower slot than `slot` is recorded on `cpu`.
+fn shares_cpu(workers: &[WorkerSlot], slot: usize, cpu: usize) -> bool {
+    workers[..slot.min(workers.len())]
+        .iter()
+        .any(|w| busy(w) && w.rec.cpu.load(Ordering::Relaxed) == cpu as u32 + 1)
+}
+
+/// An allowed CPU no busy worker but this one is recorded on.
+fn free_cpu(
+    workers: &[WorkerSlot],
+    slot: usize,
+    allowed: &rustix::thread::CpuSet,
+) -> Option<usize> {
+    (0..rustix::thread::CpuSet::MAX_CPU)
+        .filter(|&c| allowed.is_set(c))
+        .find(|&c| {
+            !workers.iter().enumerate().any(|(i, w)| {
+                i != slot && busy(w) && w.rec.cpu.load(Ordering::Relaxed) == c as u32 + 1
+            })
+        })
+}
+
+/// A joined worker running tasks (or woken for some).
+fn busy(w: &WorkerSlot) -> bool {
+    w.rec.state.load(Ordering::Relaxed) == crate::layout::wstate::READY
+        && w.rec.idle.load(Ordering::Relaxed) == idle::BUSY
+}
+
+#[cfg(all(test, not(mizu_loom)))]
+mod tests {
+    use super::*;
+    use crate::layout::wstate;
+
+    fn workers(recs: &[(u32, u32, u32)]) -> Vec<WorkerSlot> {
+        recs.iter()
+            .map(|&(state, idle, cpu)| {
+                let w = WorkerSlot::default();
+                w.rec.state.store(state, Ordering::Relaxed);
+                w.rec.idle.store(idle, Ordering::Relaxed);
+                w.rec.cpu.store(cpu, Ordering::Relaxed);
+                w
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_higher_slot_of_two_busy_workers_on_one_cpu_moves_to_a_cpu_without_one() {
+        let (r, b, s) = (wstate::READY, idle::BUSY, idle::SLEEPING);
+        // Slots 0 and 1 busy on CPU 0 (recorded as 1); slot 2 busy on CPU 2.
+        let w = workers(&[(r, b, 1), (r, b, 1), (r, b, 3)]);
+        assert!(shares_cpu(&w, 1, 0), "slot 1 finds slot 0 on its CPU");
+        assert!(!shares_cpu(&w, 0, 0), "slot 0 stays");
+        let mut allowed = rustix::thread::CpuSet::new();
+        for c in 0..3 {
+            allowed.set(c);
+        }
+        assert_eq!(free_cpu(&w, 1, &allowed), Some(1));
+        allowed.unset(1);
+        assert_eq!(
+            free_cpu(&w, 1, &allowed),
+            None,
+            "no allowed CPU without a busy worker"
+        );
+        // A sleeping or departed worker holds no CPU.
+        let w = workers(&[(r, s, 1), (wstate::DEAD, b, 1), (r, b, 1)]);
+        assert!(!shares_cpu(&w, 2, 0));
+        allowed.set(1);
+        assert_eq!(
+            free_cpu(&w, 2, &allowed),
+            Some(0),
+            "its own record does not count"
+        );
+    }
+}
