@@ -8,9 +8,11 @@ and ahead of every peer — is printed as BEHIND TARGET (a report, not a failure
 
     python mizu-py/benchmarks/maps.py [--quick] [--workers N]
 
-Each pool maps as its users call it, with its default chunking: `pymizu.Pool.map`,
-`pymizu.Pool.imap_unordered`, `pymizu.PoolExecutor.map`, `multiprocessing.Pool.map` and
-`imap_unordered`, loky's and `ProcessPoolExecutor`'s `map` (chunksize 1 by default; also shown
+The first row is a reference for the machine: forked processes that each run a fixed share of
+the elements, with nothing sent but "go" and "done" (see `Shares`). Each pool maps as its
+users call it, with its default chunking: `pymizu.Pool.map`, `pymizu.Pool.imap_unordered`,
+`pymizu.PoolExecutor.map`, `multiprocessing.Pool.map` and `imap_unordered`, loky's and
+`ProcessPoolExecutor`'s `map` (chunksize 1 by default; also shown
 with multiprocessing's chunking). Every number is the median of several runs.
 """
 
@@ -31,11 +33,64 @@ os.environ["PYTHONPATH"] = HERE + os.pathsep + os.environ.get("PYTHONPATH", "")
 import pymizu  # noqa: E402
 import work  # noqa: E402
 
+#: The row of forked processes that each run a fixed share of a map (see `Shares`).
+MACHINE = "forked processes, fixed shares"
+
 
 def mp_chunksize(n, w):
     """multiprocessing.Pool.map's default chunk size."""
     c, extra = divmod(n, w * 4)
     return c + bool(extra)
+
+
+class Shares:
+    """A reference for the machine: `w` processes forked beforehand, each running one
+    contiguous share of the elements when told to and answering one byte — no task machinery,
+    nothing serialized, no results. It shows what this machine and its scheduler give processes
+    that do nothing but the work, in the same minute as the pools. A pool can do better (these
+    shares are fixed, and nothing moves two of them the kernel put on one CPU), but a pool far
+    below it loses to its own machinery."""
+
+    def __init__(self, w):
+        self.kids = []
+        for i in range(w):
+            go_r, go_w = os.pipe()
+            done_r, done_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                # (The ends of the shares forked before this one are theirs: a copy kept here
+                # would keep their pipes open after `stop`.)
+                for _, go, done in self.kids:
+                    os.close(go)
+                    os.close(done)
+                os.close(go_w)
+                os.close(done_r)
+                while True:
+                    msg = os.read(go_r, 64)
+                    if not msg:
+                        os._exit(0)
+                    skewed, k, n = map(int, msg.split())
+                    fn = work.burn_skewed if skewed else work.burn
+                    for x in range(n * i // w, n * (i + 1) // w):
+                        fn(x, k)
+                    os.write(done_w, b".")
+            os.close(go_r)
+            os.close(done_w)
+            self.kids.append((pid, go_w, done_r))
+
+    def run(self, fn, xs, k):
+        msg = f"{int(fn is work.burn_skewed)} {k} {len(xs)}".encode()
+        for _, go, _ in self.kids:
+            os.write(go, msg)
+        for _, _, done in self.kids:
+            if os.read(done, 1) != b".":
+                raise RuntimeError("a forked share died")
+
+    def stop(self):
+        for pid, go, done in self.kids:
+            os.close(go)
+            os.close(done)
+            os.waitpid(pid, 0)
 
 
 def main():
@@ -57,6 +112,7 @@ def main():
     import loky
 
     pools = [
+        (MACHINE, lambda: Shares(w), lambda p, fn, xs, k: p.run(fn, xs, k)),
         ("pymizu.Pool.map", lambda: pymizu.Pool(w), lambda p, fn, xs, k: p.map(fn, xs, [k] * len(xs))),
         ("pymizu.Pool.imap_unordered", lambda: pymizu.Pool(w),
          lambda p, fn, xs, k: list(p.imap_unordered(fn, xs, [k] * len(xs)))),
@@ -83,7 +139,9 @@ def main():
         # Rows measure pools whose workers run: executors that start workers as work needs
         # them (ProcessPoolExecutor, PoolExecutor, loky) start them all here, outside the
         # measures (a worker still starting takes a CPU from the map).
-        if hasattr(p, "apply_async"):
+        if isinstance(p, Shares):
+            pass
+        elif hasattr(p, "apply_async"):
             for r in [p.apply_async(work.warm, (0.3,)) for _ in range(w)]:
                 r.get()
         else:
@@ -92,7 +150,7 @@ def main():
         for name, fn, k, n in rows:
             xs = list(range(n))
             got = run(p, fn, xs, k)
-            assert sorted(got) == xs, f"{pname} {name}: wrong results"
+            assert pname == MACHINE or sorted(got) == xs, f"{pname} {name}: wrong results"
             pairs = []
             for _ in range(reps):
                 t = time.perf_counter()
@@ -127,12 +185,13 @@ def main():
             cells.append(f"{t * 1e3:>8.2f} ms {eff[(pname, r[0])]:>6.0%}")
         print(f"| {pname:<32} | " + " | ".join(f"{c:>22}" for c in cells) + " |")
     mizu = [p[0] for p in pools if p[0].startswith("pymizu")]
-    peers = [p[0] for p in pools if not p[0].startswith("pymizu")]
+    peers = [p[0] for p in pools if not p[0].startswith("pymizu") and p[0] != MACHINE]
     behind = []
     for r in rows:
         best_peer = max(peers, key=lambda q: eff[(q, r[0])])
         effs = ", ".join(f"{m.split('.', 1)[1]} {eff[(m, r[0])]:.0%}" for m in mizu)
-        print(f"{r[0]}: pymizu {effs}; best peer {best_peer} {eff[(best_peer, r[0])]:.0%}")
+        print(f"{r[0]}: pymizu {effs}; best peer {best_peer} {eff[(best_peer, r[0])]:.0%}; "
+              f"forked fixed shares {eff[(MACHINE, r[0])]:.0%}")
         # The targets: 90% of the ideal (85% for the skewed map), and ahead of every peer.
         want = 0.85 if r[0].startswith("skewed") else 0.90
         for m in mizu:

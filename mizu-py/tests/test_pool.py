@@ -142,7 +142,7 @@ def test_imap_unordered_yields_each_chunk_as_it_finishes(pool):
 
 def test_default_chunks_come_in_equal_rounds_and_cover_the_map(pool):
     plan = pymizu._native.chunk_plan(8000, 2)
-    assert plan[:4] == [(0, 250), (250, 250), (500, 938), (1438, 938)]
+    assert plan[:4] == [(0, 125), (125, 125), (250, 969), (1219, 969)]
     assert sum(k for _, k in plan) == 8000
     assert [s for s, _ in plan] == [sum(k for _, k in plan[:i]) for i in range(len(plan))]
     assert pymizu._native.chunk_plan(10, 3, 4) == [(0, 4), (4, 4), (8, 2)]
