@@ -395,9 +395,11 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
             ws.rec
                 .parks
                 .fetch_add(waiter.parks() - before, Ordering::Relaxed);
-            // The kernel chose a CPU for the wake-up: see that it is not another busy
-            // worker's.
-            placement::settle(v.workers(), slot);
+            // Woken for work, on a CPU the kernel chose: see that it is not another busy
+            // worker's. (Not after an idle slice that found nothing.)
+            if woke.is_ok() {
+                placement::settle(v.workers(), slot);
+            }
         }
         // Housekeeping and stealing (which scans task slots) only after a whole idle slice or
         // when a task may be waiting unclaimed (the wait stopped for it before parking), never

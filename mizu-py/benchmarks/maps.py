@@ -99,7 +99,7 @@ def main():
     ap.add_argument("--workers", type=int, default=2)
     a = ap.parse_args()
     w = a.workers
-    reps = 3 if a.quick else 7
+    reps = 3 if a.quick else 15
     # (row, function, burn rounds per element, elements): about 40 ms of work each (10 ms
     # quick).
     scale = 0.25 if a.quick else 1.0

@@ -25,7 +25,7 @@ args <- commandArgs(trailingOnly = TRUE)
 quick <- "--quick" %in% args
 workers <- if ("--workers" %in% args) as.integer(args[[which(args == "--workers") + 1L]]) else 2L
 scale <- if (quick) 0.25 else 1
-reps <- if (quick) 3L else 7L
+reps <- if (quick) 3L else 15L
 
 now <- function() unclass(Sys.time())
 # A fixed amount of computation: `rounds` rounds of arithmetic.

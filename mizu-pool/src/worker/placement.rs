@@ -9,24 +9,27 @@
 //! other CPU idles: on 2 CPUs, a map of 20 ms lost 2–12 ms this way (workers' run-queue waits
 //! in `/proc/PID/schedstat`, both waiting at once).
 //!
-//! So a worker that wakes from a park records the CPU it runs on in its record (`cpu`, the
-//! CPU + 1; a hint, read and written relaxed), and looks at the other busy workers' records:
-//! when one of a lower slot is recorded on its CPU and a CPU the worker may run on has no busy
-//! worker recorded, it moves there (restricted to that CPU, then given back its whole
-//! allowance, which leaves it where it is). The lower slot stays, so two workers that find
-//! each other do not both move. Nothing is pinned: the kernel stays free to move a worker
-//! later, and threads a task starts may run anywhere the worker may.
+//! So a worker woken for work records the CPU it runs on in its record (`cpu`, the CPU + 1; a
+//! hint, read and written relaxed), and looks at the other busy workers' records: when one is
+//! recorded on its CPU — and the kernel confirms it is there (`/proc/PID/stat`: the kernel may
+//! have moved it since it recorded) — and a CPU the worker may run on has no busy worker
+//! recorded, it moves there (restricted to that CPU, then given back its whole allowance,
+//! which leaves it where it is). Two workers on one CPU run one at a time, so the second to
+//! run finds the first there and moves. Trusting the records alone moved workers onto each
+//! other's real CPUs as often as it separated them; letting only the lower slot move left two
+//! workers together whenever the higher one woke first. Nothing is pinned: the kernel stays
+//! free to move a worker later, and threads a task starts may run anywhere the worker may.
 
 use mizu_shm::sync::Ordering;
 
 use crate::records::{WorkerSlot, idle};
 
 /// A look after a wake: the CPU this worker runs on now, recorded; moved first when it shares
-/// that CPU with a busy worker of a lower slot and another allowed CPU has no busy worker.
+/// that CPU with another busy worker and another allowed CPU has no busy worker.
 pub(super) fn settle(workers: &[WorkerSlot], slot: usize) {
     let here = rustix::thread::sched_getcpu();
     let mut now = here;
-    if shares_cpu(workers, slot, here)
+    if shares_cpu(workers, slot, here, kernel_cpu)
         && let Ok(allowed) = rustix::thread::sched_getaffinity(None)
         && let Some(free) = free_cpu(workers, slot, &allowed)
     {
@@ -51,11 +54,29 @@ fn record(w: &WorkerSlot, cpu: usize) {
     }
 }
 
-/// Whether a busy worker of a lower slot than `slot` is recorded on `cpu`.
-fn shares_cpu(workers: &[WorkerSlot], slot: usize, cpu: usize) -> bool {
-    workers[..slot.min(workers.len())]
-        .iter()
-        .any(|w| busy(w) && w.rec.cpu.load(Ordering::Relaxed) == cpu as u32 + 1)
+/// Whether a busy worker other than `slot` is recorded on `cpu` and, asked by its pid, `actual`
+/// says it is there.
+fn shares_cpu(
+    workers: &[WorkerSlot],
+    slot: usize,
+    cpu: usize,
+    actual: impl Fn(u32) -> Option<usize>,
+) -> bool {
+    workers.iter().enumerate().any(|(i, w)| {
+        i != slot
+            && busy(w)
+            && w.rec.cpu.load(Ordering::Relaxed) == cpu as u32 + 1
+            && actual(w.rec.pid.load(Ordering::Relaxed)) == Some(cpu)
+    })
+}
+
+/// The CPU the kernel last ran process `pid` on (field 39 of `/proc/PID/stat`, counted after
+/// the command name, which may hold spaces and parentheses).
+fn kernel_cpu(pid: u32) -> Option<usize> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // Fields 3, 4, ... follow the name: field 39 is the 37th of them.
+    rest.split_ascii_whitespace().nth(36)?.parse().ok()
 }
 
 /// An allowed CPU no busy worker but this one is recorded on.
@@ -97,12 +118,27 @@ mod tests {
     }
 
     #[test]
-    fn the_higher_slot_of_two_busy_workers_on_one_cpu_moves_to_a_cpu_without_one() {
+    fn a_worker_that_wakes_on_a_busy_workers_cpu_moves_to_a_cpu_without_one() {
         let (r, b, s) = (wstate::READY, idle::BUSY, idle::SLEEPING);
-        // Slots 0 and 1 busy on CPU 0 (recorded as 1); slot 2 busy on CPU 2.
+        // Slot 0 busy on CPU 0 (recorded as 1), slot 2 on CPU 2; workers' pids 10, 11, 12.
+        let w = workers(&[(r, b, 1), (r, b, 2), (r, b, 3)]);
+        for (i, x) in w.iter().enumerate() {
+            x.rec.pid.store(10 + i as u32, Ordering::Relaxed);
+        }
+        let truth = |pid: u32| Some((pid - 10) as usize);
+        assert!(
+            shares_cpu(&w, 1, 0, truth),
+            "slot 1 waking on CPU 0 finds slot 0"
+        );
+        assert!(
+            shares_cpu(&w, 0, 1, truth),
+            "as slot 0 does slot 1, whatever the slots"
+        );
+        assert!(!shares_cpu(&w, 1, 1, truth), "nobody else on CPU 1");
+        // A record the kernel contradicts (the worker was moved since) is no reason to move.
+        assert!(!shares_cpu(&w, 1, 0, |_| Some(5)));
+        assert!(!shares_cpu(&w, 1, 0, |_| None));
         let w = workers(&[(r, b, 1), (r, b, 1), (r, b, 3)]);
-        assert!(shares_cpu(&w, 1, 0), "slot 1 finds slot 0 on its CPU");
-        assert!(!shares_cpu(&w, 0, 0), "slot 0 stays");
         let mut allowed = rustix::thread::CpuSet::new();
         for c in 0..3 {
             allowed.set(c);
@@ -116,12 +152,19 @@ mod tests {
         );
         // A sleeping or departed worker holds no CPU.
         let w = workers(&[(r, s, 1), (wstate::DEAD, b, 1), (r, b, 1)]);
-        assert!(!shares_cpu(&w, 2, 0));
+        assert!(!shares_cpu(&w, 2, 0, |_| Some(0)));
         allowed.set(1);
         assert_eq!(
             free_cpu(&w, 2, &allowed),
             Some(0),
             "its own record does not count"
         );
+    }
+
+    #[test]
+    fn the_kernel_says_where_a_process_ran_last() {
+        let cpu = kernel_cpu(std::process::id()).expect("our own /proc/PID/stat");
+        assert!(cpu < rustix::thread::CpuSet::MAX_CPU);
+        assert_eq!(kernel_cpu(u32::MAX), None, "no such process");
     }
 }
