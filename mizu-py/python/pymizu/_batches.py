@@ -14,16 +14,16 @@ from ._errors import TaskError
 from ._outcome import decode
 
 
-def map_items(iterables: tuple, share: bool = True) -> tuple[list | tuple, bool]:
+def map_items(iterables: tuple, python_workers: bool = True) -> tuple[list | tuple, bool]:
     """A map's elements, and whether each is a tuple of arguments: one iterable's as a list
-    (`fn(x)`); several sized ones' as columns — a tuple of lists, cut to the shortest, as `zip`
-    pairs them — which are cheaper to make and to pickle than a tuple per element; else the
-    tuples `zip` makes. With `share`, a large argument repeated across elements goes shared
-    (`_share.share_repeated`), once for the map."""
-    keep = _share.share_repeated if share else (lambda items, star: items)
+    (`fn(x)`), several as the tuples `zip` makes. For Python workers, several sized iterables
+    travel as columns instead — a tuple of lists, cut to the shortest, as `zip` pairs them —
+    which are cheaper to make and to pickle than a tuple per element, and a large argument
+    repeated across elements goes shared (`_share.share_repeated`), once for the map."""
+    keep = _share.share_repeated if python_workers else (lambda items, star: items)
     if len(iterables) == 1:
         return keep(list(iterables[0]), False), False
-    if iterables and all(hasattr(it, "__len__") for it in iterables):
+    if python_workers and iterables and all(hasattr(it, "__len__") for it in iterables):
         n = min(len(it) for it in iterables)
         return tuple(keep(list(itertools.islice(it, n)), False) for it in iterables), True
     return keep(list(zip(*iterables)), True), True

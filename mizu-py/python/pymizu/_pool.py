@@ -192,10 +192,7 @@ class _Submitter:
             raise ValueError(f"chunksize must be a positive int, got {chunksize!r}")
         if self._language != "python":
             size = chunksize or max(1, -(-n // (4 * max(1, self._workers))))
-            if type(items) is tuple:
-                items = list(zip(*items))
-            it = self._ximap(fn, items, star, size, timeout, seed, offset, progress)
-            return ([x] for x in it) if parts else it
+            return self._ximap(fn, items, star, size, timeout, seed, offset, progress, parts)
         deadline = None if timeout is None else time.monotonic() + timeout
         # A large argument the function binds goes once, shared.
         fn = _share.share_fn(fn)
@@ -235,13 +232,13 @@ class _Submitter:
         function's name); `args` and `kwargs` are added to its arguments."""
         return self._pool.submit_xcall(self._xcall(fn, args, kwargs))
 
-    def _ximap(self, fn, items, star, chunksize, timeout, seed, offset, progress):
+    def _ximap(self, fn, items, star, chunksize, timeout, seed, offset, progress, parts):
         call = self._xcall(fn, (), {})
         deadline = None if timeout is None else time.monotonic() + timeout
         tasks = self._pool.submit_xmap(call, items, star, seed, offset, chunksize)
-        return self._xstream(tasks, deadline, timeout, _Progress(len(items), progress), chunksize, offset)
+        return self._xstream(tasks, deadline, timeout, _Progress(len(items), progress), chunksize, offset, parts)
 
-    def _xstream(self, tasks, deadline, timeout, bar, chunksize, offset):
+    def _xstream(self, tasks, deadline, timeout, bar, chunksize, offset, parts):
         try:
             for k, t in enumerate(tasks):
                 try:
@@ -252,7 +249,10 @@ class _Submitter:
                     at = getattr(e, "_pymizu_element", None)
                     e._pymizu_index = k * chunksize if at is None else at - offset  # type: ignore[attr-defined]
                     raise
-                yield from part
+                if parts:
+                    yield part
+                else:
+                    yield from part
                 bar.update(len(part))
         finally:
             for t in tasks:
