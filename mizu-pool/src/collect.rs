@@ -46,20 +46,35 @@ impl SubmitterCore {
         if let Some(r) = poll() {
             return r;
         }
-        let mut w = self.waiter();
-        let r = self.wait_outcome(&mut w, timeout, help, poll);
+        let mut w = self.waiter(park_slice());
+        let r = self.wait_outcome(&mut w, id.slot, timeout, help, poll);
         self.learn(&w);
         r
+    }
+
+    /// The right to park on this submitter's aimed word, aimed at the task in `slot` — when no
+    /// other thread of this process waits there (those park on the word every outcome wakes).
+    fn aim(&self, slot: usize) -> Option<Aim<'_>> {
+        self.aimed_taken
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .ok()?;
+        self.shared
+            .view()
+            .submitter(self.index)
+            .aimed
+            .aim(slot as u32);
+        Some(Aim(self))
     }
 
     /// A waiter for outcomes of this submitter, with the spin budget the last one learned —
     /// or none when every CPU runs a worker (outside a worker process): spinning then takes
     /// a CPU from a worker, and a map of real work is as much slower as its caller spins.
-    fn waiter(&self) -> Waiter {
+    /// `slice`: how long it sleeps in the kernel before it looks again by itself.
+    fn waiter(&self, slice: Duration) -> Waiter {
         if !crate::origin::in_worker_process() && !crate::watch::room(self.shared.view()) {
-            return Waiter::new(Duration::ZERO, Duration::from_millis(2));
+            return Waiter::new(Duration::ZERO, slice);
         }
-        Waiter::new(self.spin, Duration::from_millis(2)).with_spin(Duration::from_nanos(
+        Waiter::new(self.spin, slice).with_spin(Duration::from_nanos(
             self.learned_spin.load(Ordering::Relaxed),
         ))
     }
@@ -127,10 +142,12 @@ impl SubmitterCore {
         }
     }
 
-    /// [`SubmitterCore::wait_final`]'s wait, once the first poll found nothing.
+    /// [`SubmitterCore::wait_final`]'s wait for the task in `slot`, once the first poll found
+    /// nothing.
     fn wait_outcome(
         &self,
         w: &mut Waiter,
+        slot: usize,
         timeout: Option<Duration>,
         help: &mut dyn FnMut() -> bool,
         poll: impl Fn() -> Option<Result<SlotState, CollectError>> + Copy,
@@ -153,14 +170,19 @@ impl SubmitterCore {
         if let Some(r) = self.watch_for(timeout.map(|t| t.saturating_sub(start.elapsed())), poll) {
             return r;
         }
+        // Parked aimed at this task, other outcomes of the submitter do not wake the caller.
+        let aim = self.aim(slot);
+        let rec = v.submitter(self.index);
+        let word = if aim.is_some() {
+            rec.aimed.word()
+        } else {
+            &rec.park
+        };
         loop {
             let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
-            match w.wait(
-                &v.submitter(self.index).park,
-                poll,
-                left.map(|l| l.min(Duration::from_millis(2))),
-                || Ok::<(), ()>(()),
-            ) {
+            match w.wait(word, poll, left.map(|l| l.min(park_slice())), || {
+                Ok::<(), ()>(())
+            }) {
                 Ok(r) => {
                     self.parked_until(start);
                     return r;
@@ -399,6 +421,75 @@ pub fn collect_any(tasks: &[Task], timeout: Option<Duration>) -> Option<usize> {
     })
 }
 
+/// How long a wait for one task's outcome sleeps in the kernel before it looks again by
+/// itself. Every event it waits for wakes it (the outcome, a death, a cancel, the pool
+/// stopping), so outside a worker a slice only bounds the wait for one that no live process
+/// could signal; shorter slices ending in a map of milliseconds were wake-ups that each took a
+/// worker's CPU. In a worker process a nested collect runs queued tasks between slices (its
+/// `help`), so they stay short there.
+fn park_slice() -> Duration {
+    if crate::origin::in_worker_process() {
+        LOOK
+    } else {
+        Duration::from_millis(50)
+    }
+}
+
+/// The slices of waits that also watch something no outcome signals (see [`wait_until`]).
+const LOOK: Duration = Duration::from_millis(2);
+
+/// A thread's hold on its submitter's aimed word (see [`SubmitterCore::aim`]).
+struct Aim<'a>(&'a SubmitterCore);
+
+impl Drop for Aim<'_> {
+    fn drop(&mut self) {
+        self.0.aimed_taken.store(false, Ordering::Release);
+    }
+}
+
+/// For a caller that collects `tasks` in order and needs every result (a map that returns a
+/// list): waits until the task halfway along them is final, or one before it failed, or
+/// `timeout` passes (false). Collecting in order then finds the first half final, and the
+/// tasks after it keep the workers busy meanwhile; doing so again for the rest, the caller is
+/// woken about log2(n) times rather than once per task — each wake-up a context switch and a
+/// look that, on a machine whose every CPU runs a worker, takes a worker's CPU. (The tasks of
+/// one submitter: another's failure is seen when the halfway one is final.) Returns at once on
+/// a worker's own task thread, whose collects run other tasks while they wait.
+pub fn wait_ahead(tasks: &[&Task], timeout: Option<Duration>) -> bool {
+    let half = tasks.len() / 2;
+    let Some(mid) = tasks.get(half) else {
+        return true;
+    };
+    if mid.done || crate::context::with_current_task(|c| c.is_some()) {
+        return true;
+    }
+    let before = &tasks[..half];
+    let failed = || {
+        before.iter().any(|t| {
+            !t.done
+                && matches!(
+                    t.core.state(t.id),
+                    Some(SlotState::Err | SlotState::Cancelled | SlotState::Died)
+                )
+        })
+    };
+    let core = &mid.core;
+    let id = mid.id;
+    let hdr = core.shared.view().task(id.submitter, id.slot);
+    let poll = || {
+        let (g, st) = hdr.state.load();
+        (g != id.generation || st.is_some_and(|s| s.is_final()) || failed())
+            .then_some(Ok(SlotState::Ok))
+    };
+    if poll().is_some() {
+        return true;
+    }
+    let mut w = core.waiter(park_slice());
+    let r = core.wait_outcome(&mut w, id.slot, timeout, &mut || false, poll);
+    core.learn(&w);
+    r.is_ok()
+}
+
 /// Waits until `poll` returns something, parked on the submitter of `probe` (which every
 /// outcome of its tasks wakes): for callers that keep their tasks apart (e.g. behind locks).
 pub fn wait_until<T>(
@@ -409,7 +500,7 @@ pub fn wait_until<T>(
     let start = Instant::now();
     let core = probe.core.clone();
     let park = &core.shared.view().submitter(core.index).park;
-    let mut w = core.waiter();
+    let mut w = core.waiter(LOOK);
     if let Some(found) = core.watch_for(timeout, &mut poll) {
         return Some(found);
     }

@@ -100,7 +100,7 @@ mod worker;
 pub use {
     attach::Submitter,
     channel::{Channel, ChannelSendError},
-    collect::{Wakeup, collect_all, collect_any, wait_until},
+    collect::{Wakeup, collect_all, collect_any, wait_ahead, wait_until},
     context::{Executor, TaskContext, with_current_task},
     error::{PoolError, Result, TaskError},
     loop_watch::Watch,

@@ -485,6 +485,7 @@ impl Pool {
         }
         for s in 0..v.params.submitters as usize {
             v.submitter(s).park.wake_all_unconditionally();
+            v.submitter(s).aimed.wake();
         }
         // Inputs are moot now; a killed worker may have held references to some (they would
         // keep the names forever). Results live in the workers' segments, not here.

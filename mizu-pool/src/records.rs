@@ -5,7 +5,7 @@
 
 use mizu_queue::StateWord;
 use mizu_shm::sync::{AtomicU32, AtomicU64, Ordering, fence};
-use mizu_shm::{CacheLine, ParkWord};
+use mizu_shm::{AimedPark, CacheLine, ParkWord};
 
 /// Worker record states.
 pub mod wstate {
@@ -134,18 +134,46 @@ pub struct SubmitterRec {
     pub collected: AtomicU64,
 }
 
-/// One submitter slot: record plus the word its collectors park on.
+/// One submitter slot: record plus the words its collectors park on.
 #[repr(C)]
 #[derive(Debug, Default)]
 pub struct SubmitterSlot {
     /// The record.
     pub rec: CacheLine<SubmitterRec>,
-    /// Woken by workers when a task of this submitter finishes.
+    /// Woken by workers when any task of this submitter finishes.
     pub park: CacheLine<ParkWord>,
+    /// Where one collector at a time waits for one task (its slot the aim): woken by that
+    /// task's outcome, by any failure, and by deaths, cancels and the pool stopping — not by
+    /// every other outcome (see `collect`).
+    pub aimed: CacheLine<AimedPark>,
 }
 #[cfg(not(mizu_loom))]
 // SAFETY: as above.
 unsafe impl mizu_shm::ShmSafe for SubmitterSlot {}
+
+impl SubmitterSlot {
+    /// Wakes the collectors of a task of this submitter that just became final in slot `slot`
+    /// (`failed`: with anything but a result) — after one fence, the parked waiters for any
+    /// outcome and the aimed one if it waits for this task or `failed`.
+    #[inline]
+    pub fn wake_for(&self, slot: usize, failed: bool) {
+        fence(Ordering::SeqCst);
+        self.park.wake_all_fenced();
+        self.aimed.wake_fenced(slot as u32, failed);
+    }
+
+    /// Collectors of this submitter asleep now, aimed or not.
+    pub fn sleepers(&self) -> u32 {
+        self.park.sleepers() + self.aimed.word().sleepers()
+    }
+
+    /// Wakes every collector of this submitter, aimed or not (a death, a cancel, the pool
+    /// stopping: events a waiter must see whatever it waits for).
+    pub fn wake_every(&self) {
+        self.park.wake_all();
+        self.aimed.wake();
+    }
+}
 
 /// Why a task ended in `Died`.
 pub mod reason {

@@ -59,6 +59,8 @@ pub struct SubmitterCore {
     /// Waits for outcomes that ended while watching, and times such waits slept.
     pub(crate) watched: AtomicU64,
     pub(crate) parks: AtomicU64,
+    /// Whether a thread of this process waits on the submitter's aimed word (one may).
+    pub(crate) aimed_taken: AtomicBool,
     pub(crate) last_freed: std::sync::atomic::AtomicUsize,
     /// The thread that owns `Inner::deque` (only it may push there).
     pub(crate) owner: Option<std::thread::ThreadId>,
@@ -99,6 +101,7 @@ impl SubmitterCore {
             watch_pays: AtomicBool::new(!spin.is_zero()),
             watched: AtomicU64::new(0),
             parks: AtomicU64::new(0),
+            aimed_taken: AtomicBool::new(false),
             last_freed: std::sync::atomic::AtomicUsize::new(usize::MAX),
             owner: None,
         }))
@@ -379,6 +382,8 @@ pub(crate) fn cancel(shared: &Shared, id: TaskId) -> bool {
     let hdr = shared.view().task(id.submitter, id.slot);
     if crate::claim::cancel(hdr, id.generation) {
         shared.discard_payload(id.submitter, id.slot);
+        // Another thread may wait for it (a thread waiting for any outcome is woken too).
+        shared.view().submitter(id.submitter).wake_every();
         true
     } else {
         false

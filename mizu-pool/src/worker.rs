@@ -164,7 +164,7 @@ impl Runtime<'_> {
                 generation: g,
             },
         );
-        v.submitter(s).park.wake_all();
+        v.submitter(s).wake_for(k, !ok);
         true
     }
 
@@ -507,7 +507,7 @@ pub fn reap_worker(shared: &Shared, slot: usize, pid: u32, why: u32) {
                     generation: g,
                 },
             );
-            v.submitter(s).park.wake_all();
+            v.submitter(s).wake_every();
         },
     );
     // Its nested tasks lost their collector: those still queued never run, and every slot

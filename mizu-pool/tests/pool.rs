@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use mizu_pool::{
     CollectError, Launcher, Pool, PoolConfig, PoolError, TaskError, collect_all, collect_any,
+    wait_ahead,
 };
 use mizu_queue::SlotState;
 
@@ -302,6 +303,61 @@ fn collect_any_returns_the_first_finished() {
         p.submit(b"echo:fast").unwrap(),
     ];
     assert_eq!(collect_any(&tasks, GUARD), Some(1));
+}
+
+#[test]
+fn waiting_ahead_returns_once_the_task_halfway_along_is_final() {
+    let p = pool(workers(1));
+    let mut tasks: Vec<_> = ["sleep:100", "sleep:100", "echo:a", "sleep:100", "echo:b"]
+        .iter()
+        .map(|c| p.submit(c.as_bytes()).unwrap())
+        .collect();
+    let refs: Vec<_> = tasks.iter().collect();
+    assert!(wait_ahead(&refs, GUARD));
+    // One worker runs them in order: everything up to the one halfway along is final.
+    assert!(tasks[..=2].iter().all(|t| t.is_done()));
+    let got: Vec<_> = collect_all(&mut tasks, GUARD)
+        .unwrap()
+        .iter()
+        .map(text)
+        .collect();
+    assert_eq!(got, ["slept", "slept", "a", "slept", "b"]);
+    let none: Vec<&mizu_pool::Task> = Vec::new();
+    assert!(wait_ahead(&none, GUARD), "nothing to wait for");
+}
+
+#[test]
+fn waiting_ahead_stops_at_a_failure_before_the_task_it_waits_for() {
+    let p = pool(workers(1));
+    let tasks: Vec<_> = ["sleep:200", "fail:boom", "sleep:100000", "echo:x"]
+        .iter()
+        .map(|c| p.submit(c.as_bytes()).unwrap())
+        .collect();
+    let refs: Vec<_> = tasks.iter().collect();
+    assert!(wait_ahead(&refs, GUARD));
+    assert_eq!(tasks[1].state(), Some(SlotState::Err));
+    assert!(
+        !tasks[2].is_done(),
+        "the failure ended the wait, not the task halfway along"
+    );
+}
+
+#[test]
+fn threads_waiting_for_tasks_of_one_submitter_each_get_theirs() {
+    let p = pool(workers(1));
+    let mut tasks: Vec<_> = ["sleep:300", "echo:second", "sleep:200"]
+        .iter()
+        .map(|c| p.submit(c.as_bytes()).unwrap())
+        .collect();
+    // One waiter parks aimed at its task, the others where every outcome wakes them.
+    let got: Vec<String> = std::thread::scope(|s| {
+        let waiters: Vec<_> = tasks
+            .iter_mut()
+            .map(|t| s.spawn(move || text(&t.result(GUARD).unwrap())))
+            .collect();
+        waiters.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    assert_eq!(got, ["slept", "second", "slept"]);
 }
 
 #[test]

@@ -161,6 +161,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(xlang::xlang_task_loads, m)?)?;
     m.add_function(wrap_pyfunction!(xlang::xlang_task_dumps, m)?)?;
     m.add_function(wrap_pyfunction!(waits::wait_any, m)?)?;
+    m.add_function(wrap_pyfunction!(waits::wait_ahead, m)?)?;
     m.add_function(wrap_pyfunction!(waits::collect_all, m)?)?;
     m.add_function(wrap_pyfunction!(worker::run_worker, m)?)?;
     m.add_function(wrap_pyfunction!(worker::in_task, m)?)?;

@@ -28,6 +28,42 @@ pub fn wait_any(
     )
 }
 
+/// Before a map collects `tasks` in order, every result wanted at once (`Pool.map`): waits
+/// as `mizu_pool::wait_ahead` does — through to the task halfway along, or a failure — so that
+/// the caller is woken a few times rather than once per chunk (GIL released, signals checked).
+/// Tasks another thread is collecting are left out. False after `timeout` seconds.
+#[pyfunction]
+#[pyo3(signature = (tasks, timeout=None))]
+pub fn wait_ahead(py: Python<'_>, tasks: Vec<Py<Task>>, timeout: Option<f64>) -> PyResult<bool> {
+    let start = Instant::now();
+    let timeout = crate::wait_secs(timeout, "timeout")?;
+    loop {
+        let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
+        if left.is_some_and(|l| l.is_zero()) {
+            return Ok(false);
+        }
+        let slice = left.map_or(SLICE, |l| l.min(SLICE));
+        let done = py.detach(|| {
+            let guards: Vec<_> = tasks
+                .iter()
+                .filter_map(|t| t.get().cell.try_lock())
+                .collect();
+            let pending: Vec<&mizu_pool::Task> = guards
+                .iter()
+                .filter_map(|g| match &**g {
+                    State::Pending(p) => Some(p),
+                    _ => None,
+                })
+                .collect();
+            mizu_pool::wait_ahead(&pending, Some(slice))
+        });
+        if done {
+            return Ok(true);
+        }
+        py.check_signals()?;
+    }
+}
+
 /// A bounded wait's loop: `found()` until it answers, else `park(slice)` with the GIL released,
 /// in slices of at most [`SLICE`] for the rest of `timeout` seconds, checking for signals
 /// (Ctrl-C) after each slice in which nothing happened (`park` gave None). None after

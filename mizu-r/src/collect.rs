@@ -354,3 +354,32 @@ pub(crate) fn task_wait_any(tasks: List, timeout: Robj) -> Result<i32> {
         }
     }
 }
+
+pub(crate) fn tasks_wait_ahead(tasks: List) -> Result<bool> {
+    let ts: Vec<&RTask> = tasks
+        .values()
+        .map(|t| task_ref(&t).map(|r| r as *const RTask))
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        // SAFETY: each task is kept alive by the `tasks` list for this whole call.
+        .map(|p| unsafe { &*p })
+        .collect();
+    loop {
+        let guards: Vec<_> = ts.iter().map(|t| t.cell.borrow()).collect();
+        let pending: Vec<&mizu_pool::Task> = guards
+            .iter()
+            .filter_map(|g| match &**g {
+                TaskState::Pending(t) => Some(t),
+                _ => None,
+            })
+            .collect();
+        if mizu_pool::wait_ahead(&pending, Some(SLICE)) {
+            return Ok(true);
+        }
+        drop(pending);
+        drop(guards);
+        if interrupt::pending() {
+            return Ok(false);
+        }
+    }
+}

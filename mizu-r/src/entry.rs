@@ -102,6 +102,13 @@ fn task_wait_any(tasks: List, timeout: Robj) -> Result<i32> {
     crate::collect::task_wait_any(tasks, timeout)
 }
 
+/// Before collecting `tasks` in order, all of them wanted (a map without a progress bar):
+/// waits as `mizu_pool::wait_ahead` does, from the first not collected yet. False on Ctrl-C.
+#[extendr]
+fn tasks_wait_ahead(tasks: List) -> Result<bool> {
+    crate::collect::tasks_wait_ahead(tasks)
+}
+
 /// [`WRITTEN`], in bytes (as a double: R has no 64-bit integers).
 #[extendr]
 fn payload_bytes_written() -> f64 {
@@ -514,6 +521,7 @@ extendr_module! {
     fn task_collected;
     fn task_cancel;
     fn task_wait_any;
+    fn tasks_wait_ahead;
     fn payload_bytes_written;
     fn native_routines;
     fn may_use_globals;

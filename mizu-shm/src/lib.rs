@@ -54,7 +54,7 @@ pub mod space;
 pub mod watch;
 
 pub use line::CacheLine;
-pub use parker::ParkWord;
+pub use parker::{AimedPark, ParkWord};
 
 #[cfg(not(mizu_loom))]
 pub use {

@@ -41,6 +41,13 @@ impl ParkWord {
     #[inline]
     pub fn wake_all(&self) -> bool {
         fence(Ordering::SeqCst);
+        self.wake_all_fenced()
+    }
+
+    /// [`ParkWord::wake_all`] for a waker that has issued the SeqCst fence itself, after its
+    /// change: one fence for several words woken for the same change.
+    #[inline]
+    pub fn wake_all_fenced(&self) -> bool {
         if self.sleepers.load(Ordering::Relaxed) == 0 {
             return false;
         }
@@ -86,6 +93,77 @@ impl ParkWord {
         futex::wait(&self.epoch, snapshot, timeout);
         self.sleepers.fetch_sub(1, Ordering::Relaxed);
         poll()
+    }
+}
+
+/// A park word for one sleeper at a time that waits for one event among many — one task
+/// among all of a submitter's — so that the others do not wake it for nothing (a map's caller
+/// waiting for its last chunk was woken by every chunk before it, and each wake-up took a CPU
+/// from a worker for a context switch and a look).
+///
+/// Protocol (checked by the loom models `aimed_park_*`): the sleeper stores its `aim`, then
+/// parks on the word as on any [`ParkWord`] (announce, SeqCst fence, re-check); a waker makes
+/// its event happen, issues the SeqCst fence, and wakes only if a sleeper is announced and aims
+/// at its event ([`ANY`]: every event), or when it `force`s the wake. The aim is stored before
+/// the sleeper's fence, so a waker that sees the sleeper sees its aim. A stale aim left by an
+/// earlier wait at most wakes nobody while nobody sleeps, or wakes once too often.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct AimedPark {
+    word: ParkWord,
+    aim: AtomicU32,
+}
+
+/// The aim of a sleeper that wants every event.
+pub const ANY: u32 = u32::MAX;
+
+#[cfg(not(mizu_loom))]
+// SAFETY: repr(C) atomics, valid when zero.
+unsafe impl crate::segment::ShmSafe for AimedPark {}
+
+impl AimedPark {
+    /// A word with nobody asleep.
+    pub fn new() -> Self {
+        AimedPark {
+            word: ParkWord::new(),
+            aim: AtomicU32::new(ANY),
+        }
+    }
+
+    /// Sets the event the next park waits for (before parking on [`AimedPark::word`]; only
+    /// the one thread that sleeps here may aim).
+    #[inline]
+    pub fn aim(&self, event: u32) {
+        self.aim.store(event, Ordering::Relaxed);
+    }
+
+    /// The word to park on once aimed.
+    pub fn word(&self) -> &ParkWord {
+        &self.word
+    }
+
+    /// After a SeqCst fence that follows the event (see [`ParkWord::wake_all_fenced`]): wakes
+    /// the sleeper if it aims at `event` or at every event, or if `force`. Returns whether a
+    /// wake syscall was made.
+    #[inline]
+    pub fn wake_fenced(&self, event: u32, force: bool) -> bool {
+        if self.word.sleepers.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let aim = self.aim.load(Ordering::Relaxed);
+        if !force && aim != event && aim != ANY {
+            return false;
+        }
+        self.word.epoch.fetch_add(1, Ordering::Release);
+        futex::wake(&self.word.epoch, u32::MAX);
+        true
+    }
+
+    /// Wakes the sleeper whatever it aims at (after an event every waiter must see: a death,
+    /// a cancel, the pool stopping).
+    pub fn wake(&self) -> bool {
+        fence(Ordering::SeqCst);
+        self.wake_fenced(ANY, true)
     }
 }
 

@@ -86,7 +86,7 @@ impl Runtime<'_> {
     pub(super) fn awaited_unclaimed(&self) -> bool {
         let v = self.shared.view();
         (0..v.params.submitters as usize)
-            .any(|s| v.submitter(s).park.sleepers() > 0 && self.may_have_unclaimed(s))
+            .any(|s| v.submitter(s).sleepers() > 0 && self.may_have_unclaimed(s))
     }
 
     /// See [`Runtime::steal`].

@@ -41,6 +41,10 @@ class _Progress:
             desc = enabled if isinstance(enabled, str) else None
             self._bar = tqdm(total=total, desc=desc, file=sys.stderr)
 
+    @property
+    def shown(self) -> bool:
+        return self._bar is not None or self._plain
+
     def _show(self) -> None:
         sys.stderr.write(f"\rpymizu: {self._done}/{self._total}")
         sys.stderr.flush()
@@ -165,7 +169,10 @@ class _Submitter:
         items = [tuple(a) for a in iterable]
         if self._language == "python":
             items = _share.share_repeated(items, True)
-        return list(self._imap(fn, items, True, **_map_kw(kw)))
+        out: list = []
+        for part in self._imap(fn, items, True, **_map_kw(kw), parts=True):
+            out += part
+        return out
 
     def imap(self, fn: Callable, *iterables: Iterable, **kw) -> Iterator:
         """Like `map`, but yields results in order as they arrive."""
@@ -281,8 +288,15 @@ class _Submitter:
             bar.close()
 
     def _stream(self, tasks: list[Task], deadline, timeout, bar, lengths, parts=False):
+        # A map that returns a list wants every result at once (`parts`, no progress bar):
+        # it sleeps through to the chunk halfway along the rest rather than wake for each.
+        ahead = parts and not bar.shown
+        n = len(tasks)
         try:
-            for t, k in zip(tasks, lengths):
+            for i, (t, k) in enumerate(zip(tasks, lengths)):
+                if ahead and i + 1 < n and not t.done():
+                    if not _native.wait_ahead(tasks[i:], _left(deadline, timeout)):
+                        _left(deadline, timeout)
                 if parts:
                     yield t.result(_left(deadline, timeout))
                 else:

@@ -115,7 +115,14 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   })
   parts <- vector("list", length(chunks))
   done <- 0L
+  nt <- length(tasks)
   for (k in seq_along(tasks)) {
+    # Every result is wanted at once: sleep through to the chunk halfway along the rest
+    # rather than wake for each (see mizu_pool::wait_ahead). A progress bar wants each.
+    if (is.null(bar) && k < nt && !.Call(wrap__task_done, tasks[[k]]) &&
+        !.Call(wrap__tasks_wait_ahead, tasks[k:nt])) {
+      .signal_interrupt()
+    }
     o <- .Call(.native_collect, tasks[[k]], Inf)
     if (o[[1]] == 1L) {
       e <- .remote_condition(o[[2]])
@@ -248,7 +255,7 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   env <- environment(f)
   found <- character()
   for (n in .free_names(f)) {
-    if (identical(.where(n, env), globalenv())) found <- c(found, n)
+    if (.resolves_to_global(n, env)) found <- c(found, n)
   }
   for (n in setdiff(found, seen)) {
     v <- get(n, envir = globalenv())
@@ -269,13 +276,16 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   nm
 }
 
-# The environment where `name` is found from `env`, or NULL.
-.where <- function(name, env) {
-  while (!identical(env, emptyenv())) {
-    if (exists(name, envir = env, inherits = FALSE)) return(env)
+# Whether `name`, looked up from `env`, is found in the global environment. The walk stops
+# there: the packages and base behind it (most of a function's free names, such as `c` or
+# `+`) are never searched.
+.resolves_to_global <- function(name, env) {
+  ge <- globalenv()
+  while (!identical(env, ge)) {
+    if (identical(env, emptyenv()) || exists(name, envir = env, inherits = FALSE)) return(FALSE)
     env <- parent.env(env)
   }
-  NULL
+  exists(name, envir = ge, inherits = FALSE)
 }
 
 # Binds a map's globals in this worker's global environment for a chunk: what it replaced, to
