@@ -18,9 +18,9 @@ use crate::submitter::{CollectError, SubmitterCore, Task};
 use crate::worker::reap_worker;
 
 mod workers;
-use workers::Children;
 pub use workers::Launcher;
 pub(crate) use workers::exited;
+use workers::{Bell, Children};
 
 /// Pool settings; [`PoolConfig::validate`] explains what is wrong.
 #[derive(Debug, Clone)]
@@ -229,6 +229,8 @@ impl Pool {
         let core = SubmitterCore::new(shared.clone(), 0, cfg.spin)?;
         let children = Arc::new(Mutex::new(Children {
             procs: (0..maxw).map(|_| None).collect(),
+            pidfds: vec![None; maxw],
+            bell: Arc::new(Bell::new()),
             kill_reason: vec![0; maxw],
             respawns: 0,
             launched: Vec::new(),
@@ -462,6 +464,11 @@ impl Pool {
             v.worker(w).park.wake_all_unconditionally();
         }
         if let Some(m) = self.monitor.take() {
+            self.children
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .bell
+                .ring();
             let _ = m.join();
         }
         let deadline = Instant::now() + grace;

@@ -335,8 +335,9 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
     };
     std::mem::forget(joining);
     ws.rec.state.store(wstate::READY, Ordering::Release);
-    let mut spinner = Waiter::new(spin, Duration::from_millis(2));
-    let mut sleeper = Waiter::new(Duration::ZERO, Duration::from_millis(2));
+    // (Each wait below is bounded by its own slice, `IDLE_SLICE` or `QUIET_SLICE`.)
+    let mut spinner = Waiter::new(spin, QUIET_SLICE);
+    let mut sleeper = Waiter::new(Duration::ZERO, QUIET_SLICE);
     // Idle workers spinning at once, plus workers running tasks: never more than the CPUs
     // minus one (left to whoever submits), or spinning idlers would slow down the busy ones.
     let max_active = (mizu_shm::affinity::available_cpus_all().len() as u32)
@@ -353,8 +354,11 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
     // a thief finds them, and the two would contend for every slot). Reset at every park
     // point, so that a look that found nothing is not repeated until tasks ran again.
     let mut busy: Option<(Instant, u32)> = None;
+    // Since when idle slices have found nothing to do (see `QUIET`).
+    let mut quiet_since: Option<Instant> = None;
     while !done() {
         if rt.run_one() || rt.steal_nested() {
+            quiet_since = None;
             stream.start();
             let b = busy.get_or_insert_with(|| (Instant::now(), 0));
             b.1 = b.1.saturating_add(1);
@@ -374,10 +378,15 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         // waits for (queued in a ring behind the one that worker runs — a map's last chunks)
         // is looked for at once rather than after a whole idle slice: the wait stops, the
         // worker says it is busy, and the steal below runs.
+        let slice = if quiet_since.is_some_and(|t| t.elapsed() >= QUIET) {
+            QUIET_SLICE
+        } else {
+            IDLE_SLICE
+        };
         let woke = waiter.wait(
             &ws.park,
             || (rt.any_queued() || done()).then_some(()),
-            Some(Duration::from_millis(2)),
+            Some(slice),
             || {
                 stream.end();
                 let long = busy
@@ -407,8 +416,10 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         if let Err(why) = woke {
             if why == WaitError::TimedOut {
                 exec.idle();
+                quiet_since.get_or_insert_with(Instant::now);
             }
             while rt.steal() {
+                quiet_since = None;
                 stream.start();
             }
         }
@@ -439,6 +450,19 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
 /// The mean task time from which a worker about to park looks for unclaimed tasks first
 /// (see the worker loop).
 const LONG_TASK: Duration = Duration::from_micros(20);
+
+/// How long an idle worker sleeps before it looks for work nobody woke it for (a task queued
+/// behind a busy worker, to steal) and runs its executor's idle chores.
+const IDLE_SLICE: Duration = Duration::from_millis(2);
+
+/// After this long without finding anything in its idle slices, a worker sleeps
+/// [`QUIET_SLICE`] at a time instead: an idle pool then wakes each worker 50 times a second
+/// rather than 500 (each wake-up a context switch on a CPU someone else may be using). Work
+/// submitted to it wakes it at once either way.
+const QUIET: Duration = Duration::from_millis(100);
+
+/// See [`QUIET`].
+const QUIET_SLICE: Duration = Duration::from_millis(20);
 
 /// How long a worker whose controller died may take to leave on its own.
 const ORPHAN_GRACE: Duration = Duration::from_secs(1);

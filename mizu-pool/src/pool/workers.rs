@@ -4,7 +4,10 @@
 
 use std::ffi::OsString;
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+use rustix::event::{EventfdFlags, PollFd, PollFlags};
+use rustix::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -54,6 +57,10 @@ impl Launcher {
 
 pub(super) struct Children {
     pub(super) procs: Vec<Option<Child>>,
+    /// Each worker's pidfd (readable once it exits), where the kernel gives one.
+    pub(super) pidfds: Vec<Option<Arc<OwnedFd>>>,
+    /// Rung when a worker is launched and when the pool stops (see [`Bell`]).
+    pub(super) bell: Arc<Bell>,
     pub(super) kill_reason: Vec<u32>,
     pub(super) respawns: u64,
     /// Every worker process launched, for cleaning up what they left.
@@ -250,11 +257,72 @@ pub(super) fn launch(
             slot,
             why: format!("{:?}: {e}", launcher.program),
         })?;
+    // Our unreaped child: its pid cannot name another process yet.
+    let pidfd = rustix::process::Pid::from_raw(child.id() as i32)
+        .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok())
+        .map(Arc::new);
     let mut ch = children.lock().unwrap_or_else(|p| p.into_inner());
     ch.launched.push(child.id());
     ch.procs[slot] = Some(child);
+    ch.pidfds[slot] = pidfd;
     ch.kill_reason[slot] = 0;
+    ch.bell.ring();
     Ok(())
+}
+
+/// What wakes the monitor besides a worker's exit: a worker launched (its pidfd is to be
+/// watched too), the pool stopping. An eventfd; `None` where the kernel gives none, and the
+/// monitor then looks every [`LOOK_EVERY`].
+pub(super) struct Bell(Option<OwnedFd>);
+
+impl Bell {
+    pub(super) fn new() -> Self {
+        Bell(rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).ok())
+    }
+
+    pub(super) fn ring(&self) {
+        if let Some(fd) = &self.0 {
+            let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+        }
+    }
+}
+
+/// How often the monitor looks where it cannot wait for events: no eventfd, or a worker
+/// without a pidfd.
+const LOOK_EVERY: Duration = Duration::from_millis(2);
+
+/// The longest the monitor waits for an event before it looks anyway: for an exit no pidfd
+/// reports (a worker whose status someone else in the process collected, its pid reused).
+const LOOK_AT_LEAST: Duration = Duration::from_secs(1);
+
+/// Sleeps until a worker exits, the bell rings or `limit` passes. The monitor used to look
+/// every 2 ms instead: 500 wake-ups a second, each taking a CPU from a busy worker for a
+/// moment on a machine whose every CPU runs one. Returns the workers whose pidfd fired.
+fn wait_for_news(bell: &Bell, pidfds: &[(usize, Arc<OwnedFd>)], limit: Duration) -> Vec<usize> {
+    let Some(b) = &bell.0 else {
+        std::thread::sleep(limit.min(LOOK_EVERY));
+        return Vec::new();
+    };
+    let mut fds: Vec<PollFd<'_>> = pidfds
+        .iter()
+        .map(|(_, fd)| PollFd::new(&**fd, PollFlags::IN))
+        .collect();
+    fds.push(PollFd::new(b, PollFlags::IN));
+    let ts = rustix::event::Timespec {
+        tv_sec: limit.as_secs() as i64,
+        tv_nsec: i64::from(limit.subsec_nanos()),
+    };
+    let _ = rustix::event::poll(&mut fds, Some(&ts));
+    if !fds[pidfds.len()].revents().is_empty() {
+        let mut drained = [0u8; 8];
+        let _ = rustix::io::read(b, &mut drained);
+    }
+    pidfds
+        .iter()
+        .zip(&fds)
+        .filter(|(_, f)| !f.revents().is_empty())
+        .map(|((w, _), _)| *w)
+        .collect()
 }
 
 /// The monitor's flags: the pool is stopping; workers that died on their own.
@@ -274,8 +342,18 @@ fn monitor(
 ) {
     let Watch { stopping, deaths } = watch;
     let v = shared.view();
+    let bell = children
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .bell
+        .clone();
+    // Workers whose pidfd said they exited at the last wait.
+    let mut fired: Vec<usize> = Vec::new();
     while !stopping.load(Ordering::SeqCst) {
         let mut relaunch = Vec::new();
+        // What to wait on next, and for how long: until the next execution timeout is due.
+        let mut watched = Vec::new();
+        let mut limit = LOOK_AT_LEAST;
         {
             let mut guard = children.lock().unwrap_or_else(|p| p.into_inner());
             let ch = &mut *guard;
@@ -294,6 +372,7 @@ fn monitor(
                     };
                     reap_worker(shared, w, pid, why);
                     ch.procs[w] = None;
+                    ch.pidfds[w] = None;
                     // Counted once its task failed: whoever sees the count sees that failure
                     // (and can tell the task that died from the others).
                     if why == reason::DIED && was == wstate::READY {
@@ -309,19 +388,39 @@ fn monitor(
                     }
                     continue;
                 }
-                if let Some(limit) = cfg.exec_timeout
-                    && let Some(started) = claim::running_since(rec)
-                    && now_ns().saturating_sub(started) > limit.as_nanos() as u64
+                if let Some(most) = cfg.exec_timeout
                     && ch.kill_reason[w] == 0
                 {
-                    ch.kill_reason[w] = reason::TIMEOUT;
-                    let _ = child.kill();
+                    // A task that starts during the wait is due no sooner than `most` from now.
+                    limit = limit.min(most);
+                    if let Some(started) = claim::running_since(rec) {
+                        let ran = Duration::from_nanos(now_ns().saturating_sub(started));
+                        if ran > most {
+                            ch.kill_reason[w] = reason::TIMEOUT;
+                            let _ = child.kill();
+                        } else {
+                            limit = limit.min(most - ran);
+                        }
+                    }
+                }
+                // A pidfd that fired for a worker still running (a pid someone else reaped
+                // and the kernel gave away) would fire for good: that worker is looked at
+                // every `LOOK_EVERY` instead.
+                if fired.contains(&w) {
+                    ch.pidfds[w] = None;
+                }
+                match &ch.pidfds[w] {
+                    Some(fd) => watched.push((w, fd.clone())),
+                    None => limit = limit.min(LOOK_EVERY),
                 }
             }
         }
         for w in relaunch {
             let _ = launch(shared, children, launcher, w);
         }
-        std::thread::sleep(Duration::from_millis(2));
+        if stopping.load(Ordering::SeqCst) {
+            break;
+        }
+        fired = wait_for_news(&bell, &watched, limit.max(Duration::from_micros(100)));
     }
 }
