@@ -10,12 +10,12 @@
 //! in `/proc/PID/schedstat`, both waiting at once).
 //!
 //! So a worker woken for work records the CPU it runs on in its record (`cpu`, the CPU + 1; a
-//! hint, read and written relaxed), and looks at the other busy workers' records: when one is
-//! recorded on its CPU — and the kernel confirms it is there (`/proc/PID/stat`: the kernel may
-//! have moved it since it recorded) — and a CPU the worker may run on has no busy worker
-//! recorded, it moves there (restricted to that CPU, then given back its whole allowance,
-//! which leaves it where it is). Two workers on one CPU run one at a time, so the second to
-//! run finds the first there and moves. Trusting the records alone moved workers onto each
+//! hint, read and written relaxed), and looks at the other busy workers: when the kernel says
+//! one is on its CPU (`/proc/PID/stat`; in pools of more than [`ASK_ALL`] workers it asks only
+//! about those recorded there) and a CPU the worker may run on has no busy worker recorded, it
+//! moves there (restricted to that CPU, then given back its whole allowance, which leaves it
+//! where it is). Two workers on one CPU run one at a time: the first to run finds the other
+//! queued there and moves, or else the second finds the first there when it runs. Trusting the records alone moved workers onto each
 //! other's real CPUs as often as it separated them; letting only the lower slot move left two
 //! workers together whenever the higher one woke first. Nothing is pinned: the kernel stays
 //! free to move a worker later, and threads a task starts may run anywhere the worker may.
@@ -54,18 +54,27 @@ fn record(w: &WorkerSlot, cpu: usize) {
     }
 }
 
-/// Whether a busy worker other than `slot` is recorded on `cpu` and, asked by its pid, `actual`
-/// says it is there.
+/// Pools of up to this many workers ask the kernel about every other busy worker, not only
+/// those recorded on the CPU. A worker woken for work that has not run yet still carries the
+/// CPU it ran on last time, and the kernel may have queued it behind this one. It would then
+/// wait out this worker's time slice, which is milliseconds, unless this one moves. In an R map
+/// of 1 ms elements, the second worker started 1–5 ms late in half the maps. Larger pools ask
+/// only about recorded matches, since each question reads a `/proc` file.
+const ASK_ALL: usize = 8;
+
+/// Whether a busy worker other than `slot` is on `cpu`, as `actual` says when asked by its pid
+/// (about each busy worker in a small pool, else about those recorded on `cpu`).
 fn shares_cpu(
     workers: &[WorkerSlot],
     slot: usize,
     cpu: usize,
     actual: impl Fn(u32) -> Option<usize>,
 ) -> bool {
+    let small = workers.len() <= ASK_ALL;
     workers.iter().enumerate().any(|(i, w)| {
         i != slot
             && busy(w)
-            && w.rec.cpu.load(Ordering::Relaxed) == cpu as u32 + 1
+            && (small || w.rec.cpu.load(Ordering::Relaxed) == cpu as u32 + 1)
             && actual(w.rec.pid.load(Ordering::Relaxed)) == Some(cpu)
     })
 }
@@ -138,6 +147,28 @@ mod tests {
         // A record the kernel contradicts (the worker was moved since) is no reason to move.
         assert!(!shares_cpu(&w, 1, 0, |_| Some(5)));
         assert!(!shares_cpu(&w, 1, 0, |_| None));
+        // A busy worker queued on this CPU though its record says another (woken, not run
+        // yet) is found in a small pool by asking the kernel; in a large one only by record.
+        assert!(shares_cpu(&w, 1, 1, |pid| Some(if pid == 12 {
+            1
+        } else {
+            9
+        })));
+        let many: Vec<_> = (0..=ASK_ALL as u32)
+            .map(|i| {
+                let x = WorkerSlot::default();
+                x.rec.state.store(r, Ordering::Relaxed);
+                x.rec.idle.store(b, Ordering::Relaxed);
+                x.rec.cpu.store(i + 10, Ordering::Relaxed);
+                x.rec.pid.store(100 + i, Ordering::Relaxed);
+                x
+            })
+            .collect();
+        assert!(!shares_cpu(&many, 0, 1, |_| Some(1)));
+        assert!(
+            shares_cpu(&many, 0, 10, |_| Some(10)),
+            "recorded on CPU 10 (11)"
+        );
         let w = workers(&[(r, b, 1), (r, b, 1), (r, b, 3)]);
         let mut allowed = rustix::thread::CpuSet::new();
         for c in 0..3 {
