@@ -310,15 +310,24 @@ pub(crate) fn task_cancel(task: Robj) -> Result<bool> {
     Ok(matches!(&*t.cell.borrow(), TaskState::Pending(t) if t.cancel()))
 }
 
-pub(crate) fn task_wait_any(tasks: List, timeout: Robj) -> Result<i32> {
-    let ts: Vec<&RTask> = tasks
+/// The tasks behind the handles in `tasks`, checked as [`task_ref`] does; they live as long
+/// as the list.
+fn task_refs(tasks: &List) -> Result<Vec<&RTask>> {
+    tasks
         .values()
         .map(|t| task_ref(&t).map(|r| r as *const RTask))
-        .collect::<Result<Vec<_>>>()?
-        .into_iter()
-        // SAFETY: each task is kept alive by the `tasks` list for this whole call.
-        .map(|p| unsafe { &*p })
-        .collect();
+        .collect::<Result<Vec<_>>>()
+        .map(|ps| {
+            ps.into_iter()
+                // SAFETY: each task is kept alive by the `tasks` list, which outlives the
+                // references (the returned lifetime is the list's).
+                .map(|p| unsafe { &*p })
+                .collect()
+        })
+}
+
+pub(crate) fn task_wait_any(tasks: List, timeout: Robj) -> Result<i32> {
+    let ts = task_refs(&tasks)?;
     let timeout = timeout_arg(&timeout)?;
     let start = Instant::now();
     let ready = |s: &TaskState| match s {
@@ -356,14 +365,7 @@ pub(crate) fn task_wait_any(tasks: List, timeout: Robj) -> Result<i32> {
 }
 
 pub(crate) fn tasks_wait_ahead(tasks: List) -> Result<bool> {
-    let ts: Vec<&RTask> = tasks
-        .values()
-        .map(|t| task_ref(&t).map(|r| r as *const RTask))
-        .collect::<Result<Vec<_>>>()?
-        .into_iter()
-        // SAFETY: each task is kept alive by the `tasks` list for this whole call.
-        .map(|p| unsafe { &*p })
-        .collect();
+    let ts = task_refs(&tasks)?;
     loop {
         let guards: Vec<_> = ts.iter().map(|t| t.cell.borrow()).collect();
         let pending: Vec<&mizu_pool::Task> = guards
