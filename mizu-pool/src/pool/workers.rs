@@ -295,9 +295,9 @@ const LOOK_EVERY: Duration = Duration::from_millis(2);
 /// reports (a worker whose status someone else in the process collected, its pid reused).
 const LOOK_AT_LEAST: Duration = Duration::from_secs(1);
 
-/// Sleeps until a worker exits, the bell rings or `limit` passes. The monitor used to look
-/// every 2 ms instead: 500 wake-ups a second, each taking a CPU from a busy worker for a
-/// moment on a machine whose every CPU runs one. Returns the workers whose pidfd fired.
+/// Sleeps until a worker exits, the bell rings or `limit` passes, rather than looking on a
+/// timer: every wake-up takes a CPU from a busy worker for a moment on a machine whose every
+/// CPU runs one. Returns the workers whose pidfd fired.
 fn wait_for_news(bell: &Bell, pidfds: &[(usize, Arc<OwnedFd>)], limit: Duration) -> Vec<usize> {
     let Some(b) = &bell.0 else {
         std::thread::sleep(limit.min(LOOK_EVERY));

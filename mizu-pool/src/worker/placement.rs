@@ -15,8 +15,8 @@
 //! about those recorded there) and a CPU the worker may run on has no busy worker recorded, it
 //! moves there (restricted to that CPU, then given back its whole allowance, which leaves it
 //! where it is). Two workers on one CPU run one at a time: the first to run finds the other
-//! queued there and moves, or else the second finds the first there when it runs. Trusting the records alone moved workers onto each
-//! other's real CPUs as often as it separated them; letting only the lower slot move left two
+//! queued there and moves, or else the second finds the first there when it runs. Trusting
+//! the records alone moved workers onto each other's real CPUs as often as it separated them; letting only the lower slot move left two
 //! workers together whenever the higher one woke first. Nothing is pinned: the kernel stays
 //! free to move a worker later, and threads a task starts may run anywhere the worker may.
 

@@ -295,8 +295,8 @@ class _Submitter:
         try:
             for i, (t, k) in enumerate(zip(tasks, lengths)):
                 if ahead and i + 1 < n and not t.done():
-                    if not _native.wait_ahead(tasks[i:], _left(deadline, timeout)):
-                        _left(deadline, timeout)
+                    # (Past the deadline, the `result` below raises the TimeoutError.)
+                    _native.wait_ahead(tasks[i:], _left(deadline, timeout))
                 if parts:
                     yield t.result(_left(deadline, timeout))
                 else:
