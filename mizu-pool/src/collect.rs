@@ -447,8 +447,10 @@ impl Drop for Aim<'_> {
     }
 }
 
-/// For a caller that collects `tasks` in order and needs every result (a map that returns a
-/// list): waits until the task halfway along them is final, or one before it failed, or
+/// The wait of a caller that collects `tasks` in order and needs every result (a map that
+/// returns a list), before it collects `tasks[0]`. When that one is final already, returns at
+/// once: collecting it will not wait, and waiting here would only delay the results it has.
+/// Otherwise waits until the task halfway along them is final, or one before it failed, or
 /// `timeout` passes (false). Collecting in order then finds the first half final, and the
 /// tasks after it keep the workers busy meanwhile; doing so again for the rest, the caller is
 /// woken about log2(n) times rather than once per task — each wake-up a context switch and a
@@ -456,11 +458,13 @@ impl Drop for Aim<'_> {
 /// one submitter: another's failure is seen when the halfway one is final.) Returns at once on
 /// a worker's own task thread, whose collects run other tasks while they wait.
 pub fn wait_ahead(tasks: &[&Task], timeout: Option<Duration>) -> bool {
-    let half = tasks.len() / 2;
-    let Some(mid) = tasks.get(half) else {
+    let Some(next) = tasks.first() else {
         return true;
     };
-    if mid.done || crate::context::with_current_task(|c| c.is_some()) {
+    let half = tasks.len() / 2;
+    let mid = tasks[half];
+    if next.done || next.is_done() || mid.done || crate::context::with_current_task(|c| c.is_some())
+    {
         return true;
     }
     let before = &tasks[..half];

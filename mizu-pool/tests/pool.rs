@@ -327,6 +327,20 @@ fn waiting_ahead_returns_once_the_task_halfway_along_is_final() {
 }
 
 #[test]
+fn waiting_ahead_returns_at_once_when_the_next_task_is_final() {
+    let p = pool(workers(1));
+    let tasks: Vec<_> = ["echo:a", "sleep:100000", "echo:b"]
+        .iter()
+        .map(|c| p.submit(c.as_bytes()).unwrap())
+        .collect();
+    assert!(mizu_pool::wait_until(&tasks[0], GUARD, || tasks[0].is_done().then_some(())).is_some());
+    let refs: Vec<_> = tasks.iter().collect();
+    // The one halfway along sleeps: only the first being final can end this wait.
+    assert!(wait_ahead(&refs, Some(Duration::from_millis(100))));
+    assert!(!tasks[1].is_done());
+}
+
+#[test]
 fn waiting_ahead_stops_at_a_failure_before_the_task_it_waits_for() {
     let p = pool(workers(1));
     let tasks: Vec<_> = ["sleep:200", "fail:boom", "sleep:100000", "echo:x"]

@@ -289,12 +289,12 @@ class _Submitter:
 
     def _stream(self, tasks: list[Task], deadline, timeout, bar, lengths, parts=False):
         # A map that returns a list wants every result at once (`parts`, no progress bar):
-        # it sleeps through to the chunk halfway along the rest rather than wake for each.
+        # the runtime decides how long to sleep (`wait_ahead`). (A final task needs no wait:
+        # `done()` here only spares converting the rest of the list.)
         ahead = parts and not bar.shown
-        n = len(tasks)
         try:
             for i, (t, k) in enumerate(zip(tasks, lengths)):
-                if ahead and i + 1 < n and not t.done():
+                if ahead and not t.done():
                     # (Past the deadline, the `result` below raises the TimeoutError.)
                     _native.wait_ahead(tasks[i:], _left(deadline, timeout))
                 if parts:

@@ -117,9 +117,10 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   done <- 0L
   nt <- length(tasks)
   for (k in seq_along(tasks)) {
-    # Every result is wanted at once: sleep through to the chunk halfway along the rest
-    # rather than wake for each (see mizu_pool::wait_ahead). A progress bar wants each.
-    if (is.null(bar) && k < nt && !.Call(wrap__task_done, tasks[[k]]) &&
+    # Every result is wanted at once: the runtime decides how long to sleep (see
+    # mizu_pool::wait_ahead). A progress bar wants each. (A final task needs no wait: the
+    # check here only spares copying the rest of the list.)
+    if (is.null(bar) && !.Call(wrap__task_done, tasks[[k]]) &&
         !.Call(wrap__tasks_wait_ahead, tasks[k:nt])) {
       .signal_interrupt()
     }
