@@ -306,8 +306,8 @@ unsafe fn failure_sexp(class: &str, why: &str) -> SEXP {
 }
 
 /// Returns its first argument: what the benchmarks call in place of the submit and collect
-/// routines to time R's own part of a round trip (the closures, their argument matching,
-/// `substitute` and `list(...)`) with nothing sent.
+/// routines to time R's own part of a round trip (the closures and their argument matching)
+/// with nothing sent.
 unsafe extern "C" fn nop(a: SEXP, _b: SEXP, _c: SEXP, _d: SEXP) -> SEXP {
     a
 }
@@ -330,12 +330,15 @@ pub(crate) fn native_routines() -> List {
     type Two = unsafe extern "C" fn(SEXP, SEXP) -> SEXP;
     type Four = unsafe extern "C" fn(SEXP, SEXP, SEXP, SEXP) -> SEXP;
     // SAFETY: R's main thread; each pointer is protected by the list's Robj as soon as it
-    // exists. `.Call` calls each with the arguments its R wrapper passes (one for `tasks_ok`,
-    // four for `submit_expr`, `nop` and `each`, else two).
+    // exists. `.Call` calls each with the arguments its R wrapper passes (one for `tasks_ok`
+    // and `submit_frame`, four for `submit_expr`, `nop` and `each`, else two).
     unsafe {
         let s = Robj::from_sexp(native_symbol(submit as Two as *const c_void));
         let e = Robj::from_sexp(native_symbol(
             crate::ffi::mizu_submit_shim as Four as *const c_void,
+        ));
+        let f = Robj::from_sexp(native_symbol(
+            crate::ffi::mizu_submit_frame as One as *const c_void,
         ));
         let c = Robj::from_sexp(native_symbol(collect as Two as *const c_void));
         let v = Robj::from_sexp(native_symbol(
@@ -350,13 +353,14 @@ pub(crate) fn native_routines() -> List {
             [
                 "submit",
                 "submit_expr",
+                "submit_frame",
                 "collect",
                 "collect_value",
                 "tasks_ok",
                 "nop",
                 "each",
             ],
-            [s, e, c, v, k, n, each],
+            [s, e, f, c, v, k, n, each],
         )
         .unwrap_or_default()
     }

@@ -336,8 +336,9 @@ print.mizu_call <- function(x, ...) {
 #' }
 #' @export
 mizu_submit <- function(.pool, .expr, ...) {
-  # (The native routine raises its failures itself: see src/shims.c.)
-  .Call(.native_submit_expr, .pool, substitute(.expr), list(...), environment())
+  # (The native routine takes `.pool`, `substitute(.expr)` and `list(...)` from this frame
+  # and raises its failures itself: see src/shims.c.)
+  .Call(.native_submit_frame, environment())
 }
 
 #' Submit several tasks at once

@@ -7,6 +7,7 @@
 .native <- new.env(parent = emptyenv())
 .native_submit <- NULL
 .native_submit_expr <- NULL
+.native_submit_frame <- NULL
 .native_collect <- NULL
 .native_collect_value <- NULL
 .native_tasks_ok <- NULL

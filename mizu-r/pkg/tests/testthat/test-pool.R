@@ -12,6 +12,31 @@ test_that("a task sees only its bindings and the worker's global environment", {
   })
 })
 
+test_that("mizu_submit evaluates its arguments as a call would, compiled or not", {
+  with_pool(1, function(pool) {
+    seen <- character(0)
+    note <- function(v, tag) {
+      seen <<- c(seen, tag)
+      v
+    }
+    t <- mizu_submit(note(pool, "pool"), x + y, x = note(1, "x"), y = note(2, "y"))
+    expect_identical(seen, c("pool", "x", "y"))
+    expect_equal(mizu_collect(t), 3)
+    expect_error(mizu_submit(pool, x, x = stop("from the argument")), "from the argument")
+    expect_error(mizu_submit(pool, x, x = ), "`x` in `...` is missing")
+    fwd <- function(...) mizu_submit(pool, a * b, ...)
+    expect_equal(mizu_collect(fwd(a = 3, b = 4)), 12)
+    expect_equal(mizu_collect(do.call(mizu_submit, list(pool, quote(k + 1), k = 1))), 2)
+    # Byte-compiled callers pass constants as values rather than promises.
+    compiled <- compiler::cmpfun(function() mizu_collect(mizu_submit(pool, 5L, k = 2)))
+    expect_identical(compiled(), 5L)
+    old <- compiler::enableJIT(0)
+    on.exit(compiler::enableJIT(old))
+    plain <- function() mizu_collect(mizu_submit(pool, k * 2, k = 21))
+    expect_identical(plain(), 42)
+  })
+})
+
 test_that("bindings of every small kind, odd names and none reach the expression", {
   # Small messages take the worker's direct path (bindings decoded straight into the task's
   # environment); these are the cases it must handle exactly as the general path does.
