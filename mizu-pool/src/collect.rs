@@ -70,7 +70,7 @@ impl SubmitterCore {
     /// or none when every CPU runs a worker (outside a worker process): spinning then takes
     /// a CPU from a worker, and a map of real work is as much slower as its caller spins.
     /// `slice`: how long it sleeps in the kernel before it looks again by itself.
-    fn waiter(&self, slice: Duration) -> Waiter {
+    pub(crate) fn waiter(&self, slice: Duration) -> Waiter {
         if !crate::origin::in_worker_process() && !crate::watch::room(self.shared.view()) {
             return Waiter::new(Duration::ZERO, slice);
         }
@@ -80,7 +80,7 @@ impl SubmitterCore {
     }
 
     /// Keeps the spin budget `w` ended with for the next wait (not a crowded wait's none).
-    fn learn(&self, w: &Waiter) {
+    pub(crate) fn learn(&self, w: &Waiter) {
         if !w.spin_budget().is_zero() {
             self.learned_spin
                 .store(w.spin_budget().as_nanos() as u64, Ordering::Relaxed);
@@ -144,7 +144,7 @@ impl SubmitterCore {
 
     /// [`SubmitterCore::wait_final`]'s wait for the task in `slot`, once the first poll found
     /// nothing.
-    fn wait_outcome(
+    pub(crate) fn wait_outcome(
         &self,
         w: &mut Waiter,
         slot: usize,
@@ -427,7 +427,7 @@ pub fn collect_any(tasks: &[Task], timeout: Option<Duration>) -> Option<usize> {
 /// could signal; shorter slices ending in a map of milliseconds were wake-ups that each took a
 /// worker's CPU. In a worker process a nested collect runs queued tasks between slices (its
 /// `help`), so they stay short there.
-fn park_slice() -> Duration {
+pub(crate) fn park_slice() -> Duration {
     if crate::origin::in_worker_process() {
         LOOK
     } else {
@@ -445,53 +445,6 @@ impl Drop for Aim<'_> {
     fn drop(&mut self) {
         self.0.aimed_taken.store(false, Ordering::Release);
     }
-}
-
-/// The wait of a caller that collects `tasks` in order and needs every result (a map that
-/// returns a list), before it collects `tasks[0]`. When that one is final already, returns at
-/// once: collecting it will not wait, and waiting here would only delay the results it has.
-/// Otherwise waits until the task halfway along them is final, or one before it failed, or
-/// `timeout` passes (false). Collecting in order then finds the first half final, and the
-/// tasks after it keep the workers busy meanwhile; doing so again for the rest, the caller is
-/// woken about log2(n) times rather than once per task — each wake-up a context switch and a
-/// look that, on a machine whose every CPU runs a worker, takes a worker's CPU. (The tasks of
-/// one submitter: another's failure is seen when the halfway one is final.) Returns at once on
-/// a worker's own task thread, whose collects run other tasks while they wait.
-pub fn wait_ahead(tasks: &[&Task], timeout: Option<Duration>) -> bool {
-    let Some(next) = tasks.first() else {
-        return true;
-    };
-    let half = tasks.len() / 2;
-    let mid = tasks[half];
-    if next.done || next.is_done() || mid.done || crate::context::with_current_task(|c| c.is_some())
-    {
-        return true;
-    }
-    let before = &tasks[..half];
-    let failed = || {
-        before.iter().any(|t| {
-            !t.done
-                && matches!(
-                    t.core.state(t.id),
-                    Some(SlotState::Err | SlotState::Cancelled | SlotState::Died)
-                )
-        })
-    };
-    let core = &mid.core;
-    let id = mid.id;
-    let hdr = core.shared.view().task(id.submitter, id.slot);
-    let poll = || {
-        let (g, st) = hdr.state.load();
-        (g != id.generation || st.is_some_and(|s| s.is_final()) || failed())
-            .then_some(Ok(SlotState::Ok))
-    };
-    if poll().is_some() {
-        return true;
-    }
-    let mut w = core.waiter(park_slice());
-    let r = core.wait_outcome(&mut w, id.slot, timeout, &mut || false, poll);
-    core.learn(&w);
-    r.is_ok()
 }
 
 /// Waits until `poll` returns something, parked on the submitter of `probe` (which every

@@ -50,6 +50,8 @@ pub mod records;
 mod records;
 
 #[cfg(not(mizu_loom))]
+mod ahead;
+#[cfg(not(mizu_loom))]
 mod attach;
 #[cfg(not(mizu_loom))]
 mod channel;
@@ -98,9 +100,10 @@ mod worker;
 
 #[cfg(not(mizu_loom))]
 pub use {
+    ahead::{Ahead, PATIENCE, wait_ahead},
     attach::Submitter,
     channel::{Channel, ChannelSendError},
-    collect::{Wakeup, collect_all, collect_any, wait_ahead, wait_until},
+    collect::{Wakeup, collect_all, collect_any, wait_until},
     context::{Executor, TaskContext, with_current_task},
     error::{PoolError, Result, TaskError},
     loop_watch::Watch,

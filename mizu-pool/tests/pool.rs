@@ -4,8 +4,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use mizu_pool::{
-    CollectError, Launcher, Pool, PoolConfig, PoolError, TaskError, collect_all, collect_any,
-    wait_ahead,
+    Ahead, CollectError, Launcher, Pool, PoolConfig, PoolError, TaskError, collect_all,
+    collect_any, wait_ahead,
 };
 use mizu_queue::SlotState;
 
@@ -327,7 +327,7 @@ fn waiting_ahead_returns_once_the_task_halfway_along_is_final() {
 }
 
 #[test]
-fn waiting_ahead_returns_at_once_when_the_next_task_is_final() {
+fn waiting_ahead_returns_at_once_only_when_the_next_task_is_final_as_it_starts() {
     let p = pool(workers(1));
     let tasks: Vec<_> = ["echo:a", "sleep:100000", "echo:b"]
         .iter()
@@ -335,9 +335,37 @@ fn waiting_ahead_returns_at_once_when_the_next_task_is_final() {
         .collect();
     assert!(mizu_pool::wait_until(&tasks[0], GUARD, || tasks[0].is_done().then_some(())).is_some());
     let refs: Vec<_> = tasks.iter().collect();
-    // The one halfway along sleeps: only the first being final can end this wait.
-    assert!(wait_ahead(&refs, Some(Duration::from_millis(100))));
+    // The one halfway along sleeps: only the first being final as it starts ends this wait.
+    let mut ahead = Ahead::new(false);
+    assert!(ahead.wait(&refs, Some(Duration::from_millis(100))));
     assert!(!tasks[1].is_done());
+    // A wait that found its next task not final goes on waiting ahead through its next
+    // slices (here it started on the rest and then sees the whole list).
+    let mut ahead = Ahead::new(false);
+    let rest = &refs[1..];
+    assert!(!ahead.wait(rest, Some(Duration::from_millis(10))));
+    assert!(!ahead.wait(&refs, Some(Duration::from_millis(10))));
+    assert!(!wait_ahead(&refs, Some(Duration::from_millis(10))));
+}
+
+#[test]
+fn a_stream_waits_ahead_only_for_a_while_and_a_map_for_the_task_halfway_along() {
+    let p = pool(workers(1));
+    let tasks: Vec<_> = ["sleep:300", "sleep:5000", "echo:x"]
+        .iter()
+        .map(|c| p.submit(c.as_bytes()).unwrap())
+        .collect();
+    let refs: Vec<_> = tasks.iter().collect();
+    // Needing every result, it sleeps past the first task's outcome, for the second.
+    assert!(!Ahead::new(false).wait(&refs, Some(Duration::from_millis(1000))));
+    // Streaming, it hands on the first one once `PATIENCE` has passed.
+    let mut stream = Ahead::new(true);
+    assert!((0..4000).any(|_| stream.wait(&refs, Some(Duration::from_millis(30)))));
+    assert!(tasks[0].is_done());
+    assert!(
+        !tasks[1].is_done(),
+        "a stream does not wait for the task halfway along"
+    );
 }
 
 #[test]

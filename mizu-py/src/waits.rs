@@ -28,14 +28,21 @@ pub fn wait_any(
     )
 }
 
-/// Before a map collects `tasks` in order, every result wanted at once (`Pool.map`): waits
-/// as `mizu_pool::wait_ahead` does — through to the task halfway along, or a failure — so that
-/// the caller is woken a few times rather than once per chunk (GIL released, signals checked).
-/// Tasks another thread is collecting are left out. False after `timeout` seconds.
+/// Before a map collects `tasks` in order: waits as `mizu_pool::Ahead` does — ahead to the
+/// task halfway along, or a failure, and `stream`ing (an iterator, a progress bar) only for a
+/// short while — so that the caller is woken a few times rather than once per chunk (GIL
+/// released, signals checked). Tasks another thread is collecting are left out. False after
+/// `timeout` seconds.
 #[pyfunction]
-#[pyo3(signature = (tasks, timeout=None))]
-pub fn wait_ahead(py: Python<'_>, tasks: Vec<Py<Task>>, timeout: Option<f64>) -> PyResult<bool> {
+#[pyo3(signature = (tasks, timeout=None, stream=false))]
+pub fn wait_ahead(
+    py: Python<'_>,
+    tasks: Vec<Py<Task>>,
+    timeout: Option<f64>,
+    stream: bool,
+) -> PyResult<bool> {
     let start = Instant::now();
+    let mut ahead = mizu_pool::Ahead::new(stream);
     let timeout = crate::wait_secs(timeout, "timeout")?;
     loop {
         let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
@@ -55,7 +62,7 @@ pub fn wait_ahead(py: Python<'_>, tasks: Vec<Py<Task>>, timeout: Option<f64>) ->
                     _ => None,
                 })
                 .collect();
-            mizu_pool::wait_ahead(&pending, Some(slice))
+            ahead.wait(&pending, Some(slice))
         });
         if done {
             return Ok(true);

@@ -509,3 +509,24 @@ def test_a_handle_another_thread_adds_while_the_loop_settles_a_future_still_runs
     assert len(names) == 10
     if SPARE_CPU:
         assert names.count("MainThread") >= 5
+
+
+@pytest.mark.parametrize("how", ["imap", "PoolExecutor.map"])
+def test_a_streamed_map_hands_on_a_ready_result_while_the_one_halfway_along_waits(tmp_path, how):
+    # One worker runs the chunks in order. The first waits for a file a timer makes while
+    # the caller waits for it; the one halfway along waits for a file made only once the
+    # first result was handed on. A caller that waited for the halfway one (as `Pool.map`
+    # does) would never see the first result, and the worker's hang guard would fail the map.
+    first, gate = str(tmp_path / "first"), str(tmp_path / "gate")
+    items = [(first, "a"), (gate, "held"), (None, "b")]
+    with (pymizu.PoolExecutor(1) if how == "PoolExecutor.map" else pymizu.Pool(1)) as p:
+        if how == "imap":
+            it = p.imap(tasks.wait_for_file, items, chunksize=1)
+        else:
+            it = p.map(tasks.wait_for_file, items, chunksize=1)
+        timer = threading.Timer(0.2, lambda: open(first, "w").close())
+        timer.start()
+        assert next(it) == "a"
+        open(gate, "w").close()
+        assert list(it) == ["held", "b"]
+        timer.join()

@@ -364,9 +364,17 @@ pub(crate) fn task_wait_any(tasks: List, timeout: Robj) -> Result<i32> {
     }
 }
 
-pub(crate) fn tasks_wait_ahead(tasks: List) -> Result<bool> {
+pub(crate) fn tasks_wait_ahead(tasks: List, stream: bool, timeout: Robj) -> Result<i32> {
     let ts = task_refs(&tasks)?;
+    let timeout = timeout_arg(&timeout)?;
+    let start = Instant::now();
+    let mut ahead = mizu_pool::Ahead::new(stream);
     loop {
+        let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
+        if left.is_some_and(|l| l.is_zero()) {
+            return Ok(0);
+        }
+        let slice = left.map_or(SLICE, |l| l.min(SLICE));
         let guards: Vec<_> = ts.iter().map(|t| t.cell.borrow()).collect();
         let pending: Vec<&mizu_pool::Task> = guards
             .iter()
@@ -375,13 +383,13 @@ pub(crate) fn tasks_wait_ahead(tasks: List) -> Result<bool> {
                 _ => None,
             })
             .collect();
-        if mizu_pool::wait_ahead(&pending, Some(SLICE)) {
-            return Ok(true);
+        if ahead.wait(&pending, Some(slice)) {
+            return Ok(1);
         }
         drop(pending);
         drop(guards);
         if interrupt::pending() {
-            return Ok(false);
+            return Ok(-1);
         }
     }
 }

@@ -102,11 +102,13 @@ fn task_wait_any(tasks: List, timeout: Robj) -> Result<i32> {
     crate::collect::task_wait_any(tasks, timeout)
 }
 
-/// Before collecting `tasks` in order, all of them wanted (a map without a progress bar):
-/// waits as `mizu_pool::wait_ahead` does, from the first not collected yet. False on Ctrl-C.
+/// Before collecting `tasks` in order (a map, `mizu_collect_all`): waits as
+/// `mizu_pool::Ahead` does, from the first not collected yet; `stream` when each result is
+/// shown as it comes (a progress bar). 1 when done waiting, 0 after `timeout` seconds, -1 on
+/// Ctrl-C.
 #[extendr]
-fn tasks_wait_ahead(tasks: List) -> Result<bool> {
-    crate::collect::tasks_wait_ahead(tasks)
+fn tasks_wait_ahead(tasks: List, stream: bool, timeout: Robj) -> Result<i32> {
+    crate::collect::tasks_wait_ahead(tasks, stream, timeout)
 }
 
 /// [`WRITTEN`], in bytes (as a double: R has no 64-bit integers).

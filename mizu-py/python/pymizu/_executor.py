@@ -408,6 +408,13 @@ class PoolExecutor(Executor):
             try:
                 futs.reverse()
                 while futs:
+                    if not futs[-1].done():
+                        # Streamed: the runtime may let a ready result wait a little to wake
+                        # this thread less often (`wait_ahead`); the `result` below raises
+                        # the TimeoutError past the deadline.
+                        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                        rest = [f._task for f in reversed(futs) if isinstance(f, _MizuFuture)]
+                        _native.wait_ahead(rest, left, True)
                     if deadline is None:
                         chunk = futs[-1].result()
                     else:

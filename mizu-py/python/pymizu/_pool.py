@@ -246,8 +246,11 @@ class _Submitter:
         return self._xstream(tasks, deadline, timeout, _Progress(len(items), progress), chunksize, offset, parts)
 
     def _xstream(self, tasks, deadline, timeout, bar, chunksize, offset, parts):
+        stream = not parts or bar.shown  # (see `_stream`)
         try:
             for k, t in enumerate(tasks):
+                if not t.done():
+                    _native.wait_ahead(tasks[k:], _left(deadline, timeout), stream)
                 try:
                     part = t.result(_left(deadline, timeout))
                 except TaskError as e:
@@ -288,15 +291,15 @@ class _Submitter:
             bar.close()
 
     def _stream(self, tasks: list[Task], deadline, timeout, bar, lengths, parts=False):
-        # A map that returns a list wants every result at once (`parts`, no progress bar):
-        # the runtime decides how long to sleep (`wait_ahead`). (A final task needs no wait:
-        # `done()` here only spares converting the rest of the list.)
-        ahead = parts and not bar.shown
+        # The runtime decides how long to sleep (`wait_ahead`): a map that returns a list
+        # wants every result at once (`parts`, no progress bar); the rest stream them. (A
+        # final task needs no wait: `done()` here only spares converting the rest of the list.)
+        stream = not parts or bar.shown
         try:
             for i, (t, k) in enumerate(zip(tasks, lengths)):
-                if ahead and not t.done():
+                if not t.done():
                     # (Past the deadline, the `result` below raises the TimeoutError.)
-                    _native.wait_ahead(tasks[i:], _left(deadline, timeout))
+                    _native.wait_ahead(tasks[i:], _left(deadline, timeout), stream)
                 if parts:
                     yield t.result(_left(deadline, timeout))
                 else:

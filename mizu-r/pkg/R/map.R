@@ -117,11 +117,11 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   done <- 0L
   nt <- length(tasks)
   for (k in seq_along(tasks)) {
-    # Every result is wanted at once: the runtime decides how long to sleep (see
-    # mizu_pool::wait_ahead). A progress bar wants each. (A final task needs no wait: the
-    # check here only spares copying the rest of the list.)
-    if (is.null(bar) && !.Call(wrap__task_done, tasks[[k]]) &&
-        !.Call(wrap__tasks_wait_ahead, tasks[k:nt])) {
+    # The runtime decides how long to sleep (mizu_pool::Ahead): every result is wanted at
+    # once, or, with a progress bar, streamed. (A final task needs no wait: the check here
+    # only spares copying the rest of the list.)
+    if (!.Call(wrap__task_done, tasks[[k]]) &&
+        .Call(wrap__tasks_wait_ahead, tasks[k:nt], !is.null(bar), Inf) < 0L) {
       .signal_interrupt()
     }
     o <- .Call(.native_collect, tasks[[k]], Inf)

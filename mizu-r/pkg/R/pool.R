@@ -496,8 +496,16 @@ mizu_collect_all <- function(tasks, timeout = Inf) {
   timeout <- .secs(timeout, "timeout")
   end <- if (is.finite(timeout)) proc.time()[[3L]] + timeout
   out <- vector("list", length(tasks))
+  nt <- length(tasks)
   for (k in seq_along(tasks)) {
     left <- if (is.null(end)) Inf else max(0, end - proc.time()[[3L]])
+    # Every value is wanted: the runtime decides how long to sleep before the next (see
+    # mizu_map()); a final task needs no wait.
+    if (!.Call(wrap__task_done, tasks[[k]])) {
+      w <- .Call(wrap__tasks_wait_ahead, tasks[k:nt], FALSE, left)
+      if (w < 0L) .signal_interrupt()
+      if (w == 0L) return(mizu_timeout)
+    }
     o <- .Call(.native_collect, tasks[[k]], left)
     if (o[[1L]] == 0L) {
       if (!is.null(o[[2L]])) out[[k]] <- o[[2L]]
