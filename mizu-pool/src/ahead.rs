@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use mizu_queue::SlotState;
 
-use crate::collect::park_slice;
+use crate::collect::{park_slice, wait_until};
 use crate::submitter::Task;
 
 /// How late a streaming caller may hand on a result that is ready, to wake less often: a
@@ -64,23 +64,37 @@ pub fn wait_ahead(tasks: &[&Task], timeout: Option<Duration>) -> bool {
     r.is_ok()
 }
 
-/// One wait of a caller for the next task it collects in order, made of slices (between
-/// which a binding checks for Ctrl-C): [`wait_ahead`] for a caller that needs every result,
-/// bounded by [`PATIENCE`] for one that streams them.
+/// One wait of a caller for the next task it collects, made of slices (between which a
+/// binding checks for Ctrl-C): [`wait_ahead`] for a caller that needs every result, bounded
+/// by [`PATIENCE`] for one that streams them.
 #[derive(Debug, Clone, Copy)]
 pub struct Ahead {
     since: Instant,
     stream: bool,
+    any_order: bool,
     looked: bool,
 }
 
 impl Ahead {
-    /// A wait that starts now. `stream`: the caller hands each result on as it comes.
+    /// A wait that starts now, of a caller that collects its tasks in order. `stream`: it
+    /// hands each result on as it comes.
     pub fn new(stream: bool) -> Self {
         Ahead {
             since: Instant::now(),
             stream,
+            any_order: false,
             looked: false,
+        }
+    }
+
+    /// A wait that starts now, of a caller that streams its tasks' results in the order they
+    /// finish (`imap_unordered`): as [`Ahead::new`] streaming, then, its patience spent, for
+    /// any of them. Tasks run about in the order they were submitted, so once the one halfway
+    /// along is final most of those before it are too.
+    pub fn any_order() -> Self {
+        Ahead {
+            any_order: true,
+            ..Ahead::new(true)
         }
     }
 
@@ -95,7 +109,10 @@ impl Ahead {
         let Some(next) = tasks.first() else {
             return true;
         };
-        if !std::mem::replace(&mut self.looked, true) && (next.done || next.is_done()) {
+        let final_ = |t: &&Task| t.done || t.is_done();
+        if !std::mem::replace(&mut self.looked, true)
+            && (final_(next) || self.any_order && tasks.iter().any(final_))
+        {
             return true;
         }
         if !self.stream {
@@ -103,8 +120,7 @@ impl Ahead {
         }
         let left = PATIENCE.saturating_sub(self.since.elapsed());
         if left.is_zero() {
-            // Patience spent: the next task alone.
-            return wait_ahead(&tasks[..1], slice);
+            return self.wait_next(tasks, slice);
         }
         let bound = slice.map_or(left, |s| s.min(left));
         if wait_ahead(tasks, Some(bound)) {
@@ -112,8 +128,19 @@ impl Ahead {
         }
         match slice {
             Some(s) if s <= left => false,
-            // Patience ran out inside this slice: wait for the next task for the rest of it.
-            _ => wait_ahead(&tasks[..1], slice.map(|s| s.saturating_sub(left))),
+            // Patience ran out inside this slice: the rest of it as spent patience waits.
+            _ => self.wait_next(tasks, slice.map(|s| s.saturating_sub(left))),
         }
+    }
+
+    /// The wait once patience is spent: for the next task, or (any order) for any of them.
+    fn wait_next(&self, tasks: &[&Task], slice: Option<Duration>) -> bool {
+        if !self.any_order {
+            return wait_ahead(&tasks[..1], slice);
+        }
+        wait_until(tasks[0], slice, || {
+            tasks.iter().any(|t| t.done || t.is_done()).then_some(())
+        })
+        .is_some()
     }
 }

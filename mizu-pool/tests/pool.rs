@@ -369,6 +369,20 @@ fn a_stream_waits_ahead_only_for_a_while_and_a_map_for_the_task_halfway_along() 
 }
 
 #[test]
+fn a_stream_in_any_order_ends_its_wait_at_any_final_task() {
+    let p = pool(workers(2));
+    let tasks: Vec<_> = ["sleep:5000", "echo:a", "sleep:5000"]
+        .iter()
+        .map(|c| p.submit(c.as_bytes()).unwrap())
+        .collect();
+    let refs: Vec<_> = tasks.iter().collect();
+    let mut any = Ahead::any_order();
+    assert!((0..4000).any(|_| any.wait(&refs, Some(Duration::from_millis(30)))));
+    assert!(tasks[1].is_done());
+    assert!(!tasks[0].is_done(), "it did not wait for the first");
+}
+
+#[test]
 fn waiting_ahead_stops_at_a_failure_before_the_task_it_waits_for() {
     let p = pool(workers(1));
     let tasks: Vec<_> = ["sleep:200", "fail:boom", "sleep:100000", "echo:x"]

@@ -31,18 +31,24 @@ pub fn wait_any(
 /// Before a map collects `tasks` in order: waits as `mizu_pool::Ahead` does — ahead to the
 /// task halfway along, or a failure, and `stream`ing (an iterator, a progress bar) only for a
 /// short while — so that the caller is woken a few times rather than once per chunk (GIL
-/// released, signals checked). Tasks another thread is collecting are left out. False after
+/// released, signals checked); `any_order`: for a map that yields chunks as they finish
+/// (`Ahead::any_order`). Tasks another thread is collecting are left out. False after
 /// `timeout` seconds.
 #[pyfunction]
-#[pyo3(signature = (tasks, timeout=None, stream=false))]
+#[pyo3(signature = (tasks, timeout=None, stream=false, any_order=false))]
 pub fn wait_ahead(
     py: Python<'_>,
     tasks: Vec<Py<Task>>,
     timeout: Option<f64>,
     stream: bool,
+    any_order: bool,
 ) -> PyResult<bool> {
     let start = Instant::now();
-    let mut ahead = mizu_pool::Ahead::new(stream);
+    let mut ahead = if any_order {
+        mizu_pool::Ahead::any_order()
+    } else {
+        mizu_pool::Ahead::new(stream)
+    };
     let timeout = crate::wait_secs(timeout, "timeout")?;
     loop {
         let left = timeout.map(|t| t.saturating_sub(start.elapsed()));

@@ -275,7 +275,9 @@ class _Submitter:
             while pending:
                 done = [t for t in pending if t.done()]
                 if not done:
-                    _native.wait_any(pending, _left(deadline, timeout))
+                    # The runtime may let a finished chunk wait a little to wake this thread
+                    # less often (`wait_ahead`).
+                    _native.wait_ahead(pending, _left(deadline, timeout), True, True)
                     continue
                 for t in done:
                     pending.remove(t)
