@@ -105,9 +105,15 @@ static SEXP mizu_dots_list(SEXP frame) {
  * calls of their own in the closure, `substitute` and `list` cost ~0.5 us per task, a fifth
  * of a round trip. */
 SEXP mizu_submit_frame(SEXP frame) {
+    /* (Symbols are never collected; install() hashes the name each time it is called.) */
+    static SEXP pool_sym = NULL, expr_sym = NULL;
+    if (pool_sym == NULL) {
+        pool_sym = install(".pool");
+        expr_sym = install(".expr");
+    }
     if (TYPEOF(frame) != ENVSXP) error("mizu: internal error: a submit without its frame");
-    SEXP pool = PROTECT(eval(install(".pool"), frame));
-    SEXP expr = PROTECT(substitute(install(".expr"), frame));
+    SEXP pool = PROTECT(eval(pool_sym, frame));
+    SEXP expr = PROTECT(substitute(expr_sym, frame));
     SEXP vars = PROTECT(mizu_dots_list(frame));
     SEXP t = mizu_submit_shim(pool, expr, vars, frame);
     UNPROTECT(3);
