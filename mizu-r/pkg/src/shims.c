@@ -93,7 +93,8 @@ static SEXP mizu_dots_list(SEXP frame) {
             error("value %d in `...` is missing", (int) (i + 1));
         }
         SET_VECTOR_ELT(out, i, eval(CAR(d), frame));
-        if (named) SET_STRING_ELT(names, i, TAG(d) == R_NilValue ? R_BlankString : PRINTNAME(TAG(d)));
+        if (named)
+            SET_STRING_ELT(names, i, TAG(d) == R_NilValue ? R_BlankString : PRINTNAME(TAG(d)));
     }
     if (named) setAttrib(out, R_NamesSymbol, names);
     UNPROTECT(2);
