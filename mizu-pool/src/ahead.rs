@@ -68,7 +68,8 @@ pub fn wait_ahead(tasks: &[&Task], timeout: Option<Duration>) -> bool {
 /// One wait of a caller for the next task it collects, made of slices (between which a
 /// binding checks for Ctrl-C): [`wait_ahead`] for a caller that needs every result, bounded
 /// by [`PATIENCE`] for one that streams them.
-#[derive(Debug, Clone, Copy)]
+/// (Not `Copy`: a copy would forget that the wait has started.)
+#[derive(Debug, Clone)]
 pub struct Ahead {
     since: Instant,
     stream: bool,
