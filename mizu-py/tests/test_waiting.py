@@ -147,6 +147,49 @@ def test_many_finished_futures_reach_every_waiter_once_with_their_outcomes(ex):
         assert len(ex._state.pending) == 0, "every settled future left the pending set"
 
 
+def test_futures_finished_before_anyone_waits_make_no_condition_per_future(ex, monkeypatch):
+    # `wait` and `as_completed` take every future's condition and install a waiter on each;
+    # a future already finished then makes none of its own (a condition per future, kept
+    # with its future, was most of their cost over a batch), and still behaves as a finished
+    # future does under every kind of wait. A pending one gets a real condition.
+    made = []
+    real = threading.Condition
+
+    def counted(*a, **k):
+        made.append(1)
+        return real(*a, **k)
+
+    fs = [ex.submit(tasks.add, i, 1) for i in range(300)]
+    assert [f.result(timeout=60) for f in fs] == [i + 1 for i in range(300)]
+    monkeypatch.setattr(threading, "Condition", counted)
+    assert set(cf.as_completed(fs, timeout=60)) == set(fs)
+    done, not_done = cf.wait(fs, timeout=60)
+    assert done == set(fs) and not not_done
+    done, _ = cf.wait(fs, timeout=60, return_when=cf.FIRST_COMPLETED)
+    assert done == set(fs)
+    # (Each `wait` and `as_completed` makes one event for its waiter; nothing per future.)
+    assert len(made) <= 3, f"{len(made)} conditions made for 300 finished futures"
+    called = []
+    f = fs[0]
+    f.add_done_callback(called.append)
+    assert called == [f]
+    with f._condition:
+        assert f._condition.wait_for(f.done, timeout=0.1)
+        f._condition.notify_all()
+    assert not f.cancel() and not f.cancelled() and f.result() == 1
+    for f in fs:
+        f._waiters.append(object())
+        assert len(f._waiters) == 0 and f._cond is None and f._waiter_list is None
+    monkeypatch.setattr(threading, "Condition", real)
+    # Mixed with a pending future: the finished ones first, then the slow one, whose
+    # condition is real and whose waiters are all removed again.
+    slow = ex.submit(tasks.sleep, 0.3)
+    got = list(cf.as_completed(fs[:10] + [slow], timeout=60))
+    assert set(got[:10]) == set(fs[:10]) and got[10] is slow
+    assert isinstance(slow._condition, real) and len(slow._waiters) == 0
+    assert slow.result() == 0.3
+
+
 def test_wait_and_as_completed_settle_their_futures_themselves(ex):
     # A thread in `wait` or `as_completed` waits where the pool's outcomes wake it and settles
     # the future itself: the collector thread (which must be woken first) makes no round.

@@ -117,12 +117,15 @@ class _CallbackList(list):
                 kick()
 
 
-def _future_list(key: str, kind: type) -> property:
-    """A future's attribute holding a list of `kind` made on first use (in its slot `key`)."""
+def _future_list(key: str, kind: type, finished=None) -> property:
+    """A future's attribute holding a list of `kind` made on first use (in its slot `key`);
+    `finished`, if given, instead of one made for a future already finished."""
 
     def get(self):
         v = getattr(self, key)
         if v is None:
+            if finished is not None and self._state == _FINISHED:
+                return finished
             v = kind()
             v._future = self
             self.__setattr__(key, v)
@@ -134,6 +137,77 @@ def _future_list(key: str, kind: type) -> property:
         self.__setattr__(key, v)
 
     return property(get, put)
+
+
+class _Final:
+    """The condition of a future that finished before anything asked for one.
+
+    A finished future changes no more: its condition guards nothing, and the waiters that
+    `wait` and `as_completed` install on it are never notified (they only count the pending
+    futures). A `threading.Condition` per future is what those functions cost most over a
+    batch — made and kept for each of thousands of futures, with the garbage collector's
+    passes over them, it took several times their own bookkeeping. So such a future shares
+    this one, which holds no lock (`wait` returns at once: a finished future's waiter has
+    nothing to wait for), and `_NO_WAITERS`, which keeps no waiter."""
+
+    __slots__ = ()
+
+    def acquire(self, blocking=True, timeout=-1) -> bool:
+        return True
+
+    __enter__ = acquire
+
+    def release(self) -> None:
+        pass
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def _is_owned(self) -> bool:
+        return True
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+    def wait_for(self, predicate, timeout=None):
+        return predicate()
+
+    def notify(self, n=1) -> None:
+        pass
+
+    def notify_all(self) -> None:
+        pass
+
+    notifyAll = notify_all
+
+
+class _NoWaiters(list):
+    """The waiters of a future that finished before anything asked for them: always empty
+    (see `_Final`)."""
+
+    __slots__ = ()
+
+    def append(self, waiter) -> None:
+        pass
+
+    def remove(self, waiter) -> None:
+        pass
+
+    def extend(self, waiters) -> None:
+        pass
+
+    def insert(self, i, waiter) -> None:
+        pass
+
+    def __iadd__(self, waiters):
+        return self
+
+    def __setitem__(self, i, v) -> None:
+        pass
+
+
+_FINAL = _Final()
+_NO_WAITERS = _NoWaiters()
 
 
 def _look_for(task) -> None:
@@ -155,7 +229,8 @@ class _MizuFuture(Future):
     Made without `Future.__init__` (`_native.new_future`): its fields are slots, set when it is
     made, which the native code reads and writes at their place in the object; its condition
     and lists are made on first use — most futures are settled by the thread that waits on
-    them and never need them. A future with a condition changes state
+    them and never need them, and one already finished when asked for them shares `_FINAL`
+    and `_NO_WAITERS` instead. A future with a condition changes state
     under it, as in the base class; one without changes state under the lock its condition
     would be made under (`_finish`), so the two never cross. Whoever of the caller, a waiter,
     the collector thread and a breaking executor settles it first notifies, once.
@@ -182,7 +257,6 @@ class _MizuFuture(Future):
         c = self._cond
         if c is not None:  # (made by the code below, which tracked the future)
             return c
-        _track(self)
         # Someone other than `result()` is about to wait on this future (`wait`,
         # `as_completed`, a done-callback, asyncio). A short task's outcome arrives within
         # microseconds: look for it first (as `result()` does), so that such a caller
@@ -197,13 +271,19 @@ class _MizuFuture(Future):
                 # (A cancelled task settles through `cancel()`, which needs the condition.)
                 if outcome is not None and not isinstance(outcome[1], CancelledError):
                     self._settle(outcome)
+        if self._state == _FINISHED:
+            # Final: nothing is left to guard (see `_Final`).
+            return _FINAL
+        _track(self)
         with _MADE:
             c = self._cond
             if c is None:
-                c = self._cond = threading.Condition()
+                c = threading.Condition()
+                _store(self, "_cond", c)
         return c
 
-    _waiters = _future_list("_waiter_list", _WaiterList)
+    # (A finished future notifies no waiter again: see `_Final`.)
+    _waiters = _future_list("_waiter_list", _WaiterList, finished=_NO_WAITERS)
     _done_callbacks = _future_list("_callback_list", _CallbackList)
 
     def _settle(self, outcome) -> None:
