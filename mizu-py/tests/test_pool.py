@@ -370,6 +370,40 @@ def test_functions_of_the_callers_script_run_in_workers(tmp_path):
     assert out.stdout.strip() == str(sum(i * i for i in range(100)))
 
 
+def test_a_worker_starts_without_what_only_a_caller_uses(tmp_path):
+    # `import pymizu` imports what a name needs when it is first used: a worker (which imports
+    # the package, then the caller's script) starts without asyncio, concurrent.futures,
+    # multiprocessing or logging — most of its start-up time otherwise — and imports them when
+    # a task needs them, with the caller's multiprocessing authkey.
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import pymizu
+
+        HEAVY = ("asyncio", "concurrent.futures", "multiprocessing", "logging")
+
+        def loaded():
+            return [m for m in HEAVY if m in sys.modules]
+
+        def authkey():
+            import multiprocessing
+            return bytes(multiprocessing.current_process().authkey)
+
+        if __name__ == "__main__":
+            print(loaded())
+            with pymizu.Pool(1) as p:
+                print(p.submit(loaded).result())
+                key = p.submit(authkey).result()
+                import multiprocessing
+                print(key == bytes(multiprocessing.current_process().authkey))
+            with pymizu.PoolExecutor(1) as ex:
+                print(ex.submit(loaded).result())
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:4] == ["[]", "[]", "True", "[]"], out.stdout
+
+
 def in_forked_child(run) -> bytes:
     """What `run()` returns (bytes) in a child made by `os.fork()`, or the repr of what it
     raised."""

@@ -796,12 +796,13 @@ fn python_bench(root: &Path, quick: bool) -> Res {
     }
     run(root, &mut cmd)?;
     // Compute-bound maps against the machine's limit, every way of waiting for a completion
-    // (as_completed, callbacks, asyncio, ...), then one big input read by many tasks (shared,
+    // (as_completed, callbacks, asyncio, ...), starting a pool, then one big input read by many tasks (shared,
     // passed each time, joblib's memory maps), then joblib, Dask and Dask distributed on
     // pymizu beside their own process backends.
     for bench in [
         "mizu-py/benchmarks/maps.py",
         "mizu-py/benchmarks/waits.py",
+        "mizu-py/benchmarks/startup.py",
         "mizu-py/benchmarks/share.py",
         "mizu-py/benchmarks/ecosystem.py",
     ] {

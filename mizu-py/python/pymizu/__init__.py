@@ -17,26 +17,91 @@ large buffers (numpy, pandas, pyarrow, polars) cross as read-only views of share
 See docs/python.md.
 """
 
-from ._errors import (
-    CancelledError,
-    ExecTimeoutError,
-    ForkedError,
-    InitializerError,
-    MizuError,
-    PayloadError,
-    RemoteTraceback,
-    SlotsFull,
-    StoppedError,
-    TaskError,
-    WorkerDiedError,
-)
-from ._channel import CLOSED, FULL, PEER_GONE, TIMEOUT, Channel
-from ._executor import PoolExecutor
-from ._pool import Pool, Task, current_pool
-from ._rng import current_rng
-from ._share import empty, is_shared, share, zeros
-from ._xlang import PythonTaskError, RError, RWarning, call
-from .wire import ArrowArray, ArrowTable
+TYPE_CHECKING = False  # (typing itself costs a worker's start-up ~9 ms)
+
+# Where each public name lives. `import pymizu` imports none of them: a name is imported when
+# first used (PEP 562), so that a worker (`python -m pymizu.worker`, which imports this package
+# first) starts without what only a caller uses — asyncio, concurrent.futures,
+# multiprocessing, logging — and a pool starts as fast as its interpreters do.
+_WHERE = {
+    "CancelledError": "_errors",
+    "ExecTimeoutError": "_errors",
+    "ForkedError": "_errors",
+    "InitializerError": "_errors",
+    "MizuError": "_errors",
+    "PayloadError": "_errors",
+    "RemoteTraceback": "_errors",
+    "SlotsFull": "_errors",
+    "StoppedError": "_errors",
+    "TaskError": "_errors",
+    "WorkerDiedError": "_errors",
+    "CLOSED": "_channel",
+    "FULL": "_channel",
+    "PEER_GONE": "_channel",
+    "TIMEOUT": "_channel",
+    "Channel": "_channel",
+    "PoolExecutor": "_executor",
+    "Pool": "_pool",
+    "Task": "_pool",
+    "current_pool": "_pool",
+    "current_rng": "_rng",
+    "empty": "_share",
+    "is_shared": "_share",
+    "share": "_share",
+    "zeros": "_share",
+    "PythonTaskError": "_xlang",
+    "RError": "_xlang",
+    "RWarning": "_xlang",
+    "call": "_xlang",
+    "ArrowArray": "wire",
+    "ArrowTable": "wire",
+}
+
+
+def __getattr__(name: str):
+    import importlib
+
+    where = _WHERE.get(name)
+    if where is None:
+        if name.startswith("__"):
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        # A submodule not imported yet (`pymizu._native`, `pymizu.joblib`).
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(f"{__name__}.{where}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))
+
+
+if TYPE_CHECKING:
+    from ._channel import CLOSED, FULL, PEER_GONE, TIMEOUT, Channel
+    from ._errors import (
+        CancelledError,
+        ExecTimeoutError,
+        ForkedError,
+        InitializerError,
+        MizuError,
+        PayloadError,
+        RemoteTraceback,
+        SlotsFull,
+        StoppedError,
+        TaskError,
+        WorkerDiedError,
+    )
+    from ._executor import PoolExecutor
+    from ._pool import Pool, Task, current_pool
+    from ._rng import current_rng
+    from ._share import empty, is_shared, share, zeros
+    from ._xlang import PythonTaskError, RError, RWarning, call
+    from .wire import ArrowArray, ArrowTable
 
 __all__ = [
     "CLOSED",

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import itertools
 import pickle
-import traceback
-from typing import Any
+# (Annotations only: typing costs a worker's start-up ~9 ms.)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 from . import _codec, _native, _rng, _share
-from ._errors import TaskError
-from ._outcome import decode
 
 
 def map_items(iterables: tuple, python_workers: bool = True) -> tuple[list | tuple, bool]:
@@ -81,6 +81,8 @@ def _failure(e: BaseException, tb: str) -> bytes:
     try:
         return pickle.dumps((e, tb), protocol=5)
     except Exception:
+        from ._errors import TaskError
+
         return pickle.dumps((TaskError(type(e).__qualname__, str(e), tb), tb), protocol=5)
 
 
@@ -101,7 +103,7 @@ def _run_batch(fn, calls: list, skip) -> list:
         except BaseException as e:  # the call's outcome, as a task's
             if errors is None:
                 errors = {}
-            errors[len(out)] = _failure(e, traceback.format_exc())
+            errors[len(out)] = _failure(e, _traceback())
             append(None)
     return _batch_done(out, errors)
 
@@ -116,8 +118,18 @@ def _batch_done(out: list, errors: dict | None) -> list:
     return out
 
 
+def _traceback() -> str:
+    """The traceback of the exception being handled (`traceback`, imported when a call first
+    fails, costs a worker's start-up ~2 ms)."""
+    import traceback
+
+    return traceback.format_exc()
+
+
 def _batch_failure(e: BaseException) -> bytes:
     """(In a worker) the failure of a call of a chunk `_native.run_batch_calls` ran."""
+    import traceback
+
     return _failure(e, "".join(traceback.format_exception(type(e), e, e.__traceback__)))
 
 
@@ -138,7 +150,7 @@ def _batch_result(value):
         try:
             _codec.dumps(v)
         except Exception as e:
-            errors[i] = _failure(e, traceback.format_exc())
+            errors[i] = _failure(e, _traceback())
             out[i] = None
     out.errors = errors
     return out
@@ -149,6 +161,8 @@ def _batch_element(values: _Batch, i: int) -> tuple[bool, Any]:
     b = values.errors.get(i)
     if b is None:
         return True, values[i]
+    from ._outcome import decode
+
     return decode(1, b, [], 0, 0)
 
 

@@ -6,27 +6,31 @@ from __future__ import annotations
 import os
 import pickle
 import sys
-import traceback
 
 from . import _batches, _codec, _native
-from ._errors import InitializerError, PayloadError, TaskError
 
 _init_error: BaseException | None = None
 _loads_call = _codec.loads_call
 
 
 def _fail(e: BaseException, tb: str | None = None) -> tuple[bool, bytes, list]:
+    import traceback  # (only when a task fails: it costs a worker's start-up ~2 ms)
+
     if tb is None:
         tb = traceback.format_exc()
     try:
         data, bufs = _codec.dumps((e, tb))
     except Exception:
+        from ._errors import TaskError
+
         data, bufs = _codec.dumps((TaskError(type(e).__qualname__, str(e), tb), tb))
     return False, data, bufs
 
 
 def _fail_native(e: BaseException) -> tuple[bool, bytes, list]:
     """An exception raised in a call the native layer ran (a small call), with its traceback."""
+    import traceback
+
     tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
     return _fail(e, tb)
 
@@ -55,7 +59,11 @@ def _run(data, bufs, head=None) -> tuple:
     try:
         fn, args, kwargs = _loads_call(data, bufs, head)
     except BaseException as e:  # unpickling runs arbitrary code, even `sys.exit()`
+        import traceback
+
         tb = traceback.format_exc()
+        from ._errors import PayloadError
+
         return _fail(PayloadError(f"the task's call could not be unpickled in the worker: {e!r}"), tb)
     try:
         del data, bufs, head
@@ -67,15 +75,58 @@ def _run(data, bufs, head=None) -> tuple:
         return _fail(e)
 
 
+def _share_authkey(key: bytes) -> None:
+    """Gives this process the caller's multiprocessing authkey, so that the caller's managers'
+    proxies connect from its tasks — when multiprocessing is first imported: importing it here
+    would cost every worker's start-up ~5 ms, and most tasks never use it."""
+    if "multiprocessing.process" in sys.modules:
+        sys.modules["multiprocessing.process"].current_process().authkey = key
+    else:
+        sys.meta_path.insert(0, _AuthkeyOnImport(key))
+
+
+class _AuthkeyOnImport:
+    """An import finder that only wraps the loader of `multiprocessing.process`, then leaves."""
+
+    def __init__(self, key: bytes):
+        self.key = key
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "multiprocessing.process":
+            return None
+        sys.meta_path.remove(self)
+        import importlib.util
+
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _ThenAuthkey(spec.loader, self.key)
+        return spec
+
+
+class _ThenAuthkey:
+    """A module loader that sets the authkey once `multiprocessing.process` has run."""
+
+    def __init__(self, loader, key: bytes):
+        self._loader, self._key = loader, key
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        module.current_process().authkey = self._key
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
 def _start(path: str) -> None:
     """Reproduces the caller's import state, then runs the pool's initializer."""
     global _init_error
     with open(path, "rb") as f:
         state = pickle.load(f)
     if state.get("authkey"):
-        import multiprocessing
-
-        multiprocessing.current_process().authkey = state["authkey"]
+        _share_authkey(state["authkey"])
     for p in reversed(state["sys_path"]):
         if p not in sys.path:
             sys.path.insert(0, p)
@@ -103,6 +154,8 @@ def _start(path: str) -> None:
             if main is not None:
                 sys.modules["__mp_main__"] = sys.modules["__main__"] = main
         except BaseException as e:
+            from ._errors import InitializerError
+
             _init_error = InitializerError(f"importing the caller's main module failed: {e!r}")
             return
         finally:
@@ -113,6 +166,10 @@ def _start(path: str) -> None:
             fn, args = _codec.loads(state["init"])
             fn(*args)
         except BaseException as e:
+            import traceback
+
+            from ._errors import InitializerError
+
             _init_error = InitializerError(
                 f"the pool's initializer raised {e!r}\n{traceback.format_exc()}"
             )
