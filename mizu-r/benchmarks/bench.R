@@ -63,6 +63,16 @@ report("trivial task round trip", "time", rt_mizu,
        list(`PSOCK cluster` = rt_psock, `mcparallel (fork)` = rt_fork,
             `future multisession` = rt_future))
 
+# 1b. The same with a function of the script's: `sq(i)`, whose globals (the function, `i`) are
+# found and sent with each task, as a user writes it; PSOCK sends the function with each call.
+sq <- function(x) x * x
+rt_glob <- per_op(function() for (i in seq_len(n / 4)) mizu_collect(mizu_submit(pool, sq(i))),
+                  n / 4)
+rt_glob_psock <- per_op(function() for (i in seq_len(n_psock)) clusterCall(cl[1], sq, i), n_psock)
+rt_glob_future <- per_op(function() for (i in seq_len(n_slow)) value(future(sq(i))), n_slow)
+report("round trip of a script's function, globals found", "time", rt_glob,
+       list(`PSOCK cluster` = rt_glob_psock, `future multisession` = rt_glob_future))
+
 # 2. Pipelined throughput: many trivial tasks in flight.
 m <- max(1000L, as.integer(20000 * scale))
 m_slow <- max(100L, as.integer(1000 * scale))

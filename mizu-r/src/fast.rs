@@ -330,8 +330,9 @@ pub(crate) fn native_routines() -> List {
     type Two = unsafe extern "C" fn(SEXP, SEXP) -> SEXP;
     type Four = unsafe extern "C" fn(SEXP, SEXP, SEXP, SEXP) -> SEXP;
     // SAFETY: R's main thread; each pointer is protected by the list's Robj as soon as it
-    // exists. `.Call` calls each with the arguments its R wrapper passes (one for `tasks_ok`
-    // and `submit_frame`, four for `submit_expr`, `nop` and `each`, else two).
+    // exists. `.Call` calls each with the arguments its R wrapper passes (one for `tasks_ok`,
+    // `submit_frame`, `bind_globals` and `unbind_globals`, four for `submit_expr`, `nop` and
+    // `each`, else two).
     unsafe {
         let s = Robj::from_sexp(native_symbol(submit as Two as *const c_void));
         let e = Robj::from_sexp(native_symbol(
@@ -349,6 +350,21 @@ pub(crate) fn native_routines() -> List {
         let each = Robj::from_sexp(native_symbol(
             crate::ffi::mizu_each as Four as *const c_void,
         ));
+        let bind = Robj::from_sexp(native_symbol(
+            crate::ffi::mizu_bind_globals as One as *const c_void,
+        ));
+        let unbind = Robj::from_sexp(native_symbol(
+            crate::ffi::mizu_unbind_globals as One as *const c_void,
+        ));
+        let in_frame = Robj::from_sexp(native_symbol(
+            crate::ffi::mizu_in_frame as Two as *const c_void,
+        ));
+        let values_in = Robj::from_sexp(native_symbol(
+            crate::ffi::mizu_values_in as Two as *const c_void,
+        ));
+        let find_identical = Robj::from_sexp(native_symbol(
+            crate::ffi::mizu_find_identical as Two as *const c_void,
+        ));
         List::from_names_and_values(
             [
                 "submit",
@@ -359,8 +375,27 @@ pub(crate) fn native_routines() -> List {
                 "tasks_ok",
                 "nop",
                 "each",
+                "bind_globals",
+                "unbind_globals",
+                "in_frame",
+                "values_in",
+                "find_identical",
             ],
-            [s, e, f, c, v, k, n, each],
+            [
+                s,
+                e,
+                f,
+                c,
+                v,
+                k,
+                n,
+                each,
+                bind,
+                unbind,
+                in_frame,
+                values_in,
+                find_identical,
+            ],
         )
         .unwrap_or_default()
     }

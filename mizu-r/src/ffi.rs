@@ -89,4 +89,14 @@ unsafe extern "C" {
     pub fn mizu_collect_shim(task: SEXP, timeout: SEXP) -> SEXP;
     /// The loop of a map chunk's elements on a worker, as lapply runs it.
     pub fn mizu_each(f: SEXP, xs: SEXP, rho: SEXP, pos: SEXP) -> SEXP;
+    /// Binds a task's globals in the global environment; what they replaced.
+    pub fn mizu_bind_globals(globals: SEXP) -> SEXP;
+    /// Puts back what `mizu_bind_globals` replaced.
+    pub fn mizu_unbind_globals(bound: SEXP) -> SEXP;
+    /// Which names are bound in an environment's frame.
+    pub fn mizu_in_frame(names: SEXP, env: SEXP) -> SEXP;
+    /// The values of names in frames, as a named list.
+    pub fn mizu_values_in(names: SEXP, envs: SEXP) -> SEXP;
+    /// The position of the first cache entry whose key is identical to a key, or 0.
+    pub fn mizu_find_identical(entries: SEXP, key: SEXP) -> SEXP;
 }

@@ -254,13 +254,22 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
 # environment, to the global environment, and in turn those of the global functions among them.
 .global_names <- function(f, seen = character()) {
   env <- environment(f)
-  found <- character()
-  for (n in .free_names(f)) {
-    if (.resolves_to_global(n, env)) found <- c(found, n)
+  nm <- .free_names(f)
+  found <- if (identical(env, globalenv())) {
+    nm[.Call(.native_in_frame, nm, env)]
+  } else {
+    nm[vapply(nm, .resolves_to_global, NA, env = env)]
   }
-  for (n in setdiff(found, seen)) {
+  new <- found[!found %in% seen]
+  seen <- c(seen, new)
+  for (n in new) {
     v <- get(n, envir = globalenv())
-    if (typeof(v) == "closure") found <- union(found, .global_names(v, union(seen, found)))
+    if (typeof(v) == "closure") {
+      more <- .global_names(v, seen)
+      more <- more[!more %in% seen]
+      found <- c(found, more)
+      seen <- c(seen, more)
+    }
   }
   found
 }
@@ -271,7 +280,8 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
 # variables alive).
 .free_names <- function(f) {
   key <- list(body(f), formals(f))
-  for (e in .maps$globals) if (identical(e[[1L]], key)) return(e[[2L]])
+  i <- .Call(.native_find_identical, .maps$globals, key)
+  if (i) return(.maps$globals[[i]][[2L]])
   nm <- codetools::findGlobals(f)
   .maps$globals <- c(list(list(key, nm)), utils::head(.maps$globals, 63L))
   nm
@@ -289,23 +299,12 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   exists(name, envir = ge, inherits = FALSE)
 }
 
-# Binds a map's globals in this worker's global environment for a chunk: what it replaced, to
-# put back after (chunks of nested maps run inside other chunks).
-.bind_globals <- function(globals) {
-  ge <- globalenv()
-  nm <- names(globals)
-  had <- nm[vapply(nm, exists, NA, envir = ge, inherits = FALSE)]
-  old <- mget(had, envir = ge)
-  list2env(globals, envir = ge)
-  list(names = nm, old = old)
-}
+# Binds a map's globals (for a chunk) or a task's in this worker's global environment: what it
+# replaced, to put back after (chunks of nested maps run inside other chunks). Natively, in
+# src/shims.c.
+.bind_globals <- function(globals) .Call(.native_bind_globals, globals)
 
-.unbind_globals <- function(bound) {
-  ge <- globalenv()
-  rm(list = setdiff(bound$names, names(bound$old)), envir = ge)
-  list2env(bound$old, envir = ge)
-  invisible()
-}
+.unbind_globals <- function(bound) .Call(.native_unbind_globals, bound)
 
 # Maps made by this process (numbers them for .chunk_function).
 .maps <- new.env(parent = emptyenv())

@@ -247,12 +247,14 @@ print.mizu_call <- function(x, ...) {
 
 # Called by the native submit (src/shims.c) for a mizu_submit() whose expression may use
 # variables it does not bind: `f` is mizu_submit's frame, whose `.expr` is still an unforced
-# promise of the caller's expression.
-.submit_globals <- function(pool, vars, f) {
+# promise of the caller's expression; `expr` is that expression and `env` where it was written
+# (the promise's environment), when the native submit has them.
+.submit_globals <- function(pool, vars, f, expr = eval(quote(substitute(.expr)), f),
+                            env = NULL) {
   # (`do.call` evaluates in `f` without a context of its own, which `eval` would add and
   # `parent.frame()` would then answer with.)
-  env <- do.call(parent.frame, list(), envir = f)
-  msg <- .expr_message(eval(quote(substitute(.expr)), f), vars, env)
+  if (is.null(env)) env <- do.call(parent.frame, list(), envir = f)
+  msg <- .expr_message(expr, vars, env)
   r <- .Call(.native_submit, pool, msg)
   if (is.character(r)) .raise_failure(r)
   r
@@ -278,18 +280,15 @@ print.mizu_call <- function(x, ...) {
 .expr_globals <- function(expr, bound, env) {
   where <- .Call(wrap__global_frames, .expr_names(expr), bound, env)
   if (is.null(where)) return(NULL)
-  out <- list()
-  for (i in seq_along(where$names)) {
-    out[[where$names[[i]]]] <- get(where$names[[i]], envir = where$envs[[i]], inherits = FALSE)
-  }
+  out <- .Call(.native_values_in, where$names, where$envs)
+  ge <- globalenv()
   closures <- FALSE
-  for (n in names(out)) {
-    v <- out[[n]]
-    if (typeof(v) == "closure" && identical(environment(v), globalenv())) {
+  for (v in out) {
+    if (typeof(v) == "closure" && identical(environment(v), ge)) {
       closures <- TRUE
-      for (m in setdiff(.global_names(v), c(names(out), bound))) {
-        out[[m]] <- get(m, envir = globalenv(), inherits = FALSE)
-      }
+      more <- .global_names(v)
+      more <- more[!more %in% c(names(out), bound)]
+      if (length(more)) out <- c(out, .Call(.native_values_in, more, ge))
     }
   }
   list(values = out, closures = closures)
@@ -298,7 +297,8 @@ print.mizu_call <- function(x, ...) {
 # codetools::findGlobals() of an expression, found once per expression and remembered for the
 # next submits of it (a loop submits the same call each time).
 .expr_names <- function(expr) {
-  for (e in .maps$exprs) if (identical(e[[1L]], expr)) return(e[[2L]])
+  i <- .Call(.native_find_identical, .maps$exprs, expr)
+  if (i) return(.maps$exprs[[i]][[2L]])
   f <- function() NULL
   body(f) <- expr
   nm <- codetools::findGlobals(f)

@@ -13,6 +13,11 @@
 .native_tasks_ok <- NULL
 .native_nop <- NULL
 .native_each <- NULL
+.native_bind_globals <- NULL
+.native_unbind_globals <- NULL
+.native_in_frame <- NULL
+.native_values_in <- NULL
+.native_find_identical <- NULL
 
 .onLoad <- function(libname, pkgname) {
   .Call(wrap__init_native)

@@ -24,16 +24,6 @@ static SEXP mizu_call1(const char *fun, SEXP arg) {
     return v;
 }
 
-/* fun(a, b, c), looked up as mizu_call1 does. */
-static SEXP mizu_call3(const char *fun, SEXP a, SEXP b, SEXP c) {
-    SEXP name = PROTECT(mkString("mizu"));
-    SEXP ns = PROTECT(R_FindNamespace(name));
-    SEXP call = PROTECT(lang4(install(fun), a, b, c));
-    SEXP v = eval(call, ns);
-    UNPROTECT(3);
-    return v;
-}
-
 /* mizu_submit(): the task handle, or the failure `c(class, message)` raised. `frame` is
  * mizu_submit's own frame, where `.expr` is still a promise of the caller's expression. A
  * pool of another language's workers answers "mizu_foreign": its task is the value of that
@@ -62,9 +52,20 @@ SEXP mizu_submit_shim(SEXP pool, SEXP expr, SEXP vars, SEXP frame) {
     }
     if (XLENGTH(r) == 2 && strcmp(CHAR(STRING_ELT(r, 0)), "mizu_globals") == 0) {
         /* The expression may use variables of the caller's: .submit_globals() finds them
-         * from `frame` and submits. */
-        SEXP t = mizu_call3(".submit_globals", pool, vars, frame);
-        UNPROTECT(1);
+         * from where it was written and submits. That is the environment of mizu_submit's
+         * `.expr` promise (unforced: only substituted), which .submit_globals() otherwise
+         * asks parent.frame() for, from `frame`. */
+        SEXP env = R_NilValue;
+        if (TYPEOF(frame) == ENVSXP) {
+            SEXP p = findVarInFrame3(frame, install(".expr"), TRUE);
+            if (TYPEOF(p) == PROMSXP && TYPEOF(PRENV(p)) == ENVSXP) env = PRENV(p);
+        }
+        SEXP name = PROTECT(mkString("mizu"));
+        SEXP ns = PROTECT(R_FindNamespace(name));
+        SEXP quoted = PROTECT(lang2(install("quote"), expr));
+        SEXP call = PROTECT(lang6(install(".submit_globals"), pool, vars, frame, quoted, env));
+        SEXP t = eval(call, ns);
+        UNPROTECT(5);
         return t;
     }
     mizu_call1(".raise_failure", r);
@@ -161,4 +162,112 @@ SEXP mizu_each(SEXP f, SEXP xs, SEXP rho, SEXP pos) {
     }
     UNPROTECT(3);
     return out;
+}
+
+/* A task's globals (the fourth element of its message, see .expr_message()) are bound in the
+ * worker's global environment while it runs, where the global functions among them find one
+ * another. mizu_bind_globals() binds the named values of `globals` there and returns what
+ * they replaced — list(symbols, old values, whether each had one) — for
+ * mizu_unbind_globals() to put back when the task ends. As R calls (exists, mget, list2env,
+ * rm) the two took ~30 us per task. A locked binding fails the task before anything is bound;
+ * a promise that a global replaces is put back unforced. */
+SEXP mizu_bind_globals(SEXP globals) {
+    if (TYPEOF(globals) != VECSXP) error("mizu: internal error: a task's globals are not a list");
+    R_xlen_t n = XLENGTH(globals);
+    SEXP names = getAttrib(globals, R_NamesSymbol);
+    if (n > 0 && (TYPEOF(names) != STRSXP || XLENGTH(names) != n))
+        error("mizu: internal error: a task's globals are not named");
+    SEXP syms = PROTECT(allocVector(VECSXP, n));
+    SEXP old = PROTECT(allocVector(VECSXP, n));
+    SEXP had = PROTECT(allocVector(LGLSXP, n));
+    for (R_xlen_t i = 0; i < n; i++) {
+        SEXP sym = installTrChar(STRING_ELT(names, i));
+        SET_VECTOR_ELT(syms, i, sym);
+        int exists = R_existsVarInFrame(R_GlobalEnv, sym);
+        LOGICAL(had)[i] = exists;
+        if (!exists) continue;
+        if (R_BindingIsLocked(sym, R_GlobalEnv))
+            error("the global `%s` the task uses is locked in the worker's global environment",
+                  CHAR(PRINTNAME(sym)));
+        SET_VECTOR_ELT(old, i, findVarInFrame3(R_GlobalEnv, sym, FALSE));
+    }
+    for (R_xlen_t i = 0; i < n; i++)
+        defineVar(VECTOR_ELT(syms, i), VECTOR_ELT(globals, i), R_GlobalEnv);
+    SEXP out = PROTECT(allocVector(VECSXP, 3));
+    SET_VECTOR_ELT(out, 0, syms);
+    SET_VECTOR_ELT(out, 1, old);
+    SET_VECTOR_ELT(out, 2, had);
+    UNPROTECT(4);
+    return out;
+}
+
+/* Puts back what mizu_bind_globals() replaced: each old binding, or none. */
+SEXP mizu_unbind_globals(SEXP bound) {
+    if (TYPEOF(bound) != VECSXP || XLENGTH(bound) != 3)
+        error("mizu: internal error: bad globals to unbind");
+    SEXP syms = VECTOR_ELT(bound, 0), old = VECTOR_ELT(bound, 1), had = VECTOR_ELT(bound, 2);
+    R_xlen_t n = XLENGTH(syms);
+    for (R_xlen_t i = 0; i < n; i++) {
+        SEXP sym = VECTOR_ELT(syms, i);
+        if (LOGICAL(had)[i])
+            defineVar(sym, VECTOR_ELT(old, i), R_GlobalEnv);
+        else if (R_existsVarInFrame(R_GlobalEnv, sym))
+            R_removeVarFromFrame(sym, R_GlobalEnv);
+    }
+    return R_NilValue;
+}
+
+/* Which of `names` (a character vector) are bound in the frame of `env`, as a logical vector:
+ * `exists(n, envir = env, inherits = FALSE)` for each, in one call. */
+SEXP mizu_in_frame(SEXP names, SEXP env) {
+    if (TYPEOF(names) != STRSXP || TYPEOF(env) != ENVSXP)
+        error("mizu: internal error: bad arguments to in_frame");
+    R_xlen_t n = XLENGTH(names);
+    SEXP out = PROTECT(allocVector(LGLSXP, n));
+    for (R_xlen_t i = 0; i < n; i++)
+        LOGICAL(out)[i] = R_existsVarInFrame(env, installTrChar(STRING_ELT(names, i)));
+    UNPROTECT(1);
+    return out;
+}
+
+/* The values of `names` in the frames `envs` (a list of environments, one per name, or one
+ * environment for all), as a named list: `get(n, envir = e, inherits = FALSE)` for each,
+ * promises forced. */
+SEXP mizu_values_in(SEXP names, SEXP envs) {
+    R_xlen_t n = TYPEOF(names) == STRSXP ? XLENGTH(names) : -1;
+    int one = TYPEOF(envs) == ENVSXP;
+    if (n < 0 || !(one || (TYPEOF(envs) == VECSXP && XLENGTH(envs) == n)))
+        error("mizu: internal error: bad arguments to values_in");
+    SEXP out = PROTECT(allocVector(VECSXP, n));
+    for (R_xlen_t i = 0; i < n; i++) {
+        SEXP env = one ? envs : VECTOR_ELT(envs, i);
+        if (TYPEOF(env) != ENVSXP) error("mizu: internal error: not an environment");
+        SEXP sym = installTrChar(STRING_ELT(names, i));
+        SEXP v = findVarInFrame3(env, sym, TRUE);
+        if (v == R_UnboundValue) error("object '%s' not found", CHAR(PRINTNAME(sym)));
+        if (TYPEOF(v) == PROMSXP) {
+            PROTECT(v);
+            v = eval(v, env);
+            UNPROTECT(1);
+        }
+        SET_VECTOR_ELT(out, i, v);
+    }
+    setAttrib(out, R_NamesSymbol, names);
+    UNPROTECT(1);
+    return out;
+}
+
+/* The position (from 1) of the first of `entries` — a list of list(key, value) — whose key is
+ * identical() to `key`, or 0: the lookup of the package's small caches (the free names of an
+ * expression or a function's code), one C loop instead of an R loop of identical() calls. */
+SEXP mizu_find_identical(SEXP entries, SEXP key) {
+    if (TYPEOF(entries) != VECSXP) error("mizu: internal error: a cache is not a list");
+    R_xlen_t n = XLENGTH(entries);
+    for (R_xlen_t i = 0; i < n; i++) {
+        SEXP e = VECTOR_ELT(entries, i);
+        if (TYPEOF(e) == VECSXP && XLENGTH(e) == 2 &&
+            R_compute_identical(VECTOR_ELT(e, 0), key, IDENT_USE_CLOENV))
+            return ScalarInteger(i < INT_MAX ? (int) (i + 1) : 0);
+    }
+    return ScalarInteger(0);
 }

@@ -320,3 +320,45 @@ test_that("a task's expression finds the variables and functions it uses, as fut
                  "mizu_t_env", class = "mizu_error_not_portable")
   })
 })
+
+test_that("a task's globals replace the worker's own while it runs, which come back after", {
+  ge <- globalenv()
+  on.exit(rm(list = c("mizu_t_n", "mizu_t_even", "mizu_t_odd", "mizu_t_null", "mizu_t_pool"),
+             envir = ge))
+  eval(quote({
+    # Global functions calling each other: with them, the task's globals are bound in the
+    # worker's global environment while it runs.
+    mizu_t_even <- function(n) if (n == 0) TRUE else mizu_t_odd(n - 1)
+    mizu_t_odd <- function(n) if (n == 0) FALSE else mizu_t_even(n - 1)
+    mizu_t_n <- 7
+    mizu_t_null <- NULL
+  }), ge)
+  with_pool(1, function(pool) {
+    assign("mizu_t_pool", pool, envir = ge)
+    top <- function(e) mizu_collect(eval(e, ge))
+    worker_n <- function() mizu_collect(mizu_submit(pool, get("mizu_t_n", envir = globalenv())))
+    expect_false(top(quote(mizu_submit(mizu_t_pool, mizu_t_even(mizu_t_n)))))
+    # A global whose value is NULL travels as one, with or without global functions.
+    expect_true(top(quote(mizu_submit(mizu_t_pool, is.null(mizu_t_null)))))
+    expect_true(top(quote(mizu_submit(mizu_t_pool, is.null(mizu_t_null) && mizu_t_even(0)))))
+    # The worker's own globals of those names (a value, and an unforced promise) are replaced
+    # while the task runs and put back after, the promise still unforced; names the worker
+    # did not have are gone again.
+    mizu_collect(mizu_submit(pool, {
+      assign("mizu_t_n", "worker's", envir = globalenv())
+      delayedAssign("mizu_t_odd", stop("forced"), assign.env = globalenv())
+      NULL
+    }))
+    expect_false(top(quote(mizu_submit(mizu_t_pool, mizu_t_even(mizu_t_n)))))
+    expect_identical(worker_n(), "worker's")
+    expect_error(mizu_collect(mizu_submit(pool, get("mizu_t_odd", envir = globalenv()))),
+                 "forced")
+    expect_false(mizu_collect(mizu_submit(pool, exists("mizu_t_even", envir = globalenv()))))
+    # A locked binding of the worker's is not replaced: the task fails, saying which, and
+    # binds nothing.
+    mizu_collect(mizu_submit(pool, lockBinding("mizu_t_n", globalenv())))
+    expect_error(top(quote(mizu_submit(mizu_t_pool, mizu_t_even(mizu_t_n)))), "mizu_t_n.*locked")
+    expect_identical(worker_n(), "worker's")
+    expect_false(mizu_collect(mizu_submit(pool, exists("mizu_t_even", envir = globalenv()))))
+  })
+})
