@@ -10,7 +10,6 @@ rows of `pymizu.Pool` and `pymizu.PoolExecutor` are medians over nine rounds alt
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import os
 import statistics
@@ -27,7 +26,7 @@ import pandas as pd  # noqa: E402
 
 import pymizu  # noqa: E402
 import work  # noqa: E402
-from timing import timed  # noqa: E402
+from timing import pool_args, timed  # noqa: E402
 
 
 # Rounds of pymizu.Pool and pymizu.PoolExecutor in alternation for the first two rows.
@@ -157,10 +156,7 @@ def write_results(path, workers, quick, floors, names, measures, table):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="fewer repetitions (the demo)")
-    ap.add_argument("--workers", type=int, default=2)
-    a = ap.parse_args()
+    a = pool_args()
     w = a.workers
     q = 0.25 if a.quick else 1.0
 

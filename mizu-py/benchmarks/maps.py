@@ -18,7 +18,6 @@ with multiprocessing's chunking). Every number is the median of several runs.
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import os
 import statistics
@@ -32,6 +31,7 @@ os.environ["PYTHONPATH"] = HERE + os.pathsep + os.environ.get("PYTHONPATH", "")
 
 import pymizu  # noqa: E402
 import work  # noqa: E402
+from timing import pool_args  # noqa: E402
 
 #: The row of forked processes that each run a fixed share of a map (see `Shares`).
 MACHINE = "forked processes, fixed shares"
@@ -94,10 +94,7 @@ class Shares:
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="fewer repetitions (the demo)")
-    ap.add_argument("--workers", type=int, default=2)
-    a = ap.parse_args()
+    a = pool_args()
     w = a.workers
     reps = 3 if a.quick else 15
     # (row, function, burn rounds per element, elements): about 40 ms of work each (10 ms

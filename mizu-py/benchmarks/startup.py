@@ -41,13 +41,11 @@ def start_use_stop(make, use) -> float:
 
 
 def main():
-    import argparse
     import statistics
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="fewer repetitions (the demo)")
-    ap.add_argument("--workers", type=int, default=2)
-    a = ap.parse_args()
+    from timing import pool_args
+
+    a = pool_args()
     w = a.workers
     reps = 3 if a.quick else 9
 

@@ -1,7 +1,17 @@
-"""The benchmarks' one way of timing: a warm-up call, then the median of `reps` calls."""
+"""The benchmarks' one way of timing: a warm-up call, then the median of `reps` calls; and
+the command line the pool benchmarks share."""
 
+import argparse
 import statistics
 import time
+
+
+def pool_args():
+    """`--quick` (fewer repetitions: the demo) and `--workers N` (default 2), parsed."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions (the demo)")
+    ap.add_argument("--workers", type=int, default=2)
+    return ap.parse_args()
 
 
 def timed(f, reps, per=1, most=None):

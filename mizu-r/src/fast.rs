@@ -329,74 +329,47 @@ pub(crate) fn native_routines() -> List {
     type One = unsafe extern "C" fn(SEXP) -> SEXP;
     type Two = unsafe extern "C" fn(SEXP, SEXP) -> SEXP;
     type Four = unsafe extern "C" fn(SEXP, SEXP, SEXP, SEXP) -> SEXP;
-    // SAFETY: R's main thread; each pointer is protected by the list's Robj as soon as it
-    // exists. `.Call` calls each with the arguments its R wrapper passes (one for `tasks_ok`,
-    // `submit_frame`, `bind_globals` and `unbind_globals`, four for `submit_expr`, `nop` and
-    // `each`, else two).
-    unsafe {
-        let s = Robj::from_sexp(native_symbol(submit as Two as *const c_void));
-        let e = Robj::from_sexp(native_symbol(
+    // `.Call` calls each with as many arguments as its type says: what its R wrapper passes.
+    let routines: [(&str, *const c_void); 13] = [
+        ("submit", submit as Two as *const c_void),
+        (
+            "submit_expr",
             crate::ffi::mizu_submit_shim as Four as *const c_void,
-        ));
-        let f = Robj::from_sexp(native_symbol(
+        ),
+        (
+            "submit_frame",
             crate::ffi::mizu_submit_frame as One as *const c_void,
-        ));
-        let c = Robj::from_sexp(native_symbol(collect as Two as *const c_void));
-        let v = Robj::from_sexp(native_symbol(
+        ),
+        ("collect", collect as Two as *const c_void),
+        (
+            "collect_value",
             crate::ffi::mizu_collect_shim as Two as *const c_void,
-        ));
-        let k = Robj::from_sexp(native_symbol(tasks_ok as One as *const c_void));
-        let n = Robj::from_sexp(native_symbol(nop as Four as *const c_void));
-        let each = Robj::from_sexp(native_symbol(
-            crate::ffi::mizu_each as Four as *const c_void,
-        ));
-        let bind = Robj::from_sexp(native_symbol(
+        ),
+        ("tasks_ok", tasks_ok as One as *const c_void),
+        ("nop", nop as Four as *const c_void),
+        ("each", crate::ffi::mizu_each as Four as *const c_void),
+        (
+            "bind_globals",
             crate::ffi::mizu_bind_globals as One as *const c_void,
-        ));
-        let unbind = Robj::from_sexp(native_symbol(
+        ),
+        (
+            "unbind_globals",
             crate::ffi::mizu_unbind_globals as One as *const c_void,
-        ));
-        let in_frame = Robj::from_sexp(native_symbol(
+        ),
+        (
+            "in_frame",
             crate::ffi::mizu_in_frame as Two as *const c_void,
-        ));
-        let values_in = Robj::from_sexp(native_symbol(
+        ),
+        (
+            "values_in",
             crate::ffi::mizu_values_in as Two as *const c_void,
-        ));
-        let find_identical = Robj::from_sexp(native_symbol(
+        ),
+        (
+            "find_identical",
             crate::ffi::mizu_find_identical as Two as *const c_void,
-        ));
-        List::from_names_and_values(
-            [
-                "submit",
-                "submit_expr",
-                "submit_frame",
-                "collect",
-                "collect_value",
-                "tasks_ok",
-                "nop",
-                "each",
-                "bind_globals",
-                "unbind_globals",
-                "in_frame",
-                "values_in",
-                "find_identical",
-            ],
-            [
-                s,
-                e,
-                f,
-                c,
-                v,
-                k,
-                n,
-                each,
-                bind,
-                unbind,
-                in_frame,
-                values_in,
-                find_identical,
-            ],
-        )
-        .unwrap_or_default()
-    }
+        ),
+    ];
+    // SAFETY: R's main thread; each pointer is protected by its Robj as soon as it exists.
+    let symbols = routines.map(|(_, p)| unsafe { Robj::from_sexp(native_symbol(p)) });
+    List::from_names_and_values(routines.map(|(n, _)| n), symbols).unwrap_or_default()
 }
