@@ -256,6 +256,23 @@ unsafe extern "C" fn tasks_ok(tasks: SEXP) -> SEXP {
     }
 }
 
+/// Whether `task` is final (`TRUE`/`FALSE`): `wrap__task_done` without extendr's wrapper,
+/// which costs more than the rest of `mizu_collect_all()`'s work per task. A handle that is
+/// not a live task answers `FALSE`: the collect that follows raises its error.
+unsafe extern "C" fn task_done(task: SEXP) -> SEXP {
+    // SAFETY: R's main thread (`.Call`); `task` is protected by R for the call; only reads,
+    // then one allocation for the answer.
+    unsafe {
+        let done = guarded(|| {
+            crate::collect::task_at(task)
+                .map(|t| t.is_done())
+                .map_err(|e| e.to_string())
+        })
+        .unwrap_or(false);
+        crate::ffi::Rf_ScalarLogical(i32::from(done))
+    }
+}
+
 /// Submits `call` (a `mizu_call()`) with the further keyword arguments `vars` to a pool of
 /// Python workers: the task handle, or `c(class, message)` for `mizu_submit_shim`
 /// (`shims.c`) to raise.
@@ -330,7 +347,7 @@ pub(crate) fn native_routines() -> List {
     type Two = unsafe extern "C" fn(SEXP, SEXP) -> SEXP;
     type Four = unsafe extern "C" fn(SEXP, SEXP, SEXP, SEXP) -> SEXP;
     // `.Call` calls each with as many arguments as its type says: what its R wrapper passes.
-    let routines: [(&str, *const c_void); 13] = [
+    let routines: [(&str, *const c_void); 14] = [
         ("submit", submit as Two as *const c_void),
         (
             "submit_expr",
@@ -346,6 +363,7 @@ pub(crate) fn native_routines() -> List {
             crate::ffi::mizu_collect_shim as Two as *const c_void,
         ),
         ("tasks_ok", tasks_ok as One as *const c_void),
+        ("task_done", task_done as One as *const c_void),
         ("nop", nop as Four as *const c_void),
         ("each", crate::ffi::mizu_each as Four as *const c_void),
         (

@@ -120,7 +120,7 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
     # The runtime decides how long to sleep (mizu_pool::Ahead): every result is wanted at
     # once, or, with a progress bar, streamed. (A final task needs no wait: the check here
     # only spares copying the rest of the list.)
-    if (!.Call(wrap__task_done, tasks[[k]]) &&
+    if (!.Call(.native_task_done, tasks[[k]]) &&
         .Call(wrap__tasks_wait_ahead, tasks[k:nt], !is.null(bar), Inf) < 0L) {
       .signal_interrupt()
     }

@@ -501,7 +501,7 @@ mizu_collect_all <- function(tasks, timeout = Inf) {
     left <- if (is.null(end)) Inf else max(0, end - proc.time()[[3L]])
     # Every value is wanted: the runtime decides how long to sleep before the next (see
     # mizu_map()); a final task needs no wait.
-    if (!.Call(wrap__task_done, tasks[[k]])) {
+    if (!.Call(.native_task_done, tasks[[k]])) {
       w <- .Call(wrap__tasks_wait_ahead, tasks[k:nt], FALSE, left)
       if (w < 0L) .signal_interrupt()
       if (w == 0L) return(mizu_timeout)

@@ -11,6 +11,7 @@
 .native_collect <- NULL
 .native_collect_value <- NULL
 .native_tasks_ok <- NULL
+.native_task_done <- NULL
 .native_nop <- NULL
 .native_each <- NULL
 .native_bind_globals <- NULL
