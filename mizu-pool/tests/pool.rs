@@ -4,7 +4,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use mizu_pool::{
-    Ahead, CollectError, Launcher, Pool, PoolConfig, PoolError, TaskError, collect_all,
+    Ahead, CollectError, Launcher, Pool, PoolConfig, PoolError, Task, TaskError, collect_all,
     collect_any, wait_ahead,
 };
 use mizu_queue::SlotState;
@@ -23,6 +23,14 @@ fn workers(n: usize) -> PoolConfig {
         workers: n,
         ..Default::default()
     }
+}
+
+/// One task per test-worker command, submitted in order.
+fn submit_all(p: &Pool, commands: &[&str]) -> Vec<Task> {
+    commands
+        .iter()
+        .map(|c| p.submit(c.as_bytes()).unwrap())
+        .collect()
 }
 
 fn text(b: &arrow_buffer::Buffer) -> String {
@@ -308,10 +316,10 @@ fn collect_any_returns_the_first_finished() {
 #[test]
 fn waiting_ahead_returns_once_the_task_halfway_along_is_final() {
     let p = pool(workers(1));
-    let mut tasks: Vec<_> = ["sleep:100", "sleep:100", "echo:a", "sleep:100", "echo:b"]
-        .iter()
-        .map(|c| p.submit(c.as_bytes()).unwrap())
-        .collect();
+    let mut tasks = submit_all(
+        &p,
+        &["sleep:100", "sleep:100", "echo:a", "sleep:100", "echo:b"],
+    );
     let refs: Vec<_> = tasks.iter().collect();
     assert!(wait_ahead(&refs, GUARD));
     // One worker runs them in order: everything up to the one halfway along is final.
@@ -329,10 +337,7 @@ fn waiting_ahead_returns_once_the_task_halfway_along_is_final() {
 #[test]
 fn waiting_ahead_returns_at_once_only_when_the_next_task_is_final_as_it_starts() {
     let p = pool(workers(1));
-    let tasks: Vec<_> = ["echo:a", "sleep:100000", "echo:b"]
-        .iter()
-        .map(|c| p.submit(c.as_bytes()).unwrap())
-        .collect();
+    let tasks = submit_all(&p, &["echo:a", "sleep:100000", "echo:b"]);
     assert!(mizu_pool::wait_until(&tasks[0], GUARD, || tasks[0].is_done().then_some(())).is_some());
     let refs: Vec<_> = tasks.iter().collect();
     // The one halfway along sleeps: only the first being final as it starts ends this wait.
@@ -351,10 +356,7 @@ fn waiting_ahead_returns_at_once_only_when_the_next_task_is_final_as_it_starts()
 #[test]
 fn a_stream_waits_ahead_only_for_a_while_and_a_map_for_the_task_halfway_along() {
     let p = pool(workers(1));
-    let tasks: Vec<_> = ["sleep:300", "sleep:5000", "echo:x"]
-        .iter()
-        .map(|c| p.submit(c.as_bytes()).unwrap())
-        .collect();
+    let tasks = submit_all(&p, &["sleep:300", "sleep:5000", "echo:x"]);
     let refs: Vec<_> = tasks.iter().collect();
     // Needing every result, it sleeps past the first task's outcome, for the second.
     assert!(!Ahead::new(false).wait(&refs, Some(Duration::from_millis(1000))));
@@ -371,10 +373,7 @@ fn a_stream_waits_ahead_only_for_a_while_and_a_map_for_the_task_halfway_along() 
 #[test]
 fn a_stream_in_any_order_ends_its_wait_at_any_final_task() {
     let p = pool(workers(2));
-    let tasks: Vec<_> = ["sleep:5000", "echo:a", "sleep:5000"]
-        .iter()
-        .map(|c| p.submit(c.as_bytes()).unwrap())
-        .collect();
+    let tasks = submit_all(&p, &["sleep:5000", "echo:a", "sleep:5000"]);
     let refs: Vec<_> = tasks.iter().collect();
     let mut any = Ahead::any_order();
     assert!((0..4000).any(|_| any.wait(&refs, Some(Duration::from_millis(30)))));
@@ -385,10 +384,7 @@ fn a_stream_in_any_order_ends_its_wait_at_any_final_task() {
 #[test]
 fn waiting_ahead_stops_at_a_failure_before_the_task_it_waits_for() {
     let p = pool(workers(1));
-    let tasks: Vec<_> = ["sleep:200", "fail:boom", "sleep:100000", "echo:x"]
-        .iter()
-        .map(|c| p.submit(c.as_bytes()).unwrap())
-        .collect();
+    let tasks = submit_all(&p, &["sleep:200", "fail:boom", "sleep:100000", "echo:x"]);
     let refs: Vec<_> = tasks.iter().collect();
     assert!(wait_ahead(&refs, GUARD));
     assert_eq!(tasks[1].state(), Some(SlotState::Err));
@@ -401,10 +397,7 @@ fn waiting_ahead_stops_at_a_failure_before_the_task_it_waits_for() {
 #[test]
 fn threads_waiting_for_tasks_of_one_submitter_each_get_theirs() {
     let p = pool(workers(1));
-    let mut tasks: Vec<_> = ["sleep:300", "echo:second", "sleep:200"]
-        .iter()
-        .map(|c| p.submit(c.as_bytes()).unwrap())
-        .collect();
+    let mut tasks = submit_all(&p, &["sleep:300", "echo:second", "sleep:200"]);
     // One waiter parks aimed at its task, the others where every outcome wakes them.
     let got: Vec<String> = std::thread::scope(|s| {
         let waiters: Vec<_> = tasks

@@ -12,15 +12,23 @@ SEXP mizu_rs_submit_expr(SEXP pool, SEXP expr, SEXP vars);
 SEXP mizu_rs_submit_xcall(SEXP pool, SEXP call, SEXP vars);
 SEXP mizu_rs_collect_value(SEXP task, SEXP timeout, int *outcome);
 
-/* fun(arg), with fun looked up in the package namespace (where R forces a lazy-loaded
- * binding). Only failures and outcomes other than a plain value come here, so the namespace is
- * looked up each time rather than kept (a reloaded package gets its new one). */
-static SEXP mizu_call1(const char *fun, SEXP arg) {
+/* The package namespace, looked up each time rather than kept (a reloaded package gets its
+ * new one): only failures, outcomes other than a plain value and submits that search for
+ * globals come here. */
+static SEXP mizu_namespace(void) {
     SEXP name = PROTECT(mkString("mizu"));
-    SEXP ns = PROTECT(R_FindNamespace(name));
+    SEXP ns = R_FindNamespace(name);
+    UNPROTECT(1);
+    return ns;
+}
+
+/* fun(arg), with fun looked up in the package namespace (where R forces a lazy-loaded
+ * binding). */
+static SEXP mizu_call1(const char *fun, SEXP arg) {
+    SEXP ns = PROTECT(mizu_namespace());
     SEXP call = PROTECT(lang2(install(fun), arg));
     SEXP v = eval(call, ns);
-    UNPROTECT(3);
+    UNPROTECT(2);
     return v;
 }
 
@@ -60,12 +68,11 @@ SEXP mizu_submit_shim(SEXP pool, SEXP expr, SEXP vars, SEXP frame) {
             SEXP p = findVarInFrame3(frame, install(".expr"), TRUE);
             if (TYPEOF(p) == PROMSXP && TYPEOF(PRENV(p)) == ENVSXP) env = PRENV(p);
         }
-        SEXP name = PROTECT(mkString("mizu"));
-        SEXP ns = PROTECT(R_FindNamespace(name));
+        SEXP ns = PROTECT(mizu_namespace());
         SEXP quoted = PROTECT(lang2(install("quote"), expr));
         SEXP call = PROTECT(lang6(install(".submit_globals"), pool, vars, frame, quoted, env));
         SEXP t = eval(call, ns);
-        UNPROTECT(5);
+        UNPROTECT(4);
         return t;
     }
     mizu_call1(".raise_failure", r);
