@@ -56,6 +56,40 @@ pub fn retrying<T, R: MakeRoom>(
     }
 }
 
+/// How many tasks behind the oldest pending one a full submitter waits for at most (see
+/// [`drain`]).
+pub const DRAIN_AHEAD: usize = 512;
+
+/// How a binding makes room when every task slot of a submitter is taken
+/// ([`MakeRoom::drain`]), given the tasks it holds that may still have a slot, oldest first:
+///
+/// * every finished outcome is moved out of its slot into its task (`settle`: true when it
+///   moved one);
+/// * when none was finished, it waits (`wait`, one slice at most) for the task an eighth of the
+///   way along those still `pending` (at most [`DRAIN_AHEAD`] in), then settles again. Workers
+///   take tasks in order, so the ones before it are done by then too: one sweep makes room for
+///   the next several submissions, instead of a sweep of every held task per submission.
+///
+/// True when some slot was freed. (Slots of tasks the binding no longer holds free themselves
+/// when those finish, which the next attempt sees.)
+pub fn drain<T>(
+    held: &[T],
+    settle: impl Fn(&T) -> bool,
+    pending: impl Fn(&T) -> bool,
+    wait: impl FnOnce(&T),
+) -> bool {
+    let sweep = || held.iter().fold(false, |moved, t| settle(t) | moved);
+    if sweep() {
+        return true;
+    }
+    let waiting: Vec<&T> = held.iter().filter(|t| pending(t)).collect();
+    let Some(&target) = waiting.get((waiting.len() / 8).clamp(1, DRAIN_AHEAD) - 1) else {
+        return false;
+    };
+    wait(target);
+    sweep()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,6 +155,40 @@ mod tests {
         let got: std::result::Result<(), _> = retrying(&mut log, |_| Err(no_space()));
         assert!(got.is_err());
         assert_eq!(log.asked, ["collect", "fail"]);
+    }
+
+    #[test]
+    fn a_drain_settles_what_finished_else_waits_an_eighth_of_the_way_along() {
+        use std::cell::Cell;
+        // (finished, settled) per task, oldest first.
+        let tasks: Vec<(Cell<bool>, Cell<bool>)> = (0..40)
+            .map(|_| (Cell::new(false), Cell::new(false)))
+            .collect();
+        let settle = |t: &(Cell<bool>, Cell<bool>)| t.0.get() && !t.1.replace(true);
+        let pending = |t: &(Cell<bool>, Cell<bool>)| !t.0.get();
+        // Finished tasks are settled without a wait.
+        tasks[3].0.set(true);
+        tasks[7].0.set(true);
+        assert!(drain(&tasks, settle, pending, |_| panic!("no wait")));
+        assert!(tasks[3].1.get() && tasks[7].1.get());
+        // None finished: the wait is for the fourth of the 38 pending ones (38 / 8 = 4; task 3
+        // is settled already), and what finished meanwhile is settled.
+        let index =
+            |t: &(Cell<bool>, Cell<bool>)| tasks.iter().position(|u| std::ptr::eq(u, t)).unwrap();
+        let waited = Cell::new(None);
+        let freed = drain(&tasks, settle, pending, |t| {
+            waited.set(Some(index(t)));
+            for u in &tasks[..=index(t)] {
+                u.0.set(true);
+            }
+        });
+        assert!(freed);
+        assert_eq!(waited.get(), Some(4));
+        assert!(tasks[..=4].iter().all(|t| t.1.get()) && !tasks[5].1.get());
+        // A wait that ends with nothing finished frees nothing; nothing pending, no wait.
+        assert!(!drain(&tasks, settle, pending, |_| {}));
+        let done: Vec<(Cell<bool>, Cell<bool>)> = Vec::new();
+        assert!(!drain(&done, settle, pending, |_| panic!("no wait")));
     }
 
     #[test]

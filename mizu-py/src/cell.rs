@@ -20,8 +20,6 @@ pub(crate) const HOT_WAIT: Duration = Duration::from_micros(20);
 pub(crate) const HOT_WAIT_COLD: Duration = Duration::from_micros(2);
 /// Waits in a row (in this process) whose task outlasted the poll.
 pub(crate) static HOT_MISSES: AtomicU32 = AtomicU32::new(0);
-/// How many tasks behind the oldest pending one a full submitter waits for at most.
-pub(crate) const DRAIN_AHEAD: usize = 512;
 /// How long a thread waits before looking again at a task another thread is collecting.
 pub(crate) const BUSY_NAP: Duration = Duration::from_micros(200);
 

@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 
 use mizu_pool::CollectError;
 
-use crate::cell::{BUSY_NAP, Cell, DRAIN_AHEAD, SLICE, State, Taken, collect};
+use crate::cell::{BUSY_NAP, Cell, SLICE, State, Taken, collect};
 
 /// The tasks of one submitter (a pool, or the nested submissions of a worker), held weakly.
 #[derive(Default)]
@@ -42,7 +42,8 @@ impl Registry {
     }
 
     /// Every task slot is taken: moves finished outcomes out of their slots into their tasks,
-    /// or waits (one slice at most) for a task to finish. Call with the GIL released.
+    /// or waits (one slice at most) for some to finish, as the runtime's rule says
+    /// (`mizu_pool::retry::drain`). Call with the GIL released.
     pub(crate) fn drain(&self) {
         let cells: Vec<Arc<Cell>> = {
             let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
@@ -56,43 +57,36 @@ impl Registry {
             live.kept = live.cells.len();
             live.cells.iter().filter_map(Weak::upgrade).collect()
         };
-        let sweep = || {
-            let mut moved = false;
-            for c in &cells {
-                if let Some(mut t) = Taken::take(c)
-                    && t.task().is_done()
-                {
-                    let r = t.task().outcome(Some(Duration::ZERO));
-                    t.finish(r);
-                    moved = true;
-                }
+        let settle = |c: &Arc<Cell>| {
+            let Some(mut t) = Taken::take(c) else {
+                return false;
+            };
+            if !t.task().is_done() {
+                return false;
             }
-            moved
+            let r = t.task().outcome(Some(Duration::ZERO));
+            t.finish(r);
+            true
         };
-        if sweep() {
-            return;
-        }
-        // Nothing finished: wait for a task a few behind the oldest pending one (slots held
-        // by dropped tasks free themselves as those finish). Workers take tasks in order, so
-        // the ones before it are done by then too, and one sweep makes room for the next
-        // several submissions instead of one.
-        let pending = cells
-            .iter()
-            .filter(|c| {
-                c.try_lock()
-                    .is_some_and(|g| matches!(*g, State::Pending(_)))
-            })
-            .count();
-        let behind = (pending / 8).clamp(1, DRAIN_AHEAD);
-        match cells.iter().filter_map(|c| Taken::take(c)).nth(behind - 1) {
-            Some(mut t) => {
+        let pending = |c: &Arc<Cell>| {
+            c.try_lock()
+                .is_some_and(|g| matches!(*g, State::Pending(_)))
+        };
+        let mut waited = false;
+        let freed = mizu_pool::retry::drain(&cells, settle, pending, |c| {
+            // (Unless another thread is collecting it meanwhile.)
+            if let Some(mut t) = Taken::take(c) {
+                waited = true;
                 match collect(t.task(), SLICE) {
                     Err(CollectError::Timeout) => drop(t),
                     r => t.finish(r),
                 }
-                sweep();
             }
-            None => std::thread::sleep(BUSY_NAP),
+        });
+        // Nothing to wait for here (every task is another thread's to collect, or the slots
+        // are held by dropped tasks, which free theirs as they finish): look again shortly.
+        if !freed && !waited {
+            std::thread::sleep(BUSY_NAP);
         }
     }
 }

@@ -50,51 +50,43 @@ impl RPool {
     pub(crate) fn repeats_key(&self) -> Option<u64> {
         self.inner.try_borrow().ok()?.as_ref().map(|p| p.id())
     }
-    /// Moves finished outcomes out of their task slots; waits (in Ctrl-C-checked slices, up
-    /// to `timeout`) for one when none is finished.
+    /// Moves finished outcomes out of their task slots, or waits (in Ctrl-C-checked slices, up
+    /// to `timeout`) for some to finish, as the runtime's rule says (`mizu_pool::retry::drain`).
     pub(crate) fn drain(&self, timeout: Option<Duration>) -> Drained {
         let start = Instant::now();
-        loop {
-            let mut freed = false;
-            let pending = |t: &RTask| matches!(&*t.cell.borrow(), TaskState::Pending(_));
-            let batches = self.batch.live(pending);
-            let live: Vec<&RTask> = batches
-                .iter()
-                .flat_map(|b| b.tasks())
-                .filter(|t| pending(t))
-                .collect();
-            for t in &live {
-                let mut g = t.cell.borrow_mut();
-                if let TaskState::Pending(t) = &mut *g
-                    && t.is_done()
-                {
-                    let r = t.result(Some(Duration::ZERO));
+        let pending = |t: &RTask| matches!(&*t.cell.borrow(), TaskState::Pending(_));
+        let settle = |t: &&RTask| {
+            let mut g = t.cell.borrow_mut();
+            match &mut *g {
+                TaskState::Pending(p) if p.is_done() => {
+                    let r = p.result(Some(Duration::ZERO));
                     *g = TaskState::Finished(r);
-                    freed = true;
+                    true
                 }
+                _ => false,
             }
+        };
+        loop {
+            let batches = self.batch.live(pending);
+            let held: Vec<&RTask> = batches.iter().flat_map(|b| b.tasks()).collect();
+            let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
+            let slice = left.map_or(SLICE, |l| l.min(SLICE));
+            let freed = mizu_pool::retry::drain(
+                &held,
+                settle,
+                |t| pending(t),
+                |t| {
+                    if let TaskState::Pending(p) = &*t.cell.borrow() {
+                        mizu_pool::wait_until(p, Some(slice), || p.is_done().then_some(()));
+                    }
+                },
+            );
             if freed {
                 return Drained::Freed;
             }
-            let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
-            if live.is_empty() || left.is_some_and(|l| l.is_zero()) {
+            if !held.iter().any(|t| pending(t)) || left.is_some_and(|l| l.is_zero()) {
                 return Drained::TimedOut;
             }
-            let slice = left.map_or(SLICE, |l| l.min(SLICE));
-            let g = live[0].cell.borrow();
-            if let TaskState::Pending(probe) = &*g {
-                mizu_pool::wait_until(probe, Some(slice), || {
-                    live.iter()
-                        .skip(1)
-                        .any(|t| match t.cell.try_borrow().as_deref() {
-                            Ok(TaskState::Pending(t)) => t.is_done(),
-                            _ => false,
-                        })
-                        .then_some(())
-                        .or_else(|| probe.is_done().then_some(()))
-                });
-            }
-            drop(g);
             if interrupt::pending() {
                 return Drained::Interrupted;
             }
