@@ -356,8 +356,10 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
     let mut busy: Option<(Instant, u32)> = None;
     // Since when idle slices have found nothing to do (see `QUIET`).
     let mut quiet_since: Option<Instant> = None;
+    let mut placement = placement::Placement::default();
     while !done() {
         if rt.run_one() || rt.steal_nested() {
+            placement.between_tasks(v, slot);
             quiet_since = None;
             stream.start();
             let b = busy.get_or_insert_with(|| (Instant::now(), 0));
@@ -407,7 +409,7 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
             // Woken for work, on a CPU the kernel chose: see that it is not another busy
             // worker's. (Not after an idle slice that found nothing.)
             if woke.is_ok() {
-                placement::settle(v.workers(), slot);
+                placement.woke(v, slot);
             }
         }
         // Housekeeping and stealing (which scans task slots) only after a whole idle slice or
