@@ -404,6 +404,27 @@ def test_a_worker_starts_without_what_only_a_caller_uses(tmp_path):
     assert out.stdout.split("\n")[:4] == ["[]", "[]", "True", "[]"], out.stdout
 
 
+def test_looking_for_an_integration_imports_nothing_until_it_is_imported():
+    # `hasattr(pymizu, "joblib")` (a tool walking modules does as much) neither imports joblib
+    # nor raises when it is missing; `import pymizu.joblib` makes the attribute.
+    code = textwrap.dedent("""
+        import sys
+        import pymizu
+
+        print(hasattr(pymizu, "joblib"), hasattr(pymizu, "dask"), "joblib" in sys.modules)
+        print(hasattr(pymizu, "Pool"), hasattr(pymizu, "_native"))
+        import pymizu.joblib
+        print(hasattr(pymizu, "joblib"), pymizu.joblib.__name__)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:3] == [
+        "False False False",
+        "True True",
+        "True pymizu.joblib",
+    ], out.stdout
+
+
 def in_forked_child(run) -> bytes:
     """What `run()` returns (bytes) in a child made by `os.fork()`, or the repr of what it
     raised."""

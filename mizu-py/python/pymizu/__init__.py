@@ -58,12 +58,19 @@ _WHERE = {
 }
 
 
+#: Submodules that import a third-party library (joblib, dask).
+_INTEGRATIONS = frozenset({"joblib", "dask"})
+
+
 def __getattr__(name: str):
     import importlib
 
     where = _WHERE.get(name)
     if where is None:
-        if name.startswith("__"):
+        # The integrations are attributes once imported (`import pymizu.joblib`), as in any
+        # package: looking for one (`hasattr`, a tool walking modules) imports no third-party
+        # library and never raises its ImportError.
+        if name.startswith("__") or name in _INTEGRATIONS:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
         # A submodule not imported yet (`pymizu._native`, `pymizu.joblib`).
         try:
