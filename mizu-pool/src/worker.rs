@@ -374,6 +374,9 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         let spins = records::go_idle(v.workers(), slot, max_active);
         let waiter = if spins { &mut spinner } else { &mut sleeper };
         let before = waiter.parks();
+        // Whether this wait follows a run of tiny tasks (a stream of submissions, not a map's
+        // chunks: see `placement`).
+        let tiny = busy.is_some_and(|(t, n)| t.elapsed() < LONG_TASK.saturating_mul(n));
         // A stream survives the spin (a task caught there continues it) and ends before the
         // worker parks: `check` runs between the two. There, before the first park and after a
         // run of long tasks, a task another worker has not taken yet and a sleeping caller
@@ -409,7 +412,7 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
             // Woken for work, on a CPU the kernel chose: see that it is not another busy
             // worker's. (Not after an idle slice that found nothing.)
             if woke.is_ok() {
-                placement.woke(v, slot);
+                placement.woke(v, slot, tiny);
             }
         }
         // Housekeeping and stealing (which scans task slots) only after a whole idle slice or

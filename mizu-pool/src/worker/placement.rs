@@ -20,13 +20,16 @@
 //! workers together whenever the higher one woke first. Nothing is pinned: the kernel stays
 //! free to move a worker later, and threads a task starts may run anywhere the worker may.
 //!
-//! A CPU where a caller of the pool is running (not waiting) is not taken either: a caller
-//! submitting a stream of small tasks is what every worker waits for, and two workers sharing
-//! the other CPU lose nothing while it has its own (on 2 CPUs, moving a worker onto the
-//! caller's CPU at its wakes made a pipelined R stream of 20 000 tasks 1.5x slower). A
-//! map's caller runs too when the workers wake (it sends each worker its first chunk, then
-//! encodes the rest) and sleeps soon after, so a worker that stayed for that reason looks
-//! once more at the first task boundary a millisecond later.
+//! In a stream of tiny tasks (the worker ran tasks of less than 20 µs on average until it
+//! waited, and was woken less than 20 ms after its last wake), a CPU where a caller of the
+//! pool is running (not waiting) is not free either: a caller submitting a stream of small tasks is what every
+//! worker waits for, and two workers sharing the other CPU lose nothing while it has its own
+//! (on 2 CPUs, moving a worker onto the caller's CPU at its wakes made a pipelined R stream of
+//! 20 000 tasks 1.5x slower). A caller running then may be about to sleep, so a worker that
+//! stayed for that reason looks once more at the first task boundary a millisecond later. A
+//! map's chunks, or the first wake after a pause, count the caller's CPU as free: the caller
+//! of a map runs when the workers wake (it sends each its first chunk, then encodes the rest)
+//! and sleeps soon after.
 
 use std::time::{Duration, Instant};
 
@@ -39,20 +42,35 @@ use crate::records::{WorkerSlot, idle};
 /// caller looks again (at the first task boundary after it).
 const RECHECK: Duration = Duration::from_millis(1);
 
+/// A worker that ran tiny tasks and is woken again within this long of its last wake is in a
+/// stream of submissions (see [`Placement::woke`]).
+const STREAM_GAP: Duration = Duration::from_millis(20);
+
 /// A worker's placement: a look after each wake for work, and at most one look again.
 #[derive(Default)]
 pub(super) struct Placement {
     /// When the look deferred after the last wake is due.
     recheck: Option<Instant>,
+    /// When the worker was last woken for work.
+    last_wake: Option<Instant>,
 }
 
 impl Placement {
-    /// After a wake for work: see where this worker runs (see [`look`]). A caller running on
-    /// the one CPU it could move to may be about to sleep (a map's caller sends the first
-    /// chunks and encodes the rest before it waits): then the worker looks once more at the
-    /// first task boundary [`RECHECK`] later.
-    pub(super) fn woke(&mut self, v: &PoolView<'_>, slot: usize) {
-        self.recheck = (look(v, slot) == Look::CallerThere).then(|| Instant::now() + RECHECK);
+    /// After a wake for work (`tiny`: the worker ran tiny tasks until it waited): see where
+    /// this worker runs (see [`look`]). In a stream of tiny tasks (woken again within
+    /// [`STREAM_GAP`] after tiny ones), a CPU with a running caller is the caller's; as that
+    /// caller may be about to sleep, a worker that stayed for it looks once more at the first
+    /// task boundary [`RECHECK`] later. Otherwise (a map's chunks, the first wake of a burst)
+    /// the worker moves wherever no other busy worker is.
+    pub(super) fn woke(&mut self, v: &PoolView<'_>, slot: usize, tiny: bool) {
+        let now = Instant::now();
+        let stream = tiny
+            && self
+                .last_wake
+                .is_some_and(|t| now.saturating_duration_since(t) < STREAM_GAP);
+        self.last_wake = Some(now);
+        self.recheck =
+            (look(v, slot, stream) == Look::CallerThere).then(|| Instant::now() + RECHECK);
     }
 
     /// Between two tasks: the deferred look, when it is due.
@@ -62,7 +80,7 @@ impl Placement {
             && Instant::now() >= at
         {
             self.recheck = None;
-            look(v, slot);
+            look(v, slot, true);
         }
     }
 }
@@ -78,8 +96,9 @@ enum Look {
 }
 
 /// The CPU this worker runs on now, recorded; moved first when it shares that CPU with another
-/// busy worker and another allowed CPU has neither a busy worker nor a running caller.
-fn look(v: &PoolView<'_>, slot: usize) -> Look {
+/// busy worker and another allowed CPU has no busy worker (nor, with `callers`, a running
+/// caller).
+fn look(v: &PoolView<'_>, slot: usize, callers: bool) -> Look {
     let workers = v.workers();
     let here = rustix::thread::sched_getcpu();
     let mut now = here;
@@ -88,7 +107,7 @@ fn look(v: &PoolView<'_>, slot: usize) -> Look {
         && let Ok(allowed) = rustix::thread::sched_getaffinity(None)
         && let Some(free) = free_cpu(workers, slot, &allowed)
     {
-        if callers_running(v).contains(&free) {
+        if callers && callers_running(v).contains(&free) {
             found = Look::CallerThere;
         } else {
             let mut one = rustix::thread::CpuSet::new();
@@ -155,7 +174,8 @@ fn kernel_state(pid: u32) -> Option<(usize, bool)> {
 }
 
 /// The CPUs where a process submitting to the pool (other than its workers, whose nested
-/// submissions hold records too) is running now.
+/// submissions hold records too) is running now (its main thread, which is what
+/// `/proc/PID/stat` describes: a caller submitting from another thread is not seen).
 fn callers_running(v: &PoolView<'_>) -> Vec<usize> {
     let workers: Vec<u32> = v
         .workers()
@@ -278,9 +298,17 @@ mod tests {
     fn the_kernel_says_where_a_process_ran_last() {
         let cpu = kernel_cpu(std::process::id()).expect("our own /proc/PID/stat");
         assert!(cpu < rustix::thread::CpuSet::MAX_CPU);
-        // This thread is running as it asks (the test process's leader may be waiting for it).
+        // This thread, held to one CPU, is running there as it asks (the test process's
+        // leader may be waiting for it).
         let me = rustix::thread::gettid().as_raw_nonzero().get() as u32;
-        assert_eq!(kernel_state(me).map(|(_, running)| running), Some(true));
+        let allowed = rustix::thread::sched_getaffinity(None).expect("affinity");
+        let here = rustix::thread::sched_getcpu();
+        let mut one = rustix::thread::CpuSet::new();
+        one.set(here);
+        rustix::thread::sched_setaffinity(None, &one).expect("stay on this CPU");
+        let seen = kernel_state(me);
+        rustix::thread::sched_setaffinity(None, &allowed).expect("allowance back");
+        assert_eq!(seen, Some((here, true)));
         assert_eq!(kernel_cpu(u32::MAX), None, "no such process");
     }
 }
