@@ -374,9 +374,9 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         let spins = records::go_idle(v.workers(), slot, max_active);
         let waiter = if spins { &mut spinner } else { &mut sleeper };
         let before = waiter.parks();
-        // Whether this wait follows a run of tiny tasks (a stream of submissions, not a map's
-        // chunks: see `placement`).
-        let tiny = busy.is_some_and(|(t, n)| t.elapsed() < LONG_TASK.saturating_mul(n));
+        // Whether the worker parks after a run of tiny tasks (a stream of submissions, not a
+        // map's chunks: see `placement`), as `check` finds before the first park.
+        let mut tiny = false;
         // A stream survives the spin (a task caught there continues it) and ends before the
         // worker parks: `check` runs between the two. There, before the first park and after a
         // run of long tasks, a task another worker has not taken yet and a sleeping caller
@@ -394,9 +394,11 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
             Some(slice),
             || {
                 stream.end();
-                let long = busy
-                    .take()
-                    .is_some_and(|(t, n)| t.elapsed() >= LONG_TASK.saturating_mul(n));
+                let Some((t, n)) = busy.take() else {
+                    return Ok(());
+                };
+                let long = t.elapsed() >= LONG_TASK.saturating_mul(n);
+                tiny = !long;
                 if long && rt.awaited_unclaimed() {
                     ws.rec.idle.store(idle::BUSY, Ordering::Relaxed);
                     return Err(());

@@ -16,20 +16,21 @@
 //! moves there (restricted to that CPU, then given back its whole allowance, which leaves it
 //! where it is). Two workers on one CPU run one at a time: the first to run finds the other
 //! queued there and moves, or else the second finds the first there when it runs. Trusting
-//! the records alone moved workers onto each other's real CPUs as often as it separated them; letting only the lower slot move left two
-//! workers together whenever the higher one woke first. Nothing is pinned: the kernel stays
-//! free to move a worker later, and threads a task starts may run anywhere the worker may.
+//! the records alone moved workers onto each other's real CPUs as often as it separated them;
+//! letting only the lower slot move left two workers together whenever the higher one woke
+//! first. Nothing is pinned: the kernel stays free to move a worker later, and threads a task
+//! starts may run anywhere the worker may.
 //!
 //! In a stream of tiny tasks (the worker ran tasks of less than 20 µs on average until it
-//! waited, and was woken less than 20 ms after its last wake), a CPU where a caller of the
-//! pool is running (not waiting) is not free either: a caller submitting a stream of small tasks is what every
-//! worker waits for, and two workers sharing the other CPU lose nothing while it has its own
-//! (on 2 CPUs, moving a worker onto the caller's CPU at its wakes made a pipelined R stream of
-//! 20 000 tasks 1.5x slower). A caller running then may be about to sleep, so a worker that
-//! stayed for that reason looks once more at the first task boundary a millisecond later. A
-//! map's chunks, or the first wake after a pause, count the caller's CPU as free: the caller
-//! of a map runs when the workers wake (it sends each its first chunk, then encodes the rest)
-//! and sleeps soon after.
+//! parked, and was woken less than 20 ms after its last wake), a CPU where a caller of the
+//! pool is running (not waiting) is not free either: a caller submitting a stream of small
+//! tasks is what every worker waits for, and two workers sharing the other CPU lose nothing
+//! while it has its own (on 2 CPUs, moving a worker onto the caller's CPU at its wakes made a
+//! pipelined R stream of 20 000 tasks 1.5x slower). A caller running then may be about to
+//! sleep, so a worker that stayed for that reason looks once more at the first task boundary
+//! a millisecond later. A map's chunks, or the first wake after a pause, count the caller's
+//! CPU as free: the caller of a map runs when the workers wake (it sends each its first chunk,
+//! then encodes the rest) and sleeps soon after.
 
 use std::time::{Duration, Instant};
 
@@ -56,7 +57,7 @@ pub(super) struct Placement {
 }
 
 impl Placement {
-    /// After a wake for work (`tiny`: the worker ran tiny tasks until it waited): see where
+    /// After a wake for work (`tiny`: the worker ran tiny tasks until it parked): see where
     /// this worker runs (see [`look`]). In a stream of tiny tasks (woken again within
     /// [`STREAM_GAP`] after tiny ones), a CPU with a running caller is the caller's; as that
     /// caller may be about to sleep, a worker that stayed for it looks once more at the first
