@@ -66,6 +66,18 @@ impl SubmitterCore {
         Some(Aim(self))
     }
 
+    /// Before a wait parks: a caller that woke sleeping workers since it last parked leaves
+    /// its CPU to one of them the kernel queued behind another (see
+    /// `worker::placement::hand_over`). Not in a worker process, whose CPU is a worker's.
+    fn before_parking(&self) {
+        if self.woke.load(Ordering::Relaxed) {
+            self.woke.store(false, Ordering::Relaxed);
+            if !crate::origin::in_worker_process() {
+                crate::worker::placement::hand_over(self.shared.view());
+            }
+        }
+    }
+
     /// A waiter for outcomes of this submitter, with the spin budget the last one learned —
     /// or none when every CPU runs a worker (outside a worker process): spinning then takes
     /// a CPU from a worker, and a map of real work is as much slower as its caller spins.
@@ -170,6 +182,7 @@ impl SubmitterCore {
         if let Some(r) = self.watch_for(timeout.map(|t| t.saturating_sub(start.elapsed())), poll) {
             return r;
         }
+        self.before_parking();
         // Parked aimed at this task, other outcomes of the submitter do not wake the caller.
         let aim = self.aim(slot);
         let rec = v.submitter(self.index);
@@ -461,6 +474,7 @@ pub fn wait_until<T>(
     if let Some(found) = core.watch_for(timeout, &mut poll) {
         return Some(found);
     }
+    core.before_parking();
     let found = loop {
         let left = timeout.map(|d| d.saturating_sub(start.elapsed()));
         match w.wait(

@@ -61,6 +61,9 @@ pub struct SubmitterCore {
     pub(crate) parks: AtomicU64,
     /// Whether a thread of this process waits on the submitter's aimed word (one may).
     pub(crate) aimed_taken: AtomicBool,
+    /// Whether this submitter woke a sleeping worker since a wait of its last parked (see
+    /// [`SubmitterCore::before_parking`]).
+    pub(crate) woke: AtomicBool,
     pub(crate) last_freed: std::sync::atomic::AtomicUsize,
     /// The thread that owns `Inner::deque` (only it may push there).
     pub(crate) owner: Option<std::thread::ThreadId>,
@@ -102,6 +105,7 @@ impl SubmitterCore {
             watched: AtomicU64::new(0),
             parks: AtomicU64::new(0),
             aimed_taken: AtomicBool::new(false),
+            woke: AtomicBool::new(false),
             last_freed: std::sync::atomic::AtomicUsize::new(usize::MAX),
             owner: None,
         }))
@@ -216,8 +220,16 @@ impl SubmitterCore {
         for w in 0..g.pending.len() {
             if std::mem::take(&mut g.pending[w]) {
                 g.producers[w].with(|p| p.publish_quiet());
-                records::wake_for_work(v.worker(w));
+                self.note_wake(records::wake_for_work(v.worker(w)));
             }
+        }
+    }
+
+    /// Remembers that a push woke a sleeping worker (`woke`), for the next wait that parks.
+    #[inline]
+    fn note_wake(&self, woke: bool) {
+        if woke && !self.woke.load(Ordering::Relaxed) {
+            self.woke.store(true, Ordering::Relaxed);
         }
     }
 
@@ -351,7 +363,7 @@ impl SubmitterCore {
                         if defer {
                             g.pending[w] = true;
                         } else {
-                            records::wake_for_work(v.worker(w));
+                            self.note_wake(records::wake_for_work(v.worker(w)));
                         }
                         // A single task's next search starts at this worker: round trips keep
                         // to one worker, whose spin budget stays warm (moving on would leave

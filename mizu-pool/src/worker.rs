@@ -17,7 +17,7 @@ use crate::records::{self, idle};
 use crate::shared::Shared;
 use crate::submitter::{SubmitterCore, abandon, free_claimed, reclaim_if_abandoned};
 
-mod placement;
+pub(crate) mod placement;
 mod steal;
 
 struct Runtime<'e> {
