@@ -61,7 +61,7 @@ pub struct SubmitterCore {
     pub(crate) parks: AtomicU64,
     /// Whether a thread of this process waits on the submitter's aimed word (one may).
     pub(crate) aimed_taken: AtomicBool,
-    /// Whether this submitter woke a sleeping worker since a wait of its last parked (see
+    /// Whether this submitter woke a sleeping worker since one of its waits last parked (see
     /// [`SubmitterCore::before_parking`]).
     pub(crate) woke: AtomicBool,
     pub(crate) last_freed: std::sync::atomic::AtomicUsize,
