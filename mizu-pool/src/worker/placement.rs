@@ -443,7 +443,7 @@ mod tests {
         if cpus.len() > 1 {
             // Each time to a CPU it is not on. The kernel's own balancing moves it too, but
             // seldom between two reads microseconds apart (none in 200 tries without the
-            // move, against 88-99 in 100 with it).
+            // move, against 88-99 in 100 with it: a quarter leaves room for a busy machine).
             let moved = (0..100)
                 .filter(|_| {
                     let at = kernel_cpu(pid).expect("its /proc/PID/stat");
@@ -452,7 +452,7 @@ mod tests {
                     kernel_cpu(pid) == Some(to)
                 })
                 .count();
-            assert!(moved > 50, "moved to the CPU asked {moved} times in 100");
+            assert!(moved > 25, "moved to the CPU asked {moved} times in 100");
             assert_eq!(
                 rustix::thread::sched_getaffinity(p).expect("its allowance"),
                 allowed,
