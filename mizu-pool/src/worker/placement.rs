@@ -138,15 +138,8 @@ fn look(v: &PoolView<'_>, slot: usize, callers: bool) -> Look {
             found = Look::CallerThere;
         } else if with_caller && caller_on(free) {
             // (Callers on every CPU without a busy worker: nowhere better to go.)
-        } else if with_worker || with_caller {
-            let mut one = rustix::thread::CpuSet::new();
-            one.set(free);
-            // (The move happens inside the first call, before it returns; the second keeps
-            // the thread where it is, as its CPU is allowed.)
-            if rustix::thread::sched_setaffinity(None, &one).is_ok() {
-                let _ = rustix::thread::sched_setaffinity(None, &allowed);
-                now = rustix::thread::sched_getcpu();
-            }
+        } else if (with_worker || with_caller) && hop(None, free, &allowed) {
+            now = rustix::thread::sched_getcpu();
         }
     }
     record(&workers[slot], now);
@@ -218,14 +211,22 @@ fn move_to(pid: u32, cpu: usize) {
     let Ok(allowed) = rustix::thread::sched_getaffinity(Some(p)) else {
         return;
     };
-    if allowed.count() < 2 || !allowed.is_set(cpu) {
-        return;
+    if allowed.count() > 1 && allowed.is_set(cpu) {
+        hop(Some(p), cpu, &allowed);
     }
+}
+
+/// Moves a process (None: this thread) to `cpu` and gives it back `allowed`: the move
+/// happens inside the first call, before it returns; the second leaves it where it is, as
+/// that CPU is allowed. True if it moved.
+fn hop(pid: Option<rustix::process::Pid>, cpu: usize, allowed: &rustix::thread::CpuSet) -> bool {
     let mut one = rustix::thread::CpuSet::new();
     one.set(cpu);
-    if rustix::thread::sched_setaffinity(Some(p), &one).is_ok() {
-        let _ = rustix::thread::sched_setaffinity(Some(p), &allowed);
+    let moved = rustix::thread::sched_setaffinity(pid, &one).is_ok();
+    if moved {
+        let _ = rustix::thread::sched_setaffinity(pid, allowed);
     }
+    moved
 }
 
 /// Records `cpu` as where the worker runs (written only when it changed: submitters read the
