@@ -54,7 +54,7 @@ impl<'a> Outgoing<'a> {
         Self::with(py, tag::PICKLE, Vec::new(), pickle, bufs)
     }
 
-    /// A `C` payload: a call of the function pickled by reference as `head`, whose arguments
+    /// A `C` payload: a call of the function pickled as `head` (`fn_ref`), whose arguments
     /// (a tuple, or `[args, kwargs]`) pickle as `pickle` with the buffers `bufs`.
     pub fn call(
         py: Python<'_>,

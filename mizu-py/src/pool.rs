@@ -365,7 +365,7 @@ impl Pool {
         Pool::submit_out(slf, &out)?.untracked(py)
     }
 
-    /// Submits a call of the function pickled (by reference) as `head` when every argument
+    /// Submits a call of the function pickled as `head` (`fn_ref`) when every argument
     /// is a small value, written natively (no pickle). Returns None, submitting nothing, when
     /// an argument is not small.
     #[pyo3(signature = (head, args, kwargs=None))]

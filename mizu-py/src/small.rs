@@ -296,7 +296,7 @@ pub fn encode_value(v: &Bound<'_, PyAny>, refs: bool) -> Option<Payload> {
     if w.value(v, 0) { Payload::new(w) } else { None }
 }
 
-/// The payload of a call of the function pickled as `head` (by reference), or None when
+/// The payload of a call of the function pickled as `head` (`fn_ref`), or None when
 /// an argument is not a small value or a keyword is not a plain `str`. `repeats`: the pool
 /// the call goes to, when large arrays may go by reference to copies kept for their next
 /// sends (see `repeats.rs`).
@@ -408,7 +408,7 @@ pub enum CallPayload<'py> {
 }
 
 /// A pickled call: `(pickle, buffers, head)` as `pymizu._codec.dumps_call` gives it — with
-/// `head`, the function's pickle by reference and the arguments' pickle; without, the whole
+/// `head`, the function's pickle (`fn_ref`) and the arguments' pickle; without, the whole
 /// call's pickle.
 pub struct PickledCall<'py> {
     /// The pickle.
@@ -438,8 +438,9 @@ impl<'py> PickledCall<'py> {
     }
 }
 
-/// The pickle by reference of `f` (`pymizu._codec.fn_ref`): None when `f` must travel by
-/// value (a closure, what an interactive session defined, ...).
+/// The pickle of `f` to send ahead of a call's arguments (`pymizu._codec.fn_ref`): by
+/// reference, or by value while `pymizu._by_value` can keep it; None when `f` must be pickled
+/// with each call.
 pub fn fn_head<'py>(f: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyBytes>>> {
     static FN_REF: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     static FN_BYTES: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
@@ -467,6 +468,7 @@ pub fn fn_head<'py>(f: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyBytes
             .flatten(),
         false => None,
     };
+    let from_cache = cached.is_some();
     let head = match cached {
         Some(h) => h,
         None => FN_REF.import(py, "pymizu._codec", "fn_ref")?.call1((f,))?,
@@ -474,6 +476,11 @@ pub fn fn_head<'py>(f: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyBytes
     let Ok(head) = head.cast_into::<PyBytes>() else {
         return Ok(None);
     };
+    if !from_cache {
+        // A by-value pickle (`pymizu._by_value`) is checked against what the function holds
+        // at each call; one by reference is remembered once `fn_ref` has cached it.
+        return Ok(Some(head));
+    }
     let before = LAST
         .lock()
         .unwrap_or_else(PoisonError::into_inner)

@@ -1,5 +1,7 @@
-"""Functions and classes defined where `__main__` has no file — `python -c`, the REPL, a real
-Jupyter kernel — run on pymizu's workers (they travel by value)."""
+"""Functions and classes a worker cannot import from the caller's `__main__` run on pymizu's
+workers all the same (they travel by value): what `python -c`, the REPL, a script read from
+stdin or a real Jupyter kernel defines, a script without a `__main__` guard, and what a script
+defines under its guard."""
 
 import subprocess
 import sys
@@ -30,8 +32,8 @@ SESSION = textwrap.dedent(
 EXPECTED = ["49", "[0, 1, 4, 9, 16] 42 5", "[0, 1, 4, 9] [2, 4]"]
 
 
-def _run(args, **kw):
-    r = subprocess.run(args, capture_output=True, text=True, timeout=180, cwd="/tmp", **kw)
+def _run(args, cwd="/tmp", **kw):
+    r = subprocess.run(args, capture_output=True, text=True, timeout=180, cwd=cwd, **kw)
     assert r.returncode == 0, r.stderr
     return r.stdout.split("\n")
 
@@ -61,3 +63,147 @@ def test_a_jupyter_kernel_runs_a_notebook():
     ]
     lines = [line for t in texts for line in t.split("\n") if line.strip()]
     assert lines == EXPECTED
+
+
+def test_a_script_read_from_stdin():
+    out = _run([sys.executable, "-"], input=SESSION)
+    assert out[:3] == EXPECTED
+
+
+# Under the guard: a class, a function calling a top-level one, a function returning an instance
+# of the guard's class (it comes back as that class), and a global that a top-level function
+# reads through another. The top-level function that reads no such global still goes by name.
+GUARDED = textwrap.dedent(
+    """
+    import pickle
+    import pymizu
+    from pymizu import _codec
+
+    def top(x):
+        return x + 1
+
+    def scaled(x):
+        return top(x) * FACTOR
+
+    if __name__ == "__main__":
+        FACTOR = 3
+
+        class Box:
+            def __init__(self, v):
+                self.v = v
+
+        def under(x):
+            return top(x) * 10
+
+        def make(v):
+            return Box(v)
+
+        # By name, `top` unpickles to itself; by value, `under` to a copy.
+        print(pickle.loads(_codec.fn_ref(top)) is top, pickle.loads(_codec.fn_ref(under)) is not under)
+        with pymizu.PoolExecutor(2) as ex:
+            b = ex.submit(make, 5).result()
+            print(list(ex.map(under, range(4))), type(b) is Box, b.v, ex.submit(lambda x: x.v, Box(4)).result())
+        with pymizu.Pool(2) as p:
+            print(p.map(under, range(3)), sorted(p.imap_unordered(under, range(3))))
+            print(p.map(scaled, range(3)), p.submit(scaled, 4).result())
+    """
+)
+
+
+def test_what_a_script_defines_under_its_guard(tmp_path):
+    (tmp_path / "guarded.py").write_text(GUARDED)
+    out = _run([sys.executable, "guarded.py"], cwd=tmp_path)
+    assert out[:4] == ["True True", "[10, 20, 30, 40] True 5 4", "[10, 20, 30] [10, 20, 30]", "[3, 6, 9] 15"]
+
+
+# No guard: importing the script in a worker would run it again (and make a pool there), so the
+# workers do not import it; its body runs once, in the caller.
+UNGUARDED = textwrap.dedent(
+    """
+    import pymizu
+    SCALE = 3
+    print("body")
+
+    def f(x):
+        return x * SCALE
+
+    class Pt:
+        def __init__(self, v):
+            self.v = v
+
+    def g(p):
+        return Pt(p.v + 1)
+
+    with pymizu.PoolExecutor(2) as ex:
+        r = ex.submit(g, Pt(1)).result()
+        print(list(ex.map(f, range(4))), type(r) is Pt, r.v)
+    with pymizu.Pool(2) as p:
+        print(p.map(f, range(3)))
+    """
+)
+
+
+def test_a_script_without_a_guard(tmp_path):
+    (tmp_path / "plain.py").write_text(UNGUARDED)
+    out = _run([sys.executable, "plain.py"], cwd=tmp_path)
+    assert out == ["body", "[0, 3, 6, 9] True 2", "[0, 3, 6]", ""]
+
+
+def test_a_module_without_a_guard_run_with_dash_m(tmp_path):
+    (tmp_path / "plainmod.py").write_text(UNGUARDED)
+    out = _run([sys.executable, "-m", "plainmod"], cwd=tmp_path)
+    assert out == ["body", "[0, 3, 6, 9] True 2", "[0, 3, 6]", ""]
+
+
+def test_a_package_run_with_dash_m(tmp_path):
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "__init__.py").write_text("")
+    (tmp_path / "app" / "__main__.py").write_text(UNGUARDED)
+    out = _run([sys.executable, "-m", "app"], cwd=tmp_path)
+    assert out == ["body", "[0, 3, 6, 9] True 2", "[0, 3, 6]", ""]
+
+
+def test_the_names_that_travel_by_value_are_read_from_the_script(tmp_path):
+    from pymizu import _main
+
+    script = tmp_path / "s.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os
+            LIMIT = 1
+
+            def by_name(x, i=0):
+                n = x + i  # `n` and `i` are its own, though the guard binds them too
+                return [n for n in range(n)]
+
+            def reads_limit(x):
+                return x < LIMIT  # bound outside the guard as well: the guard rebinds it
+
+            def bumps_limit(x):
+                global LIMIT  # assigned here, and still the module's
+                LIMIT = LIMIT + x
+
+            class UsesConfig:
+                def get(self):
+                    return CONFIG
+
+            def through(x):
+                return UsesConfig().get()
+
+            if __name__ == "__main__":
+                CONFIG = {}
+                LIMIT = 5
+                for i in range(3):
+                    n = i
+
+                def local_to_guard():
+                    pass
+            """
+        )
+    )
+    names = _main._by_value_names(str(script))
+    assert {"reads_limit", "bumps_limit", "UsesConfig", "through", "local_to_guard", "CONFIG"} <= names
+    assert not {"by_name", "os"} & names
+    script.write_text("def f():\n    pass\nf()\n")
+    assert _main._by_value_names(str(script)) is None

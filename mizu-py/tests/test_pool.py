@@ -717,14 +717,19 @@ def test_a_new_pool_removes_start_files_of_killed_owners(tmp_path):
                 os.unlink(f)
 
 
-def test_an_unguarded_script_gets_a_clear_error_not_a_process_storm(tmp_path):
-    script = tmp_path / "unguarded.py"
+def test_a_pool_made_outside_a_scripts_guard_gets_a_clear_error_not_a_process_storm(tmp_path):
+    # Workers import a script that has a `__main__` guard; this one makes its pool outside it,
+    # so each worker's import would make a pool of its own. (A script without any guard is not
+    # imported by workers at all: tests/test_interactive.py.)
+    script = tmp_path / "half_guarded.py"
     script.write_text(textwrap.dedent("""
         import pymizu
         def one():
             return 1
         with pymizu.Pool(1) as p:
             print(p.submit(one).result(timeout=60))
+        if __name__ == "__main__":
+            print("guarded part")
     """))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0

@@ -1,8 +1,8 @@
 """Pickling for payloads: protocol 5 with out-of-band buffers (numpy, pandas, pyarrow, and
 anything else exporting `PickleBuffer`s), which the native layer lays out in shared memory and
 the receiver reads in place. polars frames and series travel as Arrow (zero-copy both ways);
-what plain pickle refuses (lambdas, local functions) is retried with cloudpickle, and what an
-interactive session (REPL, `python -c`, Jupyter) defines travels by value with it.
+what plain pickle refuses (lambdas, local functions) is retried with cloudpickle, and what
+`__main__` defines where a worker cannot import it (`_main`) travels by value with it.
 """
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ import io
 import pickle
 import sys
 import types
+
+from . import _by_value, _main
+
 # (Annotations only: typing costs a worker's start-up ~9 ms.)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -28,38 +31,39 @@ _SCALARS = frozenset((int, float, str, bool, type(None), bytes))
 _NO_BUFFERS: tuple = ()
 
 
-def interactive_main() -> bool:
-    """Whether `__main__` is an interactive session (the REPL, `python -c`, a Jupyter or
-    IPython kernel): its functions and classes cannot be found by name in a worker, which
-    imports the caller's script only when there is one."""
-    main = sys.modules.get("__main__")
-    return main is None or not getattr(main, "__file__", None) or "ipykernel" in sys.modules
-
-
 def fn_ref(fn) -> bytes | None:
-    """The pickle (by reference, cached) of a module-level function or class; None for
-    anything else (closures, callables with state, and what an interactive session defined),
-    which must be pickled with each call."""
+    """The pickle (cached) of a function or class to send ahead of a call's arguments: by
+    reference for a module-level one; by value for a lambda, a local function or what `_main`
+    says travels by value, while `_by_value` can keep it. None for anything else (callables
+    with state, functions holding mutable data), which is pickled with each call."""
     if type(fn) not in _FN_TYPES:
         return None
-    if getattr(fn, "__module__", None) == "__main__" and interactive_main():
-        return None
-    if type(fn) is types.BuiltinFunctionType and not isinstance(fn.__self__, (types.ModuleType, type(None))):
-        return None  # a bound method of a builtin object (`d.get`) pickles its object by value
     try:
         b = _fn_bytes.get(fn)
     except TypeError:  # unhashable
         return None
-    if b is None:
-        try:
-            b = _dumps(fn, 5)
-        except Exception:
-            return None
-        if len(b) > 512:
-            return None
-        if len(_fn_bytes) > 4096:
-            _fn_bytes.clear()
-        _fn_bytes[fn] = b
+    if b is not None:
+        return b
+    if type(fn) is types.FunctionType:
+        b = _by_value.kept(fn)
+        if b is not None:
+            return b
+        if "<" in fn.__qualname__ or (fn.__module__ == "__main__" and _main.by_value(fn)):
+            # `<lambda>`, `<locals>`, and what `_main` says workers cannot take by name.
+            return _by_value.head(fn)
+    elif getattr(fn, "__module__", None) == "__main__" and _main.by_value(fn):
+        return None
+    if type(fn) is types.BuiltinFunctionType and not isinstance(fn.__self__, (types.ModuleType, type(None))):
+        return None  # a bound method of a builtin object (`d.get`) pickles its object by value
+    try:
+        b = _dumps(fn, 5)
+    except Exception:
+        return None
+    if len(b) > 512:
+        return None
+    if len(_fn_bytes) > 4096:
+        _fn_bytes.clear()
+    _fn_bytes[fn] = b
     return b
 
 
@@ -126,9 +130,9 @@ def dumps(obj) -> tuple[bytes, list]:
         # polars pickles frames as in-band IPC bytes; its module name in the pickle says so.
         if b"polars" in data and "polars" in sys.modules:
             data, bufs = _dumps_with_arrow(obj)
-    # Functions, classes and instances an interactive session defined travel by value (a
-    # worker cannot import them by name), as loky does.
-    if b"__main__" in data and interactive_main():
+    # `__main__`'s functions, classes and instances that a worker cannot import by name
+    # (`_main`) travel by value.
+    if b"__main__" in data and _main.pickle_by_value(data):
         return _dumps_by_value(obj)
     return data, bufs
 
@@ -138,7 +142,8 @@ def _dumps_by_value(obj) -> tuple[bytes, list]:
         import cloudpickle
     except ImportError:
         raise pickle.PicklingError(
-            "functions and classes defined in an interactive session (REPL, python -c, Jupyter) "
+            "functions and classes that workers cannot import from `__main__` (an interactive "
+            "session, a script without a `__main__` guard, a function defined under the guard) "
             "travel by value with cloudpickle: pip install cloudpickle"
         ) from None
     bufs: list = []
@@ -277,7 +282,7 @@ def dumps_sharing(obj, inherit: bool = False) -> tuple[bytes, list]:
         data = f.getvalue()
     finally:
         context.set_spawning_popen(None)
-    if b"__main__" in data and interactive_main():
+    if b"__main__" in data and _main.pickle_by_value(data):
         return _dumps_by_value(obj)
     return data, bufs
 

@@ -10,7 +10,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from . import _codec, _native, _rng, _share, _xlang
+from . import _codec, _main, _native, _rng, _share, _xlang
 from ._batches import _run_chunk, chunk_of, items_len, map_items
 from ._errors import MizuError, TaskError
 
@@ -356,14 +356,7 @@ def _worker_args(workers, initializer, initargs, max_tasks_per_child) -> tuple[l
         if not isinstance(max_tasks_per_child, int) or max_tasks_per_child < 1:
             raise ValueError("max_tasks_per_child must be a positive int")
         args += ["--max-tasks", str(max_tasks_per_child)]
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    main_path = getattr(main, "__file__", None) if spec is None else None
-    main_module = spec.name if spec is not None and spec.name != "pymizu.worker" else None
-    if main_module is not None and (main_module == "__main__" or main_module.endswith(".__main__")):
-        # `python -m package` (`python -m unittest`, `-m pytest`): importing the package's
-        # `__main__` would run the program again in the worker; multiprocessing skips it too.
-        main_module = None
+    main_path, main_module = _main.where()
     init = None
     if initializer is not None:
         if not callable(initializer):
@@ -372,7 +365,7 @@ def _worker_args(workers, initializer, initargs, max_tasks_per_child) -> tuple[l
     state = {
         "sys_path": list(sys.path),
         "sys_argv": list(sys.argv),
-        "main_path": os.path.abspath(main_path) if main_path else None,
+        "main_path": main_path,
         "main_module": main_module,
         "cwd": os.getcwd(),
         "init": init,

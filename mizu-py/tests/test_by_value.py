@@ -1,0 +1,110 @@
+"""Lambdas and local functions travel by value; their pickle is kept between calls only while
+everything it holds is unchanged, so a worker always runs what the caller would run now."""
+
+import pytest
+
+import pymizu
+from pymizu import _codec
+
+SCALE = 2
+TABLE = [1, 2, 3]
+
+
+@pytest.fixture(scope="module")
+def ex():
+    with pymizu.PoolExecutor(2) as e:
+        yield e
+
+
+def test_a_lambda_is_pickled_once_while_what_it_reads_is_unchanged(ex):
+    f = lambda x: x * SCALE  # noqa: E731
+    first = _codec.fn_ref(f)
+    assert first is not None and _codec.fn_ref(f) is first
+    assert [ex.submit(f, i).result() for i in range(3)] == [0, 2, 4]
+
+
+def test_a_rebound_global_is_seen_at_the_next_call(ex):
+    global SCALE
+    f = lambda x: x * SCALE  # noqa: E731
+    try:
+        assert ex.submit(f, 5).result() == 10
+        SCALE = 3
+        assert ex.submit(f, 5).result() == 15
+        SCALE = "ab"
+        assert ex.submit(f, 2).result() == "abab"
+    finally:
+        SCALE = 2
+
+
+def test_a_global_that_changes_in_place_is_pickled_with_each_call(ex):
+    f = lambda: sum(TABLE)  # noqa: E731
+    assert _codec.fn_ref(f) is None
+    try:
+        assert ex.submit(f).result() == 6
+        TABLE.append(10)
+        assert ex.submit(f).result() == 16
+    finally:
+        del TABLE[3:]
+
+
+def test_a_closure_is_kept_while_its_cells_hold_the_same_objects(ex):
+    def make(k):
+        def mul(x):
+            return x * k
+
+        def rebind(v):
+            nonlocal k
+            k = v
+
+        return mul, rebind
+
+    mul, rebind = make(4)
+    assert _codec.fn_ref(mul) is _codec.fn_ref(mul)
+    assert ex.submit(mul, 2).result() == 8
+    rebind(7)
+    assert ex.submit(mul, 2).result() == 14
+    # A cell holding a list: pickled with each call.
+    acc = [1]
+    g = lambda: len(acc)  # noqa: E731
+    assert _codec.fn_ref(g) is None
+    acc.append(2)
+    assert ex.submit(g).result() == 2
+
+
+def test_a_new_default_or_code_is_seen(ex):
+    def f(x, y=1):
+        return x + y
+
+    assert ex.submit(f, 1).result() == 2
+    f.__defaults__ = (10,)
+    assert ex.submit(f, 1).result() == 11
+    f.__code__ = (lambda x, y=1: x * y).__code__
+    assert ex.submit(f, 3).result() == 30
+
+
+def test_a_function_it_calls_that_travels_by_value_is_watched_too(ex):
+    # `call` reads the global `HELPER`, a lambda (by value too), rebound below.
+    global HELPER
+    HELPER = lambda x: x + 1  # noqa: E731
+    call = lambda x: HELPER(x)  # noqa: E731
+    try:
+        assert ex.submit(call, 1).result() == 2
+        HELPER = lambda x: x + 100  # noqa: E731
+        assert ex.submit(call, 1).result() == 101
+        # The lambda HELPER holds is watched as well: its code replaced in place.
+        HELPER.__code__ = (lambda x: x - 1).__code__
+        assert ex.submit(call, 1).result() == 0
+    finally:
+        del HELPER
+
+
+def test_what_keeps_state_identity_cannot_watch_is_pickled_with_each_call(ex):
+    def kw(x, *, y=2):
+        return x * y
+
+    def tagged(x):
+        return x
+
+    tagged.note = "attribute"
+    assert _codec.fn_ref(kw) is None and _codec.fn_ref(tagged) is None
+    assert ex.submit(kw, 3).result() == 6 and ex.submit(tagged, 4).result() == 4
