@@ -15,7 +15,6 @@ caller sees at the call. The worker keeps the function it unpickled from a given
 from __future__ import annotations
 
 import types
-from operator import is_
 
 _MISSING = object()  # a name the function reads that is not (yet) a global: a builtin
 _LIMIT = 4096  # bytes: a kept pickle travels with each call
@@ -24,13 +23,31 @@ _kept: dict = {}  # function -> (globals' names, what it held, pickle)
 
 
 def kept(fn) -> bytes | None:
-    """The pickle `head` keeps for `fn`, if what it holds is unchanged."""
+    """The pickle `head` keeps for `fn`, if what it holds is unchanged (`_holds`, unrolled:
+    this runs at each call)."""
     k = _kept.get(fn)
-    if k is not None:
-        fns, names, held, b = k
-        if all(map(is_, held, _holds(fns, names))):
-            return b
-    return None
+    if k is None:
+        return None
+    fns, names, held, b = k
+    i = 0
+    for f in fns:
+        if f.__code__ is not held[i] or f.__defaults__ is not held[i + 1]:
+            return None
+        i += 2
+        for c in f.__closure__ or ():
+            try:
+                if c.cell_contents is not held[i]:
+                    return None
+            except ValueError:  # an empty cell
+                if held[i] is not _MISSING:
+                    return None
+            i += 1
+    g = fns[0].__globals__
+    for n in names:
+        if g.get(n, _MISSING) is not held[i]:
+            return None
+        i += 1
+    return b
 
 
 def head(fn) -> bytes | None:
