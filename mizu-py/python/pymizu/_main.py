@@ -22,13 +22,14 @@ import os
 import sys
 
 _NONE: frozenset = frozenset()
-_EVERYTHING = (None, None, True, _NONE)
+_EVERYTHING = (None, None, True, _NONE, ())
 _seen: object = ()  # the `__main__` module the verdict below is about
 _verdict: tuple = _EVERYTHING
 
 
 def _verdict_now() -> tuple:
-    """`(script path, module name, everything by value, names by value)` for `__main__`."""
+    """`(script path, module name, everything by value, names by value, what each of those
+    names looks like in a pickle)` for `__main__`."""
     global _seen, _verdict
     main = sys.modules.get("__main__")
     if main is _seen:
@@ -46,7 +47,7 @@ def _read(main) -> tuple:
     if spec is not None:
         module = spec.name
         if module == "pymizu.worker":
-            return (None, None, False, _NONE)
+            return (None, None, False, _NONE, ())
         if module == "__main__" or module.endswith(".__main__"):
             # `python -m package` (`-m unittest`, `-m pytest`): importing the package's
             # `__main__` would run the program again; multiprocessing skips it too.
@@ -54,7 +55,19 @@ def _read(main) -> tuple:
     names = _by_value_names(file)
     if names is None:
         return _EVERYTHING
-    return (None if module else os.path.abspath(file), module, False, names)
+    return (None if module else os.path.abspath(file), module, False, names, _patterns(names))
+
+
+def _patterns(names: frozenset) -> tuple:
+    """Bytes of which one is in any pickle naming one of `names`: the name as a pickled string
+    (written whole the first time it appears in a pickle, memoized after), or as the first part
+    of a qualified name."""
+    out = []
+    for n in names:
+        b = n.encode()
+        out.append((b"\x8c" + bytes([len(b)]) if len(b) < 256 else b"X" + len(b).to_bytes(4, "little")) + b)
+        out.append(b + b".")
+    return tuple(out)
 
 
 def _by_value_names(file: str) -> frozenset | None:
@@ -69,20 +82,22 @@ def _by_value_names(file: str) -> frozenset | None:
         return None
     inside: set[str] = set()
     outside: set[str] = set()
+    defined_inside: set[str] = set()  # functions and classes
     reads: dict[str, set[str]] = {}  # a top-level function or class -> the names it reads
     guarded = False
     for stmt in tree.body:
         if isinstance(stmt, ast.If) and _is_guard(stmt.test):
             guarded = True
-            _bind(stmt.body, inside)
-            _bind(stmt.orelse, outside)
+            _bind(stmt.body, inside, defined_inside)
+            _bind(stmt.orelse, outside, set())
             continue
-        _bind([stmt], outside)
+        _bind([stmt], outside, set())
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             reads.setdefault(stmt.name, set()).update(_global_reads(stmt))
     if not guarded:
         return None
-    out = inside - outside
+    # Only functions and classes are pickled by name (a variable's value is pickled itself).
+    out = defined_inside - outside
     # Those that read a name the guard binds, then those that read one of them, and so on.
     grew = True
     while grew:
@@ -127,14 +142,16 @@ def _is_guard(test) -> bool:
     return has_name and has_main
 
 
-def _bind(stmts, into: set) -> None:
-    """The module-level names `stmts` bind (function and class bodies are their own scopes)."""
+def _bind(stmts, into: set, defs: set) -> None:
+    """The module-level names `stmts` bind into `into`, those of functions and classes also
+    into `defs` (function and class bodies are their own scopes)."""
     import ast
 
     for stmt in stmts:
         for node in _walk_scope(stmt):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 into.add(node.name)
+                defs.add(node.name)
             elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                 into.add(node.id)
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -177,7 +194,8 @@ def by_value(obj) -> bool:
 
 
 def pickle_by_value(data: bytes) -> bool:
-    """Whether a pickle naming `__main__` objects must be redone by value (one of the names that
-    must appearing anywhere in it is enough: by value is always right, only slower)."""
+    """Whether a pickle (protocol 5) naming `__main__` objects must be redone by value: it holds
+    a string that names one of those that must (a string that only happens to be spelled so
+    costs a pickling by value, which is always right)."""
     v = _verdict_now()
-    return v[2] or any(n.encode() in data for n in v[3])
+    return v[2] or any(p in data for p in v[4])
