@@ -19,7 +19,9 @@ import types
 _MISSING = object()  # a name the function reads that is not (yet) a global: a builtin
 _LIMIT = 4096  # bytes: a kept pickle travels with each call
 _SIMPLE = frozenset((int, float, complex, str, bytes, bool, type(None), range))
-_kept: dict = {}  # function -> (globals' names, what it held, pickle)
+# function -> (it and the by-value functions it reaches, the globals' names they read, what
+# they held, the pickle)
+_kept: dict = {}
 
 
 def kept(fn) -> bytes | None:
