@@ -134,15 +134,6 @@ fn may_use_globals(expr: Robj, vars: Robj) -> bool {
     crate::globals::may_use_globals(expr, vars)
 }
 
-/// For each of `names` (a character vector) not in `bound`: the environment it is found in
-/// from `env` when that is the global environment or a function's frame — a global of an
-/// expression written in `env` — as `list(names, envs)`; NULL when there is none. A name
-/// found first in a package (or base) or nowhere is not one.
-#[extendr]
-fn global_frames(names: Robj, bound: Robj, env: Robj) -> Robj {
-    crate::globals::global_frames(names, bound, env)
-}
-
 /// Called when the package loads: registers the runtime's discard hook, and keeps the panics
 /// that carry errors this crate returns (extendr turns a returned `Err` into a panic it
 /// catches, and R sees an R error) from printing a Rust panic report. Genuine panics still
@@ -527,7 +518,6 @@ extendr_module! {
     fn payload_bytes_written;
     fn native_routines;
     fn may_use_globals;
-    fn global_frames;
     fn init_native;
     fn is_compiled;
     fn prune;

@@ -345,9 +345,10 @@ unsafe fn native_symbol(f: *const c_void) -> SEXP {
 pub(crate) fn native_routines() -> List {
     type One = unsafe extern "C" fn(SEXP) -> SEXP;
     type Two = unsafe extern "C" fn(SEXP, SEXP) -> SEXP;
+    type Three = unsafe extern "C" fn(SEXP, SEXP, SEXP) -> SEXP;
     type Four = unsafe extern "C" fn(SEXP, SEXP, SEXP, SEXP) -> SEXP;
     // `.Call` calls each with as many arguments as its type says: what its R wrapper passes.
-    let routines: [(&str, *const c_void); 14] = [
+    let routines: [(&str, *const c_void); 15] = [
         ("submit", submit as Two as *const c_void),
         (
             "submit_expr",
@@ -385,6 +386,10 @@ pub(crate) fn native_routines() -> List {
         (
             "find_identical",
             crate::ffi::mizu_find_identical as Two as *const c_void,
+        ),
+        (
+            "global_frames",
+            crate::ffi::mizu_global_frames as Three as *const c_void,
         ),
     ];
     // SAFETY: R's main thread; each pointer is protected by its Robj as soon as it exists.

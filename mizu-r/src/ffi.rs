@@ -99,4 +99,6 @@ unsafe extern "C" {
     pub fn mizu_values_in(names: SEXP, envs: SEXP) -> SEXP;
     /// The position of the first cache entry whose key is identical to a key, or 0.
     pub fn mizu_find_identical(entries: SEXP, key: SEXP) -> SEXP;
+    /// The frames the globals of an expression are found in, as `list(names, envs)`, or NULL.
+    pub fn mizu_global_frames(names: SEXP, bound: SEXP, env: SEXP) -> SEXP;
 }

@@ -260,6 +260,7 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   } else {
     nm[vapply(nm, .resolves_to_global, NA, env = env)]
   }
+  if (!length(found)) return(found)  # (most functions: every submit of them comes here)
   new <- found[!found %in% seen]
   seen <- c(seen, new)
   for (n in new) {

@@ -278,7 +278,7 @@ print.mizu_call <- function(x, ...) {
 # in turn (as for a map's function); `closures`, whether there are such functions. NULL when
 # there are none.
 .expr_globals <- function(expr, bound, env) {
-  where <- .Call(wrap__global_frames, .expr_names(expr), bound, env)
+  where <- .Call(.native_global_frames, .expr_names(expr), bound, env)
   if (is.null(where)) return(NULL)
   out <- .Call(.native_values_in, where$names, where$envs)
   ge <- globalenv()

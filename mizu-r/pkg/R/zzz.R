@@ -19,6 +19,7 @@
 .native_in_frame <- NULL
 .native_values_in <- NULL
 .native_find_identical <- NULL
+.native_global_frames <- NULL
 
 .onLoad <- function(libname, pkgname) {
   .Call(wrap__init_native)

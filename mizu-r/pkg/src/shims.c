@@ -264,6 +264,62 @@ SEXP mizu_values_in(SEXP names, SEXP envs) {
     return out;
 }
 
+/* The environment `sym` is found in from `env` when that is the global environment or a
+ * function's frame; NULL when it is found first in a package's namespace, its imports or base
+ * (which package code, or code run in a namespace as tests are, reaches before the global
+ * environment), in a package on the search path after it, or nowhere. */
+static SEXP global_frame_of(SEXP sym, SEXP env) {
+    int in_package = 0;
+    for (;;) {
+        if (env == R_EmptyEnv || env == R_BaseEnv || TYPEOF(env) != ENVSXP) return NULL;
+        if (env == R_BaseNamespace || R_IsNamespaceEnv(env)) in_package = 1;
+        if (R_existsVarInFrame(env, sym)) return env == R_GlobalEnv || !in_package ? env : NULL;
+        if (env == R_GlobalEnv) return NULL;
+        env = ENCLOS(env);
+    }
+}
+
+/* For each of `names` (a character vector) not in `bound`: the environment it is found in
+ * from `env` when that is the global environment or a function's frame — a global of an
+ * expression written in `env` — as `list(names = , envs = )`; NULL when there is none. One C
+ * loop: it runs for every submit of an expression that uses a variable it does not bind. */
+SEXP mizu_global_frames(SEXP names, SEXP bound, SEXP env) {
+    if (TYPEOF(names) != STRSXP || TYPEOF(env) != ENVSXP) return R_NilValue;
+    R_xlen_t n = XLENGTH(names), nb = TYPEOF(bound) == STRSXP ? XLENGTH(bound) : 0;
+    SEXP found = PROTECT(allocVector(STRSXP, n));
+    SEXP envs = PROTECT(allocVector(VECSXP, n));
+    R_xlen_t k = 0;
+    for (R_xlen_t i = 0; i < n; i++) {
+        SEXP s = STRING_ELT(names, i);
+        int is_bound = 0;
+        for (R_xlen_t j = 0; j < nb && !is_bound; j++) {
+            SEXP b = STRING_ELT(bound, j);
+            is_bound = b == s || strcmp(CHAR(b), CHAR(s)) == 0;
+        }
+        if (is_bound) continue;
+        SEXP frame = global_frame_of(installTrChar(s), env);
+        if (frame == NULL) continue;
+        SET_STRING_ELT(found, k, s);
+        SET_VECTOR_ELT(envs, k, frame);
+        k++;
+    }
+    if (k == 0) {
+        UNPROTECT(2);
+        return R_NilValue;
+    }
+    found = PROTECT(lengthgets(found, k));
+    envs = PROTECT(lengthgets(envs, k));
+    SEXP out = PROTECT(allocVector(VECSXP, 2));
+    SET_VECTOR_ELT(out, 0, found);
+    SET_VECTOR_ELT(out, 1, envs);
+    SEXP nms = PROTECT(allocVector(STRSXP, 2));
+    SET_STRING_ELT(nms, 0, mkChar("names"));
+    SET_STRING_ELT(nms, 1, mkChar("envs"));
+    setAttrib(out, R_NamesSymbol, nms);
+    UNPROTECT(6);
+    return out;
+}
+
 /* The position (from 1) of the first of `entries` — a list of list(key, value) — whose key is
  * identical() to `key`, or 0: the lookup of the package's small caches (the free names of an
  * expression or a function's code), one C loop instead of an R loop of identical() calls. */
