@@ -85,11 +85,24 @@ impl RExec {
         // handler stack; the value is protected inside the context (an error unwinds that).
         unsafe {
             let (h, d) = (self.hands.get(), self.dispatch.get());
-            try_r(move || {
+            // An expression task with globals (`list("e", expr, env, globals)`, see
+            // `.expr_message()`): they are bound in the global environment while it runs.
+            let with_globals = expr_task && extendr_ffi::XLENGTH(msg) == 4;
+            let bound = Cell::new(false);
+            let bound_ref = &bound;
+            let r = try_r(move || {
                 // In the base environment: `.Internal` is found there at once, not after
                 // every attached package's frame. (No allocation: the stack is made.)
                 ffi::Rf_eval(h, extendr_ffi::R_BaseEnv);
                 let v = if expr_task {
+                    if with_globals {
+                        // Inside the task's context, so that a failure to bind (a locked
+                        // binding) is the task's error. What they replaced is kept in the
+                        // message, for the unbinding below to find even if the task fails.
+                        let replaced = ffi::mizu_bind_globals(extendr_ffi::VECTOR_ELT(msg, 3));
+                        extendr_ffi::SET_VECTOR_ELT(msg, 3, replaced);
+                        bound_ref.set(true);
+                    }
                     ffi::Rf_eval(
                         extendr_ffi::VECTOR_ELT(msg, 1),
                         extendr_ffi::VECTOR_ELT(msg, 2),
@@ -101,7 +114,19 @@ impl RExec {
                     v
                 };
                 extendr_ffi::Rf_protect(v)
-            })
+            });
+            if bound.get() {
+                // The worker's own globals come back whether the task returned or failed (the
+                // value, if any, is protected; `msg` holds what was replaced).
+                let replaced = extendr_ffi::VECTOR_ELT(msg, 3);
+                if try_r(move || ffi::mizu_unbind_globals(replaced)).is_err() {
+                    if r.is_ok() {
+                        extendr_ffi::Rf_unprotect(1);
+                    }
+                    return Err(());
+                }
+            }
+            r
         }
     }
 
@@ -692,7 +717,8 @@ pub(crate) fn run_worker(
     mizu_pool::run_worker(token, slot, &exec).map_err(rerr)
 }
 
-/// For an expression task (`list("e", expr, vars)`, freshly decoded and owned here): replaces
+/// For an expression task (`list("e", expr, vars)`, or with its globals as a fourth element,
+/// freshly decoded and owned here): replaces
 /// `vars` by the environment the expression is evaluated in — the bindings in a new
 /// environment whose parent is the global environment — and returns true. Anything else is
 /// left as it is (false).
@@ -704,7 +730,10 @@ unsafe fn bind_vars(msg: SEXP) -> bool {
     // SAFETY: types and lengths are checked before elements are read; the new environment
     // is stored in `msg` before anything else allocates.
     unsafe {
-        if TYPEOF(msg) != SEXPTYPE::VECSXP || XLENGTH(msg) != 3 {
+        if TYPEOF(msg) != SEXPTYPE::VECSXP || !(3..=4).contains(&XLENGTH(msg)) {
+            return false;
+        }
+        if XLENGTH(msg) == 4 && TYPEOF(VECTOR_ELT(msg, 3)) != SEXPTYPE::VECSXP {
             return false;
         }
         let kind = VECTOR_ELT(msg, 0);

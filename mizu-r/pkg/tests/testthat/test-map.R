@@ -354,6 +354,10 @@ test_that("a task's globals replace the worker's own while it runs, which come b
     expect_error(mizu_collect(mizu_submit(pool, get("mizu_t_odd", envir = globalenv()))),
                  "forced")
     expect_false(mizu_collect(mizu_submit(pool, exists("mizu_t_even", envir = globalenv()))))
+    # So they do after a task that fails.
+    expect_error(top(quote(mizu_submit(mizu_t_pool, mizu_t_even("a")))), "non-numeric")
+    expect_identical(worker_n(), "worker's")
+    expect_false(mizu_collect(mizu_submit(pool, exists("mizu_t_even", envir = globalenv()))))
     # A locked binding of the worker's is not replaced: the task fails, saying which, and
     # binds nothing.
     mizu_collect(mizu_submit(pool, lockBinding("mizu_t_n", globalenv())))
