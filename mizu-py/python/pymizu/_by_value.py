@@ -109,7 +109,7 @@ def _reach(fn) -> tuple[tuple, tuple] | None:
         if f.__globals__ is not g or f.__kwdefaults__ or f.__dict__:
             return None
         fns.append(f)
-        for n in code_names(f.__code__):
+        for n in _code_names(f.__code__):
             if n in names:
                 continue
             names.append(n)
@@ -119,13 +119,13 @@ def _reach(fn) -> tuple[tuple, tuple] | None:
     return tuple(fns), tuple(names)
 
 
-def code_names(code) -> list[str]:
+def _code_names(code) -> list[str]:
     """The global names `code` and the code objects nested in it (lambdas, comprehensions,
     inner functions) read."""
     names = list(code.co_names)
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
-            names.extend(code_names(c))
+            names.extend(_code_names(c))
     return names
 
 

@@ -93,7 +93,9 @@
   }
   if (identical(msg[[1L]], "e")) {
     if (length(msg) >= 4L) {
-      # The expression's globals (see .expr_message()), bound while it runs.
+      # The expression's globals (see .expr_message()), bound while it runs. (The worker's
+      # native path does this for every well-formed message; this is its fallback, with the
+      # same C routines.)
       bound <- .bind_globals(msg[[4L]])
       on.exit(.unbind_globals(bound), add = TRUE)
     }
