@@ -38,7 +38,12 @@ fn guarded<T, E: From<String>>(f: impl FnOnce() -> Result<T, E>) -> Result<T, E>
 
 /// Submits `msg` (`list(kind, expr, vars)`) to `pool`: the task handle, or `c(class,
 /// message)` for the R wrapper to raise (messages as the other entry points word them).
-unsafe extern "C" fn submit(pool: SEXP, msg: SEXP) -> SEXP {
+///
+/// # Safety
+/// R's main thread, from `.Call` or `mizu_submit_shim` (`shims.c`), with both arguments
+/// protected for the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mizu_rs_submit(pool: SEXP, msg: SEXP) -> SEXP {
     // SAFETY: R's main thread (`.Call`); `msg` is protected by R (or by the caller) meanwhile.
     unsafe {
         let p = pool_at(pool);
@@ -109,6 +114,30 @@ fn marker(what: &str) -> SEXP {
     }
 }
 
+/// `NULL` when nothing in `values` (an expression task's globals, a named list) is an
+/// environment or an external pointer, else the failure `c("mizu_error_not_portable",
+/// message)` naming the global. Called by `mizu_expr_message_in` (`globals.c`), which raises
+/// it.
+///
+/// # Safety
+/// R's main thread; `values` is protected by the caller.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mizu_rs_check_globals(values: SEXP) -> SEXP {
+    // SAFETY: the caller's contract; the result is a fresh value the caller protects.
+    unsafe {
+        let r = guarded(|| {
+            Ok::<_, String>(crate::sendable::check_portable(
+                Robj::from_sexp(values),
+                "global ",
+            ))
+        });
+        match r {
+            Ok(x) => x.get(),
+            Err(why) => failure_sexp("mizu_error", &why),
+        }
+    }
+}
+
 /// Submits the expression `expr` with the bindings `vars` (a named list): what [`submit`]
 /// does with `list("e", expr, vars)`. The message's compact encoding is written from its
 /// parts; only bindings that need another encoding (or fail the names check) make the list,
@@ -151,7 +180,7 @@ pub unsafe extern "C" fn mizu_rs_submit_expr(pool: SEXP, expr: SEXP, vars: SEXP)
         extendr_ffi::SET_VECTOR_ELT(msg, 0, crate::handle::kept_expr_kind());
         extendr_ffi::SET_VECTOR_ELT(msg, 1, expr);
         extendr_ffi::SET_VECTOR_ELT(msg, 2, vars);
-        let r = submit(pool, msg);
+        let r = mizu_rs_submit(pool, msg);
         Rf_unprotect(1);
         r
     }
@@ -348,8 +377,8 @@ pub(crate) fn native_routines() -> List {
     type Three = unsafe extern "C" fn(SEXP, SEXP, SEXP) -> SEXP;
     type Four = unsafe extern "C" fn(SEXP, SEXP, SEXP, SEXP) -> SEXP;
     // `.Call` calls each with as many arguments as its type says: what its R wrapper passes.
-    let routines: [(&str, *const c_void); 15] = [
-        ("submit", submit as Two as *const c_void),
+    let routines: [(&str, *const c_void); 14] = [
+        ("submit", mizu_rs_submit as Two as *const c_void),
         (
             "submit_expr",
             crate::ffi::mizu_submit_shim as Four as *const c_void,
@@ -376,20 +405,16 @@ pub(crate) fn native_routines() -> List {
             crate::ffi::mizu_unbind_globals as One as *const c_void,
         ),
         (
-            "in_frame",
-            crate::ffi::mizu_in_frame as Two as *const c_void,
+            "expr_message",
+            crate::ffi::mizu_expr_message as Three as *const c_void,
         ),
         (
-            "values_in",
-            crate::ffi::mizu_values_in as Two as *const c_void,
+            "function_globals",
+            crate::ffi::mizu_function_globals as One as *const c_void,
         ),
         (
             "find_identical",
             crate::ffi::mizu_find_identical as Two as *const c_void,
-        ),
-        (
-            "global_frames",
-            crate::ffi::mizu_global_frames as Three as *const c_void,
         ),
     ];
     // SAFETY: R's main thread; each pointer is protected by its Robj as soon as it exists.

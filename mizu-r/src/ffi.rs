@@ -65,6 +65,7 @@ unsafe extern "C" {
     pub fn OBJECT(x: SEXP) -> c_int;
     pub fn Rf_eval(e: SEXP, env: SEXP) -> SEXP;
     pub fn Rf_lang2(f: SEXP, a: SEXP) -> SEXP;
+    pub fn Rf_lang4(f: SEXP, a: SEXP, b: SEXP, c: SEXP) -> SEXP;
     pub fn R_ParseEvalString(code: *const std::ffi::c_char, env: SEXP) -> SEXP;
     pub fn SETCAR(x: SEXP, y: SEXP) -> SEXP;
     pub fn Rf_getCharCE(x: SEXP) -> c_int;
@@ -79,7 +80,8 @@ unsafe extern "C" {
     pub fn Rf_inherits(x: SEXP, name: *const std::ffi::c_char) -> std::ffi::c_int;
 }
 
-// The package's C shims (`pkg/src/shims.c`), linked into the same shared library.
+// The package's C routines (`pkg/src/shims.c`, `pkg/src/globals.c`), linked into the same
+// shared library.
 unsafe extern "C" {
     /// [`crate::fast::mizu_rs_submit_expr`], raising its failures.
     pub fn mizu_submit_shim(pool: SEXP, expr: SEXP, vars: SEXP, frame: SEXP) -> SEXP;
@@ -93,12 +95,10 @@ unsafe extern "C" {
     pub fn mizu_bind_globals(globals: SEXP) -> SEXP;
     /// Puts back what `mizu_bind_globals` replaced.
     pub fn mizu_unbind_globals(bound: SEXP) -> SEXP;
-    /// Which names are bound in an environment's frame.
-    pub fn mizu_in_frame(names: SEXP, env: SEXP) -> SEXP;
-    /// The values of names in frames, as a named list.
-    pub fn mizu_values_in(names: SEXP, envs: SEXP) -> SEXP;
+    /// An expression task's message with the globals it uses from where it was written.
+    pub fn mizu_expr_message(expr: SEXP, vars: SEXP, env: SEXP) -> SEXP;
+    /// The globals of a map's function, as a named list.
+    pub fn mizu_function_globals(f: SEXP) -> SEXP;
     /// The position of the first cache entry whose key is identical to a key, or 0.
     pub fn mizu_find_identical(entries: SEXP, key: SEXP) -> SEXP;
-    /// The frames the globals of an expression are found in, as `list(names, envs)`, or NULL.
-    pub fn mizu_global_frames(names: SEXP, bound: SEXP, env: SEXP) -> SEXP;
 }

@@ -4,8 +4,9 @@
 //!
 //! Covered: `NULL`; logical, integer, double, complex, character and raw vectors shorter than
 //! the out-of-band floor, with no attributes or only `names`; lists of those (same attribute
-//! rule); symbols; calls. Anything else — another attribute, an object bit, ALTREP vectors,
-//! closures, environments, nesting deeper than 64 — makes [`encode`] return `None`.
+//! rule); symbols; calls; functions of the global environment without attributes or compiled
+//! code. Anything else — another attribute, an object bit, ALTREP vectors, other closures,
+//! environments, nesting deeper than 64 — makes [`encode`] return `None`.
 //! [`encode_oob`] also takes large plain vectors and views of shared memory of ours, as
 //! `R_OOB` items naming the payload's out-of-band buffers (sent by reference for views);
 //! what neither covers takes R's serialization.
@@ -19,7 +20,8 @@
 //! bytes), a varint length and the bytes. `R_SYMBOL` is a varint length and the UTF-8 name;
 //! `R_CALL` a varint count, then per node a flag byte (1 when tagged, then the tag as a symbol
 //! item) and the node's item; `R_NAMED` the names (a character vector item) then the value;
-//! `R_MISSING` the missing argument.
+//! `R_MISSING` the missing argument; `R_CLOSURE` a varint count of formals, each its name (a
+//! symbol item) and its default (`R_MISSING` for none), then the body's item.
 
 use std::ffi::{c_char, c_int};
 
@@ -179,6 +181,9 @@ unsafe fn item(out: &mut Vec<u8>, x: SEXP, depth: usize, oob: &mut Option<Vec<SE
             }
             return true;
         }
+        if t == SEXPTYPE::CLOSXP {
+            return closure(out, x, depth, oob);
+        }
         // Vectors: no attributes, or only names; never ALTREP (reading one may run code).
         if !matches!(
             t,
@@ -275,6 +280,46 @@ unsafe fn item(out: &mut Vec<u8>, x: SEXP, depth: usize, oob: &mut Option<Vec<SE
             }
             _ => false,
         }
+    }
+}
+
+/// A function of the global environment (which R's serialization, too, sends as a reference
+/// to the receiver's): its formals and its body. Not covered — R's serialization sends them
+/// as they are — a function with attributes (a srcref, a class), another environment (which
+/// travels with it), or compiled code (the receiver would compile it again).
+///
+/// # Safety
+/// As [`item`]: `x` is a live closure.
+unsafe fn closure(out: &mut Vec<u8>, x: SEXP, depth: usize, oob: &mut Option<Vec<SEXP>>) -> bool {
+    // SAFETY: reads of a live closure and of its formals (a pairlist).
+    unsafe {
+        let body = extendr_ffi::get_closure_body(x);
+        if ffi::ATTRIB(x) != R_NilValue
+            || extendr_ffi::get_closure_env(x) != extendr_ffi::R_GlobalEnv
+            || TYPEOF(body) == SEXPTYPE::BCODESXP
+        {
+            return false;
+        }
+        let formals = extendr_ffi::get_closure_formals(x);
+        let mut n = 0u64;
+        let mut p = formals;
+        while p != R_NilValue {
+            if TYPEOF(p) != SEXPTYPE::LISTSXP || TYPEOF(TAG(p)) != SEXPTYPE::SYMSXP {
+                return false;
+            }
+            n += 1;
+            p = CDR(p);
+        }
+        out.push(tag::R_CLOSURE);
+        varint(out, n);
+        let mut p = formals;
+        while p != R_NilValue {
+            if !item(out, TAG(p), depth + 1, oob) || !item(out, CAR(p), depth + 1, oob) {
+                return false;
+            }
+            p = CDR(p);
+        }
+        item(out, body, depth + 1, oob)
     }
 }
 
@@ -439,6 +484,7 @@ impl Reader<'_> {
                     Rf_unprotect(1);
                     Some(head)
                 }
+                tag::R_CLOSURE => self.closure(depth),
                 tag::R_NAMED => {
                     let names = Rf_protect(self.item(depth + 1)?);
                     let Some(v) = self.item(depth + 1) else {
@@ -458,6 +504,55 @@ impl Reader<'_> {
                 }
                 _ => None,
             }
+        }
+    }
+
+    /// A function of the global environment: made as R makes one, by evaluating
+    /// `function(formals) body` there (which also checks the formals).
+    ///
+    /// # Safety
+    /// As [`Reader::item`].
+    unsafe fn closure(&mut self, depth: usize) -> Option<SEXP> {
+        // SAFETY: as `item`; the formals' head, then the call, are protected while the rest
+        // is made.
+        unsafe {
+            let n = self.count(2)?;
+            let mut formals = R_NilValue;
+            let mut last = R_NilValue;
+            let mut held = 0;
+            for _ in 0..n {
+                let name = self
+                    .item(depth + 1)
+                    .filter(|&t| TYPEOF(t) == SEXPTYPE::SYMSXP);
+                let value = name.and_then(|_| self.item(depth + 1));
+                let (Some(name), Some(value)) = (name, value) else {
+                    Rf_unprotect(held);
+                    return None;
+                };
+                let node = Rf_cons(value, R_NilValue);
+                SET_TAG(node, name);
+                if formals == R_NilValue {
+                    formals = Rf_protect(node);
+                    held = 1;
+                } else {
+                    extendr_ffi::SETCDR(last, node);
+                }
+                last = node;
+            }
+            let Some(body) = self.item(depth + 1) else {
+                Rf_unprotect(held);
+                return None;
+            };
+            let body = Rf_protect(body);
+            let call = Rf_protect(ffi::Rf_lang4(
+                extendr_ffi::R_FunctionSymbol,
+                formals,
+                body,
+                R_NilValue,
+            ));
+            let f = ffi::Rf_eval(call, extendr_ffi::R_GlobalEnv);
+            Rf_unprotect(held + 2);
+            Some(f)
         }
     }
 

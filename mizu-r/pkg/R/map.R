@@ -243,42 +243,13 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
 # The values of the global variables `f` uses: names `codetools::findGlobals()` finds in the
 # function (and, recursively, in the global functions it calls) that resolve, from the
 # function's environment, to the global environment — which R's serialization does not carry
-# (an enclosing function's environment travels with the closure).
-.map_globals <- function(f) {
-  if (typeof(f) != "closure") return(list())
-  nm <- .global_names(f)
-  if (length(nm)) mget(nm, envir = globalenv()) else list()
-}
-
-# The names of .map_globals(): the free names of `f`'s code that resolve, from its
-# environment, to the global environment, and in turn those of the global functions among them.
-.global_names <- function(f, seen = character()) {
-  env <- environment(f)
-  nm <- .free_names(f)
-  found <- if (identical(env, globalenv())) {
-    nm[.Call(.native_in_frame, nm, env)]
-  } else {
-    nm[vapply(nm, .resolves_to_global, NA, env = env)]
-  }
-  if (!length(found)) return(found)  # (most functions: every submit of them comes here)
-  new <- found[!found %in% seen]
-  seen <- c(seen, new)
-  for (n in new) {
-    v <- get(n, envir = globalenv())
-    if (typeof(v) == "closure") {
-      more <- .global_names(v, seen)
-      more <- more[!more %in% seen]
-      found <- c(found, more)
-      seen <- c(seen, more)
-    }
-  }
-  found
-}
+# (an enclosing function's environment travels with the closure). (C, in src/globals.c.)
+.map_globals <- function(f) .Call(.native_function_globals, f)
 
 # codetools::findGlobals(f), found once per function code (body and formals) and remembered
 # for the next maps of it: a function written inline in a loop is a new closure each time,
-# with the same code. Only the code is kept, never an environment (which would keep its
-# variables alive).
+# with the same code (src/globals.c looks there first and calls this on a miss). Only the
+# code is kept, never an environment (which would keep its variables alive).
 .free_names <- function(f) {
   key <- list(body(f), formals(f))
   i <- .Call(.native_find_identical, .maps$globals, key)
@@ -288,21 +259,9 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   nm
 }
 
-# Whether `name`, looked up from `env`, is found in the global environment. The walk stops
-# there: the packages and base behind it (most of a function's free names, such as `c` or
-# `+`) are never searched.
-.resolves_to_global <- function(name, env) {
-  ge <- globalenv()
-  while (!identical(env, ge)) {
-    if (identical(env, emptyenv()) || exists(name, envir = env, inherits = FALSE)) return(FALSE)
-    env <- parent.env(env)
-  }
-  exists(name, envir = ge, inherits = FALSE)
-}
-
 # Binds a map's globals (for a chunk) or a task's in this worker's global environment: what it
 # replaced, to put back after (chunks of nested maps run inside other chunks). Natively, in
-# src/shims.c.
+# src/globals.c.
 .bind_globals <- function(globals) .Call(.native_bind_globals, globals)
 
 .unbind_globals <- function(bound) .Call(.native_unbind_globals, bound)

@@ -245,15 +245,14 @@ print.mizu_call <- function(x, ...) {
   invisible(x)
 }
 
-# Called by the native submit (src/shims.c) for a mizu_submit() whose expression may use
-# variables it does not bind: `f` is mizu_submit's frame, whose `.expr` is still an unforced
-# promise of the caller's expression; `expr` is that expression and `env` where it was written
-# (the promise's environment), when the native submit has them.
-.submit_globals <- function(pool, vars, f, expr = eval(quote(substitute(.expr)), f),
-                            env = NULL) {
+# Called by the native submit (src/shims.c) for an expression that may use variables it does
+# not bind when the frame it was given holds no `.expr` promise to say where the expression
+# was written (the future backend's submit): `f` is that frame, and the expression's globals
+# are found from where its function was called.
+.submit_globals <- function(pool, vars, f, expr) {
   # (`do.call` evaluates in `f` without a context of its own, which `eval` would add and
   # `parent.frame()` would then answer with.)
-  if (is.null(env)) env <- do.call(parent.frame, list(), envir = f)
+  env <- do.call(parent.frame, list(), envir = f)
   msg <- .expr_message(expr, vars, env)
   r <- .Call(.native_submit, pool, msg)
   if (is.character(r)) .raise_failure(r)
@@ -261,41 +260,18 @@ print.mizu_call <- function(x, ...) {
 }
 
 # An expression task's message: list("e", expr, vars), with the globals `expr` uses (found
-# from `env`, where it was written) among the bindings. When one of them is a function of the
-# global environment, which finds its own globals there, they all go as a fourth element
-# instead, bound in the worker's global environment while the task runs.
-.expr_message <- function(expr, vars, env) {
-  g <- .expr_globals(expr, names(vars), env)
-  if (!length(g)) return(list("e", expr, vars))
-  .check_sendable(g, "global ")
-  if (!g$closures) return(list("e", expr, c(vars, g$values)))
-  list("e", expr, vars, g$values)
-}
-
-# The globals of an expression written in `env`: `values`, the names codetools finds in it,
-# other than `bound`, that resolve from `env` to the global environment or to a function's
-# frame (not to a package), with their values, then those of the global functions among them
-# in turn (as for a map's function); `closures`, whether there are such functions. NULL when
-# there are none.
-.expr_globals <- function(expr, bound, env) {
-  where <- .Call(.native_global_frames, .expr_names(expr), bound, env)
-  if (is.null(where)) return(NULL)
-  out <- .Call(.native_values_in, where$names, where$envs)
-  ge <- globalenv()
-  closures <- FALSE
-  for (v in out) {
-    if (typeof(v) == "closure" && identical(environment(v), ge)) {
-      closures <- TRUE
-      more <- .global_names(v)
-      more <- more[!more %in% c(names(out), bound)]
-      if (length(more)) out <- c(out, .Call(.native_values_in, more, ge))
-    }
-  }
-  list(values = out, closures = closures)
-}
+# from `env`, where it was written: the names codetools finds in it, other than those of
+# `vars`, that resolve to the global environment or a function's frame, not to a package;
+# then those of the global functions among them, as for a map's function) among the
+# bindings. When one of them is a function of the global environment, which finds its own
+# globals there, they all go as a fourth element instead, bound in the worker's global
+# environment while the task runs. A global that cannot be sent raises its failure. (C, in
+# src/globals.c: it runs at every submit of such an expression.)
+.expr_message <- function(expr, vars, env) .Call(.native_expr_message, expr, vars, env)
 
 # codetools::findGlobals() of an expression, found once per expression and remembered for the
-# next submits of it (a loop submits the same call each time).
+# next submits of it (a loop submits the same call each time; src/globals.c looks there first
+# and calls this on a miss).
 .expr_names <- function(expr) {
   i <- .Call(.native_find_identical, .maps$exprs, expr)
   if (i) return(.maps$exprs[[i]][[2L]])

@@ -16,10 +16,9 @@
 .native_each <- NULL
 .native_bind_globals <- NULL
 .native_unbind_globals <- NULL
-.native_in_frame <- NULL
-.native_values_in <- NULL
+.native_expr_message <- NULL
+.native_function_globals <- NULL
 .native_find_identical <- NULL
-.native_global_frames <- NULL
 
 .onLoad <- function(libname, pkgname) {
   .Call(wrap__init_native)

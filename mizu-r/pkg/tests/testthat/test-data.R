@@ -194,11 +194,21 @@ test_that("a decoded serialization survives a garbage collection at every alloca
 })
 
 test_that("small plain values take the compact encoding and round-trip exactly", {
+  global_fun <- function(f) {
+    environment(f) <- globalenv()
+    utils::removeSource(f)
+  }
   compact <- list(NULL, TRUE, NA, 1L, NA_integer_, c(1.5, NA, NaN, -0, Inf), 2 + 3i,
                   "a", NA_character_, c("\u00e9t\u00e9", "x"), as.raw(0:255), character(0),
                   list(), list(1, "a", list(NULL)), c(a = 1, b = 2), list(x = 1, 2),
                   quote(x), quote(f(x, y = 2)), quote(x[, 1]), quote(f(a = , b)),
-                  list("e", quote(x + y), list(x = 1L, y = 2)))
+                  list("e", quote(x + y), list(x = 1L, y = 2)),
+                  # functions of the global environment (arriving as functions of the
+                  # receiver's), without attributes (a srcref) or compiled code
+                  global_fun(function(x, y = 2, ...) { z <- x + y; list(z, ...) }),
+                  global_fun(function() 42),
+                  list("e", quote(sq(i)), list(), list(sq = global_fun(function(x) x * x),
+                                                       i = 3L)))
   for (v in compact) {
     b <- .Call(mizu:::wrap__codec_encode, v)
     expect_identical(rawToChar(b[1]), "K", label = deparse(v)[1])
@@ -215,7 +225,9 @@ test_that("small plain values take the compact encoding and round-trip exactly",
   }
   # everything else takes R's serialization
   other <- list(factor("a"), Sys.Date(), function(x) x, new.env(), 1:3, quote(function(x) x),
-                matrix(1:4, 2), structure(1, foo = "bar"), list(runif(1000), 1:3))
+                matrix(1:4, 2), structure(1, foo = "bar"), list(runif(1000), 1:3),
+                compiler::cmpfun(global_fun(function(x) x + 1)),
+                eval(parse(text = "function(x) x - 1", keep.source = TRUE)[[1]], globalenv()))
   for (v in other) {
     b <- .Call(mizu:::wrap__codec_encode, v)
     expect_true(rawToChar(b[1]) %in% c("R", "r"), label = deparse(v)[1])

@@ -263,7 +263,8 @@ test_that("a map's function finds the global variables and functions it uses, as
     # A global that cannot be sent is named.
     assign("mizu_t_env", new.env(), envir = ge)
     uses_env <- eval(quote(function(i) get("a", envir = mizu_t_env)), ge)
-    expect_error(mizu_map(pool, 1:2, uses_env), "mizu_t_env", class = "mizu_error_not_portable")
+    expect_error(mizu_map(pool, 1:2, uses_env), "global `mizu_t_env`: an environment",
+                 class = "mizu_error_not_portable")
   })
 })
 
@@ -278,12 +279,17 @@ test_that("a task missing a variable says how to pass it", {
 
 test_that("a task's expression finds the variables and functions it uses, as future finds them", {
   ge <- globalenv()
-  on.exit(rm(list = c("mizu_t_k", "mizu_t_g", "mizu_t_f", "mizu_t_env", "mizu_t_pool"),
+  on.exit(rm(list = c("mizu_t_k", "mizu_t_g", "mizu_t_f", "mizu_t_env", "mizu_t_pool",
+                      "mizu_t_list", "mizu_t_make", "mizu_t_h", "mizu_t_sq", "mizu_t_fib"),
              envir = ge))
   eval(quote({
     mizu_t_k <- 3
     mizu_t_g <- function(x) x * mizu_t_k
     mizu_t_f <- function(x) mizu_t_g(x) + 1
+    mizu_t_make <- function(off) function(x) x + off + mizu_t_k
+    mizu_t_h <- mizu_t_make(10)
+    mizu_t_sq <- function(x, p = 2, ...) x^p + mizu_t_k + length(list(...))
+    mizu_t_fib <- function(n) if (n < 2) n else mizu_t_fib(n - 1) + mizu_t_fib(n - 2)
   }), ge)
   with_pool(2, function(pool) {
     # Top-level variables and global functions calling other globals (submitted from the
@@ -292,6 +298,16 @@ test_that("a task's expression finds the variables and functions it uses, as fut
     top <- function(e) mizu_collect(eval(e, ge))
     expect_equal(top(quote(mizu_submit(mizu_t_pool, mizu_t_k * 2))), 6)
     expect_equal(top(quote(mizu_submit(mizu_t_pool, mizu_t_f(2)))), 7)
+    # A global function made by another: its maker's frame travels with it, and the global
+    # variable it reaches through that frame is found too.
+    expect_equal(top(quote(mizu_submit(mizu_t_pool, mizu_t_h(1)))), 14)
+    # Functions without a srcref, as a script run by Rscript makes them (they travel in the
+    # compact encoding): defaults, `...`, a global variable, and one that calls itself.
+    assign("mizu_t_sq", utils::removeSource(mizu_t_sq), envir = ge)
+    assign("mizu_t_fib", utils::removeSource(mizu_t_fib), envir = ge)
+    expect_equal(top(quote(mizu_submit(mizu_t_pool, mizu_t_sq(3, 1, "a")))), 7)
+    expect_equal(top(quote(mizu_submit(mizu_t_pool, mizu_t_sq(3)))), 12)
+    expect_equal(top(quote(mizu_submit(mizu_t_pool, mizu_t_fib(10)))), 55)
     # A binding given with the task wins over a global of the same name.
     expect_equal(top(quote(mizu_submit(mizu_t_pool, mizu_t_k * 2, mizu_t_k = 10))), 20)
     # Variables of the calling function's frame, and of the frames around it.
@@ -317,7 +333,10 @@ test_that("a task's expression finds the variables and functions it uses, as fut
     # A global that cannot be sent is named.
     assign("mizu_t_env", new.env(), envir = ge)
     expect_error(eval(quote(mizu_submit(mizu_t_pool, get("a", envir = mizu_t_env))), ge),
-                 "mizu_t_env", class = "mizu_error_not_portable")
+                 "global `mizu_t_env`: an environment", class = "mizu_error_not_portable")
+    assign("mizu_t_list", list(a = 1, b = new.env()), envir = ge)
+    expect_error(eval(quote(mizu_submit(mizu_t_pool, mizu_t_list$a)), ge),
+                 "global `mizu_t_list`\\$b: an environment", class = "mizu_error_not_portable")
   })
 })
 

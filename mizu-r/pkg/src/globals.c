@@ -1,0 +1,398 @@
+/* A task's globals: the caller's variables an expression task (or a map's function) uses
+ * without a binding of its own, and their binding on the worker.
+ *
+ * The caller's side runs at every submit of such an expression: codetools finds the free
+ * names of an expression or of a function's code once, the package keeps them (`.maps` in the
+ * namespace, filled by .expr_names() and .free_names() in R), and the rest — the cache
+ * lookups, where each name is found, the values, the global functions' own globals in turn —
+ * is the C below. As R code it took two thirds of the caller's time of a `sq(i)` submit.
+ *
+ * The worker's side binds a task's globals in its global environment while the task runs. */
+#include <R.h>
+#include <Rinternals.h>
+#include <limits.h>
+#include <string.h>
+
+/* identical()'s defaults: closures' environments compared, bytecode and srcrefs not. */
+#define IDENTICAL_DEFAULT 16
+
+/* A growing named list (or, with values left NULL, a set of names), protected while it grows. */
+typedef struct {
+    SEXP names, values;
+    R_xlen_t n;
+    PROTECT_INDEX pn, pv;
+} bindings;
+
+/* Two protections: UNPROTECT(2) releases them. */
+static void bindings_init(bindings *b, R_xlen_t cap) {
+    if (cap < 4) cap = 4;
+    b->n = 0;
+    PROTECT_WITH_INDEX(b->names = allocVector(STRSXP, cap), &b->pn);
+    PROTECT_WITH_INDEX(b->values = allocVector(VECSXP, cap), &b->pv);
+}
+
+/* `value` must be protected (or reachable) by the caller: growing allocates. */
+static void bindings_push(bindings *b, SEXP name, SEXP value) {
+    if (b->n == XLENGTH(b->names)) {
+        R_xlen_t cap = 2 * b->n;
+        REPROTECT(b->names = xlengthgets(b->names, cap), b->pn);
+        REPROTECT(b->values = xlengthgets(b->values, cap), b->pv);
+    }
+    SET_STRING_ELT(b->names, b->n, name);
+    SET_VECTOR_ELT(b->values, b->n, value);
+    b->n++;
+}
+
+static int same_string(SEXP a, SEXP b) {
+    return a == b || strcmp(CHAR(a), CHAR(b)) == 0;
+}
+
+/* Whether `s` (a CHARSXP) is among the first `n` elements of the character vector `v`. */
+static int among(SEXP s, SEXP v, R_xlen_t n) {
+    for (R_xlen_t i = 0; i < n; i++)
+        if (same_string(STRING_ELT(v, i), s)) return 1;
+    return 0;
+}
+
+/* The value bound to `sym` in the frame of `env`, a promise forced (as get() does). */
+static SEXP frame_value(SEXP env, SEXP sym) {
+    SEXP v = findVarInFrame3(env, sym, TRUE);
+    if (v == R_UnboundValue) error("object '%s' not found", CHAR(PRINTNAME(sym)));
+    if (TYPEOF(v) == PROMSXP) {
+        PROTECT(v);
+        v = eval(v, env);
+        UNPROTECT(1);
+    }
+    return v;
+}
+
+/* One of the package's caches of free names: a list of list(key, names). */
+static SEXP cache(SEXP ns, const char *which) {
+    SEXP maps = findVarInFrame3(ns, install(".maps"), TRUE);
+    if (TYPEOF(maps) == PROMSXP) maps = eval(maps, ns); /* (lazy-loaded) */
+    if (TYPEOF(maps) != ENVSXP) error("mizu: internal error: the package's caches are missing");
+    SEXP entries = findVarInFrame3(maps, install(which), TRUE);
+    return TYPEOF(entries) == VECSXP ? entries : R_NilValue;
+}
+
+/* codetools::findGlobals() of the expression `expr`: kept, or found (and kept) by
+ * .expr_names(). The result is reachable from the cache; callers protect it all the same. */
+static SEXP expr_names(SEXP expr, SEXP ns) {
+    SEXP entries = cache(ns, "exprs");
+    R_xlen_t n = entries == R_NilValue ? 0 : XLENGTH(entries);
+    for (R_xlen_t i = 0; i < n; i++) {
+        SEXP e = VECTOR_ELT(entries, i);
+        if (TYPEOF(e) == VECSXP && XLENGTH(e) == 2 &&
+            R_compute_identical(VECTOR_ELT(e, 0), expr, IDENTICAL_DEFAULT))
+            return VECTOR_ELT(e, 1);
+    }
+    SEXP quoted = PROTECT(lang2(install("quote"), expr));
+    SEXP call = PROTECT(lang2(install(".expr_names"), quoted));
+    SEXP nm = eval(call, ns);
+    UNPROTECT(2);
+    return nm;
+}
+
+/* codetools::findGlobals() of the closure `f`, kept by its code (body and formals), or found
+ * (and kept) by .free_names(). */
+static SEXP free_names(SEXP f, SEXP ns) {
+    SEXP entries = cache(ns, "globals");
+    R_xlen_t n = entries == R_NilValue ? 0 : XLENGTH(entries);
+    SEXP body = PROTECT(R_ClosureExpr(f));
+    for (R_xlen_t i = 0; i < n; i++) {
+        SEXP e = VECTOR_ELT(entries, i);
+        if (TYPEOF(e) != VECSXP || XLENGTH(e) != 2) continue;
+        SEXP key = VECTOR_ELT(e, 0);
+        if (TYPEOF(key) == VECSXP && XLENGTH(key) == 2 &&
+            R_compute_identical(VECTOR_ELT(key, 0), body, IDENTICAL_DEFAULT) &&
+            R_compute_identical(VECTOR_ELT(key, 1), FORMALS(f), IDENTICAL_DEFAULT)) {
+            UNPROTECT(1);
+            return VECTOR_ELT(e, 1);
+        }
+    }
+    SEXP call = PROTECT(lang2(install(".free_names"), f));
+    SEXP nm = eval(call, ns);
+    UNPROTECT(2);
+    return nm;
+}
+
+/* Whether `sym`, looked up from `env`, is found in the global environment. The walk stops
+ * there: the packages and base behind it (most of a function's free names, such as `c` or
+ * `+`) are never searched. */
+static int resolves_to_global(SEXP sym, SEXP env) {
+    while (env != R_GlobalEnv) {
+        if (env == R_EmptyEnv || TYPEOF(env) != ENVSXP || R_existsVarInFrame(env, sym)) return 0;
+        env = ENCLOS(env);
+    }
+    return R_existsVarInFrame(R_GlobalEnv, sym);
+}
+
+/* The global names of the function `f`, added to `acc` (also the names already seen): the
+ * free names of its code that resolve, from its environment, to the global environment —
+ * which R's serialization does not carry (an enclosing function's environment travels with
+ * the closure) — and in turn those of the global functions among them. */
+static void global_names(SEXP f, SEXP ns, bindings *acc) {
+    SEXP env = CLOENV(f);
+    SEXP nm = PROTECT(free_names(f, ns));
+    R_xlen_t n = TYPEOF(nm) == STRSXP ? XLENGTH(nm) : 0;
+    R_xlen_t start = acc->n;
+    for (R_xlen_t i = 0; i < n; i++) {
+        SEXP s = STRING_ELT(nm, i);
+        SEXP sym = installTrChar(s);
+        int global = env == R_GlobalEnv ? R_existsVarInFrame(R_GlobalEnv, sym)
+                                        : resolves_to_global(sym, env);
+        if (global && !among(s, acc->names, acc->n)) bindings_push(acc, s, R_NilValue);
+    }
+    R_xlen_t end = acc->n;
+    for (R_xlen_t i = start; i < end; i++) {
+        SEXP v = PROTECT(frame_value(R_GlobalEnv, installTrChar(STRING_ELT(acc->names, i))));
+        if (TYPEOF(v) == CLOSXP) global_names(v, ns, acc);
+        UNPROTECT(1);
+    }
+    UNPROTECT(1);
+}
+
+/* The environment `sym` is found in from `env` when that is the global environment or a
+ * function's frame; NULL when it is found first in a package's namespace, its imports or base
+ * (which package code, or code run in a namespace as tests are, reaches before the global
+ * environment), in a package on the search path after it, or nowhere. */
+static SEXP global_frame_of(SEXP sym, SEXP env) {
+    int in_package = 0;
+    for (;;) {
+        if (env == R_EmptyEnv || env == R_BaseEnv || TYPEOF(env) != ENVSXP) return NULL;
+        if (env == R_BaseNamespace || R_IsNamespaceEnv(env)) in_package = 1;
+        if (R_existsVarInFrame(env, sym)) return env == R_GlobalEnv || !in_package ? env : NULL;
+        if (env == R_GlobalEnv) return NULL;
+        env = ENCLOS(env);
+    }
+}
+
+static SEXP named_list(bindings *b) {
+    SEXP out = PROTECT(xlengthgets(b->values, b->n));
+    setAttrib(out, R_NamesSymbol, xlengthgets(b->names, b->n));
+    UNPROTECT(1);
+    return out;
+}
+
+/* The globals of the expression `expr` written in `env`, other than the names `bound` (a
+ * character vector, or NULL): NULL when there are none, else list(values, closures) —
+ * `values` the names codetools finds in it that resolve from `env` to the global environment
+ * or a function's frame (not to a package), with their values, then the global names of the
+ * functions among them in turn (as for a map's function); `closures` whether a function
+ * among them finds variables in the global environment (so that all of them are bound
+ * there on the worker). `ns` is the package's namespace. */
+SEXP mizu_expr_globals_in(SEXP expr, SEXP bound, SEXP env, SEXP ns) {
+    if (TYPEOF(env) != ENVSXP || TYPEOF(ns) != ENVSXP)
+        error("mizu: internal error: bad arguments to expr_globals");
+    R_xlen_t nb = TYPEOF(bound) == STRSXP ? XLENGTH(bound) : 0;
+    SEXP names = PROTECT(expr_names(expr, ns));
+    R_xlen_t n = TYPEOF(names) == STRSXP ? XLENGTH(names) : 0;
+    bindings out;
+    bindings_init(&out, n);
+    for (R_xlen_t i = 0; i < n; i++) {
+        SEXP s = STRING_ELT(names, i);
+        if (among(s, bound, nb)) continue;
+        SEXP sym = installTrChar(s);
+        SEXP frame = global_frame_of(sym, env);
+        if (frame == NULL) continue;
+        SEXP value = PROTECT(frame_value(frame, sym));
+        bindings_push(&out, s, value);
+        UNPROTECT(1);
+    }
+    if (out.n == 0) {
+        UNPROTECT(3);
+        return R_NilValue;
+    }
+    int closures = 0;
+    R_xlen_t direct = out.n;
+    for (R_xlen_t i = 0; i < direct; i++) {
+        SEXP v = VECTOR_ELT(out.values, i);
+        if (TYPEOF(v) != CLOSXP) continue;
+        bindings more;
+        bindings_init(&more, 4);
+        global_names(v, ns, &more);
+        /* A function that finds variables in the global environment (its own, or through
+         * the frame of the function that made it) finds them in the worker's. */
+        if (CLOENV(v) == R_GlobalEnv || more.n > 0) closures = 1;
+        for (R_xlen_t j = 0; j < more.n; j++) {
+            SEXP s = STRING_ELT(more.names, j);
+            if (among(s, out.names, out.n) || among(s, bound, nb)) continue;
+            SEXP value = PROTECT(frame_value(R_GlobalEnv, installTrChar(s)));
+            bindings_push(&out, s, value);
+            UNPROTECT(1);
+        }
+        UNPROTECT(2);
+    }
+    SEXP values = PROTECT(named_list(&out));
+    SEXP g = PROTECT(allocVector(VECSXP, 2));
+    SET_VECTOR_ELT(g, 0, values);
+    SET_VECTOR_ELT(g, 1, ScalarLogical(closures));
+    SEXP nms = PROTECT(allocVector(STRSXP, 2));
+    SET_STRING_ELT(nms, 0, mkChar("values"));
+    SET_STRING_ELT(nms, 1, mkChar("closures"));
+    setAttrib(g, R_NamesSymbol, nms);
+    UNPROTECT(6);
+    return g;
+}
+
+/* NULL when nothing in `values` is an environment or an external pointer, else the failure
+ * c(class, message) naming the global (see `sendable.rs`). */
+SEXP mizu_rs_check_globals(SEXP values);
+
+/* An expression task's message: list("e", expr, vars), with the globals `expr` uses (found
+ * from `env`, where it was written; see mizu_expr_globals_in()) among the bindings. When one
+ * of them is a function of the global environment, which finds its own globals there, they
+ * all go as a fourth element instead, bound in the worker's global environment while the
+ * task runs. A global that cannot be sent raises its failure (.raise_failure()). */
+SEXP mizu_expr_message_in(SEXP expr, SEXP vars, SEXP env, SEXP ns) {
+    if (TYPEOF(vars) != VECSXP) error("mizu: internal error: a task's bindings are not a list");
+    SEXP vnames = PROTECT(getAttrib(vars, R_NamesSymbol));
+    SEXP g = PROTECT(mizu_expr_globals_in(expr, vnames, env, ns));
+    SEXP kind = PROTECT(mkString("e"));
+    if (g == R_NilValue) {
+        SEXP msg = PROTECT(allocVector(VECSXP, 3));
+        SET_VECTOR_ELT(msg, 0, kind);
+        SET_VECTOR_ELT(msg, 1, expr);
+        SET_VECTOR_ELT(msg, 2, vars);
+        UNPROTECT(4);
+        return msg;
+    }
+    SEXP values = VECTOR_ELT(g, 0);
+    SEXP failure = PROTECT(mizu_rs_check_globals(values));
+    if (failure != R_NilValue) {
+        SEXP call = PROTECT(lang2(install(".raise_failure"), failure));
+        eval(call, ns);
+        UNPROTECT(1);
+    }
+    UNPROTECT(1);
+    SEXP msg;
+    if (LOGICAL(VECTOR_ELT(g, 1))[0]) {
+        msg = PROTECT(allocVector(VECSXP, 4));
+        SET_VECTOR_ELT(msg, 2, vars);
+        SET_VECTOR_ELT(msg, 3, values);
+    } else {
+        /* c(vars, values) */
+        R_xlen_t nv = XLENGTH(vars), ng = XLENGTH(values);
+        msg = PROTECT(allocVector(VECSXP, 3));
+        SEXP all = allocVector(VECSXP, nv + ng);
+        SET_VECTOR_ELT(msg, 2, all);
+        SEXP names = allocVector(STRSXP, nv + ng);
+        setAttrib(all, R_NamesSymbol, names);
+        SEXP gnames = getAttrib(values, R_NamesSymbol);
+        for (R_xlen_t i = 0; i < nv; i++) {
+            SET_VECTOR_ELT(all, i, VECTOR_ELT(vars, i));
+            SET_STRING_ELT(names, i, TYPEOF(vnames) == STRSXP ? STRING_ELT(vnames, i)
+                                                             : R_BlankString);
+        }
+        for (R_xlen_t i = 0; i < ng; i++) {
+            SET_VECTOR_ELT(all, nv + i, VECTOR_ELT(values, i));
+            SET_STRING_ELT(names, nv + i, STRING_ELT(gnames, i));
+        }
+    }
+    SET_VECTOR_ELT(msg, 0, kind);
+    SET_VECTOR_ELT(msg, 1, expr);
+    UNPROTECT(4);
+    return msg;
+}
+
+/* The package namespace, looked up each time rather than kept (a reloaded package gets its
+ * new one). */
+static SEXP mizu_ns(void) {
+    SEXP name = PROTECT(mkString("mizu"));
+    SEXP ns = R_FindNamespace(name);
+    UNPROTECT(1);
+    return ns;
+}
+
+/* .expr_message(expr, vars, env): see mizu_expr_message_in(). */
+SEXP mizu_expr_message(SEXP expr, SEXP vars, SEXP env) {
+    SEXP ns = PROTECT(mizu_ns());
+    SEXP msg = mizu_expr_message_in(expr, vars, env, ns);
+    UNPROTECT(1);
+    return msg;
+}
+
+/* The globals of a map's function `f`, as a named list: its global names (see
+ * global_names()) with their values in the global environment; an empty list for anything
+ * but a closure. */
+SEXP mizu_function_globals(SEXP f) {
+    if (TYPEOF(f) != CLOSXP) return allocVector(VECSXP, 0);
+    SEXP ns = PROTECT(mizu_ns());
+    bindings acc;
+    bindings_init(&acc, 4);
+    global_names(f, ns, &acc);
+    for (R_xlen_t i = 0; i < acc.n; i++)
+        SET_VECTOR_ELT(acc.values, i,
+                       frame_value(R_GlobalEnv, installTrChar(STRING_ELT(acc.names, i))));
+    SEXP out = named_list(&acc);
+    UNPROTECT(3);
+    return out;
+}
+
+/* The position (from 1) of the first of `entries` — a list of list(key, value) — whose key is
+ * identical() to `key`, or 0: the lookup .expr_names() and .free_names() make before they
+ * ask codetools. */
+SEXP mizu_find_identical(SEXP entries, SEXP key) {
+    if (TYPEOF(entries) != VECSXP) error("mizu: internal error: a cache is not a list");
+    R_xlen_t n = XLENGTH(entries);
+    for (R_xlen_t i = 0; i < n; i++) {
+        SEXP e = VECTOR_ELT(entries, i);
+        if (TYPEOF(e) == VECSXP && XLENGTH(e) == 2 &&
+            R_compute_identical(VECTOR_ELT(e, 0), key, IDENTICAL_DEFAULT))
+            return ScalarInteger(i < INT_MAX ? (int) (i + 1) : 0);
+    }
+    return ScalarInteger(0);
+}
+
+/* The worker's side. A task's globals (the fourth element of its message, see
+ * .expr_message()) are bound in the worker's global environment while it runs, where the
+ * global functions among them find one another. mizu_bind_globals() binds the named values of
+ * `globals` there and returns what they replaced — list(symbols, old values, whether each had
+ * one) — for mizu_unbind_globals() to put back when the task ends. As R calls (exists, mget,
+ * list2env, rm) the two took ~30 us per task. A locked binding fails the task before anything
+ * is bound; a promise that a global replaces is put back unforced. */
+SEXP mizu_bind_globals(SEXP globals) {
+    if (TYPEOF(globals) != VECSXP) error("mizu: internal error: a task's globals are not a list");
+    R_xlen_t n = XLENGTH(globals);
+    SEXP names = getAttrib(globals, R_NamesSymbol);
+    if (n > 0 && (TYPEOF(names) != STRSXP || XLENGTH(names) != n))
+        error("mizu: internal error: a task's globals are not named");
+    SEXP syms = PROTECT(allocVector(VECSXP, n));
+    SEXP old = PROTECT(allocVector(VECSXP, n));
+    SEXP had = PROTECT(allocVector(LGLSXP, n));
+    for (R_xlen_t i = 0; i < n; i++) {
+        SEXP sym = installTrChar(STRING_ELT(names, i));
+        SET_VECTOR_ELT(syms, i, sym);
+        int exists = R_existsVarInFrame(R_GlobalEnv, sym);
+        LOGICAL(had)[i] = exists;
+        if (!exists) continue;
+        if (R_BindingIsLocked(sym, R_GlobalEnv))
+            error("the global `%s` the task uses is locked in the worker's global environment",
+                  CHAR(PRINTNAME(sym)));
+        SET_VECTOR_ELT(old, i, findVarInFrame3(R_GlobalEnv, sym, FALSE));
+    }
+    for (R_xlen_t i = 0; i < n; i++)
+        defineVar(VECTOR_ELT(syms, i), VECTOR_ELT(globals, i), R_GlobalEnv);
+    SEXP out = PROTECT(allocVector(VECSXP, 3));
+    SET_VECTOR_ELT(out, 0, syms);
+    SET_VECTOR_ELT(out, 1, old);
+    SET_VECTOR_ELT(out, 2, had);
+    UNPROTECT(4);
+    return out;
+}
+
+/* Puts back what mizu_bind_globals() replaced: each old binding, or none. */
+SEXP mizu_unbind_globals(SEXP bound) {
+    if (TYPEOF(bound) != VECSXP || XLENGTH(bound) != 3)
+        error("mizu: internal error: bad globals to unbind");
+    SEXP syms = VECTOR_ELT(bound, 0), old = VECTOR_ELT(bound, 1), had = VECTOR_ELT(bound, 2);
+    R_xlen_t n = XLENGTH(syms);
+    for (R_xlen_t i = 0; i < n; i++) {
+        SEXP sym = VECTOR_ELT(syms, i);
+        if (LOGICAL(had)[i])
+            defineVar(sym, VECTOR_ELT(old, i), R_GlobalEnv);
+        else if (R_existsVarInFrame(R_GlobalEnv, sym))
+            R_removeVarFromFrame(sym, R_GlobalEnv);
+    }
+    return R_NilValue;
+}
