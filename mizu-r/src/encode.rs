@@ -404,13 +404,19 @@ impl Outgoing {
         Ok(Outgoing::layout(TAG_PLAIN, skel, bufs))
     }
 
+    /// [`Outgoing::encode_to`] of a task's message, whose functions travel without the source
+    /// R keeps of them (`small::as_task`).
+    pub fn encode_task(msg: SEXP, to: Option<u64>) -> Result<Outgoing> {
+        crate::small::as_task(|| Outgoing::encode_to(msg, to))
+    }
+
     /// The compact payload of `list("e", expr, vars)` (an expression task), made without
     /// the list, with large vectors and views of shared memory out of band (a binding that is
     /// a shared view, say); `None` when the message takes another encoding.
     pub fn encode_expr_task(expr: SEXP, vars: SEXP, to: Option<u64>) -> Option<Result<Outgoing>> {
         // SAFETY: R's main thread; the kind string is kept for the session.
         let kind = unsafe { crate::handle::kept_expr_kind() };
-        crate::small::encode_list3(kind, expr, vars)
+        crate::small::as_task(|| crate::small::encode_list3(kind, expr, vars))
             .map(|(bytes, vecs)| Outgoing::with_oob(bytes, vecs, to))
     }
 

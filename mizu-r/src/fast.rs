@@ -50,7 +50,7 @@ pub unsafe extern "C" fn mizu_rs_submit(pool: SEXP, msg: SEXP) -> SEXP {
         let to = p.as_ref().ok().and_then(|p| p.repeats_key());
         submit_to(pool, p, || {
             check_msg_sexp(msg)?;
-            Outgoing::encode_to(msg, to).map_err(|e| Unsendable::from(e.to_string()))
+            Outgoing::encode_task(msg, to).map_err(|e| Unsendable::from(e.to_string()))
         })
     }
 }

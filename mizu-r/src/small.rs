@@ -4,8 +4,9 @@
 //!
 //! Covered: `NULL`; logical, integer, double, complex, character and raw vectors shorter than
 //! the out-of-band floor, with no attributes or only `names`; lists of those (same attribute
-//! rule); symbols; calls; functions of the global environment without attributes or compiled
-//! code. Anything else — another attribute, an object bit, ALTREP vectors, other closures,
+//! rule); symbols; calls; functions of the global environment without compiled code (in a
+//! task's message also those that keep their source, which is left out: [`as_task`]).
+//! Anything else — another attribute, an object bit, ALTREP vectors, other closures,
 //! environments, nesting deeper than 64 — makes [`encode`] return `None`.
 //! [`encode_oob`] also takes large plain vectors and views of shared memory of ours, as
 //! `R_OOB` items naming the payload's out-of-band buffers (sent by reference for views);
@@ -23,6 +24,7 @@
 //! `R_MISSING` the missing argument; `R_CLOSURE` a varint count of formals, each its name (a
 //! symbol item) and its default (`R_MISSING` for none), then the body's item.
 
+use std::cell::Cell;
 use std::ffi::{c_char, c_int};
 
 use extendr_ffi::{
@@ -149,37 +151,7 @@ unsafe fn item(out: &mut Vec<u8>, x: SEXP, depth: usize, oob: &mut Option<Vec<SE
             return string(out, PRINTNAME(x), false);
         }
         if t == SEXPTYPE::LANGSXP {
-            if ffi::ATTRIB(x) != R_NilValue {
-                return false;
-            }
-            out.push(tag::R_CALL);
-            let mut n = 0u64;
-            let mut p = x;
-            while p != R_NilValue {
-                n += 1;
-                p = CDR(p);
-            }
-            varint(out, n);
-            let mut p = x;
-            while p != R_NilValue {
-                let tag = TAG(p);
-                if tag == R_NilValue {
-                    out.push(0);
-                } else {
-                    out.push(1);
-                    if !item(out, tag, depth + 1, oob) {
-                        return false;
-                    }
-                }
-                if !item(out, CAR(p), depth + 1, oob) {
-                    return false;
-                }
-                p = CDR(p);
-                if p != R_NilValue && TYPEOF(p) != SEXPTYPE::LISTSXP {
-                    return false;
-                }
-            }
-            return true;
+            return call(out, x, depth, oob, false);
         }
         if t == SEXPTYPE::CLOSXP {
             return closure(out, x, depth, oob);
@@ -283,10 +255,151 @@ unsafe fn item(out: &mut Vec<u8>, x: SEXP, depth: usize, oob: &mut Option<Vec<SE
     }
 }
 
+/// A call: its nodes, each with its tag. In a function's code (`in_code`), the source
+/// references R's parser leaves when it keeps the source — the `srcref`, `srcfile` and
+/// `wholeSrcref` attributes of a `{` call, and the srcref a `function` call holds as its fourth
+/// element — are left out, as `identical()` leaves them out of a function's comparison; any
+/// other attribute, or one outside a function's code, is not covered.
+///
+/// # Safety
+/// As [`item`]: `x` is a live call.
+unsafe fn call(
+    out: &mut Vec<u8>,
+    x: SEXP,
+    depth: usize,
+    oob: &mut Option<Vec<SEXP>>,
+    in_code: bool,
+) -> bool {
+    // SAFETY: reads of a live call, its nodes and its attributes (pairlists).
+    unsafe {
+        let attrs = ffi::ATTRIB(x);
+        if attrs != R_NilValue && !(in_code && only_source_refs(attrs)) {
+            return false;
+        }
+        let defines_function = in_code && CAR(x) == extendr_ffi::R_FunctionSymbol;
+        out.push(tag::R_CALL);
+        let mut n = 0u64;
+        let mut p = x;
+        while p != R_NilValue {
+            n += 1;
+            p = CDR(p);
+        }
+        varint(out, n);
+        let mut p = x;
+        let mut i = 0;
+        while p != R_NilValue {
+            let tag = TAG(p);
+            if tag == R_NilValue {
+                out.push(0);
+            } else {
+                out.push(1);
+                if !item(out, tag, depth + 1, oob) {
+                    return false;
+                }
+            }
+            let v = CAR(p);
+            let written = if defines_function && i == 3 {
+                out.push(tag::NONE);
+                true
+            } else if in_code {
+                code(out, v, depth + 1, oob)
+            } else {
+                item(out, v, depth + 1, oob)
+            };
+            if !written {
+                return false;
+            }
+            p = CDR(p);
+            i += 1;
+            if p != R_NilValue && TYPEOF(p) != SEXPTYPE::LISTSXP {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// Whether every attribute in `attrs` (an attribute pairlist) is a source reference.
+///
+/// # Safety
+/// `attrs` is a live pairlist.
+unsafe fn only_source_refs(attrs: SEXP) -> bool {
+    // SAFETY: reads of a live pairlist and of its tags' names.
+    unsafe {
+        let mut a = attrs;
+        while a != R_NilValue {
+            if !matches!(
+                symbol_name(TAG(a)),
+                Some(b"srcref" | b"srcfile" | b"wholeSrcref")
+            ) {
+                return false;
+            }
+            a = CDR(a);
+        }
+        true
+    }
+}
+
+/// The name of `sym` when it is a symbol.
+///
+/// # Safety
+/// `sym` is a live object.
+unsafe fn symbol_name<'a>(sym: SEXP) -> Option<&'a [u8]> {
+    // SAFETY: a symbol's name is a CHARSXP, NUL-terminated, kept for the session.
+    unsafe {
+        (TYPEOF(sym) == SEXPTYPE::SYMSXP)
+            .then(|| std::ffi::CStr::from_ptr(R_CHAR(PRINTNAME(sym))).to_bytes())
+    }
+}
+
+/// A value in a function's code (its body, or a default): as [`item`], calls without their
+/// source references (see [`call`]).
+///
+/// # Safety
+/// As [`item`].
+unsafe fn code(out: &mut Vec<u8>, x: SEXP, depth: usize, oob: &mut Option<Vec<SEXP>>) -> bool {
+    if depth > MAX_DEPTH {
+        return false;
+    }
+    // SAFETY: the caller's contract.
+    unsafe {
+        if TYPEOF(x) == SEXPTYPE::LANGSXP {
+            call(out, x, depth, oob, true)
+        } else {
+            item(out, x, depth, oob)
+        }
+    }
+}
+
+thread_local! {
+    /// Whether the value being encoded is a task's message (see [`as_task`]).
+    static TASK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Resets [`TASK`] when the encoding ends, however it ends.
+struct TaskScope(bool);
+
+impl Drop for TaskScope {
+    fn drop(&mut self) {
+        TASK.set(self.0);
+    }
+}
+
+/// `f()`, whose encodings are of a task's message: the functions in it are there to run, and
+/// travel without the source R keeps of them (see [`closure`]). Anything else — a result, a
+/// value sent on a channel or shared — keeps its functions' source (R's serialization
+/// carries it).
+pub fn as_task<T>(f: impl FnOnce() -> T) -> T {
+    let _scope = TaskScope(TASK.replace(true));
+    f()
+}
+
 /// A function of the global environment (which R's serialization, too, sends as a reference
-/// to the receiver's): its formals and its body. Not covered — R's serialization sends them
-/// as they are — a function with attributes (a srcref, a class), another environment (which
-/// travels with it), or compiled code (the receiver would compile it again).
+/// to the receiver's): its formals and its body; in a task's message (see [`as_task`]) also
+/// one that keeps its source (a `srcref` attribute), which is left out (see [`call`]). Not
+/// covered — R's serialization sends them as they are — a function with another attribute (a
+/// class), another environment (which travels with it), or compiled code (the receiver would
+/// compile it again).
 ///
 /// # Safety
 /// As [`item`]: `x` is a live closure.
@@ -294,7 +407,13 @@ unsafe fn closure(out: &mut Vec<u8>, x: SEXP, depth: usize, oob: &mut Option<Vec
     // SAFETY: reads of a live closure and of its formals (a pairlist).
     unsafe {
         let body = extendr_ffi::get_closure_body(x);
-        if ffi::ATTRIB(x) != R_NilValue
+        let attrs = ffi::ATTRIB(x);
+        let task = TASK.get();
+        let srcref_only = attrs != R_NilValue
+            && CDR(attrs) == R_NilValue
+            && symbol_name(TAG(attrs)) == Some(b"srcref".as_slice());
+        if (attrs != R_NilValue && !(task && srcref_only))
+            || ffi::OBJECT(x) != 0
             || extendr_ffi::get_closure_env(x) != extendr_ffi::R_GlobalEnv
             || TYPEOF(body) == SEXPTYPE::BCODESXP
         {
@@ -313,13 +432,16 @@ unsafe fn closure(out: &mut Vec<u8>, x: SEXP, depth: usize, oob: &mut Option<Vec
         out.push(tag::R_CLOSURE);
         varint(out, n);
         let mut p = formals;
+        // Outside a task's message, source references are not covered: the function takes R's
+        // serialization.
+        let value = if task { code } else { item };
         while p != R_NilValue {
-            if !item(out, TAG(p), depth + 1, oob) || !item(out, CAR(p), depth + 1, oob) {
+            if !item(out, TAG(p), depth + 1, oob) || !value(out, CAR(p), depth + 1, oob) {
                 return false;
             }
             p = CDR(p);
         }
-        item(out, body, depth + 1, oob)
+        value(out, body, depth + 1, oob)
     }
 }
 

@@ -60,7 +60,7 @@ pub(crate) fn pool_submit(pool: Robj, msg: Robj) -> Result<Robj> {
         return Ok(u.failure());
     }
     // SAFETY: `msg` is protected by its handle for the call.
-    let out = Outgoing::encode_to(unsafe { msg.get() }, p.repeats_key())?;
+    let out = Outgoing::encode_task(unsafe { msg.get() }, p.repeats_key())?;
     // SAFETY: R's main thread; `pool` is the live handle of `p`.
     Ok(match unsafe { submit_encoded(pool.get(), p, &out) }? {
         // SAFETY: R's main thread; `pool` is the live handle of `p`; the new handle is
@@ -187,7 +187,7 @@ pub(crate) fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
     let outs: Vec<Outgoing> = msgs
         .values()
         // SAFETY: each message is protected by `msgs` for the call.
-        .map(|v| Outgoing::encode_to(unsafe { v.get() }, p.repeats_key()))
+        .map(|v| Outgoing::encode_task(unsafe { v.get() }, p.repeats_key()))
         .collect::<Result<_>>()?;
     if p.nested {
         return with_context(|c| {

@@ -227,6 +227,7 @@ test_that("small plain values take the compact encoding and round-trip exactly",
   other <- list(factor("a"), Sys.Date(), function(x) x, new.env(), 1:3, quote(function(x) x),
                 matrix(1:4, 2), structure(1, foo = "bar"), list(runif(1000), 1:3),
                 compiler::cmpfun(global_fun(function(x) x + 1)),
+                # (a value keeps its functions' source; a task's message does not)
                 eval(parse(text = "function(x) x - 1", keep.source = TRUE)[[1]], globalenv()))
   for (v in other) {
     b <- .Call(mizu:::wrap__codec_encode, v)

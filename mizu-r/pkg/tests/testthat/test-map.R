@@ -280,7 +280,8 @@ test_that("a task missing a variable says how to pass it", {
 test_that("a task's expression finds the variables and functions it uses, as future finds them", {
   ge <- globalenv()
   on.exit(rm(list = c("mizu_t_k", "mizu_t_g", "mizu_t_f", "mizu_t_env", "mizu_t_pool",
-                      "mizu_t_list", "mizu_t_make", "mizu_t_h", "mizu_t_sq", "mizu_t_fib"),
+                      "mizu_t_list", "mizu_t_make", "mizu_t_h", "mizu_t_sq", "mizu_t_fib",
+                      "mizu_t_src", "mizu_t_def"),
              envir = ge))
   eval(quote({
     mizu_t_k <- 3
@@ -308,6 +309,16 @@ test_that("a task's expression finds the variables and functions it uses, as fut
     expect_equal(top(quote(mizu_submit(mizu_t_pool, mizu_t_sq(3, 1, "a")))), 7)
     expect_equal(top(quote(mizu_submit(mizu_t_pool, mizu_t_sq(3)))), 12)
     expect_equal(top(quote(mizu_submit(mizu_t_pool, mizu_t_fib(10)))), 55)
+    # Functions that keep their source, as R's console and RStudio make them (a task's
+    # functions travel without it), one of them defining a function in its body.
+    src <- function(text) eval(parse(text = text, keep.source = TRUE)[[1]], ge)
+    assign("mizu_t_src", src("function(x) {\n  # doubled\n  x * 2 + mizu_t_k\n}"), envir = ge)
+    assign("mizu_t_def", src("function(x) { g <- function(y) y - 1; g(x) }"), envir = ge)
+    expect_equal(top(quote(mizu_submit(mizu_t_pool, mizu_t_src(4)))), 11)
+    expect_equal(top(quote(mizu_submit(mizu_t_pool, mizu_t_def(4)))), 3)
+    back <- mizu_collect(mizu_submit(pool, f, f = ge$mizu_t_src))
+    expect_equal(back(1), 5)
+    expect_null(attr(back, "srcref"))
     # A binding given with the task wins over a global of the same name.
     expect_equal(top(quote(mizu_submit(mizu_t_pool, mizu_t_k * 2, mizu_t_k = 10))), 20)
     # Variables of the calling function's frame, and of the frames around it.
