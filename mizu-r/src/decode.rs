@@ -108,7 +108,7 @@ fn fill_lists(x: SEXP, views: &[Robj], depth: usize) -> Result<()> {
 pub fn decode_small(buf: &Buffer) -> Option<Result<SEXP>> {
     let b = buf.as_slice();
     (b.first() == Some(&TAG_SMALL)).then(|| {
-        crate::small::decode(&b[1..]).ok_or_else(|| bad("the compact encoding cannot be read"))
+        crate::small_read::decode(&b[1..]).ok_or_else(|| bad("the compact encoding cannot be read"))
     })
 }
 
@@ -132,7 +132,7 @@ pub fn decode(buf: Buffer) -> Result<Decoded> {
         Some(&mizu_pool::wire::envelope::TAG) => {
             crate::xvalue_in::received(&buf).map(Decoded::Value)
         }
-        Some(&TAG_SMALL) => match crate::small::decode(&b[1..]) {
+        Some(&TAG_SMALL) => match crate::small_read::decode(&b[1..]) {
             // SAFETY: a fresh value; Robj protects it.
             Some(v) => Ok(Decoded::Value(unsafe { Robj::from_sexp(v) })),
             None => Err(bad("the compact encoding cannot be read")),
@@ -146,7 +146,7 @@ pub fn decode(buf: Buffer) -> Result<Decoded> {
             let views = buffer_views(&buf, layout.entries)?;
             // SAFETY: each view is protected by its Robj in `views` while the value is read.
             let sexps: Vec<SEXP> = views.iter().map(|v| unsafe { v.get() }).collect();
-            match crate::small::decode_with(&b[layout.body], &sexps) {
+            match crate::small_read::decode_with(&b[layout.body], &sexps) {
                 // SAFETY: a fresh value; Robj protects it.
                 Some(v) => Ok(Decoded::Value(unsafe { Robj::from_sexp(v) })),
                 None => Err(bad("the compact encoding cannot be read")),

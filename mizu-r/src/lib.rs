@@ -35,6 +35,7 @@ mod rng;
 mod rtry;
 mod sendable;
 mod small;
+mod small_read;
 mod spill;
 mod strview;
 mod submit;

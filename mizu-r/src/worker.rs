@@ -133,7 +133,7 @@ impl RExec {
     /// For an expression task in the compact encoding (what `mizu_submit` sends): its value,
     /// as [`RExec::eval_task`] gives it, decoded and evaluated in one top-level context (a
     /// context costs ~0.1 µs). `None` when `bytes` is not such a task, or not one the compact
-    /// path takes (see `small::decode_expr_task_in_context`).
+    /// path takes (see `small_read::decode_expr_task_in_context`).
     ///
     /// # Safety
     /// R's main thread.
@@ -150,7 +150,8 @@ impl RExec {
             try_r(move || {
                 ffi::Rf_eval(h, extendr_ffi::R_BaseEnv);
                 let bytes = std::slice::from_raw_parts(p, len);
-                let Some((expr, env)) = crate::small::decode_expr_task_in_context(bytes) else {
+                let Some((expr, env)) = crate::small_read::decode_expr_task_in_context(bytes)
+                else {
                     return extendr_ffi::R_UnboundValue;
                 };
                 let v = ffi::Rf_eval(expr, env);

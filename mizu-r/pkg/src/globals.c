@@ -167,6 +167,16 @@ static SEXP global_frame_of(SEXP sym, SEXP env) {
     }
 }
 
+/* list(a, b, c), unnamed. */
+static SEXP list_of3(SEXP a, SEXP b, SEXP c) {
+    SEXP v = PROTECT(allocVector(VECSXP, 3));
+    SET_VECTOR_ELT(v, 0, a);
+    SET_VECTOR_ELT(v, 1, b);
+    SET_VECTOR_ELT(v, 2, c);
+    UNPROTECT(1);
+    return v;
+}
+
 static SEXP named_list(bindings *b) {
     SEXP out = PROTECT(xlengthgets(b->values, b->n));
     setAttrib(out, R_NamesSymbol, xlengthgets(b->names, b->n));
@@ -250,11 +260,8 @@ SEXP mizu_expr_message_in(SEXP expr, SEXP vars, SEXP env, SEXP ns) {
     SEXP g = PROTECT(mizu_expr_globals_in(expr, vnames, env, ns));
     SEXP kind = PROTECT(mkString("e"));
     if (g == R_NilValue) {
-        SEXP msg = PROTECT(allocVector(VECSXP, 3));
-        SET_VECTOR_ELT(msg, 0, kind);
-        SET_VECTOR_ELT(msg, 1, expr);
-        SET_VECTOR_ELT(msg, 2, vars);
-        UNPROTECT(4);
+        SEXP msg = list_of3(kind, expr, vars);
+        UNPROTECT(3);
         return msg;
     }
     SEXP values = VECTOR_ELT(g, 0);
@@ -373,11 +380,8 @@ SEXP mizu_bind_globals(SEXP globals) {
     }
     for (R_xlen_t i = 0; i < n; i++)
         defineVar(VECTOR_ELT(syms, i), VECTOR_ELT(globals, i), R_GlobalEnv);
-    SEXP out = PROTECT(allocVector(VECSXP, 3));
-    SET_VECTOR_ELT(out, 0, syms);
-    SET_VECTOR_ELT(out, 1, old);
-    SET_VECTOR_ELT(out, 2, had);
-    UNPROTECT(4);
+    SEXP out = list_of3(syms, old, had);
+    UNPROTECT(3);
     return out;
 }
 
