@@ -4,10 +4,10 @@
 //!
 //! Covered: `NULL`; logical, integer, double, complex, character and raw vectors shorter than
 //! the out-of-band floor, with no attributes or only `names`; lists of those (same attribute
-//! rule); symbols; calls; functions of the global environment without compiled code (in a
-//! task's message also those that keep their source, which is left out: [`as_task`]).
-//! Anything else — another attribute, an object bit, ALTREP vectors, other closures,
-//! environments, nesting deeper than 64 — makes [`encode`] return `None`.
+//! rule); symbols; calls and pairlists; functions of the global environment without compiled
+//! code (in a task's message also those that keep their source, which is left out:
+//! [`as_task`]). Anything else — another attribute, an object bit, ALTREP vectors, other
+//! closures, environments, nesting deeper than 64 — makes [`encode`] return `None`.
 //! [`encode_oob`] also takes large plain vectors and views of shared memory of ours, as
 //! `R_OOB` items naming the payload's out-of-band buffers (sent by reference for views);
 //! what neither covers takes R's serialization.
@@ -20,7 +20,8 @@
 //! character vector is a kind byte (0 NA, else the encoding + 1: native, UTF-8, Latin-1,
 //! bytes), a varint length and the bytes. `R_SYMBOL` is a varint length and the UTF-8 name;
 //! `R_CALL` a varint count, then per node a flag byte (1 when tagged, then the tag as a symbol
-//! item) and the node's item; `R_NAMED` the names (a character vector item) then the value;
+//! item) and the node's item, and `R_PAIRLIST` a pairlist the same way; `R_NAMED` the names
+//! (a character vector item) then the value;
 //! `R_MISSING` the missing argument; `R_CLOSURE` a varint count of formals, each its name (a
 //! symbol item) and its default (`R_MISSING` for none), then the body's item.
 
@@ -147,7 +148,7 @@ unsafe fn item(out: &mut Vec<u8>, x: SEXP, depth: usize, oob: &mut Option<Vec<SE
             out.push(tag::R_SYMBOL);
             return string(out, PRINTNAME(x), false);
         }
-        if t == SEXPTYPE::LANGSXP {
+        if t == SEXPTYPE::LANGSXP || t == SEXPTYPE::LISTSXP {
             return call(out, x, depth, oob, false);
         }
         if t == SEXPTYPE::CLOSXP {
@@ -252,7 +253,8 @@ unsafe fn item(out: &mut Vec<u8>, x: SEXP, depth: usize, oob: &mut Option<Vec<SE
     }
 }
 
-/// A call: its nodes, each with its tag. In a function's code (`in_code`), the source
+/// A call, or a pairlist (the formals of a `function` call): its nodes, each with its tag. In a
+/// function's code (`in_code`), the source
 /// references R's parser leaves when it keeps the source — the `srcref`, `srcfile` and
 /// `wholeSrcref` attributes of a `{` call, and the srcref a `function` call holds as its fourth
 /// element — are left out, as `identical()` leaves them out of a function's comparison; any
@@ -267,14 +269,19 @@ unsafe fn call(
     oob: &mut Option<Vec<SEXP>>,
     in_code: bool,
 ) -> bool {
-    // SAFETY: reads of a live call, its nodes and its attributes (pairlists).
+    // SAFETY: reads of a live call or pairlist, its nodes and its attributes (pairlists).
     unsafe {
         let attrs = ffi::ATTRIB(x);
         if attrs != R_NilValue && !(in_code && only_source_refs(attrs)) {
             return false;
         }
-        let defines_function = in_code && CAR(x) == extendr_ffi::R_FunctionSymbol;
-        out.push(tag::R_CALL);
+        let is_call = TYPEOF(x) == SEXPTYPE::LANGSXP;
+        let defines_function = in_code && is_call && CAR(x) == extendr_ffi::R_FunctionSymbol;
+        out.push(if is_call {
+            tag::R_CALL
+        } else {
+            tag::R_PAIRLIST
+        });
         let mut n = 0u64;
         let mut p = x;
         while p != R_NilValue {
@@ -360,7 +367,7 @@ unsafe fn code(out: &mut Vec<u8>, x: SEXP, depth: usize, oob: &mut Option<Vec<SE
     }
     // SAFETY: the caller's contract.
     unsafe {
-        if TYPEOF(x) == SEXPTYPE::LANGSXP {
+        if matches!(TYPEOF(x), SEXPTYPE::LANGSXP | SEXPTYPE::LISTSXP) {
             call(out, x, depth, oob, true)
         } else {
             item(out, x, depth, oob)

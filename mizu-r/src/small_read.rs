@@ -97,13 +97,17 @@ impl Reader<'_> {
                     let k = usize::try_from(self.varint()?).ok()?;
                     self.views.get(k).copied()
                 }
-                tag::R_CALL => {
+                tag::R_CALL | tag::R_PAIRLIST => {
                     let n = self.count(2)?;
                     if n == 0 {
                         return None;
                     }
                     // The head is protected; every later node hangs off it.
-                    let head = Rf_protect(Rf_lcons(R_NilValue, R_NilValue));
+                    let head = Rf_protect(if item == tag::R_CALL {
+                        Rf_lcons(R_NilValue, R_NilValue)
+                    } else {
+                        Rf_cons(R_NilValue, R_NilValue)
+                    });
                     let mut last = head;
                     for i in 0..n {
                         let node = if i == 0 {

@@ -72,6 +72,8 @@ pub mod tag {
     /// R: a function of the global environment (varint count of formals, each a symbol item
     /// and its default, `R_MISSING` for none; then the body).
     pub const R_CLOSURE: u8 = 0x1E;
+    /// R: a pairlist, such as the formals of a `function` call (as [`R_CALL`], a node list).
+    pub const R_PAIRLIST: u8 = 0x1F;
 }
 
 /// Call forms (the byte after [`tag::CALL`]).

@@ -198,6 +198,7 @@ test_that("small plain values take the compact encoding and round-trip exactly",
     environment(f) <- globalenv()
     utils::removeSource(f)
   }
+  no_src <- function(text) parse(text = text, keep.source = FALSE)[[1]]
   compact <- list(NULL, TRUE, NA, 1L, NA_integer_, c(1.5, NA, NaN, -0, Inf), 2 + 3i,
                   "a", NA_character_, c("\u00e9t\u00e9", "x"), as.raw(0:255), character(0),
                   list(), list(1, "a", list(NULL)), c(a = 1, b = 2), list(x = 1, 2),
@@ -207,6 +208,9 @@ test_that("small plain values take the compact encoding and round-trip exactly",
                   # receiver's), without attributes (a srcref) or compiled code
                   global_fun(function(x, y = 2, ...) { z <- x + y; list(z, ...) }),
                   global_fun(function() 42),
+                  # (a function defined in a function: a call holding its formals, a pairlist)
+                  eval(no_src("function(xs) vapply(xs, function(x) x^2, 0)"), globalenv()),
+                  no_src("function(x, y = 2) x + y"), as.pairlist(list(a = 1, 2)),
                   list("e", quote(sq(i)), list(), list(sq = global_fun(function(x) x * x),
                                                        i = 3L)))
   for (v in compact) {
