@@ -21,9 +21,9 @@
 //! bytes), a varint length and the bytes. `R_SYMBOL` is a varint length and the UTF-8 name;
 //! `R_CALL` a varint count, then per node a flag byte (1 when tagged, then the tag as a symbol
 //! item) and the node's item, and `R_PAIRLIST` a pairlist the same way; `R_NAMED` the names
-//! (a character vector item) then the value;
-//! `R_MISSING` the missing argument; `R_CLOSURE` a varint count of formals, each its name (a
-//! symbol item) and its default (`R_MISSING` for none), then the body's item.
+//! (a character vector item) then the value; `R_MISSING` the missing argument; `R_CLOSURE` a
+//! varint count of formals, each its name (a symbol item) and its default (`R_MISSING` for
+//! none), then the body's item.
 
 use std::cell::Cell;
 
@@ -253,12 +253,11 @@ unsafe fn item(out: &mut Vec<u8>, x: SEXP, depth: usize, oob: &mut Option<Vec<SE
     }
 }
 
-/// A call, or a pairlist (the formals of a `function` call): its nodes, each with its tag. In a
-/// function's code (`in_code`), the source
-/// references R's parser leaves when it keeps the source — the `srcref`, `srcfile` and
-/// `wholeSrcref` attributes of a `{` call, and the srcref a `function` call holds as its fourth
-/// element — are left out, as `identical()` leaves them out of a function's comparison; any
-/// other attribute, or one outside a function's code, is not covered.
+/// A call, or a pairlist (the formals of a `function` call): its nodes, each with its tag. In
+/// a function's code (`in_code`), the source references R's parser leaves when it keeps the
+/// source — the `srcref`, `srcfile` and `wholeSrcref` attributes of a `{` call, and the srcref
+/// a `function` call holds as its fourth element — are left out; any other attribute, or one
+/// outside a function's code, is not covered.
 ///
 /// # Safety
 /// As [`item`]: `x` is a live call.

@@ -170,7 +170,9 @@ impl Reader<'_> {
     }
 
     /// A function of the global environment: made as R makes one, by evaluating
-    /// `function(formals) body` there (which also checks the formals).
+    /// `function(formals) body` there (which also checks the formals), with base's `function`
+    /// itself at the head of the call (not its name, which a binding in the global
+    /// environment could shadow).
     ///
     /// # Safety
     /// As [`Reader::item`].
@@ -206,12 +208,10 @@ impl Reader<'_> {
                 return None;
             };
             let body = Rf_protect(body);
-            let call = Rf_protect(ffi::Rf_lang4(
-                extendr_ffi::R_FunctionSymbol,
-                formals,
-                body,
-                R_NilValue,
-            ));
+            // (Base's bindings are never collected.)
+            let function =
+                extendr_ffi::Rf_findFun(extendr_ffi::R_FunctionSymbol, extendr_ffi::R_BaseEnv);
+            let call = Rf_protect(ffi::Rf_lang4(function, formals, body, R_NilValue));
             let f = ffi::Rf_eval(call, extendr_ffi::R_GlobalEnv);
             Rf_unprotect(held + 2);
             Some(f)

@@ -396,3 +396,14 @@ test_that("a task's globals replace the worker's own while it runs, which come b
     expect_false(mizu_collect(mizu_submit(pool, exists("mizu_t_even", envir = globalenv()))))
   })
 })
+
+test_that("a function arrives whole even where the worker's global environment binds `function`", {
+  ge <- globalenv()
+  on.exit(rm("mizu_t_sq2", envir = ge))
+  assign("mizu_t_sq2", utils::removeSource(eval(quote(function(x) x * x), ge)), envir = ge)
+  with_pool(1, function(pool) {
+    mizu_collect(mizu_submit(pool, assign("function", function(...) stop("not this one"),
+                                          envir = globalenv())))
+    expect_equal(eval(quote(mizu_collect(mizu_submit(pool, mizu_t_sq2(3)))), list(pool = pool), ge), 9)
+  })
+})
