@@ -78,6 +78,9 @@ unsafe extern "C" {
     pub fn Rf_ScalarReal(x: f64) -> SEXP;
     /// `Rboolean` (an `int` in C).
     pub fn Rf_inherits(x: SEXP, name: *const std::ffi::c_char) -> std::ffi::c_int;
+    /// A closure's body as R code (for a compiled closure, the expression it was compiled
+    /// from, as `body()` shows it).
+    pub fn R_ClosureExpr(x: SEXP) -> SEXP;
 }
 
 // The package's C routines (`pkg/src/shims.c`, `pkg/src/globals.c`), linked into the same

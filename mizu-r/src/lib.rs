@@ -22,6 +22,7 @@ mod encode;
 mod entry;
 mod fast;
 mod ffi;
+mod functions;
 mod globals;
 mod handle;
 mod interrupt;
@@ -73,6 +74,8 @@ pub(crate) fn init_native() {
         // A full `/dev/shm`: views R's garbage still holds give their regions back. Every
         // path that needs room runs on R's main thread.
         mizu_pool::set_pressure_hook(altrep::collect_under_pressure);
+        // SAFETY: the package's load, on R's main thread.
+        unsafe { functions::init() };
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             let ours = info

@@ -5,8 +5,8 @@
 //! Covered: `NULL`; logical, integer, double, complex, character and raw vectors shorter than
 //! the out-of-band floor, with no attributes or only `names`; lists of those (same attribute
 //! rule); symbols; calls and pairlists; functions of the global environment without compiled
-//! code (in a task's message also those that keep their source, which is left out:
-//! [`as_task`]). Anything else — another attribute, an object bit, ALTREP vectors, other
+//! code (in a task's message also those that keep their source, which is left out, and
+//! compiled ones, as the code they were compiled from: [`as_task`]). Anything else — another attribute, an object bit, ALTREP vectors, other
 //! closures, environments, nesting deeper than 64 — makes [`encode`] return `None`.
 //! [`encode_oob`] also takes large plain vectors and views of shared memory of ours, as
 //! `R_OOB` items naming the payload's out-of-band buffers (sent by reference for views);
@@ -21,9 +21,9 @@
 //! bytes), a varint length and the bytes. `R_SYMBOL` is a varint length and the UTF-8 name;
 //! `R_CALL` a varint count, then per node a flag byte (1 when tagged, then the tag as a symbol
 //! item) and the node's item, and `R_PAIRLIST` a pairlist the same way; `R_NAMED` the names
-//! (a character vector item) then the value; `R_MISSING` the missing argument; `R_CLOSURE` a
-//! varint count of formals, each its name (a symbol item) and its default (`R_MISSING` for
-//! none), then the body's item.
+//! (a character vector item) then the value; `R_MISSING` the missing argument; `R_CLOSURE` the
+//! varint byte length of the rest, a varint count of formals, each its name (a symbol item)
+//! and its default (`R_MISSING` for none), then the body's item.
 
 use std::cell::Cell;
 
@@ -152,7 +152,7 @@ unsafe fn item(out: &mut Vec<u8>, x: SEXP, depth: usize, oob: &mut Option<Vec<SE
             return call(out, x, depth, oob, false);
         }
         if t == SEXPTYPE::CLOSXP {
-            return closure(out, x, depth, oob);
+            return closure(out, x, depth);
         }
         // Vectors: no attributes, or only names; never ALTREP (reading one may run code).
         if !matches!(
@@ -389,7 +389,7 @@ impl Drop for TaskScope {
 }
 
 /// `f()`, whose encodings are of a task's message: the functions in it are there to run, and
-/// travel without the source R keeps of them (see [`closure`]). Anything else — a result, a
+/// travel without the source R keeps of them or the byte code R compiled (see [`closure`]). Anything else — a result, a
 /// value sent on a channel or shared — keeps its functions' source (R's serialization
 /// carries it).
 pub fn as_task<T>(f: impl FnOnce() -> T) -> T {
@@ -398,18 +398,21 @@ pub fn as_task<T>(f: impl FnOnce() -> T) -> T {
 }
 
 /// A function of the global environment (which R's serialization, too, sends as a reference
-/// to the receiver's): its formals and its body; in a task's message (see [`as_task`]) also
-/// one that keeps its source (a `srcref` attribute), which is left out (see [`call`]). Not
-/// covered — R's serialization sends them as they are — a function with another attribute (a
-/// class), another environment (which travels with it), or compiled code (the receiver would
-/// compile it again).
+/// to the receiver's): its formals and its body. In a task's message (see [`as_task`]) also
+/// one that keeps its source (a `srcref` attribute), which is left out (see [`call`]), and one
+/// R has compiled, as the code it was compiled from: a worker's JIT compiles that body once
+/// and finds it in its cache for later tasks, where R's serialization of the byte code cost
+/// more than the rest of the round trip; such a function's bytes are kept for the next task
+/// that sends it (`crate::functions`). Not covered — R's serialization sends them as they
+/// are — a function with another attribute (a class), another environment (which travels
+/// with it), or, outside a task's message, compiled code (a value keeps it).
 ///
 /// # Safety
 /// As [`item`]: `x` is a live closure.
-unsafe fn closure(out: &mut Vec<u8>, x: SEXP, depth: usize, oob: &mut Option<Vec<SEXP>>) -> bool {
+unsafe fn closure(out: &mut Vec<u8>, x: SEXP, depth: usize) -> bool {
     // SAFETY: reads of a live closure and of its formals (a pairlist).
     unsafe {
-        let body = extendr_ffi::get_closure_body(x);
+        let mut body = extendr_ffi::get_closure_body(x);
         let attrs = ffi::ATTRIB(x);
         let task = TASK.get();
         let srcref_only = attrs != R_NilValue
@@ -418,9 +421,16 @@ unsafe fn closure(out: &mut Vec<u8>, x: SEXP, depth: usize, oob: &mut Option<Vec
         if (attrs != R_NilValue && !(task && srcref_only))
             || ffi::OBJECT(x) != 0
             || extendr_ffi::get_closure_env(x) != extendr_ffi::R_GlobalEnv
-            || TYPEOF(body) == SEXPTYPE::BCODESXP
+            || (TYPEOF(body) == SEXPTYPE::BCODESXP && !task)
         {
             return false;
+        }
+        if TYPEOF(body) == SEXPTYPE::BCODESXP {
+            // (The expression is one of the byte code's constants: reachable, not allocated.)
+            body = ffi::R_ClosureExpr(x);
+            if TYPEOF(body) == SEXPTYPE::BCODESXP {
+                return false;
+            }
         }
         let formals = extendr_ffi::get_closure_formals(x);
         let mut n = 0u64;
@@ -432,7 +442,17 @@ unsafe fn closure(out: &mut Vec<u8>, x: SEXP, depth: usize, oob: &mut Option<Vec
             n += 1;
             p = CDR(p);
         }
+        // A function this caller sent before in a task: the same bytes (`crate::functions`).
+        if task && crate::functions::sent(x, depth, out) {
+            return true;
+        }
+        let item_start = out.len();
         out.push(tag::R_CLOSURE);
+        // The byte length of the rest goes first (written when known): a receiver finds a
+        // function it has made before by these bytes without reading them as values.
+        let start = out.len();
+        // (Nothing in it goes out of band: its bytes are the whole function.)
+        let oob = &mut None;
         varint(out, n);
         let mut p = formals;
         // Outside a task's message, source references are not covered: the function takes R's
@@ -444,7 +464,15 @@ unsafe fn closure(out: &mut Vec<u8>, x: SEXP, depth: usize, oob: &mut Option<Vec
             }
             p = CDR(p);
         }
-        value(out, body, depth + 1, oob)
+        if !value(out, body, depth + 1, oob) {
+            return false;
+        }
+        let (len, k) = compact::varint((out.len() - start) as u64);
+        out.splice(start..start, len[..k].iter().copied());
+        if task {
+            crate::functions::keep_sent(x, depth, &out[item_start..]);
+        }
+        true
     }
 }
 

@@ -169,14 +169,42 @@ impl Reader<'_> {
         }
     }
 
-    /// A function of the global environment: made as R makes one, by evaluating
-    /// `function(formals) body` there (which also checks the formals), with base's `function`
-    /// itself at the head of the call (not its name, which a binding in the global
-    /// environment could shadow).
+    /// A function of the global environment: in a task's message, the one made before from
+    /// the same bytes if the worker keeps it (`crate::functions`), else made from them.
     ///
     /// # Safety
     /// As [`Reader::item`].
     unsafe fn closure(&mut self, depth: usize) -> Option<SEXP> {
+        let n = self.count(1)?;
+        let bytes = self.r.take("function", n).ok()?;
+        let keeping = crate::functions::keeping();
+        if keeping && let Some(f) = crate::functions::made(bytes) {
+            return Some(f);
+        }
+        // (A function's bytes hold nothing out of band: the writer sends them whole.)
+        let mut rd = Reader {
+            r: compact::Reader::new(bytes, 0, 0),
+            views: &[],
+        };
+        // SAFETY: as `item`; the function is protected while it is kept.
+        unsafe {
+            let f = rd.function(depth).filter(|_| rd.r.at_end())?;
+            if keeping {
+                crate::functions::keep_made(bytes, Rf_protect(f));
+                Rf_unprotect(1);
+            }
+            Some(f)
+        }
+    }
+
+    /// A function's formals and body, made as R makes a function: by evaluating
+    /// `function(formals) body` in the global environment (which also checks the formals),
+    /// with base's `function` itself at the head of the call (not its name, which a binding
+    /// in the global environment could shadow).
+    ///
+    /// # Safety
+    /// As [`Reader::item`].
+    unsafe fn function(&mut self, depth: usize) -> Option<SEXP> {
         // SAFETY: as `item`; the formals' head, then the call, are protected while the rest
         // is made.
         unsafe {

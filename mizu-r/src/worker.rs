@@ -150,8 +150,9 @@ impl RExec {
             try_r(move || {
                 ffi::Rf_eval(h, extendr_ffi::R_BaseEnv);
                 let bytes = std::slice::from_raw_parts(p, len);
-                let Some((expr, env)) = crate::small_read::decode_expr_task_in_context(bytes)
-                else {
+                let Some((expr, env)) = crate::functions::in_task(|| {
+                    crate::small_read::decode_expr_task_in_context(bytes)
+                }) else {
                     return extendr_ffi::R_UnboundValue;
                 };
                 let v = ffi::Rf_eval(expr, env);
@@ -199,10 +200,10 @@ impl RExec {
             let evaluated = match fast {
                 Some(r) => r,
                 None => {
-                    let msg = match decode_small(&buf) {
+                    let msg = match crate::functions::in_task(|| decode_small(&buf)) {
                         Some(Ok(m)) => Rf_protect(m),
                         Some(Err(e)) => return Err(text(&e.to_string())),
-                        None => match decode(buf) {
+                        None => match crate::functions::in_task(|| decode(buf)) {
                             Ok(Decoded::Value(v)) => Rf_protect(v.get()),
                             Ok(Decoded::Text(t)) => {
                                 return Err(text(&format!("mizu: a text payload: {t}")));

@@ -69,8 +69,8 @@ pub mod tag {
     /// R: a vector carried out of band (varint index into the payload's buffers; R's
     /// same-language payloads with buffers only).
     pub const R_OOB: u8 = 0x1D;
-    /// R: a function of the global environment (varint count of formals, each a symbol item
-    /// and its default, `R_MISSING` for none; then the body).
+    /// R: a function of the global environment (varint byte length of the rest; varint count
+    /// of formals, each a symbol item and its default, `R_MISSING` for none; then the body).
     pub const R_CLOSURE: u8 = 0x1E;
     /// R: a pairlist, such as the formals of a `function` call (as [`R_CALL`], a node list).
     pub const R_PAIRLIST: u8 = 0x1F;

@@ -407,3 +407,35 @@ test_that("a function arrives whole even where the worker's global environment b
     expect_equal(eval(quote(mizu_collect(mizu_submit(pool, mizu_t_sq2(3)))), list(pool = pool), ge), 9)
   })
 })
+
+test_that("a worker makes a task's function once and keeps it; a task's change stays its own", {
+  ge <- globalenv()
+  on.exit(rm(list = c("mizu_t_cf", "mizu_t_pool"), envir = ge))
+  # A function R compiled in the caller (cmpfun here; R's JIT after a few calls) travels as
+  # its code, not as byte code.
+  assign("mizu_t_cf", compiler::cmpfun(utils::removeSource(
+    eval(quote(function(x, p = 2) { s <- 0; for (k in seq_len(p)) s <- s + x; s }), ge))),
+    envir = ge)
+  compiled <- quote(any(grepl("<bytecode", utils::capture.output(print(mizu_t_cf)))))
+  expect_true(eval(compiled, ge))
+  with_pool(1, function(pool) {
+    assign("mizu_t_pool", pool, envir = ge)
+    top <- function(e) mizu_collect(eval(e, ge))
+    run <- function(e) top(bquote(mizu_submit(mizu_t_pool, .(e))))
+    expect_false(run(compiled))
+    expect_equal(run(quote(mizu_t_cf(3))), 6)
+    # The same function in later tasks is the one the worker made first: the JIT compiled it
+    # in place on its second call, and it stays compiled.
+    expect_equal(run(quote(mizu_t_cf(4, 3))), 12)
+    expect_true(run(compiled))
+    # A task that changes the function changes its own copy.
+    expect_equal(run(quote({ f <- mizu_t_cf; attr(f, "tag") <- "mine"; body(f) <- quote(-x)
+                             f(1) })), -1)
+    expect_null(run(quote(attr(mizu_t_cf, "tag"))))
+    expect_equal(run(quote(mizu_t_cf(5))), 10)
+    # Another function of the same name is another function.
+    assign("mizu_t_cf", utils::removeSource(eval(quote(function(x, p = 2) x * 100), ge)),
+           envir = ge)
+    expect_equal(run(quote(mizu_t_cf(5))), 500)
+  })
+})
