@@ -125,14 +125,11 @@ fn marker(what: &str) -> SEXP {
 pub unsafe extern "C" fn mizu_rs_check_globals(values: SEXP) -> SEXP {
     // SAFETY: the caller's contract; the result is a fresh value the caller protects.
     unsafe {
-        let r = guarded(|| {
-            Ok::<_, String>(crate::sendable::check_portable(
-                Robj::from_sexp(values),
-                "global ",
-            ))
-        });
+        // (No R handle: making one costs more than the check of a few values.)
+        let r = guarded(|| Ok::<_, String>(crate::sendable::portability(values, "global ")));
         match r {
-            Ok(x) => x.get(),
+            Ok(None) => R_NilValue,
+            Ok(Some(u)) => failure_sexp(u.class, &u.message),
             Err(why) => failure_sexp("mizu_error", &why),
         }
     }

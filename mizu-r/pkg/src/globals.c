@@ -16,24 +16,30 @@
 /* identical()'s defaults: closures' environments compared, bytecode and srcrefs not. */
 #define IDENTICAL_DEFAULT 16
 
-/* A growing named list (or, with values left NULL, a set of names), protected while it grows. */
+/* A growing named list (or, with values left NULL, a set of names), protected while it grows.
+ * Its vectors are made at the first push (most functions have no globals), `cap` long: the
+ * most it is expected to hold, so that a list that ends up full is used as it is (each
+ * allocation is a good part of a submit's time). */
 typedef struct {
     SEXP names, values;
-    R_xlen_t n;
+    R_xlen_t n, cap;
     PROTECT_INDEX pn, pv;
 } bindings;
 
 /* Two protections: UNPROTECT(2) releases them. */
 static void bindings_init(bindings *b, R_xlen_t cap) {
-    if (cap < 4) cap = 4;
     b->n = 0;
-    PROTECT_WITH_INDEX(b->names = allocVector(STRSXP, cap), &b->pn);
-    PROTECT_WITH_INDEX(b->values = allocVector(VECSXP, cap), &b->pv);
+    b->cap = cap < 1 ? 1 : cap;
+    PROTECT_WITH_INDEX(b->names = R_NilValue, &b->pn);
+    PROTECT_WITH_INDEX(b->values = R_NilValue, &b->pv);
 }
 
 /* `value` must be protected (or reachable) by the caller: growing allocates. */
 static void bindings_push(bindings *b, SEXP name, SEXP value) {
-    if (b->n == XLENGTH(b->names)) {
+    if (b->names == R_NilValue) {
+        REPROTECT(b->names = allocVector(STRSXP, b->cap), b->pn);
+        REPROTECT(b->values = allocVector(VECSXP, b->cap), b->pv);
+    } else if (b->n == XLENGTH(b->names)) {
         R_xlen_t cap = 2 * b->n;
         REPROTECT(b->names = xlengthgets(b->names, cap), b->pn);
         REPROTECT(b->values = xlengthgets(b->values, cap), b->pv);
@@ -177,7 +183,13 @@ static SEXP list_of3(SEXP a, SEXP b, SEXP c) {
     return v;
 }
 
+/* The bindings as a named list. */
 static SEXP named_list(bindings *b) {
+    if (b->n == 0) return allocVector(VECSXP, 0);
+    if (b->n == XLENGTH(b->values)) {
+        setAttrib(b->values, R_NamesSymbol, b->names);
+        return b->values;
+    }
     SEXP out = PROTECT(xlengthgets(b->values, b->n));
     setAttrib(out, R_NamesSymbol, xlengthgets(b->names, b->n));
     UNPROTECT(1);
@@ -185,13 +197,13 @@ static SEXP named_list(bindings *b) {
 }
 
 /* The globals of the expression `expr` written in `env`, other than the names `bound` (a
- * character vector, or NULL): NULL when there are none, else list(values, closures) —
- * `values` the names codetools finds in it that resolve from `env` to the global environment
- * or a function's frame (not to a package), with their values, then the global names of the
- * functions among them in turn (as for a map's function); `closures` whether a function
- * among them finds variables in the global environment (so that all of them are bound
- * there on the worker). `ns` is the package's namespace. */
-SEXP mizu_expr_globals_in(SEXP expr, SEXP bound, SEXP env, SEXP ns) {
+ * character vector, or NULL), as a named list, or NULL when there are none: the names
+ * codetools finds in it that resolve from `env` to the global environment or a function's
+ * frame (not to a package), with their values, then the global names of the functions among
+ * them in turn (as for a map's function). `*closures` is set when a function among them finds
+ * variables in the global environment (so that all of them are bound there on the worker).
+ * `ns` is the package's namespace. */
+static SEXP expr_globals(SEXP expr, SEXP bound, SEXP env, SEXP ns, int *closures) {
     if (TYPEOF(env) != ENVSXP || TYPEOF(ns) != ENVSXP)
         error("mizu: internal error: bad arguments to expr_globals");
     R_xlen_t nb = TYPEOF(bound) == STRSXP ? XLENGTH(bound) : 0;
@@ -213,7 +225,7 @@ SEXP mizu_expr_globals_in(SEXP expr, SEXP bound, SEXP env, SEXP ns) {
         UNPROTECT(3);
         return R_NilValue;
     }
-    int closures = 0;
+    *closures = 0;
     R_xlen_t direct = out.n;
     for (R_xlen_t i = 0; i < direct; i++) {
         SEXP v = VECTOR_ELT(out.values, i);
@@ -223,7 +235,7 @@ SEXP mizu_expr_globals_in(SEXP expr, SEXP bound, SEXP env, SEXP ns) {
         global_names(v, ns, &more);
         /* A function that finds variables in the global environment (its own, or through
          * the frame of the function that made it) finds them in the worker's. */
-        if (CLOENV(v) == R_GlobalEnv || more.n > 0) closures = 1;
+        if (CLOENV(v) == R_GlobalEnv || more.n > 0) *closures = 1;
         for (R_xlen_t j = 0; j < more.n; j++) {
             SEXP s = STRING_ELT(more.names, j);
             if (among(s, out.names, out.n) || among(s, bound, nb)) continue;
@@ -233,16 +245,9 @@ SEXP mizu_expr_globals_in(SEXP expr, SEXP bound, SEXP env, SEXP ns) {
         }
         UNPROTECT(2);
     }
-    SEXP values = PROTECT(named_list(&out));
-    SEXP g = PROTECT(allocVector(VECSXP, 2));
-    SET_VECTOR_ELT(g, 0, values);
-    SET_VECTOR_ELT(g, 1, ScalarLogical(closures));
-    SEXP nms = PROTECT(allocVector(STRSXP, 2));
-    SET_STRING_ELT(nms, 0, mkChar("values"));
-    SET_STRING_ELT(nms, 1, mkChar("closures"));
-    setAttrib(g, R_NamesSymbol, nms);
-    UNPROTECT(6);
-    return g;
+    SEXP values = named_list(&out);
+    UNPROTECT(3);
+    return values;
 }
 
 /* NULL when nothing in `values` is an environment or an external pointer, else the failure
@@ -250,21 +255,27 @@ SEXP mizu_expr_globals_in(SEXP expr, SEXP bound, SEXP env, SEXP ns) {
 SEXP mizu_rs_check_globals(SEXP values);
 
 /* An expression task's message: list("e", expr, vars), with the globals `expr` uses (found
- * from `env`, where it was written; see mizu_expr_globals_in()) among the bindings. When one
+ * from `env`, where it was written; see expr_globals()) among the bindings. When one
  * of them is a function of the global environment, which finds its own globals there, they
  * all go as a fourth element instead, bound in the worker's global environment while the
  * task runs. A global that cannot be sent raises its failure (.raise_failure()). */
 SEXP mizu_expr_message_in(SEXP expr, SEXP vars, SEXP env, SEXP ns) {
     if (TYPEOF(vars) != VECSXP) error("mizu: internal error: a task's bindings are not a list");
+    /* (The kind is one vector for every message: nothing changes a message's elements.) */
+    static SEXP kind = NULL;
+    if (kind == NULL) {
+        SEXP k = mkString("e");
+        R_PreserveObject(k);
+        kind = k;
+    }
     SEXP vnames = PROTECT(getAttrib(vars, R_NamesSymbol));
-    SEXP g = PROTECT(mizu_expr_globals_in(expr, vnames, env, ns));
-    SEXP kind = PROTECT(mkString("e"));
-    if (g == R_NilValue) {
+    int closures = 0;
+    SEXP values = PROTECT(expr_globals(expr, vnames, env, ns, &closures));
+    if (values == R_NilValue) {
         SEXP msg = list_of3(kind, expr, vars);
-        UNPROTECT(3);
+        UNPROTECT(2);
         return msg;
     }
-    SEXP values = VECTOR_ELT(g, 0);
     SEXP failure = PROTECT(mizu_rs_check_globals(values));
     if (failure != R_NilValue) {
         SEXP call = PROTECT(lang2(install(".raise_failure"), failure));
@@ -273,7 +284,7 @@ SEXP mizu_expr_message_in(SEXP expr, SEXP vars, SEXP env, SEXP ns) {
     }
     UNPROTECT(1);
     SEXP msg;
-    if (LOGICAL(VECTOR_ELT(g, 1))[0]) {
+    if (closures) {
         msg = PROTECT(allocVector(VECSXP, 4));
         SET_VECTOR_ELT(msg, 2, vars);
         SET_VECTOR_ELT(msg, 3, values);
@@ -298,7 +309,7 @@ SEXP mizu_expr_message_in(SEXP expr, SEXP vars, SEXP env, SEXP ns) {
     }
     SET_VECTOR_ELT(msg, 0, kind);
     SET_VECTOR_ELT(msg, 1, expr);
-    UNPROTECT(4);
+    UNPROTECT(3);
     return msg;
 }
 
