@@ -73,6 +73,26 @@ rt_glob_future <- per_op(function() for (i in seq_len(n_slow)) value(future(sq(i
 report("round trip of a script's function, globals found", "time", rt_glob,
        list(`PSOCK cluster` = rt_glob_psock, `future multisession` = rt_glob_future))
 
+# 1c. A longer function of the script's, with loops, that R's JIT compiled in the caller
+# (called there first, as a script tries its function before sending it): the function
+# travels with each task as its code, and each worker makes and compiles it once.
+steps <- function(x) {
+  a <- x + 1; b <- a * 2; c <- b - 3; d <- c / 4
+  for (j in 1:3) { a <- a + j; b <- b * 1.01 }
+  if (a > 10) d <- d + 1 else d <- d - 1
+  s <- 0
+  for (k in seq_len(5)) s <- s + k * a
+  s + d
+}
+for (i in 1:3) steps(i)
+rt_long <- per_op(function() for (i in seq_len(n / 4)) mizu_collect(mizu_submit(pool, steps(i))),
+                  n / 4)
+rt_long_psock <- per_op(function() for (i in seq_len(n_psock)) clusterCall(cl[1], steps, i),
+                        n_psock)
+rt_long_future <- per_op(function() for (i in seq_len(n_slow)) value(future(steps(i))), n_slow)
+report("round trip of a 10-line script function with loops", "time", rt_long,
+       list(`PSOCK cluster` = rt_long_psock, `future multisession` = rt_long_future))
+
 # 2. Pipelined throughput: many trivial tasks in flight.
 m <- max(1000L, as.integer(20000 * scale))
 m_slow <- max(100L, as.integer(1000 * scale))
