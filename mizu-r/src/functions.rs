@@ -28,7 +28,7 @@ use rustc_hash::FxHashMap;
 
 /// The most functions a worker keeps; when full, it lets all of them go and starts again (a
 /// stream of tasks that keeps changing its functions gains nothing from keeping them).
-const MADE: usize = 4096;
+const MADE: usize = 1024;
 /// The most functions a caller keeps the encodings of; the oldest goes first.
 const SENT: usize = 64;
 

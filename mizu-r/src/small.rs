@@ -6,8 +6,9 @@
 //! the out-of-band floor, with no attributes or only `names`; lists of those (same attribute
 //! rule); symbols; calls and pairlists; functions of the global environment without compiled
 //! code (in a task's message also those that keep their source, which is left out, and
-//! compiled ones, as the code they were compiled from: [`as_task`]). Anything else — another attribute, an object bit, ALTREP vectors, other
-//! closures, environments, nesting deeper than 64 — makes [`encode`] return `None`.
+//! compiled ones, as the code they were compiled from: [`as_task`]). Anything else — another
+//! attribute, an object bit, ALTREP vectors, other closures, environments, nesting deeper
+//! than 64 — makes [`encode`] return `None`.
 //! [`encode_oob`] also takes large plain vectors and views of shared memory of ours, as
 //! `R_OOB` items naming the payload's out-of-band buffers (sent by reference for views);
 //! what neither covers takes R's serialization.
@@ -389,9 +390,9 @@ impl Drop for TaskScope {
 }
 
 /// `f()`, whose encodings are of a task's message: the functions in it are there to run, and
-/// travel without the source R keeps of them or the byte code R compiled (see [`closure`]). Anything else — a result, a
-/// value sent on a channel or shared — keeps its functions' source (R's serialization
-/// carries it).
+/// travel without the source R keeps of them or the byte code R compiled (see [`closure`]).
+/// Anything else — a result, a value sent on a channel or shared — keeps its functions'
+/// source and byte code (R's serialization carries them).
 pub fn as_task<T>(f: impl FnOnce() -> T) -> T {
     let _scope = TaskScope(TASK.replace(true));
     f()

@@ -446,8 +446,8 @@ pub fn decode_with(bytes: &[u8], views: &[SEXP]) -> Option<SEXP> {
     read_all(bytes, views, |rd| unsafe { rd.item(0) })
 }
 
-/// `read` on `bytes` (its `R_OOB` items `views`), inside `R_ToplevelExec`; its value if it read every
-/// byte, else (malformed, or R ran out of memory) `None`. The value is unprotected.
+/// `read` on `bytes` (its `R_OOB` items `views`), inside `R_ToplevelExec`; its value if it read
+/// every byte, else (malformed, or R ran out of memory) `None`. The value is unprotected.
 ///
 /// `read` runs inside the top-level context: it may allocate (an allocation error long-jumps
 /// back here) and must own nothing that needs dropping.
