@@ -82,9 +82,7 @@ fn outcome(r: std::result::Result<Buffer, CollectError>) -> Result<List> {
         ),
         Err(CollectError::Task(e)) => match e {
             // The runtime's own failure ("mizu: cannot store the result: …"): text.
-            TaskError::Runtime(m) => {
-                mk(status::RUNTIME, nil(), 0, 0, m.trim_start_matches("mizu: "))
-            }
+            TaskError::Runtime(m) => runtime_failure(&m),
             TaskError::Failed(b) => value(status::RAISED, Buffer::from_vec(b))?,
             TaskError::WorkerDied { slot, pid } => {
                 mk(status::DIED, nil(), slot, pid, &e.to_string())
@@ -105,8 +103,21 @@ fn decoded_outcome(st: i32, d: Decoded) -> List {
             mk(status::WARNED, v, 0, 0, "")
         }
         Decoded::Value(v) => mk(st, v, 0, 0, ""),
-        Decoded::Text(t) => mk(status::RUNTIME, ().into(), 0, 0, &t),
+        // A worker's own failure, as text ("mizu: malformed payload: …").
+        Decoded::Text(t) => runtime_failure(&t),
     }
+}
+
+/// The outcome of a runtime failure with message `m`, without the "mizu: " the R side puts
+/// in front of every such message.
+fn runtime_failure(m: &str) -> List {
+    mk(
+        status::RUNTIME,
+        ().into(),
+        0,
+        0,
+        m.trim_start_matches("mizu: "),
+    )
 }
 
 /// A timeout in seconds from R: a non-negative number (Inf: none).
