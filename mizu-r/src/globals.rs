@@ -1,6 +1,7 @@
 //! Whether a task's expression may use variables of the caller's that the task does not bind
-//! (its globals): the cheap test `mizu_submit` makes before paying for `codetools`. It walks
-//! the expression's symbols once and looks each up in at most two hashed frames.
+//! (its globals), or a function given with it may use its own: the cheap test `mizu_submit`
+//! makes before paying for `codetools`. It walks the expression's symbols once and looks each
+//! up in at most two hashed frames.
 
 use extendr_api::prelude::*;
 use extendr_ffi::{
@@ -24,6 +25,13 @@ pub(crate) fn may_use_globals(expr: Robj, vars: Robj) -> bool {
 pub(crate) unsafe fn may_use(expr: SEXP, vars: SEXP) -> bool {
     // SAFETY: the caller's contract.
     unsafe {
+        // A function among the bindings finds its own globals where it was defined.
+        if TYPEOF(vars) == SEXPTYPE::VECSXP
+            && (0..XLENGTH(vars))
+                .any(|i| TYPEOF(extendr_ffi::VECTOR_ELT(vars, i)) == SEXPTYPE::CLOSXP)
+        {
+            return true;
+        }
         let names = crate::sendable::list_names(vars);
         let bound = |sym: SEXP| -> bool {
             if TYPEOF(names) != SEXPTYPE::STRSXP {

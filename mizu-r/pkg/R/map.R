@@ -93,9 +93,10 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   # with every chunk (after `.f` is serialized: that may have copied a shared vector its
   # environment holds out of shared memory).
   if (length(chunks) > 1L) dots <- lapply(dots, .share_if_large)
-  # The global variables `.f` uses (found as `future` finds them) go with the map once, shared
-  # when large; a worker binds them in its global environment while it runs a chunk.
-  globals <- .map_globals(.f)
+  # The global variables `.f` and the functions among the extra arguments use (found as
+  # `future` finds them) go with the map once, shared when large; a worker binds them in its
+  # global environment while it runs a chunk.
+  globals <- .map_globals(c(list(.f), dots))
   if (length(globals)) {
     .check_sendable(globals, "global ")
     if (length(chunks) > 1L) globals <- lapply(globals, .share_if_large)
@@ -240,10 +241,11 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   out
 }
 
-# The values of the global variables `f` uses: names `codetools::findGlobals()` finds in the
-# function (and, recursively, in the global functions it calls) that resolve, from the
-# function's environment, to the global environment — which R's serialization does not carry
-# (an enclosing function's environment travels with the closure). (C, in src/globals.c.)
+# The values of the global variables function `f` (or the functions in the list `f`) uses:
+# names `codetools::findGlobals()` finds in the function (and, recursively, in the global
+# functions it calls) that resolve, from the function's environment, to the global
+# environment — which R's serialization does not carry (an enclosing function's environment
+# travels with the closure). (C, in src/globals.c.)
 .map_globals <- function(f) .Call(.native_function_globals, f)
 
 # codetools::findGlobals(f), found once per function code (body and formals) and remembered

@@ -196,21 +196,47 @@ static SEXP named_list(bindings *b) {
     return out;
 }
 
-/* The globals of the expression `expr` written in `env`, other than the names `bound` (a
- * character vector, or NULL), as a named list, or NULL when there are none: the names
- * codetools finds in it that resolve from `env` to the global environment or a function's
- * frame (not to a package), with their values, then the global names of the functions among
- * them in turn (as for a map's function). `*closures` is set when a function among them finds
- * variables in the global environment (so that all of them are bound there on the worker).
- * `ns` is the package's namespace. */
-static SEXP expr_globals(SEXP expr, SEXP bound, SEXP env, SEXP ns, int *closures) {
-    if (TYPEOF(env) != ENVSXP || TYPEOF(ns) != ENVSXP)
+/* Adds to `glob` the global names of `v`, if it is a function (see global_names()), with
+ * their values in the global environment, unless `glob` has them already; sets `*closures`
+ * when `v` finds variables in the global environment (its own, or through the frame of the
+ * function that made it), which it will find in the worker's. */
+static void function_globals_into(SEXP v, SEXP ns, bindings *glob, int *closures) {
+    if (TYPEOF(v) != CLOSXP) return;
+    bindings more;
+    bindings_init(&more, 4);
+    global_names(v, ns, &more);
+    if (CLOENV(v) == R_GlobalEnv || more.n > 0) *closures = 1;
+    for (R_xlen_t j = 0; j < more.n; j++) {
+        SEXP s = STRING_ELT(more.names, j);
+        if (among(s, glob->names, glob->n)) continue;
+        SEXP value = PROTECT(frame_value(R_GlobalEnv, installTrChar(s)));
+        bindings_push(glob, s, value);
+        UNPROTECT(1);
+    }
+    UNPROTECT(2);
+}
+
+/* The globals of the expression `expr` written in `env`, with the bindings `vars` (a named
+ * list) given for it: the names codetools finds in `expr` that `vars` does not bind and that
+ * resolve from `env` to the global environment or a function's frame (not to a package), with
+ * their values, then the global names of the functions among those and among `vars` (as for
+ * a map's function). Returned as the named list of those found in the global environment
+ * (NULL for none), and in `*locals` those found in a function's frame (NULL for none): a
+ * function's own globals are always its global environment's, even where the expression sees
+ * a variable or binding of the same name. Both are unprotected (nothing allocates before the
+ * caller protects them). `*closures` is set when a function among them finds variables in
+ * the global environment. `ns` is the package's namespace. */
+static SEXP expr_globals(SEXP expr, SEXP vars, SEXP env, SEXP ns, int *closures,
+                         SEXP *locals) {
+    if (TYPEOF(env) != ENVSXP || TYPEOF(ns) != ENVSXP || TYPEOF(vars) != VECSXP)
         error("mizu: internal error: bad arguments to expr_globals");
+    SEXP bound = PROTECT(getAttrib(vars, R_NamesSymbol));
     R_xlen_t nb = TYPEOF(bound) == STRSXP ? XLENGTH(bound) : 0;
     SEXP names = PROTECT(expr_names(expr, ns));
     R_xlen_t n = TYPEOF(names) == STRSXP ? XLENGTH(names) : 0;
-    bindings out;
-    bindings_init(&out, n);
+    bindings glob, loc;
+    bindings_init(&glob, n);
+    bindings_init(&loc, 1);
     for (R_xlen_t i = 0; i < n; i++) {
         SEXP s = STRING_ELT(names, i);
         if (among(s, bound, nb)) continue;
@@ -218,47 +244,70 @@ static SEXP expr_globals(SEXP expr, SEXP bound, SEXP env, SEXP ns, int *closures
         SEXP frame = global_frame_of(sym, env);
         if (frame == NULL) continue;
         SEXP value = PROTECT(frame_value(frame, sym));
-        bindings_push(&out, s, value);
+        bindings_push(frame == R_GlobalEnv ? &glob : &loc, s, value);
         UNPROTECT(1);
     }
-    if (out.n == 0) {
-        UNPROTECT(3);
-        return R_NilValue;
-    }
     *closures = 0;
-    R_xlen_t direct = out.n;
-    for (R_xlen_t i = 0; i < direct; i++) {
-        SEXP v = VECTOR_ELT(out.values, i);
-        if (TYPEOF(v) != CLOSXP) continue;
-        bindings more;
-        bindings_init(&more, 4);
-        global_names(v, ns, &more);
-        /* A function that finds variables in the global environment (its own, or through
-         * the frame of the function that made it) finds them in the worker's. */
-        if (CLOENV(v) == R_GlobalEnv || more.n > 0) *closures = 1;
-        for (R_xlen_t j = 0; j < more.n; j++) {
-            SEXP s = STRING_ELT(more.names, j);
-            if (among(s, out.names, out.n) || among(s, bound, nb)) continue;
-            SEXP value = PROTECT(frame_value(R_GlobalEnv, installTrChar(s)));
-            bindings_push(&out, s, value);
-            UNPROTECT(1);
-        }
-        UNPROTECT(2);
-    }
-    SEXP values = named_list(&out);
-    UNPROTECT(3);
-    return values;
+    /* (A push may replace glob's vectors: the element is read again each time.) */
+    R_xlen_t direct = glob.n;
+    for (R_xlen_t i = 0; i < direct; i++)
+        function_globals_into(VECTOR_ELT(glob.values, i), ns, &glob, closures);
+    for (R_xlen_t i = 0; i < loc.n; i++)
+        function_globals_into(VECTOR_ELT(loc.values, i), ns, &glob, closures);
+    for (R_xlen_t i = 0; i < XLENGTH(vars); i++)
+        function_globals_into(VECTOR_ELT(vars, i), ns, &glob, closures);
+    SEXP l = PROTECT(loc.n ? named_list(&loc) : R_NilValue);
+    SEXP g = glob.n ? named_list(&glob) : R_NilValue;
+    UNPROTECT(7);
+    *locals = l;
+    return g;
 }
 
 /* NULL when nothing in `values` is an environment or an external pointer, else the failure
  * c(class, message) naming the global (see `sendable.rs`). */
 SEXP mizu_rs_check_globals(SEXP values);
 
+/* The named list `vars` with the named lists `a` and `b` (either may be NULL) after it. */
+static SEXP appended(SEXP vars, SEXP a, SEXP b) {
+    if (a == R_NilValue && b == R_NilValue) return vars;
+    SEXP parts[3] = {vars, a, b};
+    R_xlen_t n = 0;
+    for (int k = 0; k < 3; k++) n += parts[k] == R_NilValue ? 0 : XLENGTH(parts[k]);
+    SEXP all = PROTECT(allocVector(VECSXP, n));
+    SEXP names = PROTECT(allocVector(STRSXP, n));
+    R_xlen_t at = 0;
+    for (int k = 0; k < 3; k++) {
+        if (parts[k] == R_NilValue) continue;
+        SEXP nm = getAttrib(parts[k], R_NamesSymbol);
+        for (R_xlen_t i = 0; i < XLENGTH(parts[k]); i++, at++) {
+            SET_VECTOR_ELT(all, at, VECTOR_ELT(parts[k], i));
+            SET_STRING_ELT(names, at, TYPEOF(nm) == STRSXP ? STRING_ELT(nm, i) : R_BlankString);
+        }
+    }
+    setAttrib(all, R_NamesSymbol, names);
+    UNPROTECT(2);
+    return all;
+}
+
+/* Raises the failure (.raise_failure()) of a global in `values` (a named list, or NULL) that
+ * cannot be sent. */
+static void check_globals(SEXP values, SEXP ns) {
+    if (values == R_NilValue) return;
+    SEXP failure = PROTECT(mizu_rs_check_globals(values));
+    if (failure != R_NilValue) {
+        SEXP call = PROTECT(lang2(install(".raise_failure"), failure));
+        eval(call, ns);
+        UNPROTECT(1);
+    }
+    UNPROTECT(1);
+}
+
 /* An expression task's message: list("e", expr, vars), with the globals `expr` uses (found
- * from `env`, where it was written; see expr_globals()) among the bindings. When one
- * of them is a function of the global environment, which finds its own globals there, they
- * all go as a fourth element instead, bound in the worker's global environment while the
- * task runs. A global that cannot be sent raises its failure (.raise_failure()). */
+ * from `env`, where it was written; see expr_globals()) among the bindings. When a function
+ * among them, or among `vars`, finds its own globals in the global environment, the globals
+ * found there go as a fourth element instead, bound in the worker's global environment while
+ * the task runs (those found in a function's frame stay among the bindings, which only the
+ * expression sees). A global that cannot be sent raises its failure (.raise_failure()). */
 SEXP mizu_expr_message_in(SEXP expr, SEXP vars, SEXP env, SEXP ns) {
     if (TYPEOF(vars) != VECSXP) error("mizu: internal error: a task's bindings are not a list");
     /* (The kind is one vector for every message: nothing changes a message's elements.) */
@@ -268,44 +317,21 @@ SEXP mizu_expr_message_in(SEXP expr, SEXP vars, SEXP env, SEXP ns) {
         R_PreserveObject(k);
         kind = k;
     }
-    SEXP vnames = PROTECT(getAttrib(vars, R_NamesSymbol));
     int closures = 0;
-    SEXP values = PROTECT(expr_globals(expr, vnames, env, ns, &closures));
-    if (values == R_NilValue) {
-        SEXP msg = list_of3(kind, expr, vars);
-        UNPROTECT(2);
-        return msg;
-    }
-    SEXP failure = PROTECT(mizu_rs_check_globals(values));
-    if (failure != R_NilValue) {
-        SEXP call = PROTECT(lang2(install(".raise_failure"), failure));
-        eval(call, ns);
-        UNPROTECT(1);
-    }
-    UNPROTECT(1);
+    SEXP locals = R_NilValue;
+    SEXP glob = expr_globals(expr, vars, env, ns, &closures, &locals);
+    PROTECT(glob);
+    PROTECT(locals);
+    check_globals(glob, ns);
+    check_globals(locals, ns);
     SEXP msg;
-    if (closures) {
+    if (closures && glob != R_NilValue) {
         msg = PROTECT(allocVector(VECSXP, 4));
-        SET_VECTOR_ELT(msg, 2, vars);
-        SET_VECTOR_ELT(msg, 3, values);
+        SET_VECTOR_ELT(msg, 2, appended(vars, locals, R_NilValue));
+        SET_VECTOR_ELT(msg, 3, glob);
     } else {
-        /* c(vars, values) */
-        R_xlen_t nv = XLENGTH(vars), ng = XLENGTH(values);
         msg = PROTECT(allocVector(VECSXP, 3));
-        SEXP all = allocVector(VECSXP, nv + ng);
-        SET_VECTOR_ELT(msg, 2, all);
-        SEXP names = allocVector(STRSXP, nv + ng);
-        setAttrib(all, R_NamesSymbol, names);
-        SEXP gnames = getAttrib(values, R_NamesSymbol);
-        for (R_xlen_t i = 0; i < nv; i++) {
-            SET_VECTOR_ELT(all, i, VECTOR_ELT(vars, i));
-            SET_STRING_ELT(names, i, TYPEOF(vnames) == STRSXP ? STRING_ELT(vnames, i)
-                                                             : R_BlankString);
-        }
-        for (R_xlen_t i = 0; i < ng; i++) {
-            SET_VECTOR_ELT(all, nv + i, VECTOR_ELT(values, i));
-            SET_STRING_ELT(names, nv + i, STRING_ELT(gnames, i));
-        }
+        SET_VECTOR_ELT(msg, 2, appended(vars, locals, glob));
     }
     SET_VECTOR_ELT(msg, 0, kind);
     SET_VECTOR_ELT(msg, 1, expr);
@@ -330,15 +356,18 @@ SEXP mizu_expr_message(SEXP expr, SEXP vars, SEXP env) {
     return msg;
 }
 
-/* The globals of a map's function `f`, as a named list: its global names (see
- * global_names()) with their values in the global environment; an empty list for anything
- * but a closure. */
+/* The globals of a map's function `f` — or of the functions among `f`, a list (a map's
+ * function and its extra arguments) — as a named list: their global names (see
+ * global_names()) with their values in the global environment; an empty list when there are
+ * none. */
 SEXP mizu_function_globals(SEXP f) {
-    if (TYPEOF(f) != CLOSXP) return allocVector(VECSXP, 0);
     SEXP ns = PROTECT(mizu_ns());
     bindings acc;
     bindings_init(&acc, 4);
-    global_names(f, ns, &acc);
+    if (TYPEOF(f) == CLOSXP) global_names(f, ns, &acc);
+    else if (TYPEOF(f) == VECSXP)
+        for (R_xlen_t i = 0; i < XLENGTH(f); i++)
+            if (TYPEOF(VECTOR_ELT(f, i)) == CLOSXP) global_names(VECTOR_ELT(f, i), ns, &acc);
     for (R_xlen_t i = 0; i < acc.n; i++)
         SET_VECTOR_ELT(acc.values, i,
                        frame_value(R_GlobalEnv, installTrChar(STRING_ELT(acc.names, i))));

@@ -439,3 +439,37 @@ test_that("a worker makes a task's function once and keeps it; a task's change s
     expect_equal(run(quote(mizu_t_cf(5))), 500)
   })
 })
+
+test_that("a function given with a task or a map finds its own globals, as R scopes them", {
+  ge <- globalenv()
+  on.exit(rm(list = c("mizu_t_k2", "mizu_t_g2", "mizu_t_pool"), envir = ge))
+  eval(quote({
+    mizu_t_k2 <- 10
+    mizu_t_g2 <- function(x) x * mizu_t_k2
+  }), ge)
+  with_pool(1, function(pool) {
+    assign("mizu_t_pool", pool, envir = ge)
+    top <- function(e) mizu_collect(eval(e, ge))
+    # A function given as a binding takes its globals along.
+    expect_equal(top(quote(mizu_submit(mizu_t_pool, f(2), f = mizu_t_g2))), 20)
+    expect_equal(mizu_collect(mizu_submit(pool, f(2), f = ge$mizu_t_g2)), 20)
+    # A binding or a variable of the calling frame named like a function's global is the
+    # expression's; the function still sees its own global, as it would in the caller.
+    expect_equal(top(quote(mizu_submit(mizu_t_pool, mizu_t_g2(2) + mizu_t_k2, mizu_t_k2 = 5))),
+                 25)
+    expect_equal(top(quote(mizu_submit(mizu_t_pool, f(2) + mizu_t_k2, f = mizu_t_g2,
+                                       mizu_t_k2 = 1))), 21)
+    caller <- function() {
+      mizu_t_k2 <- 3
+      mizu_collect(mizu_submit(pool, mizu_t_g2(2) + mizu_t_k2))
+    }
+    expect_equal(caller(), 23)
+    expect_equal(local({ mizu_t_k2 <- 3; mizu_t_g2(2) + mizu_t_k2 }, new.env(parent = ge)), 23)
+    # A function given to a map as an extra argument, too.
+    expect_equal(mizu_map(pool, 1:3, function(i, f) f(i), f = ge$mizu_t_g2), list(10, 20, 30))
+    expect_equal(mizu_map(pool, 1:3, function(i, f) f(i), f = ge$mizu_t_g2, .chunk_size = 1),
+                 list(10, 20, 30))
+    # The worker keeps none of them after.
+    expect_false(mizu_collect(mizu_submit(pool, exists("mizu_t_k2", envir = globalenv()))))
+  })
+})
