@@ -262,10 +262,11 @@ print.mizu_call <- function(x, ...) {
 # An expression task's message: list("e", expr, vars), with the globals `expr` uses (found
 # from `env`, where it was written: the names codetools finds in it, other than those of
 # `vars`, that resolve to the global environment or a function's frame, not to a package;
-# then those of the global functions among them, as for a map's function) among the
-# bindings. When one of them is a function that finds variables in the global environment
-# (its own, or through the frame of the function that made it), they all go as a fourth
-# element instead, bound in the worker's global environment while the task runs. A global that cannot be sent raises its failure. (C, in
+# then those of the functions among them and among `vars`, as for a map's function) among the
+# bindings. When one of those functions finds variables in the global environment, the
+# globals found there go as a fourth element instead, bound in the worker's global environment
+# while the task runs; those found in a function's frame stay among the bindings, which only
+# the expression sees. A global that cannot be sent raises its failure. (C, in
 # src/globals.c: it runs at every submit of such an expression.)
 .expr_message <- function(expr, vars, env) .Call(.native_expr_message, expr, vars, env)
 
