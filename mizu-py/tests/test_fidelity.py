@@ -188,6 +188,34 @@ def test_work_pending_at_interpreter_exit_runs_and_later_submissions_raise():
     assert "refused: cannot schedule new futures after interpreter shutdown" in r.stdout
 
 
+def test_an_executor_nobody_names_runs_what_it_was_given_then_goes():
+    # `PoolExecutor(1).submit(f)`: the executor is dropped between looking up `submit` and
+    # calling it; a bound method would keep it, as ProcessPoolExecutor's does. So does a
+    # `submit` held after the executor is deleted. Once both are gone, it is released.
+    code = """
+        import gc, threading, pymizu, tasks
+
+        print("unnamed", pymizu.PoolExecutor(1).submit(tasks.add, 2, 3).result(timeout=60))
+        futs = [pymizu.PoolExecutor(2).submit(tasks.add, i, i) for i in range(3)]
+        print("several", [f.result(timeout=60) for f in futs])
+        ex = pymizu.PoolExecutor(2)
+        collector = ex._executor_manager_thread
+        submit = ex.submit
+        del ex
+        gc.collect()
+        print("held", submit(tasks.add, 4, 5).result(timeout=60))
+        del submit
+        gc.collect()
+        collector.join(60)
+        assert not collector.is_alive(), "collector thread left running"
+    """
+    r = _run(code)
+    assert r.returncode == 0, r.stderr
+    assert "unnamed 5" in r.stdout
+    assert "several [0, 2, 4]" in r.stdout
+    assert "held 9" in r.stdout
+
+
 def test_a_dropped_executor_leaves_no_thread_or_worker_behind():
     code = """
         import gc, os, threading, time, pymizu, tasks

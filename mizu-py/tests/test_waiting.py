@@ -528,13 +528,15 @@ def test_a_done_callback_raising_while_the_loop_settles_is_logged_and_the_rest_r
 
 def test_a_handle_another_thread_adds_while_the_loop_settles_a_future_still_runs():
     # While the loop's watch runs done-callbacks, another thread's `call_soon_threadsafe`
-    # must still wake it (or find it awake) and run that handle.
+    # must still wake it (or find it awake) and run that handle. The loop watches only while
+    # a CPU is free, which another process may deny it for a while: rounds go on until five
+    # of them settled their future in the loop's thread (every round checks its handle ran).
     with pymizu.PoolExecutor(1) as ex:
 
         async def main():
             loop = asyncio.get_running_loop()
             names = []
-            for _ in range(10):
+            while len(names) < 10 or (SPARE_CPU and names.count("MainThread") < 5 and len(names) < 500):
                 from_thread = loop.create_future()
 
                 def hand_over(_f, from_thread=from_thread):
@@ -553,7 +555,7 @@ def test_a_handle_another_thread_adds_while_the_loop_settles_a_future_still_runs
             return names
 
         names = asyncio.run(main())
-    assert len(names) == 10
+    assert len(names) >= 10
     if SPARE_CPU:
         assert names.count("MainThread") >= 5
 

@@ -253,6 +253,19 @@ class _CallQueue:
         self._state.stopped.wait()
 
 
+def _finalize_when_gone(fn, *objs) -> None:
+    """Calls `fn` once every one of `objs` is collected."""
+    left = [len(objs)]
+
+    def gone():
+        left[0] -= 1
+        if not left[0]:
+            fn()
+
+    for o in objs:
+        weakref.finalize(o, gone)
+
+
 def _failed(exc: BaseException) -> Future:
     """A future that already failed with `exc` (a call that could not be pickled)."""
     fut = Future()
@@ -327,13 +340,19 @@ class PoolExecutor(Executor):
         st.collector = threading.Thread(target=st.collect, name="pymizu-collector", daemon=True)
         _running.add(st)
         st.collector.start()
-        weakref.finalize(self, st.close)
         # `submit` itself, natively (the method below documents it) — unless a subclass
         # overrides it.
         self._future_class = st.future_class()
         self._pool.bind_executor(self._future_class, st, _failed)
         if type(self).submit is PoolExecutor.submit:
             self.submit = self._pool.submit_function("future")
+            # A bound method keeps its instance: `PoolExecutor(2).submit(f)` drops the
+            # executor before the call, and `s = ex.submit; del ex; s(f)` still submits. The
+            # native function holds the pool, not the executor, so the executor is released
+            # once both are gone.
+            _finalize_when_gone(st.close, self, self.submit)
+        else:
+            weakref.finalize(self, st.close)
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
         # No lock on this hot path: a submit racing `shutdown` looks at the flag again once
