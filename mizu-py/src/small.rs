@@ -489,6 +489,52 @@ pub fn fn_head<'py>(f: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyBytes
     Ok(Some(head))
 }
 
+/// A call of `functools.partial(g, *p, **k)` (exactly that type) as the call of `g` it makes:
+/// `g(*p, *args, **{**k, **kwargs})`. The worker then calls `g` as the partial would, and `g`
+/// goes by reference (cached) instead of the partial being pickled with each call — which is
+/// what `loop.run_in_executor(pool, partial(f, key=v))` submits. None for anything else.
+#[allow(clippy::type_complexity)]
+fn unwrap_partial<'py>(
+    f: &Bound<'py, PyAny>,
+    args: &Args<'_, 'py>,
+    kwargs: Option<&Bound<'py, PyDict>>,
+) -> PyResult<
+    Option<(
+        Bound<'py, PyAny>,
+        Bound<'py, PyTuple>,
+        Option<Bound<'py, PyDict>>,
+    )>,
+> {
+    static PARTIAL: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    let py = f.py();
+    if !f.get_type().is(PARTIAL.import(py, "functools", "partial")?) {
+        return Ok(None);
+    }
+    let inner = f.getattr(pyo3::intern!(py, "func"))?;
+    let bound = f
+        .getattr(pyo3::intern!(py, "args"))?
+        .cast_into::<PyTuple>()?;
+    let given = args.tuple()?;
+    let all = if bound.is_empty() {
+        given
+    } else {
+        PyTuple::new(py, bound.iter().chain(given.iter()).collect::<Vec<_>>())?
+    };
+    let keywords = f
+        .getattr(pyo3::intern!(py, "keywords"))?
+        .cast_into::<PyDict>()?;
+    let kw = match kwargs {
+        _ if keywords.is_empty() => kwargs.cloned(),
+        Some(k) if !k.is_empty() => {
+            let merged = keywords.copy()?;
+            merged.update(k.as_mapping())?;
+            Some(merged)
+        }
+        _ => Some(keywords),
+    };
+    Ok(Some((inner, all, kw)))
+}
+
 /// `fn(*args, **kwargs)` as a payload: natively when `fn` is a module-level function or class
 /// (its pickle by reference is cached in `pymizu._codec`) and every argument is small, else
 /// pickled by `pymizu._codec.dumps_call` (which raises for what cannot be pickled).
@@ -511,6 +557,9 @@ pub fn call_payload_of<'py>(
     static DUMPS_ARGS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     static DUMPS_CALL: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let py = f.py();
+    if let Some((inner, args, kwargs)) = unwrap_partial(f, &args, kwargs)? {
+        return call_payload_of(&inner, Args::Tuple(&args), kwargs.as_ref(), repeats);
+    }
     let head = fn_head(f)?;
     if let Some(h) = &head
         && let Some(p) = encode_call_of(h.as_bytes(), args, kwargs, repeats)

@@ -1,5 +1,6 @@
 """Functions the tests run in worker processes (importable there via PYTHONPATH)."""
 
+import functools
 import os
 import time
 
@@ -369,3 +370,15 @@ def triple(a, b, c):
     if a == "bad":
         raise ValueError(b)
     return (a, b, c)
+
+
+def signature(*args, **kwargs):
+    """What a call gave: its positional arguments and its keywords, sorted."""
+    return args, sorted(kwargs.items())
+
+
+class Partial(functools.partial):
+    """A partial of its own type: called as it defines, not unwrapped."""
+
+    def __call__(self, /, *args, **kwargs):
+        return ("own", super().__call__(*args, **kwargs))

@@ -2,10 +2,12 @@
 
 import asyncio
 import concurrent.futures as cf
+import functools
 import os
 import time
 from concurrent.futures.process import BrokenProcessPool
 
+import numpy as np
 import pytest
 
 import pymizu
@@ -22,6 +24,24 @@ def test_submit_returns_a_real_future_with_the_result(ex):
     f = ex.submit(tasks.add, 2, 3)
     assert isinstance(f, cf.Future)
     assert f.result(timeout=60) == 5
+
+
+def test_a_partial_runs_as_the_call_it_makes(ex):
+    # (As `loop.run_in_executor(ex, partial(f, key=v))` submits: the partial's function travels
+    # by reference with the arguments joined, as partial joins them.)
+    p = functools.partial(tasks.signature, 1, 2, a=3, b=4)
+    assert ex.submit(p).result(timeout=60) == p()
+    assert ex.submit(p, 5, b=6, c=7).result(timeout=60) == ((1, 2, 5), [("a", 3), ("b", 6), ("c", 7)])
+    nested = functools.partial(functools.partial(tasks.signature, "x", k=1), "y", k=2)
+    assert ex.submit(nested, "z").result(timeout=60) == (("x", "y", "z"), [("k", 2)])
+    big = np.arange(100_000.0)
+    assert ex.submit(functools.partial(np.sum, big)).result(timeout=60) == big.sum()
+    assert ex.submit(functools.partial(lambda a, b: a - b, 10), 3).result(timeout=60) == 7
+    own = tasks.Partial(tasks.signature, 1)
+    assert ex.submit(own, 2).result(timeout=60) == ("own", ((1, 2), []))
+    with pytest.raises(TypeError):
+        ex.submit(functools.partial(tasks.add, 1), 2, 3).result(timeout=60)
+    assert list(ex.map(functools.partial(tasks.add, 10), range(3))) == [10, 11, 12]
 
 
 def test_running_says_a_worker_has_taken_the_task():
