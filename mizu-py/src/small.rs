@@ -443,6 +443,28 @@ impl<'py> PickledCall<'py> {
 /// with each call.
 pub fn fn_head<'py>(f: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyBytes>>> {
     static FN_REF: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    Ok(
+        match head_of(f, FN_REF.import(f.py(), "pymizu._codec", "fn_ref")?)? {
+            Head::Whole(h) => Some(h),
+            Head::Rebound(..) | Head::Pickled => None,
+        },
+    )
+}
+
+/// How a call's function travels.
+enum Head<'py> {
+    /// As this pickle (by reference, or by value while kept).
+    Whole(Bound<'py, PyBytes>),
+    /// As the pickle of its `pymizu._by_value.Template`, which takes this state as the call's
+    /// first argument (a function made anew for each call).
+    Rebound(Bound<'py, PyBytes>, Bound<'py, PyAny>),
+    /// Pickled with each call.
+    Pickled,
+}
+
+/// [`fn_head`], asking `lookup` (`pymizu._codec.fn_ref` or `call_ref`) when no cache knows
+/// `f`.
+fn head_of<'py>(f: &Bound<'py, PyAny>, lookup: &Bound<'py, PyAny>) -> PyResult<Head<'py>> {
     static FN_BYTES: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
     // The last function found and its pickle: a loop submits one function over and over, and
     // the lookup in `fn_ref`'s cache below costs a few hundred instructions. (Held only with
@@ -455,7 +477,7 @@ pub fn fn_head<'py>(f: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyBytes
         if let Some((lf, head)) = last.as_ref()
             && lf.as_ptr() == f.as_ptr()
         {
-            return Ok(Some(head.bind(py).clone()));
+            return Ok(Head::Whole(head.bind(py).clone()));
         }
     }
     // `fn_ref`'s cache next (it holds only functions and classes it accepted): a hit costs no
@@ -471,22 +493,31 @@ pub fn fn_head<'py>(f: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyBytes
     let from_cache = cached.is_some();
     let head = match cached {
         Some(h) => h,
-        None => FN_REF.import(py, "pymizu._codec", "fn_ref")?.call1((f,))?,
+        None => lookup.call1((f,))?,
     };
-    let Ok(head) = head.cast_into::<PyBytes>() else {
-        return Ok(None);
+    let head = match head.cast_into::<PyBytes>() {
+        Ok(h) => h,
+        Err(e) => {
+            let other = e.into_inner();
+            return Ok(match other.cast::<PyTuple>() {
+                Ok(t) if t.len() == 2 => {
+                    Head::Rebound(t.get_item(0)?.cast_into::<PyBytes>()?, t.get_item(1)?)
+                }
+                _ => Head::Pickled,
+            });
+        }
     };
     if !from_cache {
         // A by-value pickle (`pymizu._by_value`) is checked against what the function holds
         // at each call; one by reference is remembered once `fn_ref` has cached it.
-        return Ok(Some(head));
+        return Ok(Head::Whole(head));
     }
     let before = LAST
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .replace((f.clone().unbind(), head.clone().unbind()));
     drop(before);
-    Ok(Some(head))
+    Ok(Head::Whole(head))
 }
 
 /// A call of `functools.partial(g, *p, **k)` (exactly that type) as the call of `g` it makes:
@@ -554,44 +585,58 @@ pub fn call_payload_of<'py>(
     kwargs: Option<&Bound<'py, PyDict>>,
     repeats: Option<u64>,
 ) -> PyResult<CallPayload<'py>> {
-    static DUMPS_ARGS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     static DUMPS_CALL: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    static CALL_REF: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let py = f.py();
     if let Some((inner, args, kwargs)) = unwrap_partial(f, &args, kwargs)? {
         return call_payload_of(&inner, Args::Tuple(&args), kwargs.as_ref(), repeats);
     }
-    let head = fn_head(f)?;
-    if let Some(h) = &head
-        && let Some(p) = encode_call_of(h.as_bytes(), args, kwargs, repeats)
-    {
-        return Ok(CallPayload::Small(p));
-    }
-    let args = args.tuple()?;
-    // One call into Python, which pickles what it must: the arguments of a function whose
-    // pickle by reference is known, else the whole call.
-    let call = match head {
-        Some(head) => {
-            let (data, bufs) = DUMPS_ARGS
-                .import(py, "pymizu._codec", "dumps_args")?
-                .call1((args, kwargs))?
-                .extract::<(Bound<'py, PyBytes>, Bound<'py, PyAny>)>()?;
-            PickledCall {
-                data,
-                bufs,
-                head: Some(head),
-            }
+    match head_of(f, CALL_REF.import(py, "pymizu._codec", "call_ref")?)? {
+        Head::Whole(h) => call_with_head(h, args, kwargs, repeats),
+        Head::Rebound(h, state) => {
+            let given = args.tuple()?;
+            let all = PyTuple::new(
+                py,
+                std::iter::once(state)
+                    .chain(given.iter())
+                    .collect::<Vec<_>>(),
+            )?;
+            call_with_head(h, Args::Tuple(&all), kwargs, repeats)
         }
-        None => {
+        Head::Pickled => {
+            // The whole call, pickled in Python.
             let kw = match kwargs {
                 Some(k) => k.clone(),
                 None => PyDict::new(py),
             };
-            PickledCall::from_python(
+            Ok(CallPayload::Pickled(PickledCall::from_python(
                 &DUMPS_CALL
                     .import(py, "pymizu._codec", "dumps_call")?
-                    .call1((f, args, kw))?,
-            )?
+                    .call1((f, args.tuple()?, kw))?,
+            )?))
         }
-    };
-    Ok(CallPayload::Pickled(call))
+    }
+}
+
+/// A call of the function pickled as `head`: written natively when every argument is small,
+/// else with its arguments pickled in Python.
+fn call_with_head<'py>(
+    head: Bound<'py, PyBytes>,
+    args: Args<'_, 'py>,
+    kwargs: Option<&Bound<'py, PyDict>>,
+    repeats: Option<u64>,
+) -> PyResult<CallPayload<'py>> {
+    static DUMPS_ARGS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    if let Some(p) = encode_call_of(head.as_bytes(), args, kwargs, repeats) {
+        return Ok(CallPayload::Small(p));
+    }
+    let (data, bufs) = DUMPS_ARGS
+        .import(head.py(), "pymizu._codec", "dumps_args")?
+        .call1((args.tuple()?, kwargs))?
+        .extract::<(Bound<'py, PyBytes>, Bound<'py, PyAny>)>()?;
+    Ok(CallPayload::Pickled(PickledCall {
+        data,
+        bufs,
+        head: Some(head),
+    }))
 }

@@ -108,3 +108,56 @@ def test_what_keeps_state_identity_cannot_watch_is_pickled_with_each_call(ex):
     tagged.note = "attribute"
     assert _codec.fn_ref(kw) is None and _codec.fn_ref(tagged) is None
     assert ex.submit(kw, 3).result() == 6 and ex.submit(tagged, 4).result() == 4
+
+
+def test_functions_made_anew_for_each_call_run_with_their_own_defaults_and_closures(ex):
+    # One code, a new function per call (`submit(lambda: ...)` in a loop): each call runs
+    # with what its own function holds at submission — values of any kind, changed in place
+    # or not — and with the globals as they are then.
+    global SCALE
+    rows = [[i] for i in range(3)]
+    futs = []
+    for i in range(40):
+        futs.append(ex.submit(lambda i=i: i * SCALE))
+        futs.append(ex.submit(lambda: (i, SCALE)))
+        row = rows[i % 3]
+        futs.append(ex.submit(lambda: sum(row)))
+        if i == 20:
+            SCALE = 5
+        rows[i % 3].append(1)
+    try:
+        got = [f.result(timeout=60) for f in futs]
+    finally:
+        SCALE = 2
+    want = []
+    seen = [[i] for i in range(3)]
+    for i in range(40):
+        s = 2 if i <= 20 else 5
+        want += [i * s, (i, s), sum(seen[i % 3])]
+        seen[i % 3].append(1)
+    assert got == want
+
+
+def test_a_function_made_anew_fails_and_recurses_as_it_would_here(ex):
+    def make(n):
+        def fact(k):
+            return 1 if k <= 1 else k * fact(k - 1)
+
+        return lambda: fact(n)
+
+    assert [ex.submit(make(n)).result(timeout=60) for n in range(1, 7)] == [1, 2, 6, 24, 120, 720]
+    for d in (1, 2):
+        with pytest.raises(ZeroDivisionError):
+            ex.submit(lambda d=d: 1 // (d - d)).result(timeout=60)
+
+    def late():
+        def use():
+            return later()
+
+        f = ex.submit(use)  # `later` is not bound yet: its cell is empty
+        later = lambda: 1  # noqa: E731
+        return f, later
+
+    f, _ = late()
+    with pytest.raises(NameError):
+        f.result(timeout=60)

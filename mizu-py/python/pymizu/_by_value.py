@@ -10,11 +10,18 @@ value under the same rule. A function holding anything else (a list, a dict, an 
 instance, a `__main__` class) is pickled again for each call, so a worker always sees what the
 caller sees at the call. The worker keeps the function it unpickled from a given pickle
 (`_codec.fn_from_ref`), so a kept pickle is unpickled once per worker.
+
+A function made anew for each call (`submit(lambda: f(x))` in a loop) is a new object each
+time, with its own defaults and closure: its code, name and the globals it reads are kept
+instead, as a `Template` (pickled once, unpickled once per worker), and each call brings the
+function's defaults and the contents of its closure as its first argument, pickled as
+arguments are (`rebound`). The worker makes the function again from the two.
 """
 
 from __future__ import annotations
 
 import types
+import weakref
 
 _MISSING = object()  # a name the function reads that is not (yet) a global: a builtin
 _LIMIT = 4096  # bytes: a kept pickle travels with each call
@@ -79,8 +86,9 @@ def head(fn) -> bytes | None:
     return b
 
 
-def _holds(fns: tuple, names: tuple):
-    """What the by-value pickle of `fns[0]` holds, in a fixed order, to compare by identity."""
+def _holds(fns: tuple, names: tuple, g=None):
+    """What the by-value pickle of `fns[0]` holds (the globals those of `g` if given), in a
+    fixed order, to compare by identity."""
     for f in fns:
         yield f.__code__
         yield f.__defaults__
@@ -89,7 +97,8 @@ def _holds(fns: tuple, names: tuple):
                 yield c.cell_contents
             except ValueError:  # an empty cell
                 yield _MISSING
-    g = fns[0].__globals__
+    if g is None:
+        g = fns[0].__globals__
     for n in names:
         yield g.get(n, _MISSING)
 
@@ -149,3 +158,123 @@ def _fixed(v, fns: tuple) -> bool:
     if isinstance(v, type):
         return v.__module__ != "__main__" and "<locals>" not in v.__qualname__
     return False
+
+
+class Template:
+    """A by-value function without its defaults and closure (see `rebound`): called as
+    `template((defaults, cell contents), *args, **kwargs)`, it makes the function with those
+    and calls it."""
+
+    __slots__ = ("fn", "__weakref__")
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __reduce__(self):
+        return Template, (self.fn,)
+
+    def __call__(self, state, /, *args, **kwargs):
+        defaults, contents = state
+        t = self.fn
+        f = types.FunctionType(t.__code__, t.__globals__, t.__name__, defaults,
+                               tuple(map(types.CellType, contents)) if contents else None)
+        f.__qualname__ = t.__qualname__
+        f.__module__ = t.__module__
+        return f(*args, **kwargs)
+
+
+# id(code) -> (code, the function's globals, the by-value functions its globals lead to but
+# itself, the globals' names, what those held, the template's pickle)
+_templates: dict = {}
+# id(function) -> a weak reference to it, for the functions `rebound` made a call of once: a
+# function called again is kept whole by `head` (its calls then bring nothing of it).
+_once: dict = {}
+
+
+def rebound(fn) -> tuple[bytes, tuple] | None:
+    """`(the pickle of fn's Template, state)` for a call of `fn` as `template(state, *args,
+    **kwargs)`, or None when `fn` is to be kept whole (`head`: it was called before, or its
+    template cannot be kept)."""
+    if fn.__kwdefaults__ or fn.__dict__ or fn.__annotations__:
+        return None
+    key = id(fn)
+    seen = _once.get(key)
+    if seen is not None and seen() is fn:
+        del _once[key]
+        return None
+    code = fn.__code__
+    contents = ()
+    for c in fn.__closure__ or ():
+        try:
+            contents += (c.cell_contents,)
+        except ValueError:  # an empty cell: a template could not bring it back
+            return None
+    t = _templates.get(id(code))
+    if t is None or not _same_template(t, fn):
+        t = _new_template(fn)
+        if t is None:
+            return None
+    if len(_once) > 256:
+        _once.clear()
+    _once[key] = weakref.ref(fn)
+    return t[5], (fn.__defaults__, contents)
+
+
+def _same_template(t, fn) -> bool:
+    """Whether template entry `t` still makes `fn`: the same code, names and globals dict,
+    and what the template holds unchanged."""
+    code, g, rest, names, held, _ = t
+    if fn.__code__ is not code or fn.__globals__ is not g or fn.__name__ is not code.co_name:
+        return False
+    if fn.__qualname__ is not code.co_qualname:
+        return False
+    i = 0
+    for f in rest:
+        if f.__code__ is not held[i] or f.__defaults__ is not held[i + 1]:
+            return False
+        i += 2
+        for c in f.__closure__ or ():
+            try:
+                if c.cell_contents is not held[i]:
+                    return False
+            except ValueError:
+                if held[i] is not _MISSING:
+                    return False
+            i += 1
+    for n in names:
+        if g.get(n, _MISSING) is not held[i]:
+            return False
+        i += 1
+    return True
+
+
+def _new_template(fn):
+    """A template entry for `fn` (see `_templates`), kept; None when it cannot be kept."""
+    code = fn.__code__
+    if fn.__name__ is not code.co_name or fn.__qualname__ is not code.co_qualname:
+        return None
+    found = _reach(fn)
+    if found is None:
+        return None
+    fns, names = found
+    rest = fns[1:]
+    held = tuple(_holds(rest, names, fn.__globals__))
+    if not all(_fixed(v, fns) for v in held):
+        return None
+    n = len(code.co_freevars)
+    bare = types.FunctionType(code, fn.__globals__, fn.__name__, None,
+                              tuple(types.CellType() for _ in range(n)) if n else None)
+    bare.__qualname__ = fn.__qualname__
+    bare.__module__ = fn.__module__
+    import cloudpickle
+
+    try:
+        b = cloudpickle.dumps(Template(bare), 5)
+    except Exception:
+        return None
+    if len(b) > _LIMIT:
+        return None
+    if len(_templates) > 1024:
+        _templates.clear()
+    t = _templates[id(code)] = (code, fn.__globals__, rest, names, held, b)
+    return t

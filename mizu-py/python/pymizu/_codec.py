@@ -48,8 +48,7 @@ def fn_ref(fn) -> bytes | None:
         b = _by_value.kept(fn)
         if b is not None:
             return b
-        if "<" in fn.__qualname__ or (fn.__module__ == "__main__" and _main.by_value(fn)):
-            # `<lambda>`, `<locals>`, and what `_main` says workers cannot take by name.
+        if _travels_by_value(fn):
             return _by_value.head(fn)
     elif getattr(fn, "__module__", None) == "__main__" and _main.by_value(fn):
         return None
@@ -65,6 +64,26 @@ def fn_ref(fn) -> bytes | None:
         _fn_bytes.clear()
     _fn_bytes[fn] = b
     return b
+
+
+def _travels_by_value(fn) -> bool:
+    """`<lambda>`, `<locals>`, and what `_main` says workers cannot take by name."""
+    return "<" in fn.__qualname__ or (fn.__module__ == "__main__" and _main.by_value(fn))
+
+
+def call_ref(fn) -> bytes | tuple[bytes, tuple] | None:
+    """For one call of `fn`: `fn_ref(fn)`, or, for a function that travels by value and is not
+    kept (one made anew for each call), `(its template's pickle, state)` from
+    `_by_value.rebound`: the call is then `template(state, *args, **kwargs)`."""
+    if type(fn) is types.FunctionType and fn not in _fn_bytes:
+        b = _by_value.kept(fn)
+        if b is not None:
+            return b
+        if _travels_by_value(fn):
+            r = _by_value.rebound(fn)
+            if r is not None:
+                return r
+    return fn_ref(fn)
 
 
 def dumps_args(args: tuple, kwargs: dict | None) -> tuple[bytes, list]:
