@@ -10,6 +10,7 @@ rows of `pymizu.Pool` and `pymizu.PoolExecutor` are medians over nine rounds alt
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import statistics
@@ -66,6 +67,27 @@ class Peer:
             for _ in range(k):
                 submit(fn, 1, 1).result()
 
+    def made_per_call(self, how, k):
+        """`k` round trips of a call made anew each time, as a loop or a coroutine makes them:
+        `partial(work.add, i, 1)` or `lambda: work.add(i, 1)`. None where the pool cannot
+        send it (a lambda through plain pickle)."""
+        if how == "partial":
+            make = lambda i: functools.partial(work.add, i, 1)  # noqa: E731
+        else:
+            make = lambda i: lambda: work.add(i, 1)  # noqa: E731
+        try:
+            if self.kind == "mp":
+                apply = self.pool.apply_async
+                for i in range(k):
+                    apply(make(i)).get()
+            else:
+                submit = self.pool.submit
+                for i in range(k):
+                    submit(make(i)).result()
+        except Exception:
+            return None
+        return True
+
     def pipelined(self, fn, n):
         if self.kind == "mp":
             rs = [self.pool.apply_async(fn, (i, 1)) for i in range(n)]
@@ -102,6 +124,19 @@ def _array_rt(arr, k, q):
     """Steady-state round trip of `arr` (sent and returned), `k` calls per run."""
     k = max(2, int(k * q))
     return lambda p: timed(lambda: [p.call(work.ident, arr) for _ in range(k)], 5, k) * 1e6
+
+
+def _made_per_call(how, q):
+    """Round trip of a call made anew each time (`Peer.made_per_call`); None where the pool
+    cannot send it."""
+    k = int(300 * q) or 1
+
+    def measure(p):
+        if p.made_per_call(how, 1) is None:
+            return None
+        return timed(lambda: p.made_per_call(how, k), 5, k) * 1e6
+
+    return measure
 
 
 def line_floor() -> float | None:
@@ -194,6 +229,10 @@ def main():
             (f"{s} float64 array round trip", "us", _array_rt(arr, k, q))
             for (s, arr), k in zip(arrays.items(), (100, 40, 10))
         ],
+        *[
+            (f"round trip, {how} made per call", "us", _made_per_call(how, q))
+            for how in ("partial", "lambda")
+        ],
         ("map 10 000 trivial", "us/elem", lambda p: timed(lambda: p.map(work.ident, xs, chunk), 3) / n_map * 1e6),
         ("map 2 000 x 5 us tasks", "ms", lambda p: timed(lambda: p.map(work.spin, spin_xs, max(1, 2000 // (4 * w))), 3) * 1e3),
         (f"{frame_mb} MB pandas frame argument", "ms", lambda p: timed(lambda: p.call(work.nrows, frame), 3) * 1e3),
@@ -232,17 +271,22 @@ def main():
     head = f"| {'measure':<30} | {'unit':<9} | " + " | ".join(f"{n:>20}" for n in names) + " | vs PPE | vs best process peer |"
     print(head)
     print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
+    def ratio(v, peer, higher_better):
+        if v is None or peer is None:
+            return "n/a"
+        return f"{(v / peer if higher_better else peer / v):.1f}x"
+
     for name, unit, _ in measures:
         vals = [table[(n, name)] for n in names]
         higher_better = unit.startswith("k tasks")
         mizu = vals[0]
         ppe = table[("ProcessPoolExecutor", name)]
-        procs = [table[(n, name)] for n in ("ProcessPoolExecutor", "multiprocessing.Pool", "loky")]
-        best = max(procs) if higher_better else min(procs)
-        r_ppe = mizu / ppe if higher_better else ppe / mizu
-        r_best = mizu / best if higher_better else best / mizu
-        cells = " | ".join(f"{v:>20.2f}" for v in vals)
-        print(f"| {name:<30} | {unit:<9} | {cells} | {r_ppe:>5.1f}x | {r_best:>19.1f}x |")
+        # (A peer that cannot send a row's call has no value: a lambda through plain pickle.)
+        procs = [v for n in ("ProcessPoolExecutor", "multiprocessing.Pool", "loky") if (v := table[(n, name)]) is not None]
+        best = (max(procs) if higher_better else min(procs)) if procs else None
+        cells = " | ".join(f"{'n/a':>20}" if v is None else f"{v:>20.2f}" for v in vals)
+        print(f"| {name:<30} | {unit:<9} | {cells} | {ratio(mizu, ppe, higher_better):>6} | "
+              f"{ratio(mizu, best, higher_better):>20} |")
     results = os.environ.get("MIZU_BENCH_JSON")
     if results:
         write_results(results, w, a.quick, floors, names, measures, table)
