@@ -161,3 +161,40 @@ def test_a_function_made_anew_fails_and_recurses_as_it_would_here(ex):
     f, _ = late()
     with pytest.raises(NameError):
         f.result(timeout=60)
+
+
+def test_functions_made_anew_read_the_globals_as_they_were_at_each_call(ex):
+    # A loop variable at a script's (or a notebook's) top level is a global: each call sees
+    # its value then, also when it changes kind or goes away.
+    global STEP
+    futs = []
+    try:
+        for STEP in range(30):
+            futs.append(ex.submit(lambda: (STEP, SCALE)))
+        STEP = [1, 2]
+        futs.append(ex.submit(lambda: (STEP, SCALE)))
+        STEP = "s"
+        futs.append(ex.submit(lambda: (STEP, SCALE)))
+        del STEP
+        futs.append(ex.submit(lambda: (STEP, SCALE)))  # noqa: F821
+        assert [f.result(timeout=60) for f in futs[:-1]] == [(i, 2) for i in range(30)] + [([1, 2], 2), ("s", 2)]
+        with pytest.raises(NameError):
+            futs[-1].result(timeout=60)
+    finally:
+        globals().pop("STEP", None)
+
+
+COUNT = 0
+
+
+def test_a_function_made_anew_that_assigns_a_global_runs_as_a_whole_function_would(ex):
+    def make():
+        def bump():
+            global COUNT
+            COUNT = 10
+            return COUNT
+
+        return bump
+
+    assert [ex.submit(make()).result(timeout=60) for _ in range(5)] == [10] * 5
+    assert COUNT == 0

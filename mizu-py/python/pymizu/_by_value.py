@@ -13,13 +13,17 @@ caller sees at the call. The worker keeps the function it unpickled from a given
 
 A function made anew for each call (`submit(lambda: f(x))` in a loop) is a new object each
 time, with its own defaults and closure: its code, name and the globals it reads are kept
-instead, as a `Template` (pickled once, unpickled once per worker), and each call brings the
-function's defaults and the contents of its closure as its first argument, pickled as
-arguments are (`rebound`). The worker makes the function again from the two.
+instead, as a `Template` (pickled once, unpickled once per worker), and each call brings, as
+its first argument pickled as arguments are (`rebound`), the function's defaults, the contents
+of its closure and the values of the globals of a simple kind that only it reads (a loop
+variable at a script's top level is a global that changes at each call). The worker makes
+the function again from the two. The template of a function that assigns globals holds all
+of them, as a whole function's pickle does (what it assigns stays in the worker's copy).
 """
 
 from __future__ import annotations
 
+import opcode
 import types
 import weakref
 
@@ -161,22 +165,28 @@ def _fixed(v, fns: tuple) -> bool:
 
 
 class Template:
-    """A by-value function without its defaults and closure (see `rebound`): called as
-    `template((defaults, cell contents), *args, **kwargs)`, it makes the function with those
-    and calls it."""
+    """A by-value function without its defaults, its closure and the global variables of a
+    simple kind it alone reads (`names`; see `rebound`): called as `template((defaults, cell
+    contents, those globals' values), *args, **kwargs)`, it sets those globals, makes the
+    function with the rest and calls it."""
 
-    __slots__ = ("fn", "__weakref__")
+    __slots__ = ("fn", "names", "__weakref__")
 
-    def __init__(self, fn):
+    def __init__(self, fn, names: tuple = ()):
         self.fn = fn
+        self.names = names
 
     def __reduce__(self):
-        return Template, (self.fn,)
+        return Template, (self.fn, self.names)
 
     def __call__(self, state, /, *args, **kwargs):
-        defaults, contents = state
+        defaults, contents, values = state
         t = self.fn
-        f = types.FunctionType(t.__code__, t.__globals__, t.__name__, defaults,
+        g = t.__globals__
+        if values:
+            # (This template's own globals: the by-value pickle made them for it.)
+            g.update(zip(self.names, values))
+        f = types.FunctionType(t.__code__, g, t.__name__, defaults,
                                tuple(map(types.CellType, contents)) if contents else None)
         f.__qualname__ = t.__qualname__
         f.__module__ = t.__module__
@@ -184,7 +194,8 @@ class Template:
 
 
 # id(code) -> (code, the function's globals, the by-value functions its globals lead to but
-# itself, the globals' names, what those held, the template's pickle)
+# itself, the globals' names the template holds, what those held, the names of the globals
+# each call brings, the template's pickle)
 _templates: dict = {}
 # id(function) -> a weak reference to it, for the functions `rebound` made a call of once: a
 # function called again is kept whole by `head` (its calls then bring nothing of it).
@@ -214,16 +225,23 @@ def rebound(fn) -> tuple[bytes, tuple] | None:
         t = _new_template(fn)
         if t is None:
             return None
+    values = ()
+    if t[5]:
+        g = fn.__globals__
+        values = tuple(g.get(n, _MISSING) for n in t[5])
+        for v in values:
+            if type(v) not in _SIMPLE:
+                return None
     if len(_once) > 256:
         _once.clear()
     _once[key] = weakref.ref(fn)
-    return t[5], (fn.__defaults__, contents)
+    return t[6], (fn.__defaults__, contents, values)
 
 
 def _same_template(t, fn) -> bool:
     """Whether template entry `t` still makes `fn`: the same code, names and globals dict,
     and what the template holds unchanged."""
-    code, g, rest, names, held, _ = t
+    code, g, rest, names, held, _, _ = t
     if fn.__code__ is not code or fn.__globals__ is not g or fn.__name__ is not code.co_name:
         return False
     if fn.__qualname__ is not code.co_qualname:
@@ -248,6 +266,16 @@ def _same_template(t, fn) -> bool:
     return True
 
 
+_WRITES_GLOBALS = frozenset(opcode.opmap[n] for n in ("STORE_GLOBAL", "DELETE_GLOBAL"))
+
+
+def _writes_globals(code) -> bool:
+    """Whether `code` or a code object nested in it assigns or deletes a global variable."""
+    if not _WRITES_GLOBALS.isdisjoint(code.co_code[::2]):
+        return True
+    return any(isinstance(c, types.CodeType) and _writes_globals(c) for c in code.co_consts)
+
+
 def _new_template(fn):
     """A template entry for `fn` (see `_templates`), kept; None when it cannot be kept."""
     code = fn.__code__
@@ -258,23 +286,33 @@ def _new_template(fn):
         return None
     fns, names = found
     rest = fns[1:]
-    held = tuple(_holds(rest, names, fn.__globals__))
+    g = fn.__globals__
+    # The globals of a simple kind only `fn` reads (a loop variable at a script's top level)
+    # travel with each call; the template holds the others.
+    per_call: tuple = ()
+    if not _writes_globals(code):
+        theirs = {n for f in rest for n in _code_names(f.__code__)}
+        per_call = tuple(n for n in _code_names(code)
+                         if n not in theirs and type(g.get(n, _MISSING)) in _SIMPLE)
+        per_call = tuple(dict.fromkeys(per_call))
+        names = tuple(n for n in names if n not in per_call)
+    held = tuple(_holds(rest, names, g))
     if not all(_fixed(v, fns) for v in held):
         return None
     n = len(code.co_freevars)
-    bare = types.FunctionType(code, fn.__globals__, fn.__name__, None,
+    bare = types.FunctionType(code, g, fn.__name__, None,
                               tuple(types.CellType() for _ in range(n)) if n else None)
     bare.__qualname__ = fn.__qualname__
     bare.__module__ = fn.__module__
     import cloudpickle
 
     try:
-        b = cloudpickle.dumps(Template(bare), 5)
+        b = cloudpickle.dumps(Template(bare, per_call), 5)
     except Exception:
         return None
     if len(b) > _LIMIT:
         return None
     if len(_templates) > 1024:
         _templates.clear()
-    t = _templates[id(code)] = (code, fn.__globals__, rest, names, held, b)
+    t = _templates[id(code)] = (code, g, rest, names, held, per_call, b)
     return t
