@@ -168,9 +168,15 @@ def test_functions_made_anew_read_the_globals_as_they_were_at_each_call(ex):
     # its value then, also when it changes kind or goes away.
     global STEP
     futs = []
+    kept = lambda: STEP * 3  # noqa: E731
     try:
         for STEP in range(30):
             futs.append(ex.submit(lambda: (STEP, SCALE)))
+        # One function, called again and again while the global it reads changes.
+        got = []
+        for STEP in range(30):
+            got.append(ex.submit(kept).result(timeout=60))
+        assert got == [3 * i for i in range(30)]
         STEP = [1, 2]
         futs.append(ex.submit(lambda: (STEP, SCALE)))
         STEP = "s"

@@ -210,7 +210,9 @@ def rebound(fn) -> tuple[bytes, tuple] | None:
         return None
     key = id(fn)
     seen = _once.get(key)
-    if seen is not None and seen() is fn:
+    if seen is not None and seen() is fn and fn not in _kept:
+        # Called before, and never kept whole: kept whole from now on. (One whose whole pickle
+        # went stale, as when a global it reads changes at each call, stays with the template.)
         del _once[key]
         return None
     code = fn.__code__
