@@ -394,7 +394,41 @@ print.mizu_task <- function(x, ...) {
   if (!inherits(e, "condition")) {
     return(.mizu_condition("mizu_error", "mizu: malformed error from a worker"))
   }
+  if (inherits(e, "mizu_error_task")) e <- .package_hint(e)
   e
+}
+
+# A task that failed for a name the worker does not have, which this session finds in an
+# attached package (`.N` of data.table, `%>%`, `filter()` of dplyr): the error says which
+# package, and how to attach it in the workers (they attach only R's default packages and
+# mizu; mizu_submit() sends the variables of the global environment, not packages).
+.package_hint <- function(e) {
+  m <- conditionMessage(e)
+  name <- regmatches(m, regexec("^object '(.+)' not found on the worker", m))[[1L]]
+  what <- "object"
+  if (length(name) != 2L) {
+    name <- regmatches(m, regexec("^could not find function \"(.+)\"$", m))[[1L]]
+    what <- "function"
+  }
+  if (length(name) != 2L) return(e)
+  pkg <- .attached_package_of(name[[2L]])
+  if (is.null(pkg)) return(e)
+  shown <- if (what == "object") sprintf("object '%s'", name[[2L]]) else sprintf("function \"%s\"", name[[2L]])
+  e$message <- sprintf(paste0(
+    "%s not found on the worker: it is package %s's, attached in this session but not in ",
+    "the workers; attach it there with library(%s) in the task, or start the pool with ",
+    "mizu_pool(n, init = quote(library(%s)))"), shown, pkg, pkg, pkg)
+  e
+}
+
+# The package attached in this session (after the global environment) that has `name`, or
+# NULL.
+.attached_package_of <- function(name) {
+  for (where in search()[-1L]) {
+    if (!startsWith(where, "package:") || where == "package:base") next
+    if (exists(name, where = where, inherits = FALSE)) return(substring(where, 9L))
+  }
+  NULL
 }
 
 #' Collect a task's value

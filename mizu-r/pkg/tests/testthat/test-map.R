@@ -277,6 +277,29 @@ test_that("a task missing a variable says how to pass it", {
   })
 })
 
+test_that("a task missing what an attached package has names the package and how to attach it", {
+  # (An environment attached as a package: what library() makes, without a real package.)
+  attach(list(mizu_t_pkg_obj = 1, mizu_t_pkg_fn = function(x) x), name = "package:mizutpkg")
+  on.exit(detach("package:mizutpkg"), add = TRUE)
+  with_pool(1, function(pool) {
+    hint <- "package mizutpkg's, attached in this session but not in the workers.*library\\(mizutpkg\\)"
+    e <- tryCatch(mizu_collect(mizu_submit(pool, mizu_t_pkg_obj + 1)), error = identity)
+    expect_s3_class(e, "mizu_error_task")
+    expect_match(conditionMessage(e), "object 'mizu_t_pkg_obj' not found on the worker")
+    expect_match(conditionMessage(e), hint)
+    e <- tryCatch(mizu_map(pool, 1:3, function(i) mizu_t_pkg_fn(i)), error = identity)
+    expect_s3_class(e, "mizu_error_task")
+    expect_match(conditionMessage(e), "function \"mizu_t_pkg_fn\" not found on the worker")
+    expect_match(conditionMessage(e), hint)
+    expect_identical(e$index, 1L)
+    # Attached there, the task runs.
+    expect_identical(mizu_collect(mizu_submit(pool, {
+      attach(list(mizu_t_pkg_obj = 1), name = "package:mizutpkg")
+      mizu_t_pkg_obj + 1
+    })), 2)
+  })
+})
+
 test_that("a task's expression finds the variables and functions it uses, as future finds them", {
   ge <- globalenv()
   on.exit(rm(list = c("mizu_t_k", "mizu_t_g", "mizu_t_f", "mizu_t_env", "mizu_t_pool",
