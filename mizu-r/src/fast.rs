@@ -374,7 +374,7 @@ pub(crate) fn native_routines() -> List {
     type Three = unsafe extern "C" fn(SEXP, SEXP, SEXP) -> SEXP;
     type Four = unsafe extern "C" fn(SEXP, SEXP, SEXP, SEXP) -> SEXP;
     // `.Call` calls each with as many arguments as its type says: what its R wrapper passes.
-    let routines: [(&str, *const c_void); 14] = [
+    let routines: [(&str, *const c_void); 15] = [
         ("submit", mizu_rs_submit as Two as *const c_void),
         (
             "submit_expr",
@@ -412,6 +412,10 @@ pub(crate) fn native_routines() -> List {
         (
             "find_identical",
             crate::ffi::mizu_find_identical as Two as *const c_void,
+        ),
+        (
+            "attach_packages",
+            crate::ffi::mizu_attach_packages as One as *const c_void,
         ),
     ];
     // SAFETY: R's main thread; each pointer is protected by its Robj as soon as it exists.

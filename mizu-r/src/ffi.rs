@@ -83,7 +83,8 @@ unsafe extern "C" {
     pub fn R_ClosureExpr(x: SEXP) -> SEXP;
 }
 
-// The package's C routines (`pkg/src/shims.c`, `pkg/src/globals.c`), linked into the same
+// The package's C routines (`pkg/src/shims.c`, `pkg/src/globals.c`, `pkg/src/packages.c`),
+// linked into the same
 // shared library.
 unsafe extern "C" {
     /// [`crate::fast::mizu_rs_submit_expr`], raising its failures.
@@ -102,6 +103,8 @@ unsafe extern "C" {
     pub fn mizu_expr_message(expr: SEXP, vars: SEXP, env: SEXP) -> SEXP;
     /// The globals of a map's function, as a named list.
     pub fn mizu_function_globals(f: SEXP) -> SEXP;
+    /// Attaches on a worker the packages of a task it has not attached.
+    pub fn mizu_attach_packages(pkgs: SEXP) -> SEXP;
     /// The position of the first cache entry whose key is identical to a key, or 0.
     pub fn mizu_find_identical(entries: SEXP, key: SEXP) -> SEXP;
 }

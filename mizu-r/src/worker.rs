@@ -87,7 +87,17 @@ impl RExec {
             let (h, d) = (self.hands.get(), self.dispatch.get());
             // An expression task with globals (`list("e", expr, env, globals)`, see
             // `.expr_message()`): they are bound in the global environment while it runs.
-            let with_globals = expr_task && extendr_ffi::XLENGTH(msg) == 4;
+            // A fifth element lists the packages it uses (the fourth is NULL when it has no
+            // such globals), attached first.
+            let len = if expr_task {
+                extendr_ffi::XLENGTH(msg)
+            } else {
+                0
+            };
+            let with_globals = len >= 4
+                && extendr_ffi::TYPEOF(extendr_ffi::VECTOR_ELT(msg, 3))
+                    == extendr_ffi::SEXPTYPE::VECSXP;
+            let with_packages = len == 5;
             let bound = Cell::new(false);
             let bound_ref = &bound;
             let r = try_r(move || {
@@ -95,6 +105,9 @@ impl RExec {
                 // every attached package's frame. (No allocation: the stack is made.)
                 ffi::Rf_eval(h, extendr_ffi::R_BaseEnv);
                 let v = if expr_task {
+                    if with_packages {
+                        ffi::mizu_attach_packages(extendr_ffi::VECTOR_ELT(msg, 4));
+                    }
                     if with_globals {
                         // Inside the task's context, so that a failure to bind (a locked
                         // binding) is the task's error. What they replaced is kept in the
@@ -719,8 +732,8 @@ pub(crate) fn run_worker(
     mizu_pool::run_worker(token, slot, &exec).map_err(rerr)
 }
 
-/// For an expression task (`list("e", expr, vars)`, or with its globals as a fourth element,
-/// freshly decoded and owned here): replaces
+/// For an expression task (`list("e", expr, vars)`, or with its globals as a fourth element
+/// and the packages it uses as a fifth, freshly decoded and owned here): replaces
 /// `vars` by the environment the expression is evaluated in — the bindings in a new
 /// environment whose parent is the global environment — and returns true. Anything else is
 /// left as it is (false).
@@ -732,10 +745,18 @@ unsafe fn bind_vars(msg: SEXP) -> bool {
     // SAFETY: types and lengths are checked before elements are read; the new environment
     // is stored in `msg` before anything else allocates.
     unsafe {
-        if TYPEOF(msg) != SEXPTYPE::VECSXP || !(3..=4).contains(&XLENGTH(msg)) {
+        if TYPEOF(msg) != SEXPTYPE::VECSXP || !(3..=5).contains(&XLENGTH(msg)) {
             return false;
         }
-        if XLENGTH(msg) == 4 && TYPEOF(VECTOR_ELT(msg, 3)) != SEXPTYPE::VECSXP {
+        if XLENGTH(msg) >= 4
+            && !matches!(
+                TYPEOF(VECTOR_ELT(msg, 3)),
+                SEXPTYPE::VECSXP | SEXPTYPE::NILSXP
+            )
+        {
+            return false;
+        }
+        if XLENGTH(msg) == 5 && TYPEOF(VECTOR_ELT(msg, 4)) != SEXPTYPE::STRSXP {
             return false;
         }
         let kind = VECTOR_ELT(msg, 0);

@@ -97,12 +97,19 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   # `future` finds them) go with the map once, shared when large; a worker binds them in its
   # global environment while it runs a chunk.
   globals <- .map_globals(c(list(.f), dots))
+  # The packages the function uses (found as for mizu_submit()): the workers attach them.
+  packages <- attr(globals, "packages")
+  attr(globals, "packages") <- NULL
   if (length(globals)) {
     .check_sendable(globals, "global ")
     if (length(chunks) > 1L) globals <- lapply(globals, .share_if_large)
   }
   msgs <- lapply(chunks, function(ix) {
-    list("m", fun, dots, unname(xs[ix]), seed, ix[[1]], .ptype, spec, globals)
+    if (is.null(packages)) {
+      list("m", fun, dots, unname(xs[ix]), seed, ix[[1]], .ptype, spec, globals)
+    } else {
+      list("m", fun, dots, unname(xs[ix]), seed, ix[[1]], .ptype, spec, globals, packages)
+    }
   })
   # The first chunk of each worker goes out before the rest are encoded: the workers start
   # while this session encodes the others.
@@ -177,7 +184,9 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
 # to its position. With a seed, R's RNG is switched to mizu's streams for the chunk and element i
 # draws from the stream of (seed, i); the worker's own RNG kind and state are put back after.
 # With an output `spec`, typed results go into the caller's output area instead of back.
-.run_chunk <- function(f, dots, xs, seed, start, ptype, spec = NULL, globals = NULL) {
+.run_chunk <- function(f, dots, xs, seed, start, ptype, spec = NULL, globals = NULL,
+                       packages = NULL) {
+  if (!is.null(packages)) .Call(.native_attach_packages, packages)
   if (is.list(f)) f <- .chunk_function(f)
   if (length(globals)) {
     bound <- .bind_globals(globals)

@@ -266,8 +266,11 @@ print.mizu_call <- function(x, ...) {
 # bindings. When one of those functions finds variables in the global environment, the
 # globals found there go as a fourth element instead, bound in the worker's global environment
 # while the task runs; those found in a function's frame stay among the bindings, which only
-# the expression sees. A global that cannot be sent raises its failure. (C, in
-# src/globals.c: it runs at every submit of such an expression.)
+# the expression sees. Names found in neither but in a package attached here (other than
+# the ones every worker attaches) make a fifth element, those packages' names, after a NULL
+# fourth if need be: the worker attaches them first. A global that cannot be sent raises its
+# failure. (C, in src/globals.c and src/packages.c: it runs at every submit of such an
+# expression.)
 .expr_message <- function(expr, vars, env) .Call(.native_expr_message, expr, vars, env)
 
 # codetools::findGlobals() of an expression, found once per expression and remembered for the

@@ -89,13 +89,14 @@
 .dispatch <- function(msg) {
   if (identical(msg[[1L]], "m")) {
     return(.run_chunk(msg[[2]], msg[[3]], msg[[4]], msg[[5]], msg[[6]], msg[[7]], msg[[8]],
-                      if (length(msg) >= 9L) msg[[9]]))
+                      if (length(msg) >= 9L) msg[[9]], if (length(msg) >= 10L) msg[[10]]))
   }
   if (identical(msg[[1L]], "e")) {
-    if (length(msg) >= 4L) {
-      # The expression's globals (see .expr_message()), bound while it runs. (The worker's
-      # native path does this for every well-formed message; this is its fallback, with the
-      # same C routines.)
+    # The packages the expression uses, attached first, and its globals (see
+    # .expr_message()), bound while it runs. (The worker's native path does this for every
+    # well-formed message; this is its fallback, with the same C routines.)
+    if (length(msg) >= 5L) .Call(.native_attach_packages, msg[[5L]])
+    if (length(msg) >= 4L && !is.null(msg[[4L]])) {
       bound <- .bind_globals(msg[[4L]])
       on.exit(.unbind_globals(bound), add = TRUE)
     }

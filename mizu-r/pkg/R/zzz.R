@@ -19,6 +19,7 @@
 .native_expr_message <- NULL
 .native_function_globals <- NULL
 .native_find_identical <- NULL
+.native_attach_packages <- NULL
 
 .onLoad <- function(libname, pkgname) {
   .Call(wrap__init_native)

@@ -13,6 +13,8 @@
 #include <limits.h>
 #include <string.h>
 
+#include "packages.h"
+
 /* identical()'s defaults: closures' environments compared, bytecode and srcrefs not. */
 #define IDENTICAL_DEFAULT 16
 
@@ -122,22 +124,25 @@ static SEXP free_names(SEXP f, SEXP ns) {
     return nm;
 }
 
-/* Whether `sym`, looked up from `env`, is found in the global environment. The walk stops
- * there: the packages and base behind it (most of a function's free names, such as `c` or
- * `+`) are never searched. */
+/* Where `sym`, looked up from `env`, is found: FOUND_BEFORE (in an environment before the
+ * global one, or nowhere on a chain that does not reach it), FOUND_GLOBAL, or PAST_GLOBAL (not
+ * up to and including the global environment: in an attached package or base, if anywhere). */
+enum { FOUND_BEFORE, FOUND_GLOBAL, PAST_GLOBAL };
 static int resolves_to_global(SEXP sym, SEXP env) {
     while (env != R_GlobalEnv) {
-        if (env == R_EmptyEnv || TYPEOF(env) != ENVSXP || R_existsVarInFrame(env, sym)) return 0;
+        if (env == R_EmptyEnv || TYPEOF(env) != ENVSXP || R_existsVarInFrame(env, sym))
+            return FOUND_BEFORE;
         env = ENCLOS(env);
     }
-    return R_existsVarInFrame(R_GlobalEnv, sym);
+    return R_existsVarInFrame(R_GlobalEnv, sym) ? FOUND_GLOBAL : PAST_GLOBAL;
 }
 
 /* The global names of the function `f`, added to `acc` (also the names already seen): the
  * free names of its code that resolve, from its environment, to the global environment —
  * which R's serialization does not carry (an enclosing function's environment travels with
- * the closure) — and in turn those of the global functions among them. */
-static void global_names(SEXP f, SEXP ns, bindings *acc) {
+ * the closure) — and in turn those of the global functions among them. The packages of those
+ * found past the global environment go to `pk` (see packages.c). */
+static void global_names(SEXP f, SEXP ns, bindings *acc, mizu_packages *pk) {
     SEXP env = CLOENV(f);
     SEXP nm = PROTECT(free_names(f, ns));
     R_xlen_t n = TYPEOF(nm) == STRSXP ? XLENGTH(nm) : 0;
@@ -145,14 +150,18 @@ static void global_names(SEXP f, SEXP ns, bindings *acc) {
     for (R_xlen_t i = 0; i < n; i++) {
         SEXP s = STRING_ELT(nm, i);
         SEXP sym = installTrChar(s);
-        int global = env == R_GlobalEnv ? R_existsVarInFrame(R_GlobalEnv, sym)
-                                        : resolves_to_global(sym, env);
-        if (global && !among(s, acc->names, acc->n)) bindings_push(acc, s, R_NilValue);
+        int where = env == R_GlobalEnv
+                        ? (R_existsVarInFrame(R_GlobalEnv, sym) ? FOUND_GLOBAL : PAST_GLOBAL)
+                        : resolves_to_global(sym, env);
+        if (where == FOUND_GLOBAL && !among(s, acc->names, acc->n))
+            bindings_push(acc, s, R_NilValue);
+        else if (where == PAST_GLOBAL)
+            mizu_packages_note(sym, pk);
     }
     R_xlen_t end = acc->n;
     for (R_xlen_t i = start; i < end; i++) {
         SEXP v = PROTECT(frame_value(R_GlobalEnv, installTrChar(STRING_ELT(acc->names, i))));
-        if (TYPEOF(v) == CLOSXP) global_names(v, ns, acc);
+        if (TYPEOF(v) == CLOSXP) global_names(v, ns, acc, pk);
         UNPROTECT(1);
     }
     UNPROTECT(1);
@@ -161,14 +170,20 @@ static void global_names(SEXP f, SEXP ns, bindings *acc) {
 /* The environment `sym` is found in from `env` when that is the global environment or a
  * function's frame; NULL when it is found first in a package's namespace, its imports or base
  * (which package code, or code run in a namespace as tests are, reaches before the global
- * environment), in a package on the search path after it, or nowhere. */
-static SEXP global_frame_of(SEXP sym, SEXP env) {
+ * environment), in a package on the search path after it, or nowhere. `*past` is set when
+ * the walk passed the global environment without finding it (a package's or base's name, if
+ * anything's). */
+static SEXP global_frame_of(SEXP sym, SEXP env, int *past) {
     int in_package = 0;
+    *past = 0;
     for (;;) {
         if (env == R_EmptyEnv || env == R_BaseEnv || TYPEOF(env) != ENVSXP) return NULL;
         if (env == R_BaseNamespace || R_IsNamespaceEnv(env)) in_package = 1;
         if (R_existsVarInFrame(env, sym)) return env == R_GlobalEnv || !in_package ? env : NULL;
-        if (env == R_GlobalEnv) return NULL;
+        if (env == R_GlobalEnv) {
+            *past = 1;
+            return NULL;
+        }
         env = ENCLOS(env);
     }
 }
@@ -200,11 +215,12 @@ static SEXP named_list(bindings *b) {
  * their values in the global environment, unless `glob` has them already; sets `*closures`
  * when `v` finds variables in the global environment (its own, or through the frame of the
  * function that made it), which it will find in the worker's. */
-static void function_globals_into(SEXP v, SEXP ns, bindings *glob, int *closures) {
+static void function_globals_into(SEXP v, SEXP ns, bindings *glob, int *closures,
+                                  mizu_packages *pk) {
     if (TYPEOF(v) != CLOSXP) return;
     bindings more;
     bindings_init(&more, 4);
-    global_names(v, ns, &more);
+    global_names(v, ns, &more, pk);
     if (CLOENV(v) == R_GlobalEnv || more.n > 0) *closures = 1;
     for (R_xlen_t j = 0; j < more.n; j++) {
         SEXP s = STRING_ELT(more.names, j);
@@ -227,7 +243,7 @@ static void function_globals_into(SEXP v, SEXP ns, bindings *glob, int *closures
  * caller protects them). `*closures` is set when a function among them finds variables in
  * the global environment. `ns` is the package's namespace. */
 static SEXP expr_globals(SEXP expr, SEXP vars, SEXP env, SEXP ns, int *closures,
-                         SEXP *locals) {
+                         SEXP *locals, mizu_packages *pk) {
     if (TYPEOF(env) != ENVSXP || TYPEOF(ns) != ENVSXP || TYPEOF(vars) != VECSXP)
         error("mizu: internal error: bad arguments to expr_globals");
     SEXP bound = PROTECT(getAttrib(vars, R_NamesSymbol));
@@ -241,8 +257,12 @@ static SEXP expr_globals(SEXP expr, SEXP vars, SEXP env, SEXP ns, int *closures,
         SEXP s = STRING_ELT(names, i);
         if (among(s, bound, nb)) continue;
         SEXP sym = installTrChar(s);
-        SEXP frame = global_frame_of(sym, env);
-        if (frame == NULL) continue;
+        int past;
+        SEXP frame = global_frame_of(sym, env, &past);
+        if (frame == NULL) {
+            if (past) mizu_packages_note(sym, pk);
+            continue;
+        }
         SEXP value = PROTECT(frame_value(frame, sym));
         bindings_push(frame == R_GlobalEnv ? &glob : &loc, s, value);
         UNPROTECT(1);
@@ -251,11 +271,11 @@ static SEXP expr_globals(SEXP expr, SEXP vars, SEXP env, SEXP ns, int *closures,
     /* (A push may replace glob's vectors: the element is read again each time.) */
     R_xlen_t direct = glob.n;
     for (R_xlen_t i = 0; i < direct; i++)
-        function_globals_into(VECTOR_ELT(glob.values, i), ns, &glob, closures);
+        function_globals_into(VECTOR_ELT(glob.values, i), ns, &glob, closures, pk);
     for (R_xlen_t i = 0; i < loc.n; i++)
-        function_globals_into(VECTOR_ELT(loc.values, i), ns, &glob, closures);
+        function_globals_into(VECTOR_ELT(loc.values, i), ns, &glob, closures, pk);
     for (R_xlen_t i = 0; i < XLENGTH(vars); i++)
-        function_globals_into(VECTOR_ELT(vars, i), ns, &glob, closures);
+        function_globals_into(VECTOR_ELT(vars, i), ns, &glob, closures, pk);
     SEXP l = PROTECT(loc.n ? named_list(&loc) : R_NilValue);
     SEXP g = glob.n ? named_list(&glob) : R_NilValue;
     UNPROTECT(7);
@@ -307,7 +327,9 @@ static void check_globals(SEXP values, SEXP ns) {
  * among them, or among `vars`, finds its own globals in the global environment, the globals
  * found there go as a fourth element instead, bound in the worker's global environment while
  * the task runs (those found in a function's frame stay among the bindings, which only the
- * expression sees). A global that cannot be sent raises its failure (.raise_failure()). */
+ * expression sees). The packages they use (packages.c) go as a fifth, after a NULL fourth
+ * when there are no such globals: the worker attaches those it lacks. A global that cannot
+ * be sent raises its failure (.raise_failure()). */
 SEXP mizu_expr_message_in(SEXP expr, SEXP vars, SEXP env, SEXP ns) {
     if (TYPEOF(vars) != VECSXP) error("mizu: internal error: a task's bindings are not a list");
     /* (The kind is one vector for every message: nothing changes a message's elements.) */
@@ -319,23 +341,26 @@ SEXP mizu_expr_message_in(SEXP expr, SEXP vars, SEXP env, SEXP ns) {
     }
     int closures = 0;
     SEXP locals = R_NilValue;
-    SEXP glob = expr_globals(expr, vars, env, ns, &closures, &locals);
+    mizu_packages pk = {.n = 0};
+    mizu_packages_check_search();
+    SEXP glob = expr_globals(expr, vars, env, ns, &closures, &locals, &pk);
     PROTECT(glob);
     PROTECT(locals);
     check_globals(glob, ns);
     check_globals(locals, ns);
-    SEXP msg;
-    if (closures && glob != R_NilValue) {
-        msg = PROTECT(allocVector(VECSXP, 4));
+    SEXP pkgs = PROTECT(mizu_packages_names(&pk));
+    int apart = closures && glob != R_NilValue;
+    SEXP msg = PROTECT(allocVector(VECSXP, pkgs != R_NilValue ? 5 : apart ? 4 : 3));
+    if (apart) {
         SET_VECTOR_ELT(msg, 2, appended(vars, locals, R_NilValue));
         SET_VECTOR_ELT(msg, 3, glob);
     } else {
-        msg = PROTECT(allocVector(VECSXP, 3));
         SET_VECTOR_ELT(msg, 2, appended(vars, locals, glob));
     }
+    if (pkgs != R_NilValue) SET_VECTOR_ELT(msg, 4, pkgs);
     SET_VECTOR_ELT(msg, 0, kind);
     SET_VECTOR_ELT(msg, 1, expr);
-    UNPROTECT(3);
+    UNPROTECT(4);
     return msg;
 }
 
@@ -359,20 +384,25 @@ SEXP mizu_expr_message(SEXP expr, SEXP vars, SEXP env) {
 /* The globals of a map's function `f` — or of the functions among `f`, a list (a map's
  * function and its extra arguments) — as a named list: their global names (see
  * global_names()) with their values in the global environment; an empty list when there are
- * none. */
+ * none. The packages they use (packages.c) are its "packages" attribute, if any. */
 SEXP mizu_function_globals(SEXP f) {
     SEXP ns = PROTECT(mizu_ns());
     bindings acc;
     bindings_init(&acc, 4);
-    if (TYPEOF(f) == CLOSXP) global_names(f, ns, &acc);
+    mizu_packages pk = {.n = 0};
+    mizu_packages_check_search();
+    if (TYPEOF(f) == CLOSXP) global_names(f, ns, &acc, &pk);
     else if (TYPEOF(f) == VECSXP)
         for (R_xlen_t i = 0; i < XLENGTH(f); i++)
-            if (TYPEOF(VECTOR_ELT(f, i)) == CLOSXP) global_names(VECTOR_ELT(f, i), ns, &acc);
+            if (TYPEOF(VECTOR_ELT(f, i)) == CLOSXP)
+                global_names(VECTOR_ELT(f, i), ns, &acc, &pk);
     for (R_xlen_t i = 0; i < acc.n; i++)
         SET_VECTOR_ELT(acc.values, i,
                        frame_value(R_GlobalEnv, installTrChar(STRING_ELT(acc.names, i))));
-    SEXP out = named_list(&acc);
-    UNPROTECT(3);
+    SEXP out = PROTECT(named_list(&acc));
+    SEXP pkgs = PROTECT(mizu_packages_names(&pk));
+    if (pkgs != R_NilValue) setAttrib(out, install("packages"), pkgs);
+    UNPROTECT(5);
     return out;
 }
 

@@ -277,6 +277,38 @@ test_that("a task missing a variable says how to pass it", {
   })
 })
 
+test_that("the packages a task uses reach the workers, as future attaches them", {
+  # `tools` is installed with R and attached by no worker at start. (Left as it was found.)
+  had_tools <- "package:tools" %in% search()
+  library(tools)
+  on.exit(if (!had_tools) detach("package:tools"), add = TRUE)
+  ext <- function(f) file_ext(f)  # a global function using the package
+  assign("mizu_t_ext", ext, envir = globalenv())
+  on.exit(rm("mizu_t_ext", envir = globalenv()), add = TRUE)
+  with_pool(2, function(pool) {
+    expect_identical(mizu_collect(mizu_submit(pool, file_ext("a.txt"))), "txt")
+    expect_identical(mizu_collect(mizu_submit(pool, mizu_t_ext("b.csv"))), "csv")
+    expect_identical(unlist(mizu_map(pool, c("a.R", "b.md", "c"), function(f) file_ext(f))),
+                     c("R", "md", ""))
+    expect_identical(unlist(mizu_map(pool, c("a.R", "b.md"), mizu_t_ext, .chunk_size = 1)),
+                     c("R", "md"))
+    ts <- mizu_submit_batch(pool, list(quote(file_ext("x.tar")), quote(mizu_t_ext("y.gz"))))
+    expect_identical(mizu_collect_all(ts), list("tar", "gz"))
+    # Attached where they ran, in the search path's usual place.
+    where <- unlist(mizu_map(pool, 1:4, function(i) match("package:tools", search()),
+                             .chunk_size = 1))
+    expect_true(all(where == 2L))
+  })
+  # A package the session attaches after a first task is found at the next submit.
+  with_pool(1, function(pool) {
+    detach("package:tools")
+    e <- tryCatch(mizu_collect(mizu_submit(pool, file_ext("a.txt"))), error = identity)
+    expect_match(conditionMessage(e), "could not find function \"file_ext\"")
+    library(tools)
+    expect_identical(mizu_collect(mizu_submit(pool, file_ext("a.txt"))), "txt")
+  })
+})
+
 test_that("a task missing what an attached package has names the package and how to attach it", {
   # (An environment attached as a package: what library() makes, without a real package.)
   attach(list(mizu_t_pkg_obj = 1, mizu_t_pkg_fn = function(x) x), name = "package:mizutpkg")
