@@ -573,11 +573,32 @@ impl Task {
     }
 
     fn __repr__(&self) -> &'static str {
+        use mizu_pool::SlotState as S;
+        if self.member_cancelled() {
+            return "<pymizu.Task cancelled>";
+        }
         match self.cell.try_lock().as_deref() {
+            Some(State::Settled {
+                cancelled: true, ..
+            }) => "<pymizu.Task cancelled>",
             Some(State::Settled { ok: true, .. }) => "<pymizu.Task finished>",
             Some(State::Settled { ok: false, .. }) => "<pymizu.Task failed>",
             Some(State::Raw(Ok(_))) => "<pymizu.Task finished>",
+            Some(State::Raw(Err(CollectError::Task(TaskError::Cancelled)))) => {
+                "<pymizu.Task cancelled>"
+            }
             Some(State::Raw(Err(_))) => "<pymizu.Task failed>",
+            // What the slot says while the outcome waits there (`done()` is true then). A
+            // batch member's slot is its chunk's: finished says nothing of the member's own
+            // outcome.
+            Some(State::Pending(t)) if self.origin.is_here() => match t.state() {
+                Some(S::Running) => "<pymizu.Task running>",
+                Some(S::Ok) if self.member.is_none() => "<pymizu.Task finished>",
+                Some(S::Err | S::Died) if self.member.is_none() => "<pymizu.Task failed>",
+                Some(S::Ok | S::Err | S::Died) => "<pymizu.Task finished>",
+                Some(S::Cancelled) => "<pymizu.Task cancelled>",
+                _ => "<pymizu.Task pending>",
+            },
             _ => "<pymizu.Task pending>",
         }
     }

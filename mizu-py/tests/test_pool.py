@@ -38,6 +38,35 @@ def test_submit_result_and_task_state(pool):
     assert "finished" in repr(t)
 
 
+def test_a_task_says_what_it_is_doing():
+    # Its repr follows the task (what `done()` and `running()` say), also before anything
+    # collected its outcome.
+    import multiprocessing as mp
+
+    ev = mp.get_context("spawn").Event()
+    with pymizu.Pool(1) as p:
+        busy = p.submit(tasks.wait_event, ev)
+        deadline = time.monotonic() + 60
+        while not busy.running():
+            assert time.monotonic() < deadline, "the task never started"
+            time.sleep(0.001)
+        assert repr(busy) == "<pymizu.Task running>"
+        queued = p.submit(tasks.add, 1, 1)
+        failing = p.submit(tasks.boom, "x")
+        dropped = p.submit(tasks.add, 2, 2)
+        assert repr(queued) == "<pymizu.Task pending>"
+        assert dropped.cancel() and repr(dropped) == "<pymizu.Task cancelled>"
+        ev.set()
+        p.collect_all([busy])
+        while not (queued.done() and failing.done()):
+            assert time.monotonic() < deadline, "the tasks never finished"
+            time.sleep(0.001)
+        # Finished, nothing read yet.
+        assert repr(queued) == "<pymizu.Task finished>"
+        assert repr(failing) == "<pymizu.Task failed>"
+        assert queued.result(timeout=60) == 2 and repr(queued) == "<pymizu.Task finished>"
+
+
 def test_a_task_exception_is_raised_as_itself_with_the_remote_traceback(pool):
     t = pool.submit(tasks.boom, "bad")
     with pytest.raises(ValueError, match="bad") as info:
