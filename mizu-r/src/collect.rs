@@ -324,17 +324,21 @@ pub(crate) fn task_cancel(task: Robj) -> Result<bool> {
 /// The tasks behind the handles in `tasks`, checked as [`task_ref`] does; they live as long
 /// as the list.
 fn task_refs(tasks: &List) -> Result<Vec<&RTask>> {
-    tasks
-        .values()
-        .map(|t| task_ref(&t).map(|r| r as *const RTask))
-        .collect::<Result<Vec<_>>>()
-        .map(|ps| {
-            ps.into_iter()
-                // SAFETY: each task is kept alive by the `tasks` list, which outlives the
-                // references (the returned lifetime is the list's).
-                .map(|p| unsafe { &*p })
-                .collect()
-        })
+    // SAFETY: R's main thread; the list is protected by its handle, and each task by the list,
+    // for the references' lifetime (the list's). Its elements are read in place: an extendr
+    // handle per element cost more than the rest of `mizu_collect_any()` on a long list.
+    unsafe {
+        let l = tasks.get();
+        (0..extendr_ffi::XLENGTH(l))
+            .map(|i| {
+                let t = extendr_ffi::VECTOR_ELT(l, i);
+                if crate::batch::task_ref(t).is_none() && !stale(t) {
+                    return Err(rerr("`tasks` must be a list of mizu_task"));
+                }
+                task_at(t)
+            })
+            .collect()
+    }
 }
 
 pub(crate) fn task_wait_any(tasks: List, timeout: Robj) -> Result<i32> {

@@ -17,7 +17,7 @@ use extendr_ffi::{R_NilValue, Rf_protect, Rf_unprotect, SEXP};
 use crate::collect::{Collected, collect_protected, task_at, timeout_sexp};
 use crate::encode::Outgoing;
 use crate::handle::mk_string;
-use crate::pool::pool_at;
+use crate::pool::{pool_at, stale};
 use crate::sendable::{Unsendable, check_msg_sexp, check_var_names};
 use crate::submit::submit_encoded;
 
@@ -275,8 +275,11 @@ unsafe extern "C" fn tasks_ok(tasks: SEXP) -> SEXP {
         let ok = TYPEOF(tasks) == SEXPTYPE::VECSXP
             && (0..XLENGTH(tasks)).all(|i| {
                 let t = VECTOR_ELT(tasks, i);
-                TYPEOF(t) == SEXPTYPE::EXTPTRSXP
-                    && crate::ffi::Rf_inherits(t, c"mizu_task".as_ptr()) != 0
+                // A live task's handle is known by its tag (a few loads); a class lookup
+                // for each of a long list cost as much as the collecting. A handle restored
+                // from a saved session passes on its class: collecting it says it is stale.
+                crate::batch::task_ref(t).is_some()
+                    || (stale(t) && crate::ffi::Rf_inherits(t, c"mizu_task".as_ptr()) != 0)
             });
         crate::ffi::Rf_ScalarLogical(i32::from(ok))
     }
