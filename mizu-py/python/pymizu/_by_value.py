@@ -36,31 +36,35 @@ _kept: dict = {}
 
 
 def kept(fn) -> bytes | None:
-    """The pickle `head` keeps for `fn`, if what it holds is unchanged (`_holds`, unrolled:
-    this runs at each call)."""
+    """The pickle `head` keeps for `fn`, if what it holds is unchanged."""
     k = _kept.get(fn)
     if k is None:
         return None
     fns, names, held, b = k
+    return b if _still_held(fns, fns[0].__globals__, names, held) else None
+
+
+def _still_held(fns: tuple, g: dict, names: tuple, held: tuple) -> bool:
+    """Whether `fns` and the globals `names` of `g` hold what `_holds` found (`held`), each the
+    same object. (`_holds` unrolled: this runs at each call.)"""
     i = 0
     for f in fns:
         if f.__code__ is not held[i] or f.__defaults__ is not held[i + 1]:
-            return None
+            return False
         i += 2
         for c in f.__closure__ or ():
             try:
                 if c.cell_contents is not held[i]:
-                    return None
+                    return False
             except ValueError:  # an empty cell
                 if held[i] is not _MISSING:
-                    return None
+                    return False
             i += 1
-    g = fns[0].__globals__
     for n in names:
         if g.get(n, _MISSING) is not held[i]:
-            return None
+            return False
         i += 1
-    return b
+    return True
 
 
 def head(fn) -> bytes | None:
@@ -248,24 +252,7 @@ def _same_template(t, fn) -> bool:
         return False
     if fn.__qualname__ is not code.co_qualname:
         return False
-    i = 0
-    for f in rest:
-        if f.__code__ is not held[i] or f.__defaults__ is not held[i + 1]:
-            return False
-        i += 2
-        for c in f.__closure__ or ():
-            try:
-                if c.cell_contents is not held[i]:
-                    return False
-            except ValueError:
-                if held[i] is not _MISSING:
-                    return False
-            i += 1
-    for n in names:
-        if g.get(n, _MISSING) is not held[i]:
-            return False
-        i += 1
-    return True
+    return _still_held(rest, g, names, held)
 
 
 _WRITES_GLOBALS = frozenset(opcode.opmap[n] for n in ("STORE_GLOBAL", "DELETE_GLOBAL"))
