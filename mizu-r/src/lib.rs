@@ -25,6 +25,7 @@ mod ffi;
 mod functions;
 mod globals;
 mod handle;
+mod heap;
 mod interrupt;
 mod kernels;
 mod lazyview;

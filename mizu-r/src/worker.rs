@@ -2,7 +2,6 @@
 //! submission, the element index of a map).
 
 use std::cell::Cell;
-use std::ffi::c_int;
 
 use extendr_api::Result;
 use extendr_api::prelude::*;
@@ -14,6 +13,7 @@ use crate::codec::{Decoded, text};
 use crate::decode::{decode, decode_small};
 use crate::encode::Outgoing;
 use crate::ffi;
+use crate::heap;
 use crate::rerr;
 use crate::rtry::try_r;
 
@@ -586,67 +586,14 @@ impl Executor for RExec {
             crate::altrep::collect_all_garbage_when_idle();
             // A worker that grew by a large task gives the memory back once idle: R frees
             // the task's garbage only at a collection, and the allocator keeps what R frees.
-            let now = resident_bytes();
-            if now > self.resident.get().saturating_add(GREW_BY) {
+            let now = heap::resident_bytes();
+            if now > self.resident.get().saturating_add(heap::GREW_BY) {
                 crate::altrep::collect_all_garbage_now();
             }
-            release_freed_memory();
-            self.resident.set(resident_bytes());
+            heap::release_freed_memory();
+            self.resident.set(heap::resident_bytes());
         }
     }
-}
-
-/// Makes this worker's allocator keep memory it frees for the next task. R allocates vectors
-/// past 128 KiB with `malloc`, which by default maps each one afresh and unmaps it when freed
-/// (or trims the heap): a task that makes a 400 KB column paid ~100 page faults and an unmap
-/// for it every time, a fifth of a data frame task's time here. Freed memory up to
-/// [`KEPT_FREE`] stays in the heap; an idle worker gives it back (see `RExec::idle`).
-fn keep_freed_memory() {
-    #[cfg(target_env = "gnu")]
-    {
-        // glibc's `mallopt` parameters (`malloc.h`).
-        const M_TRIM_THRESHOLD: c_int = -1;
-        const M_MMAP_THRESHOLD: c_int = -3;
-        // SAFETY: glibc's `mallopt` only sets allocator parameters; called before this
-        // thread runs any task (other threads of the process do not allocate from R).
-        unsafe {
-            mallopt(M_MMAP_THRESHOLD, MAPPED_FROM as c_int);
-            mallopt(M_TRIM_THRESHOLD, KEPT_FREE as c_int);
-        }
-    }
-}
-
-/// Allocations from this size on are mapped on their own (and unmapped when freed): the
-/// largest threshold glibc sets by itself.
-const MAPPED_FROM: usize = 32 << 20;
-/// Free memory at the top of the heap that a working worker keeps.
-const KEPT_FREE: usize = 128 << 20;
-
-#[cfg(target_env = "gnu")]
-unsafe extern "C" {
-    fn mallopt(param: c_int, value: c_int) -> c_int;
-    fn malloc_trim(pad: usize) -> c_int;
-}
-
-/// Gives the memory the allocator kept (see [`keep_freed_memory`]) back to the system.
-fn release_freed_memory() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: glibc's `malloc_trim` only returns free pages; R's main thread, between tasks.
-    unsafe {
-        malloc_trim(0);
-    }
-}
-
-/// Growth of resident memory since the last long idle that makes an idle worker run a full
-/// collection and give the freed memory back.
-const GREW_BY: u64 = 64 << 20;
-
-/// This process's resident memory in bytes (`/proc/self/statm`; 0 where it cannot be read).
-fn resident_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .map_or(0, |pages| pages * rustix::param::page_size() as u64)
 }
 
 /// Idle wait slices (see `mizu_pool::run_worker`) before an idle worker collects garbage.
@@ -713,7 +660,7 @@ pub(crate) fn run_worker(
     if !state.is_environment() || calls.len() != 2 || !calls.iter().all(Robj::is_language) {
         return Err(rerr("run_worker: bad handler calls or state environment"));
     }
-    keep_freed_memory();
+    heap::keep_freed_memory();
     let exec = RExec {
         hands: handler_stack(&calls[0], &calls[1])?,
         dispatch,
@@ -727,7 +674,7 @@ pub(crate) fn run_worker(
         max_tasks: max_tasks.max(0.0) as u64,
         tasks: Cell::new(0),
         idle_slices: Cell::new(0),
-        resident: Cell::new(resident_bytes()),
+        resident: Cell::new(heap::resident_bytes()),
     };
     mizu_pool::run_worker(token, slot, &exec).map_err(rerr)
 }
