@@ -80,18 +80,25 @@ def head(fn) -> bytes | None:
     held = tuple(_holds(fns, names))
     if not all(_fixed(v, fns) for v in held):
         return None
-    import cloudpickle
-
-    try:
-        b = cloudpickle.dumps(fn, 5)
-    except Exception:
-        return None
-    if len(b) > _LIMIT:
+    b = _pickled(fn)
+    if b is None:
         return None
     if len(_kept) > 1024:
         _kept.clear()
     _kept[fn] = (fns, names, held, b)
     return b
+
+
+def _pickled(obj) -> bytes | None:
+    """`obj` pickled by value (cloudpickle), or None when that fails or the pickle is too
+    large to travel with each call."""
+    import cloudpickle
+
+    try:
+        b = cloudpickle.dumps(obj, 5)
+    except Exception:
+        return None
+    return b if len(b) <= _LIMIT else None
 
 
 def _holds(fns: tuple, names: tuple, g=None):
@@ -293,13 +300,8 @@ def _new_template(fn):
                               tuple(types.CellType() for _ in range(n)) if n else None)
     bare.__qualname__ = fn.__qualname__
     bare.__module__ = fn.__module__
-    import cloudpickle
-
-    try:
-        b = cloudpickle.dumps(Template(bare, per_call), 5)
-    except Exception:
-        return None
-    if len(b) > _LIMIT:
+    b = _pickled(Template(bare, per_call))
+    if b is None:
         return None
     if len(_templates) > 1024:
         _templates.clear()
