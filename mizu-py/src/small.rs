@@ -520,22 +520,22 @@ fn head_of<'py>(f: &Bound<'py, PyAny>, lookup: &Bound<'py, PyAny>) -> PyResult<H
     Ok(Head::Whole(head))
 }
 
+/// A call's function, positional arguments and keyword arguments.
+type Unwrapped<'py> = (
+    Bound<'py, PyAny>,
+    Bound<'py, PyTuple>,
+    Option<Bound<'py, PyDict>>,
+);
+
 /// A call of `functools.partial(g, *p, **k)` (exactly that type) as the call of `g` it makes:
 /// `g(*p, *args, **{**k, **kwargs})`. The worker then calls `g` as the partial would, and `g`
 /// goes by reference (cached) instead of the partial being pickled with each call — which is
 /// what `loop.run_in_executor(pool, partial(f, key=v))` submits. None for anything else.
-#[allow(clippy::type_complexity)]
 fn unwrap_partial<'py>(
     f: &Bound<'py, PyAny>,
     args: &Args<'_, 'py>,
     kwargs: Option<&Bound<'py, PyDict>>,
-) -> PyResult<
-    Option<(
-        Bound<'py, PyAny>,
-        Bound<'py, PyTuple>,
-        Option<Bound<'py, PyDict>>,
-    )>,
-> {
+) -> PyResult<Option<Unwrapped<'py>>> {
     static PARTIAL: PyOnceLock<Py<PyType>> = PyOnceLock::new();
     let py = f.py();
     if !f.get_type().is(PARTIAL.import(py, "functools", "partial")?) {

@@ -48,7 +48,7 @@ def fn_ref(fn) -> bytes | None:
         b = _by_value.kept(fn)
         if b is not None:
             return b
-        if _travels_by_value(fn):
+        if _sent_by_value(fn):
             return _by_value.head(fn)
     elif getattr(fn, "__module__", None) == "__main__" and _main.by_value(fn):
         return None
@@ -66,7 +66,7 @@ def fn_ref(fn) -> bytes | None:
     return b
 
 
-def _travels_by_value(fn) -> bool:
+def _sent_by_value(fn) -> bool:
     """`<lambda>`, `<locals>`, and what `_main` says workers cannot take by name."""
     return "<" in fn.__qualname__ or (fn.__module__ == "__main__" and _main.by_value(fn))
 
@@ -79,7 +79,7 @@ def call_ref(fn) -> bytes | tuple[bytes, tuple] | None:
         b = _by_value.kept(fn)
         if b is not None:
             return b
-        if _travels_by_value(fn):
+        if _sent_by_value(fn):
             r = _by_value.rebound(fn)
             if r is not None:
                 return r

@@ -402,9 +402,11 @@ print.mizu_task <- function(x, ...) {
 }
 
 # A task that failed for a name the worker does not have, which this session finds in an
-# attached package (`.N` of data.table, `%>%`, `filter()` of dplyr): the error says which
-# package, and how to attach it in the workers (they attach only R's default packages and
-# mizu; mizu_submit() sends the variables of the global environment, not packages).
+# attached package: the error says which, and how to get it to the workers. An installed
+# package is attached there by library(); the packages a task's code names go with it (see
+# .expr_message()), so this is a name it reaches otherwise (`get("fread")`). An environment
+# attached under a package's name (`attach(list(...), name = "package:x")`) is no package a
+# worker can attach: the name goes with the task, or `init` makes it.
 .package_hint <- function(e) {
   m <- conditionMessage(e)
   name <- regmatches(m, regexec("^object '(.+)' not found on the worker", m))[[1L]]
@@ -414,22 +416,31 @@ print.mizu_task <- function(x, ...) {
     what <- "function"
   }
   if (length(name) != 2L) return(e)
-  pkg <- .attached_package_of(name[[2L]])
-  if (is.null(pkg)) return(e)
-  shown <- if (what == "object") sprintf("object '%s'", name[[2L]]) else sprintf("function \"%s\"", name[[2L]])
-  e$message <- sprintf(paste0(
-    "%s not found on the worker: it is package %s's, attached in this session but not in ",
-    "the workers; attach it there with library(%s) in the task, or start the pool with ",
-    "mizu_pool(n, init = quote(library(%s)))"), shown, pkg, pkg, pkg)
+  n <- name[[2L]]
+  where <- .attached_package_of(n)
+  if (is.null(where)) return(e)
+  shown <- if (what == "object") sprintf("object '%s'", n) else sprintf("function \"%s\"", n)
+  pkg <- substring(where, 9L)
+  e$message <- if (!is.null(attr(as.environment(where), "path"))) {
+    sprintf(paste0(
+      "%s not found on the worker: it is package %s's, attached in this session but not in ",
+      "the workers; attach it there with library(%s) in the task, or start the pool with ",
+      "mizu_pool(n, init = quote(library(%s)))"), shown, pkg, pkg, pkg)
+  } else {
+    sprintf(paste0(
+      "%s not found on the worker: it is in %s, attached in this session (not an installed ",
+      "package the workers could attach); pass it with the task (%s = %s), or make it in ",
+      "the workers with mizu_pool(n, init = ...)"), shown, where, n, n)
+  }
   e
 }
 
-# The package attached in this session (after the global environment) that has `name`, or
-# NULL.
+# Where on this session's search path (after the global environment, before base) `name` is
+# found in an environment attached as a package ("package:..."), or NULL.
 .attached_package_of <- function(name) {
   for (where in search()[-1L]) {
     if (!startsWith(where, "package:") || where == "package:base") next
-    if (exists(name, where = where, inherits = FALSE)) return(substring(where, 9L))
+    if (exists(name, where = where, inherits = FALSE)) return(where)
   }
   NULL
 }

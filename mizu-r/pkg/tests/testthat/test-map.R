@@ -313,22 +313,29 @@ test_that("a task missing what an attached package has names the package and how
   # (An environment attached as a package: what library() makes, without a real package.)
   attach(list(mizu_t_pkg_obj = 1, mizu_t_pkg_fn = function(x) x), name = "package:mizutpkg")
   on.exit(detach("package:mizutpkg"), add = TRUE)
+  had_tools <- "package:tools" %in% search()
+  library(tools)
+  on.exit(if (!had_tools) detach("package:tools"), add = TRUE)
   with_pool(1, function(pool) {
-    hint <- "package mizutpkg's, attached in this session but not in the workers.*library\\(mizutpkg\\)"
+    not_installed <- "in package:mizutpkg, attached in this session \\(not an installed package"
     e <- tryCatch(mizu_collect(mizu_submit(pool, mizu_t_pkg_obj + 1)), error = identity)
     expect_s3_class(e, "mizu_error_task")
     expect_match(conditionMessage(e), "object 'mizu_t_pkg_obj' not found on the worker")
-    expect_match(conditionMessage(e), hint)
+    expect_match(conditionMessage(e), not_installed)
+    expect_match(conditionMessage(e), "mizu_t_pkg_obj = mizu_t_pkg_obj", fixed = TRUE)
     e <- tryCatch(mizu_map(pool, 1:3, function(i) mizu_t_pkg_fn(i)), error = identity)
     expect_s3_class(e, "mizu_error_task")
     expect_match(conditionMessage(e), "function \"mizu_t_pkg_fn\" not found on the worker")
-    expect_match(conditionMessage(e), hint)
+    expect_match(conditionMessage(e), not_installed)
     expect_identical(e$index, 1L)
-    # Attached there, the task runs.
-    expect_identical(mizu_collect(mizu_submit(pool, {
-      attach(list(mizu_t_pkg_obj = 1), name = "package:mizutpkg")
-      mizu_t_pkg_obj + 1
-    })), 2)
+    # As it says, passed with the task it runs.
+    expect_identical(mizu_collect(mizu_submit(pool, mizu_t_pkg_obj + 1,
+                                              mizu_t_pkg_obj = mizu_t_pkg_obj)), 2)
+    # An installed package's name the task reaches where its code does not name it: library().
+    e <- tryCatch(mizu_collect(mizu_submit(pool, get("file_ext")("a.txt"))), error = identity)
+    expect_match(conditionMessage(e), paste0(
+      "object 'file_ext' not found on the worker: it is package tools's, attached in this ",
+      "session but not in the workers.*library\\(tools\\)"))
   })
 })
 
