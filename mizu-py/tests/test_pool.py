@@ -727,6 +727,40 @@ def test_a_killed_caller_takes_its_busy_workers_along(tmp_path):
         proc.kill()
 
 
+def test_a_pool_a_script_keeps_till_it_exits_leaves_nothing_behind(tmp_path):
+    # A pool in a script's global is never stopped by the script, and Python need not drop
+    # `__main__`'s globals at exit: once a function of the script has been sent (its
+    # reference is cached, and holds the script's globals), they outlive the interpreter's
+    # last garbage collection. By the time the interpreter has exited the workers are gone
+    # and the pool's shared memory is removed, with a task still running and others queued.
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    script = tmp_path / "keeps.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time
+        sys.path.insert(0, %r)
+        import pymizu, tasks
+        def add(a, b):
+            return a + b
+        if __name__ == "__main__":
+            p = pymizu.Pool(2)
+            print(p.submit(add, 2, 3).result(timeout=60))
+            print(*(w["pid"] for w in p.status()["workers"]), flush=True)
+            t = p.submit(tasks.sleep, 600)
+            while not any(w["busy"] for w in p.status()["workers"]):
+                time.sleep(0.01)
+            queued = [p.submit(tasks.sleep, 600) for _ in range(4)]
+    """ % os.path.dirname(tasks.__file__)))
+    env = dict(os.environ, MIZU_SHM_DIR=str(shm))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    first, pids = r.stdout.splitlines()
+    assert first == "5"
+    assert sorted(os.listdir(shm)) == []
+    for pid in map(int, pids.split()):
+        assert not os.path.exists(f"/proc/{pid}"), f"worker {pid} outlived the script"
+
+
 def test_a_new_pool_removes_start_files_of_killed_owners(tmp_path):
     # A pool removes its start-up file when it stops; one whose owner was killed is removed by
     # the next pool (its pid is in the name). A live owner's file is kept.

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import os
 import pickle
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 
 from . import _codec, _main, _native, _rng, _share, _xlang
@@ -432,6 +434,20 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
+# The pools of this process not stopped yet. Python does not promise to drop what a script's
+# globals hold when it exits (a `__main__` whose dict is in a reference cycle outlives the last
+# garbage collection), so a pool kept in a global is stopped here: its workers are gone, and
+# nothing of it is left in shared memory, by the time the interpreter has exited.
+_live: "weakref.WeakSet[Pool]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    for pool in list(_live):
+        if pool._made_in == _forks:
+            Pool.stop(pool)
+
+
 class Pool(_Submitter):
     """A pool of worker processes (fresh interpreters, never forks of the caller).
 
@@ -479,6 +495,7 @@ class Pool(_Submitter):
             self._start_file = None
             program, args = _r_worker_command(max_tasks_per_child)
             self._pool = _native.Pool(workers, program, args, exec_timeout, slots)
+            _live.add(self)
             self._language = language
             self._workers = workers
             self.submit = self._xsubmit
@@ -489,6 +506,7 @@ class Pool(_Submitter):
         except BaseException:
             os.unlink(self._start_file)
             raise
+        _live.add(self)
         self._workers = workers
         # The native methods check for a forked child themselves.
         self._submit_raw = self._pool.submit
