@@ -34,6 +34,10 @@ from timing import pool_args, timed  # noqa: E402
 ALTERNATIONS = 9
 
 
+# A lambda: its qualified name says workers cannot import it (see `Peer.unimportable`).
+_UNIMPORTABLE = lambda x: work.add(x, 1)  # noqa: E731
+
+
 class Peer:
     """One pool behind a common interface."""
 
@@ -88,6 +92,24 @@ class Peer:
             return None
         return True
 
+    def unimportable(self, k):
+        """`k` round trips of one lambda made beforehand, as a notebook, a REPL or a script
+        without a `__main__` guard defines every function: workers cannot import it. None
+        where the pool cannot send it (plain pickle)."""
+        f = _UNIMPORTABLE
+        try:
+            if self.kind == "mp":
+                apply = self.pool.apply_async
+                for i in range(k):
+                    apply(f, (i,)).get()
+            else:
+                submit = self.pool.submit
+                for i in range(k):
+                    submit(f, i).result()
+        except Exception:
+            return None
+        return True
+
     def pipelined(self, fn, n):
         if self.kind == "mp":
             rs = [self.pool.apply_async(fn, (i, 1)) for i in range(n)]
@@ -129,12 +151,17 @@ def _array_rt(arr, k, q):
 def _made_per_call(how, q):
     """Round trip of a call made anew each time (`Peer.made_per_call`); None where the pool
     cannot send it."""
+    return _calls(lambda p, k: p.made_per_call(how, k), q)
+
+
+def _calls(run, q):
+    """Round trip of one of `run(peer, k)`'s `k` calls; None where the pool cannot send them."""
     k = int(300 * q) or 1
 
     def measure(p):
-        if p.made_per_call(how, 1) is None:
+        if run(p, 1) is None:
             return None
-        return timed(lambda: p.made_per_call(how, k), 5, k) * 1e6
+        return timed(lambda: run(p, k), 5, k) * 1e6
 
     return measure
 
@@ -233,6 +260,7 @@ def main():
             (f"round trip, {how} made per call", "us", _made_per_call(how, q))
             for how in ("partial", "lambda")
         ],
+        ("round trip, a function workers cannot import", "us", _calls(Peer.unimportable, q)),
         ("map 10 000 trivial", "us/elem", lambda p: timed(lambda: p.map(work.ident, xs, chunk), 3) / n_map * 1e6),
         ("map 2 000 x 5 us tasks", "ms", lambda p: timed(lambda: p.map(work.spin, spin_xs, max(1, 2000 // (4 * w))), 3) * 1e3),
         (f"{frame_mb} MB pandas frame argument", "ms", lambda p: timed(lambda: p.call(work.nrows, frame), 3) * 1e3),

@@ -12,6 +12,7 @@ mod fastcall;
 mod future;
 mod future_slots;
 mod gc;
+mod kept;
 mod ndarray;
 mod payload;
 mod pending;
@@ -160,6 +161,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(xlang::xlang_loads, m)?)?;
     m.add_function(wrap_pyfunction!(xlang::xlang_task_loads, m)?)?;
     m.add_function(wrap_pyfunction!(xlang::xlang_task_dumps, m)?)?;
+    m.add_function(wrap_pyfunction!(kept::still_held, m)?)?;
     m.add_function(wrap_pyfunction!(waits::wait_any, m)?)?;
     m.add_function(wrap_pyfunction!(waits::wait_ahead, m)?)?;
     m.add_function(wrap_pyfunction!(waits::collect_all, m)?)?;

@@ -490,6 +490,16 @@ fn head_of<'py>(f: &Bound<'py, PyAny>, lookup: &Bound<'py, PyAny>) -> PyResult<H
             .flatten(),
         false => None,
     };
+    // A by-value pickle `_by_value` keeps, if still good (else `lookup` makes another).
+    let cached = match cached {
+        None if f.get_type().is(&fn_types(py)?[0]) => {
+            if let Some(h) = crate::kept::head(f)? {
+                return Ok(Head::Whole(h));
+            }
+            None
+        }
+        c => c,
+    };
     let from_cache = cached.is_some();
     let head = match cached {
         Some(h) => h,

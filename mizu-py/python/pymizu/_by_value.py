@@ -27,6 +27,10 @@ import opcode
 import types
 import weakref
 
+# Whether `fns` and the globals `names` of `g` hold what `_holds` found (`held`), each the same
+# object: `_still_held(fns, g, names, held)`. (Native: submit checks a kept pickle at each call.)
+from ._native import still_held as _still_held
+
 _MISSING = object()  # a name the function reads that is not (yet) a global: a builtin
 _LIMIT = 4096  # bytes: a kept pickle travels with each call
 _SIMPLE = frozenset((int, float, complex, str, bytes, bool, type(None), range))
@@ -42,29 +46,6 @@ def kept(fn) -> bytes | None:
         return None
     fns, names, held, b = k
     return b if _still_held(fns, fns[0].__globals__, names, held) else None
-
-
-def _still_held(fns: tuple, g: dict, names: tuple, held: tuple) -> bool:
-    """Whether `fns` and the globals `names` of `g` hold what `_holds` found (`held`), each the
-    same object. (`_holds` unrolled: this runs at each call.)"""
-    i = 0
-    for f in fns:
-        if f.__code__ is not held[i] or f.__defaults__ is not held[i + 1]:
-            return False
-        i += 2
-        for c in f.__closure__ or ():
-            try:
-                if c.cell_contents is not held[i]:
-                    return False
-            except ValueError:  # an empty cell
-                if held[i] is not _MISSING:
-                    return False
-            i += 1
-    for n in names:
-        if g.get(n, _MISSING) is not held[i]:
-            return False
-        i += 1
-    return True
 
 
 def head(fn) -> bytes | None:
