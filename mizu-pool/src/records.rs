@@ -132,6 +132,10 @@ pub struct SubmitterRec {
     pub submitted: AtomicU64,
     /// Tasks collected.
     pub collected: AtomicU64,
+    /// Non-zero while the holder stages a batch whose queue writes it has not published yet
+    /// (a hint): a worker walking the task slots leaves those tasks to the queues, which hand
+    /// them out in the order they were submitted (the slots would not).
+    pub staging: AtomicU64,
 }
 
 /// One submitter slot: record plus the words its collectors park on.

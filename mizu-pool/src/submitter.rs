@@ -186,6 +186,8 @@ impl SubmitterCore {
             return (Vec::new(), Err(e));
         }
         let mut g = self.lock();
+        let staging = &self.shared.view().submitter(self.index).rec.staging;
+        staging.store(1, Ordering::Relaxed);
         let mut tasks = Vec::new();
         let mut res = Ok(());
         for p in payloads {
@@ -209,6 +211,8 @@ impl SubmitterCore {
         }
         // One publication and at most one wake per worker queue for the whole batch.
         self.flush(&mut g);
+        // (After the publication: a worker that reads zero here finds the tasks queued.)
+        staging.store(0, Ordering::Release);
         (tasks, res)
     }
 

@@ -943,6 +943,42 @@ fn batches_are_published_once_and_survive_full_queues() {
 }
 
 #[test]
+fn a_one_worker_pool_runs_tasks_in_the_order_they_were_submitted() {
+    // Large batches, each staged while the idle worker's slices end: a worker that took
+    // tasks by walking the task slots (as one takes tasks queued for another) would run them
+    // in slot order, not in the order they were submitted.
+    let p = pool(PoolConfig {
+        workers: 1,
+        slots: 4096,
+        ..Default::default()
+    });
+    let mut last = None;
+    for round in 0..300 {
+        let inputs = vec![b"count".to_vec(); 3000];
+        let mut ts = p.submit_batch(inputs.iter().map(|v| &v[..])).unwrap();
+        let order: Vec<u64> = collect_all(&mut ts, GUARD)
+            .unwrap()
+            .iter()
+            .map(|b| text(b).parse().unwrap())
+            .collect();
+        for (i, w) in order.windows(2).enumerate() {
+            assert!(
+                w[0] < w[1],
+                "round {round}: task {} ran before task {i}",
+                i + 1
+            );
+        }
+        assert!(
+            last < order.first().copied(),
+            "round {round} ran before the last"
+        );
+        last = order.last().copied();
+        // Idle long enough for the worker to sleep in slices before the next batch.
+        std::thread::sleep(Duration::from_micros(1500 + 500 * (round % 5)));
+    }
+}
+
+#[test]
 fn racing_cancels_never_lose_or_double_run_a_task() {
     // Two workers claim while this thread cancels every other task as fast as it can: every
     // task ends exactly one way — it ran (its result is right) or it was cancelled.

@@ -89,8 +89,13 @@ impl Runtime<'_> {
             .any(|s| v.submitter(s).sleepers() > 0 && self.may_have_unclaimed(s))
     }
 
-    /// See [`Runtime::steal`].
+    /// See [`Runtime::steal`]. Tasks queued for this worker are left to its queues, which hand
+    /// them out in the order they were submitted: slots are taken in no particular order, so
+    /// a walk would run them out of order (a one-worker pool runs its tasks in order).
     fn scan(&self) -> bool {
+        if self.any_queued() {
+            return false;
+        }
         let v = self.shared.view();
         for s in 0..v.params.submitters as usize {
             // Skip submitters with nothing outstanding, or whose every outstanding task a
@@ -112,6 +117,15 @@ impl Runtime<'_> {
                 let k = (from + i) % n;
                 let (g, st) = v.task(s, k).state.load();
                 if st == Some(SlotState::Pending) {
+                    // A batch being staged is queued when it is published (then ours is
+                    // taken from our queue): only another worker's share of it, once it is
+                    // published, is for the taking.
+                    if v.submitter(s).rec.staging.load(Ordering::Acquire) != 0 {
+                        break;
+                    }
+                    if self.any_queued() {
+                        return false;
+                    }
                     if let Some(c) = self.scan_from.borrow_mut().get_mut(s) {
                         *c = k + 1;
                     }

@@ -31,6 +31,12 @@ impl Executor for TestExec {
                 Err(b"unreachable".to_vec())
             }
             b"pid" => Ok(std::process::id().to_string().into_bytes()),
+            b"count" => {
+                // How many tasks this worker ran before this one: the order it ran them in.
+                static RAN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                let n = RAN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Ok(n.to_string().into_bytes())
+            }
             b"recycle" => {
                 ctx.recycle();
                 Ok(std::process::id().to_string().into_bytes())
