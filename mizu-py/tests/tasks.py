@@ -1,6 +1,7 @@
 """Functions the tests run in worker processes (importable there via PYTHONPATH)."""
 
 import functools
+import itertools
 import os
 import time
 
@@ -382,3 +383,11 @@ class Partial(functools.partial):
 
     def __call__(self, /, *args, **kwargs):
         return ("own", super().__call__(*args, **kwargs))
+
+
+_ran = itertools.count()
+
+
+def ran_before(*_):
+    """How many tasks this function ran in this worker before this one: the order they ran."""
+    return next(_ran)

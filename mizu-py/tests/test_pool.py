@@ -727,6 +727,20 @@ def test_a_killed_caller_takes_its_busy_workers_along(tmp_path):
         proc.kill()
 
 
+def test_a_one_worker_pool_runs_tasks_in_the_order_they_were_submitted():
+    # Submitted one by one, in batches and as a map, each round while the idle worker's sleep
+    # slices end: each task says how many ran before it in the worker.
+    with pymizu.Pool(1) as p:
+        seen = []
+        for r in range(150):
+            ts = [p.submit(tasks.ran_before) for _ in range(100)]
+            ts += p.submit_batch(tasks.ran_before, [()] * 2000, chunksize=1)
+            seen += [t.result(timeout=60) for t in ts]
+            seen += p.map(tasks.ran_before, range(200), chunksize=1)
+            time.sleep(0.002 + 0.0005 * (r % 5))
+        assert seen == list(range(len(seen)))
+
+
 def test_a_pool_a_script_keeps_till_it_exits_leaves_nothing_behind(tmp_path):
     # A pool in a script's global is never stopped by the script, and Python need not drop
     # `__main__`'s globals at exit: once a function of the script has been sent (its
