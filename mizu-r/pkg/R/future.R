@@ -18,9 +18,17 @@
 # for yet do not pile up.
 .FUTURE_BACKLOG <- 1024L
 
-# What a worker evaluates for a future (with `expr` and `globals` bound): .future_run(), found
-# in mizu's namespace.
-.FUTURE_TASK <- quote(get(".future_run", envir = asNamespace("mizu"))(expr, globals, relay))
+# What a worker evaluates for a future (with `expr`, `globals`, `relay` and `wrapper` bound):
+# .future_run(), found in mizu's namespace.
+.FUTURE_TASK <- quote(get(".future_run", envir = asNamespace("mizu"))(expr, globals, relay,
+                                                                      wrapper))
+
+# `future` evaluates a future's expression inside a wrapper of its own (conditions, output,
+# options, RNG): some 30 KB serialized, the same for every future of the same settings, and
+# serializing it took a trivial future's launch longer than its evaluation. The wrapper is made
+# around this symbol instead, serialized and shared once while it stays the same, and kept
+# unserialized by each worker; the worker puts the future's own expression in its place.
+.FUTURE_HOLE <- quote(.mizu_future_expr)
 
 #' A `future` backend running futures on a mizu pool
 #'
@@ -110,13 +118,13 @@ attr(mizu_future, "tweakable") <- "workers"
   .fut$n <- NULL
   rm(list = ls(.fut$active, all.names = TRUE), envir = .fut$active)
   .fut$n_active <- 0L
+  .fut$wrapper <- NULL
+  .fut$wrapper_sent <- NULL
   if (!is.null(.fut$relay_dir)) unlink(.fut$relay_dir, recursive = TRUE)
   .fut$relay_dir <- NULL
-  if (length(.fut$shared)) {
-    .fut$shared <- list()
-    gc(verbose = FALSE)
-    .Call(wrap__give_back_idle)
-  }
+  .fut$shared <- list()
+  gc(verbose = FALSE)
+  .Call(wrap__give_back_idle)
   invisible()
 }
 
@@ -170,7 +178,7 @@ run.MizuFuture <- function(future, ...) {
   }
   pool <- .future_pool(future$workers)
   .future_make_room()
-  expr <- future::getExpression(future, mc.cores = 1L)
+  wrapper <- .future_wrapper(future::getExpression(future, expr = .FUTURE_HOLE, mc.cores = 1L))
   g <- future$globals
   # (lapply() keeps the names and drops the FutureGlobals attributes, which hold environments.)
   globals <- if (length(g)) lapply(unclass(g), .future_share) else list()
@@ -180,13 +188,33 @@ run.MizuFuture <- function(future, ...) {
   future$mizu_relay_at <- 0
   # Globals may hold environments (an R6 object, a closure's frame): like future's other
   # backends, they are sent as copies (the mark lets the submit check pass them).
-  vars <- structure(list(expr = expr, globals = globals, relay = future$mizu_relay),
-                    mizu_copy = TRUE)
+  vars <- structure(list(expr = future$expr, globals = globals, relay = future$mizu_relay,
+                         wrapper = wrapper), mizu_copy = TRUE)
   future$task <- .Call(.native_submit_expr, pool, .FUTURE_TASK, vars, environment())
   assign(future$mizu_key, future, envir = .fut$active)
   .fut$n_active <- .fut$n_active + 1L
   future$state <- "running"
   invisible(future)
+}
+
+# The wrapper as it travels: a key naming it and its serialization, in shared memory (so that
+# it is copied there once, not with every future), both kept while it stays the same.
+.future_wrapper <- function(w) {
+  if (!identical(w, .fut$wrapper)) {
+    .fut$wrapper <- w
+    .fut$wrapper_sent <- list(sprintf("%d-%.0f", Sys.getpid(), .fut$launched),
+                              mizu_share(serialize(w, NULL, xdr = FALSE)))
+  }
+  .fut$wrapper_sent
+}
+
+# On the worker: the future's expression in its wrapper, unserialized once per wrapper.
+.future_expression <- function(expr, wrapper) {
+  if (!identical(wrapper[[1L]], .fut$worker_key)) {
+    .fut$worker_wrapper <- unserialize(wrapper[[2L]])
+    .fut$worker_key <- wrapper[[1L]]
+  }
+  do.call(substitute, list(.fut$worker_wrapper, list(.mizu_future_expr = expr)))
 }
 
 # Before a launch with the backlog full: collect the oldest launched future's result into it.
@@ -205,7 +233,8 @@ run.MizuFuture <- function(future, ...) {
 # progress updates) are also appended to the file `relay`, which the caller reads while the
 # future runs; they are marked relayed in the result, so that collecting does not relay them
 # again.
-.future_run <- function(expr, globals, relay = NULL) {
+.future_run <- function(expr, globals, relay = NULL, wrapper = NULL) {
+  if (!is.null(wrapper)) expr <- .future_expression(expr, wrapper)
   g <- globalenv()
   rm(list = ls(g, all.names = TRUE), envir = g)
   if (length(globals)) list2env(globals, envir = g)

@@ -152,6 +152,28 @@ test_that("stdout = FALSE drops output; conditions = NULL drops conditions", {
   expect_equal(v, 2)
 })
 
+test_that("futures of different settings, interleaved on one worker, each run with their own", {
+  # Each worker keeps the last wrapper `future` put around a future's expression; futures that
+  # differ in output, conditions and seed alternate on one worker here.
+  plan(mizu_future, workers = 1)
+  on.exit(plan(mizu_future, workers = 2))
+  x <- 5
+  for (round in 1:2) {
+    expect_equal(capture.output(v <- value(future({ cat("shown\n"); x + 1 }))), "shown")
+    expect_equal(v, 6)
+    expect_equal(capture.output(v <- value(future({ cat("hidden\n"); x + 2 }, stdout = FALSE))),
+                 character())
+    expect_equal(v, 7)
+    expect_silent(v <- value(future({ message("m"); x + 3 }, conditions = NULL)))
+    expect_equal(v, 8)
+    expect_identical(value(future(runif(2), seed = 42L)), {
+      plan(sequential); r <- value(future(runif(2), seed = 42L))
+      plan(mizu_future, workers = 1); r
+    })
+    expect_message(value(future({ message("relayed"); 1 })), "relayed")
+  }
+})
+
 test_that("errors keep their classes, message and call", {
   f <- future({
     stop(structure(class = c("myError", "error", "condition"),
