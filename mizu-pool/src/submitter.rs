@@ -186,8 +186,7 @@ impl SubmitterCore {
             return (Vec::new(), Err(e));
         }
         let mut g = self.lock();
-        let staging = &self.shared.view().submitter(self.index).rec.staging;
-        staging.store(1, Ordering::Relaxed);
+        let _staging = Staging::new(&self.shared.view().submitter(self.index).rec.staging);
         let mut tasks = Vec::new();
         let mut res = Ok(());
         for p in payloads {
@@ -209,10 +208,9 @@ impl SubmitterCore {
                 done: false,
             });
         }
-        // One publication and at most one wake per worker queue for the whole batch.
+        // One publication and at most one wake per worker queue for the whole batch (before
+        // `_staging` ends: a worker that reads it ended finds the tasks queued).
         self.flush(&mut g);
-        // (After the publication: a worker that reads zero here finds the tasks queued.)
-        staging.store(0, Ordering::Release);
         (tasks, res)
     }
 
@@ -390,6 +388,22 @@ impl SubmitterCore {
             }
             std::thread::sleep(Duration::from_micros(50));
         }
+    }
+}
+
+/// Says a batch is being staged (`SubmitterRec::staging`) until dropped, on every way out.
+struct Staging<'a>(&'a mizu_shm::sync::AtomicU64);
+
+impl<'a> Staging<'a> {
+    fn new(word: &'a mizu_shm::sync::AtomicU64) -> Self {
+        word.store(1, Ordering::Relaxed);
+        Staging(word)
+    }
+}
+
+impl Drop for Staging<'_> {
+    fn drop(&mut self) {
+        self.0.store(0, Ordering::Release);
     }
 }
 
