@@ -1,10 +1,12 @@
 /* The packages a task uses, as `future` finds them: a name that an expression or a function it
  * calls reads, that is bound neither where the code was written nor in the global environment,
  * and that this session finds in a package attached after the global environment (`.N` and
- * `fread` of data.table, `%>%`, dplyr's `filter`). The caller lists those packages with the
- * task; the worker attaches the ones it lacks before the task runs. R's default packages and
- * mizu, which every worker attaches at start, are not listed, nor is an environment attached
- * under a package's name that is not an installed package (`attach(list(...), name = ...)`).
+ * `fread` of data.table, `%>%`, dplyr's `filter`). A task that uses such a package lists
+ * with it every such package the caller has attached, in the order of its search path; the
+ * worker makes its own search path agree before the task runs (see mizu_attach_packages).
+ * R's default packages and mizu, which every worker attaches at start, are not listed, nor is
+ * an environment attached under a package's name that is not an installed package
+ * (`attach(list(...), name = ...)`).
  *
  * The caller looks each name up along its search path once: the answer is kept per symbol for
  * as long as the search path is the one it was found on (`library()` and `detach()` change it,
@@ -12,6 +14,7 @@
 #include <R.h>
 #include <Rinternals.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "packages.h"
@@ -27,6 +30,10 @@ static int seen_n = -1;
 #define CACHE_SIZE 1024
 #define CACHE_PROBES 8
 static SEXP cache_sym[CACHE_SIZE], cache_env[CACHE_SIZE];
+
+/* What a task that uses a package lists: every listed package this session has attached, in
+ * the order of its search path (made once per search path, preserved until it changes). */
+static SEXP search_names = NULL;
 
 /* Starts the answers afresh when the search path is not the one they were found on. */
 void mizu_packages_check_search(void) {
@@ -45,6 +52,10 @@ void mizu_packages_check_search(void) {
     if (same && n == seen_n) return;
     seen_n = n;
     memset(cache_sym, 0, sizeof cache_sym);
+    if (search_names != NULL) {
+        R_ReleaseObject(search_names);
+        search_names = NULL;
+    }
 }
 
 /* Whether the package environment `e` is one a task's list names: an installed package's
@@ -101,46 +112,150 @@ void mizu_packages_note(SEXP sym, mizu_packages *p) {
     if (p->n < MIZU_PACKAGES_MAX) p->envs[p->n++] = e;
 }
 
+/* The name of the package whose environment `e` is ("x" of "package:x"), or NULL. */
+static const char *package_name(SEXP e) {
+    SEXP name = R_PackageEnvName(e);
+    if (TYPEOF(name) != STRSXP || XLENGTH(name) < 1) return NULL;
+    const char *s = CHAR(STRING_ELT(name, 0));
+    return strncmp(s, "package:", 8) == 0 ? s + 8 : NULL;
+}
+
 SEXP mizu_packages_names(const mizu_packages *p) {
     if (p->n == 0) return R_NilValue;
-    SEXP out = PROTECT(allocVector(STRSXP, p->n));
-    for (int i = 0; i < p->n; i++) {
-        const char *s = CHAR(STRING_ELT(R_PackageEnvName(p->envs[i]), 0));
-        SET_STRING_ELT(out, i, mkChar(s + strlen("package:")));
-    }
+    if (search_names != NULL) return search_names;
+    int n = 0;
+    for (SEXP e = ENCLOS(R_GlobalEnv); e != R_EmptyEnv && TYPEOF(e) == ENVSXP; e = ENCLOS(e))
+        if (listed(e)) n++;
+    SEXP v = PROTECT(allocVector(STRSXP, n));
+    n = 0;
+    for (SEXP e = ENCLOS(R_GlobalEnv); e != R_EmptyEnv && TYPEOF(e) == ENVSXP; e = ENCLOS(e))
+        if (listed(e)) SET_STRING_ELT(v, n++, mkChar(package_name(e)));
+    R_PreserveObject(v);
+    search_names = v;
     UNPROTECT(1);
-    return out;
+    return v;
 }
 
 /* Whether the package `pkg` (a CHARSXP) is attached in this process. */
 static int attached(SEXP pkg) {
-    const char *want = CHAR(pkg);
     for (SEXP e = ENCLOS(R_GlobalEnv); e != R_EmptyEnv && TYPEOF(e) == ENVSXP; e = ENCLOS(e)) {
-        SEXP name = R_PackageEnvName(e);
-        if (TYPEOF(name) == STRSXP && XLENGTH(name) >= 1) {
-            const char *s = CHAR(STRING_ELT(name, 0));
-            if (strncmp(s, "package:", 8) == 0 && strcmp(s + 8, want) == 0) return 1;
-        }
+        const char *s = package_name(e);
+        if (s != NULL && strcmp(s, CHAR(pkg)) == 0) return 1;
     }
     return 0;
 }
 
-/* On a worker, before a task runs: attaches the packages of `pkgs` (a character vector) it
- * has not attached, as library() does, without its start-up messages or its report of what
- * the package masks (the caller's session printed both when it attached the package). A
- * package that cannot be attached fails the task with library()'s error. */
+/* Where `name` is in `v` (a character vector), or -1. */
+static int position(SEXP v, const char *name) {
+    for (R_xlen_t i = 0; i < XLENGTH(v); i++)
+        if (strcmp(CHAR(STRING_ELT(v, i)), name) == 0) return (int) i;
+    return -1;
+}
+
+/* The packages this worker had attached before its first task that listed packages: its
+ * own (R's default packages, mizu, what `init` attached), which stay. */
+static SEXP own = NULL;
+
+static void note_own(void) {
+    if (own != NULL) return;
+    int n = 0;
+    for (SEXP e = ENCLOS(R_GlobalEnv); e != R_EmptyEnv && TYPEOF(e) == ENVSXP; e = ENCLOS(e))
+        if (package_name(e) != NULL) n++;
+    SEXP v = PROTECT(allocVector(STRSXP, n));
+    n = 0;
+    for (SEXP e = ENCLOS(R_GlobalEnv); e != R_EmptyEnv && TYPEOF(e) == ENVSXP; e = ENCLOS(e))
+        if (package_name(e) != NULL) SET_STRING_ELT(v, n++, mkChar(package_name(e)));
+    R_PreserveObject(v);
+    own = v;
+    UNPROTECT(1);
+}
+
+/* Detaches the package `name` (its namespace stays loaded); nothing if R refuses (another
+ * attached package depends on it). */
+static void detach_package(const char *name) {
+    char full[512];
+    snprintf(full, sizeof full, "package:%s", name);
+    SEXP call = PROTECT(lang3(install("detach"), mkString(full), ScalarLogical(TRUE)));
+    SET_TAG(CDDR(call), install("character.only"));
+    int failed = 0;
+    R_tryEvalSilent(call, R_BaseEnv, &failed);
+    UNPROTECT(1);
+}
+
+/* The first package attached here, before the task runs, that is not this worker's own and
+ * that the caller's search path (`search`) has not or has in another order than the ones
+ * after it here; NULL when every one is where the caller has it. */
+static const char *stranger(SEXP search) {
+    int last = -1;
+    for (SEXP e = ENCLOS(R_GlobalEnv); e != R_EmptyEnv && TYPEOF(e) == ENVSXP; e = ENCLOS(e)) {
+        const char *s = package_name(e);
+        if (s == NULL) continue;
+        int at = position(search, s);
+        if (at < 0) {
+            if (position(own, s) < 0) return s;
+            continue;
+        }
+        /* Attached here in another order than the caller's (e.g. one attached for an earlier
+         * task ahead of one the caller finds first): the first of the two goes, and is
+         * attached again below if this task lists it. */
+        if (at < last) return s;
+        last = at;
+    }
+    return NULL;
+}
+
+/* Attaches `pkg` at position `pos` of the search path (2: right after the global
+ * environment). */
+static void attach_package(SEXP pkg, int pos) {
+    SEXP lib = PROTECT(lang5(install("library"), ScalarString(pkg), ScalarLogical(TRUE),
+                             ScalarLogical(FALSE), ScalarInteger(pos)));
+    SET_TAG(CDDR(lib), install("character.only"));
+    SET_TAG(CDR(CDDR(lib)), install("warn.conflicts"));
+    SET_TAG(CDR(CDR(CDDR(lib))), install("pos"));
+    SEXP call = PROTECT(lang2(install("suppressPackageStartupMessages"), lib));
+    eval(call, R_BaseEnv);
+    UNPROTECT(2);
+}
+
+/* Where in the search path the package at `at` of the caller's `search` goes: after every
+ * package attached here that the caller has ahead of it. */
+static int place_of(SEXP search, int at) {
+    int i = 2, pos = 2;
+    for (SEXP e = ENCLOS(R_GlobalEnv); e != R_EmptyEnv && TYPEOF(e) == ENVSXP;
+         e = ENCLOS(e), i++) {
+        const char *s = package_name(e);
+        if (s == NULL) continue;
+        int p = position(search, s);
+        if (p >= 0 && p < at) pos = i + 1;
+    }
+    return pos;
+}
+
+/* On a worker, before a task that uses a package runs: `pkgs` (a character vector) lists the
+ * packages the caller's session has attached, in the order of its search path, and the
+ * worker's search path is made to agree with it. A package an earlier task attached that the
+ * caller has not (any more), or that sits ahead of one the caller finds first, is detached,
+ * so that a name the task uses finds here what it finds in the caller's session (purrr's
+ * `transpose`, not data.table's attached for an earlier task); packages the worker attached
+ * itself (`init`) stay. Then the caller's packages it lacks are attached where the caller has
+ * them, as library() does, without start-up messages or the report of what they mask (the
+ * caller's session printed both). A package that cannot be attached fails the task with
+ * library()'s error. */
 SEXP mizu_attach_packages(SEXP pkgs) {
     if (TYPEOF(pkgs) != STRSXP) error("mizu: a task's packages are not a character vector");
+    note_own();
+    const char *s;
+    /* (Each round detaches one package: at most as many rounds as are attached.) */
+    for (int round = 0; round < 256 && (s = stranger(pkgs)) != NULL; round++) {
+        char name[256];
+        snprintf(name, sizeof name, "%s", s);
+        detach_package(name);
+        if (attached(mkChar(name))) break; /* R would not: leave the rest as it is */
+    }
     for (R_xlen_t i = 0; i < XLENGTH(pkgs); i++) {
         SEXP pkg = STRING_ELT(pkgs, i);
         if (pkg == NA_STRING || attached(pkg)) continue;
-        SEXP lib = PROTECT(lang4(install("library"), ScalarString(pkg), ScalarLogical(TRUE),
-                                 ScalarLogical(FALSE)));
-        SET_TAG(CDDR(lib), install("character.only"));
-        SET_TAG(CDR(CDDR(lib)), install("warn.conflicts"));
-        SEXP call = PROTECT(lang2(install("suppressPackageStartupMessages"), lib));
-        eval(call, R_BaseEnv);
-        UNPROTECT(2);
+        attach_package(pkg, place_of(pkgs, (int) i));
     }
     return R_NilValue;
 }

@@ -309,6 +309,37 @@ test_that("the packages a task uses reach the workers, as future attaches them",
   })
 })
 
+test_that("a worker's search path follows the caller's: what an earlier task attached masks nothing", {
+  # purrr and data.table both export `transpose`; each task must get the one the session has.
+  had <- intersect(c("package:purrr", "package:data.table"), search())
+  on.exit({
+    for (p in setdiff(intersect(c("package:purrr", "package:data.table"), search()), had))
+      detach(p, character.only = TRUE)
+  }, add = TRUE)
+  for (p in had) detach(p, character.only = TRUE)
+  l <- list(1:2, 3:4)
+  with_pool(1, function(pool) {
+    suppressMessages(library(purrr))
+    expect_identical(mizu_collect(mizu_submit(pool, transpose(l), l = l)), transpose(l))
+    detach("package:purrr")
+    suppressMessages(library(data.table))
+    expect_identical(mizu_collect(mizu_submit(pool, transpose(l), l = l)), transpose(l))
+    detach("package:data.table")
+    suppressMessages(library(purrr))
+    # purrr was attached on the worker first, data.table after it, for the tasks above.
+    expect_identical(mizu_collect(mizu_submit(pool, transpose(l), l = l)), transpose(l))
+    expect_false("package:data.table" %in% mizu_collect(mizu_submit(pool, { map; search() })))
+    # Both, in either order.
+    suppressMessages(library(data.table))
+    expect_identical(mizu_collect(mizu_submit(pool, transpose(l), l = l)), transpose(l))
+    detach("package:purrr")
+    suppressMessages(library(purrr))
+    expect_identical(mizu_collect(mizu_submit(pool, transpose(l), l = l)), transpose(l))
+    expect_identical(unlist(mizu_map(pool, 1:2, function(i) length(transpose(l)[[i]]))),
+                     vapply(1:2, function(i) length(transpose(l)[[i]]), 1L))
+  })
+})
+
 test_that("a task missing what an attached package has names the package and how to attach it", {
   # (An environment attached as a package: what library() makes, without a real package.)
   attach(list(mizu_t_pkg_obj = 1, mizu_t_pkg_fn = function(x) x), name = "package:mizutpkg")
