@@ -103,7 +103,7 @@ unsafe extern "C" {
     pub fn mizu_expr_message(expr: SEXP, vars: SEXP, env: SEXP) -> SEXP;
     /// The globals of a map's function, as a named list.
     pub fn mizu_function_globals(f: SEXP) -> SEXP;
-    /// Attaches on a worker the packages of a task it has not attached.
+    /// Makes a worker's search path agree with the caller's packages a task lists.
     pub fn mizu_attach_packages(pkgs: SEXP) -> SEXP;
     /// The position of the first cache entry whose key is identical to a key, or 0.
     pub fn mizu_find_identical(entries: SEXP, key: SEXP) -> SEXP;

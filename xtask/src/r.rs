@@ -14,8 +14,8 @@ pub enum Needs {
     Package,
     /// Besides, what the tests and benchmarks use: the test framework, the peers the
     /// benchmarks compare against (`parallel` ships with R; `data.table` reads and writes the
-    /// CSV files of the cross-language benchmark's peer), and the `future` ecosystem the
-    /// future backend is tested with.
+    /// CSV files of the cross-language benchmark's peer, and the tests attach it), and the
+    /// `future` ecosystem the future backend is tested with.
     Tests,
 }
 

@@ -267,8 +267,9 @@ print.mizu_call <- function(x, ...) {
 # globals found there go as a fourth element instead, bound in the worker's global environment
 # while the task runs; those found in a function's frame stay among the bindings, which only
 # the expression sees. Names found in neither but in a package attached here (other than
-# the ones every worker attaches) make a fifth element, those packages' names, after a NULL
-# fourth if need be: the worker attaches them first. A global that cannot be sent raises its
+# the ones every worker attaches) make a fifth element, after a NULL fourth if need be:
+# their names, NA, and the packages attached here in search-path order, which the worker's
+# search path is made to agree with first. A global that cannot be sent raises its
 # failure. (C, in src/globals.c and src/packages.c: it runs at every submit of such an
 # expression.)
 .expr_message <- function(expr, vars, env) .Call(.native_expr_message, expr, vars, env)

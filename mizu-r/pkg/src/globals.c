@@ -328,7 +328,8 @@ static void check_globals(SEXP values, SEXP ns) {
  * found there go as a fourth element instead, bound in the worker's global environment while
  * the task runs (those found in a function's frame stay among the bindings, which only the
  * expression sees). The packages they use (packages.c) go as a fifth, after a NULL fourth
- * when there are no such globals: the worker attaches those it lacks. A global that cannot
+ * when there are no such globals, with those this session has attached: the worker's search
+ * path is made to agree with them. A global that cannot
  * be sent raises its failure (.raise_failure()). */
 SEXP mizu_expr_message_in(SEXP expr, SEXP vars, SEXP env, SEXP ns) {
     if (TYPEOF(vars) != VECSXP) error("mizu: internal error: a task's bindings are not a list");

@@ -122,18 +122,27 @@ static const char *package_name(SEXP e) {
 
 SEXP mizu_packages_names(const mizu_packages *p) {
     if (p->n == 0) return R_NilValue;
-    if (search_names != NULL) return search_names;
-    int n = 0;
-    for (SEXP e = ENCLOS(R_GlobalEnv); e != R_EmptyEnv && TYPEOF(e) == ENVSXP; e = ENCLOS(e))
-        if (listed(e)) n++;
-    SEXP v = PROTECT(allocVector(STRSXP, n));
-    n = 0;
-    for (SEXP e = ENCLOS(R_GlobalEnv); e != R_EmptyEnv && TYPEOF(e) == ENVSXP; e = ENCLOS(e))
-        if (listed(e)) SET_STRING_ELT(v, n++, mkChar(package_name(e)));
-    R_PreserveObject(v);
-    search_names = v;
+    if (search_names == NULL) {
+        int n = 0;
+        for (SEXP e = ENCLOS(R_GlobalEnv); e != R_EmptyEnv && TYPEOF(e) == ENVSXP; e = ENCLOS(e))
+            if (listed(e)) n++;
+        SEXP v = PROTECT(allocVector(STRSXP, n));
+        n = 0;
+        for (SEXP e = ENCLOS(R_GlobalEnv); e != R_EmptyEnv && TYPEOF(e) == ENVSXP; e = ENCLOS(e))
+            if (listed(e)) SET_STRING_ELT(v, n++, mkChar(package_name(e)));
+        R_PreserveObject(v);
+        search_names = v;
+        UNPROTECT(1);
+    }
+    /* One character vector (the compact encoding takes it as it is): the task's, NA, the
+     * session's. */
+    R_xlen_t n = XLENGTH(search_names);
+    SEXP out = PROTECT(allocVector(STRSXP, p->n + 1 + n));
+    for (int i = 0; i < p->n; i++) SET_STRING_ELT(out, i, mkChar(package_name(p->envs[i])));
+    SET_STRING_ELT(out, p->n, NA_STRING);
+    for (R_xlen_t i = 0; i < n; i++) SET_STRING_ELT(out, p->n + 1 + i, STRING_ELT(search_names, i));
     UNPROTECT(1);
-    return v;
+    return out;
 }
 
 /* Whether the package `pkg` (a CHARSXP) is attached in this process. */
@@ -205,15 +214,20 @@ static const char *stranger(SEXP search) {
 }
 
 /* Attaches `pkg` at position `pos` of the search path (2: right after the global
- * environment). */
-static void attach_package(SEXP pkg, int pos) {
+ * environment); `must`: a failure is the task's error, else it is let be. */
+static void attach_package(SEXP pkg, int pos, int must) {
     SEXP lib = PROTECT(lang5(install("library"), ScalarString(pkg), ScalarLogical(TRUE),
                              ScalarLogical(FALSE), ScalarInteger(pos)));
     SET_TAG(CDDR(lib), install("character.only"));
     SET_TAG(CDR(CDDR(lib)), install("warn.conflicts"));
     SET_TAG(CDR(CDR(CDDR(lib))), install("pos"));
     SEXP call = PROTECT(lang2(install("suppressPackageStartupMessages"), lib));
-    eval(call, R_BaseEnv);
+    if (must) {
+        eval(call, R_BaseEnv);
+    } else {
+        int failed = 0;
+        R_tryEvalSilent(call, R_BaseEnv, &failed);
+    }
     UNPROTECT(2);
 }
 
@@ -231,31 +245,47 @@ static int place_of(SEXP search, int at) {
     return pos;
 }
 
-/* On a worker, before a task that uses a package runs: `pkgs` (a character vector) lists the
- * packages the caller's session has attached, in the order of its search path, and the
- * worker's search path is made to agree with it. A package an earlier task attached that the
- * caller has not (any more), or that sits ahead of one the caller finds first, is detached,
- * so that a name the task uses finds here what it finds in the caller's session (purrr's
- * `transpose`, not data.table's attached for an earlier task); packages the worker attached
- * itself (`init`) stay. Then the caller's packages it lacks are attached where the caller has
- * them, as library() does, without start-up messages or the report of what they mask (the
- * caller's session printed both). A package that cannot be attached fails the task with
- * library()'s error. */
+/* On a worker, before a task that uses a package runs: `pkgs` lists the packages the task
+ * uses, then NA, then those the caller's session has attached, in the order of its search
+ * path; the worker's search path is made to agree with the session's. A
+ * package an earlier task attached that the session has not (any more), or that sits ahead of
+ * one the session finds first, is detached, so that a name the task uses finds here what it
+ * finds in the session (purrr's `transpose`, not data.table's attached for an earlier task);
+ * packages the worker attached itself (`init`) stay. Then the session's packages it lacks are
+ * attached where the session has them, as library() does, without start-up messages or the
+ * report of what they mask (the session printed both). A package the task uses that cannot
+ * be attached fails the task with library()'s error; another (one the session loaded from
+ * elsewhere, say) is let be. */
 SEXP mizu_attach_packages(SEXP pkgs) {
     if (TYPEOF(pkgs) != STRSXP) error("mizu: a task's packages are not a character vector");
+    R_xlen_t k = 0;
+    while (k < XLENGTH(pkgs) && STRING_ELT(pkgs, k) != NA_STRING) k++;
+    if (k == XLENGTH(pkgs)) error("mizu: a task's packages do not list the caller's");
+    SEXP used = PROTECT(allocVector(STRSXP, k));
+    for (R_xlen_t i = 0; i < k; i++) SET_STRING_ELT(used, i, STRING_ELT(pkgs, i));
+    SEXP search = PROTECT(allocVector(STRSXP, XLENGTH(pkgs) - k - 1));
+    for (R_xlen_t i = k + 1; i < XLENGTH(pkgs); i++)
+        SET_STRING_ELT(search, i - k - 1, STRING_ELT(pkgs, i));
     note_own();
     const char *s;
     /* (Each round detaches one package: at most as many rounds as are attached.) */
-    for (int round = 0; round < 256 && (s = stranger(pkgs)) != NULL; round++) {
+    for (int round = 0; round < 256 && (s = stranger(search)) != NULL; round++) {
         char name[256];
         snprintf(name, sizeof name, "%s", s);
         detach_package(name);
         if (attached(mkChar(name))) break; /* R would not: leave the rest as it is */
     }
-    for (R_xlen_t i = 0; i < XLENGTH(pkgs); i++) {
-        SEXP pkg = STRING_ELT(pkgs, i);
+    for (R_xlen_t i = 0; i < XLENGTH(search); i++) {
+        SEXP pkg = STRING_ELT(search, i);
         if (pkg == NA_STRING || attached(pkg)) continue;
-        attach_package(pkg, place_of(pkgs, (int) i));
+        attach_package(pkg, place_of(search, (int) i), position(used, CHAR(pkg)) >= 0);
     }
+    /* (A package the task uses is on the session's search path: this is for a malformed
+     * message, which gets library()'s error for what it names.) */
+    for (R_xlen_t i = 0; i < XLENGTH(used); i++) {
+        SEXP pkg = STRING_ELT(used, i);
+        if (pkg != NA_STRING && !attached(pkg)) attach_package(pkg, 2, 1);
+    }
+    UNPROTECT(2);
     return R_NilValue;
 }

@@ -20,8 +20,9 @@ void mizu_packages_check_search(void);
 /* Adds to `p` (if not NULL) the listed package `sym` is found in, if any. */
 void mizu_packages_note(SEXP sym, mizu_packages *p);
 
-/* R_NilValue when `p` has no package; else the names of the listed packages this session has
- * attached, in the order of its search path (preserved: no need to protect it). */
+/* R_NilValue when `p` has no package; else the names of `p`'s packages, NA, and the names of
+ * the listed packages this session has attached, in the order of its search path.
+ * Unprotected. */
 SEXP mizu_packages_names(const mizu_packages *p);
 
 /* .Call entry: makes a worker's search path agree with the caller's packages `pkgs`. */
