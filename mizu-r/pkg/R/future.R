@@ -10,6 +10,7 @@
 .fut <- new.env(parent = emptyenv())
 .fut$active <- new.env(parent = emptyenv())
 .fut$launched <- 0
+.fut$wrappers <- 0
 .fut$n_active <- 0L
 .fut$shared <- list()
 
@@ -118,13 +119,15 @@ attr(mizu_future, "tweakable") <- "workers"
   .fut$n <- NULL
   rm(list = ls(.fut$active, all.names = TRUE), envir = .fut$active)
   .fut$n_active <- 0L
-  .fut$wrapper <- NULL
-  .fut$wrapper_sent <- NULL
   if (!is.null(.fut$relay_dir)) unlink(.fut$relay_dir, recursive = TRUE)
   .fut$relay_dir <- NULL
-  .fut$shared <- list()
-  gc(verbose = FALSE)
-  .Call(wrap__give_back_idle)
+  if (length(.fut$shared) || !is.null(.fut$wrapper_sent)) {
+    .fut$shared <- list()
+    .fut$wrapper <- NULL
+    .fut$wrapper_sent <- NULL
+    gc(verbose = FALSE)
+    .Call(wrap__give_back_idle)
+  }
   invisible()
 }
 
@@ -201,8 +204,10 @@ run.MizuFuture <- function(future, ...) {
 # it is copied there once, not with every future), both kept while it stays the same.
 .future_wrapper <- function(w) {
   if (!identical(w, .fut$wrapper)) {
+    # (Its own count: a key names one wrapper only, even if a launch fails after this.)
+    .fut$wrappers <- .fut$wrappers + 1
     .fut$wrapper <- w
-    .fut$wrapper_sent <- list(sprintf("%d-%.0f", Sys.getpid(), .fut$launched),
+    .fut$wrapper_sent <- list(sprintf("%d-%.0f", Sys.getpid(), .fut$wrappers),
                               mizu_share(serialize(w, NULL, xdr = FALSE)))
   }
   .fut$wrapper_sent
