@@ -47,16 +47,28 @@ fn mizu(workers: usize) -> Pool {
 /// Sequential submit+collect; with more than one worker the others stay idle (parked), and
 /// the round trip must keep to the worker that ran the previous task.
 fn mizu_round_trip(n: usize, workers: usize) -> (f64, u64) {
+    mizu_round_trip_of(n, workers, b"echo:x")
+}
+
+/// An `echo` request whose reply is `bytes` bytes: a payload that size each way.
+fn echo_of(bytes: usize) -> Vec<u8> {
+    let mut m = b"echo:".to_vec();
+    m.resize(5 + bytes, b'x');
+    m
+}
+
+/// [`mizu_round_trip`] of the request `msg`.
+fn mizu_round_trip_of(n: usize, workers: usize, msg: &[u8]) -> (f64, u64) {
     let p = mizu(workers);
     for _ in 0..n / 10 {
-        p.submit(b"echo:x").unwrap().result(None).unwrap();
+        p.submit(msg).unwrap().result(None).unwrap();
     }
     let ns = median(
         (0..RUNS)
             .map(|_| {
                 let t = Instant::now();
                 for _ in 0..n {
-                    p.submit(b"echo:x").unwrap().result(None).unwrap();
+                    p.submit(msg).unwrap().result(None).unwrap();
                 }
                 t.elapsed().as_nanos() as f64 / n as f64
             })
@@ -128,17 +140,22 @@ fn sock_call(s: &mut UnixStream, req: &[u8], buf: &mut Vec<u8>) {
 }
 
 fn sock_round_trip(n: usize) -> f64 {
+    sock_round_trip_of(n, b"echo:x")
+}
+
+/// [`sock_round_trip`] of the request `msg`.
+fn sock_round_trip_of(n: usize, msg: &[u8]) -> f64 {
     let (mut s, mut child) = sock_worker();
     let mut buf = Vec::new();
     for _ in 0..n / 10 {
-        sock_call(&mut s, b"echo:x", &mut buf);
+        sock_call(&mut s, msg, &mut buf);
     }
     let r = median(
         (0..RUNS)
             .map(|_| {
                 let t = Instant::now();
                 for _ in 0..n {
-                    sock_call(&mut s, b"echo:x", &mut buf);
+                    sock_call(&mut s, msg, &mut buf);
                 }
                 t.elapsed().as_nanos() as f64 / n as f64
             })
@@ -284,6 +301,16 @@ fn main() {
     }
     let (mizu_rt2, _) = mizu_round_trip(rt_n, 2);
     let sock_rt = sock_round_trip(scale(10_000));
+    // Payloads past a task slot's 256 bytes: inline in a wide slot (up to 4 KiB), then
+    // through a data segment region.
+    let sized: Vec<(usize, f64, f64)> = [1024, 3072, 16384]
+        .into_iter()
+        .map(|b| {
+            let m = echo_of(b);
+            let mizu = mizu_round_trip_of(scale(40_000), 1, &m).0;
+            (b, mizu, sock_round_trip_of(scale(10_000), &m))
+        })
+        .collect();
     let thr_rt = threads_round_trip(rt_n);
     let chan_rt = channel_round_trip(rt_n);
     let mizu_pipe = mizu_pipelined(1, scale(400_000), false);
@@ -324,6 +351,17 @@ fn main() {
         sock_rt / mizu_rt2,
         thr_rt / mizu_rt2
     );
+    for (b, mizu, sock) in &sized {
+        println!(
+            "| round trip, {:<6} (µs)         | {:>9.3} | {:>15.1} | {:>21} | {:>17.0}x | {:>15} |",
+            format!("{} KiB", b / 1024),
+            mizu / 1e3,
+            sock / 1e3,
+            "-",
+            sock / mizu,
+            "-"
+        );
+    }
     println!(
         "| pipelined, 1 worker (M tasks/s) | {:>9.2} | {:>15.3} | {:>21} | {:>17.1}x | {:>15} |",
         mizu_pipe / 1e6,
@@ -365,7 +403,8 @@ fn main() {
         "-"
     );
     println!(
-        "(the socketpair column of the map row is its fan-out cost per task, the best a socket pool's map can do)"
+        "(the socketpair column of the map row is its fan-out cost per task, the best a socket pool's map can do; \
+         a round trip of N KiB sends N KiB and gets them back)"
     );
     println!("worker parks during the round-trip runs: {parks}");
     if let (Some(b), Some(a)) = (floor_before, floor_after) {

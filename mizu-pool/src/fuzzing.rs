@@ -17,6 +17,8 @@ pub fn pool_segment() -> Segment {
         submitters: 4,
         slots: 4,
         slot_bytes: 128,
+        wide_slots: 2,
+        wide_bytes: 256,
         ring_capacity: 4,
         deque_capacity: 4,
         ..Params::default()

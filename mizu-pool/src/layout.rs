@@ -2,7 +2,9 @@
 //! who attaches.
 //!
 //! Extents: 0 control, 1 worker records, 2 submitter records, 3 task-slot headers,
-//! 4 task-slot data, 5 ring headers, 6 ring slots, 7 deque headers, 8 deque items. Rings form
+//! 4 task-slot data, 5 ring headers, 6 ring slots, 7 deque headers, 8 deque items, 9 the data
+//! areas of wide slots (the first `wide_slots` slots of each submitter hold their payloads
+//! there instead of in extent 4, so a payload of a few KiB travels inline). Rings form
 //! an S×W matrix: ring (s, w) carries task ids from submitter `s` to worker `w` (single
 //! producer, single consumer). Submitter 0 is the controller, submitters `1..=max_workers`
 //! are the workers themselves (for nested tasks), the rest are attached processes. Each
@@ -38,6 +40,10 @@ pub struct Params {
     pub slots: u32,
     /// Data bytes per task slot.
     pub slot_bytes: u32,
+    /// How many of each submitter's slots (the first ones) are wide.
+    pub wide_slots: u32,
+    /// Data bytes per wide slot (at least `slot_bytes`).
+    pub wide_bytes: u32,
     /// Ring capacity (task ids).
     pub ring_capacity: u32,
     /// Spin budget of waiting workers and collectors, in microseconds.
@@ -73,9 +79,10 @@ pub struct PoolView<'a> {
     ring_slots: Extent,
     deques: &'a [DequeHeader],
     deque_items: &'a [mizu_shm::sync::AtomicU64],
+    wide: SharedBytes<'a>,
 }
 
-fn sizes(p: &Params) -> Option<[u64; 9]> {
+fn sizes(p: &Params) -> Option<[u64; 10]> {
     let w = u64::from(p.max_workers);
     let s = u64::from(p.submitters);
     let r = u64::from(p.slots);
@@ -93,6 +100,8 @@ fn sizes(p: &Params) -> Option<[u64; 9]> {
             .checked_mul(RING_SLOT)?,
         w.checked_mul(std::mem::size_of::<DequeHeader>() as u64)?,
         w.checked_mul(u64::from(p.deque_capacity))?.checked_mul(8)?,
+        s.checked_mul(u64::from(p.wide_slots))?
+            .checked_mul(u64::from(p.wide_bytes))?,
     ])
 }
 
@@ -146,6 +155,13 @@ impl<'a> PoolView<'a> {
         if p.slot_bytes < 128 || !p.slot_bytes.is_multiple_of(64) || p.submitters >= 1 << 11 {
             return Err(bad(format!("impossible parameters {p:?}")));
         }
+        if p.wide_slots > p.slots
+            || p.wide_bytes < p.slot_bytes
+            || !p.wide_bytes.is_multiple_of(64)
+            || p.wide_bytes > 1 << 20
+        {
+            return Err(bad(format!("impossible parameters {p:?}")));
+        }
         check_geometry(u64::from(p.ring_capacity), RING_SLOT).map_err(bad)?;
         if !p.deque_capacity.is_power_of_two() || p.deque_capacity > 1 << 20 {
             return Err(bad(format!("impossible parameters {p:?}")));
@@ -183,6 +199,7 @@ impl<'a> PoolView<'a> {
             ring_slots: seg.extent(6)?,
             deques,
             deque_items,
+            wide: seg.bytes(seg.extent(9)?, p.wide_bytes as usize)?,
         };
         for s in 0..p.submitters as usize {
             for w in 0..p.max_workers as usize {
@@ -222,9 +239,16 @@ impl<'a> PoolView<'a> {
         &self.tasks[s * self.params.slots as usize + k]
     }
 
-    /// The data area of task slot `k` of submitter `s`.
-    pub fn data(&self) -> (SharedBytes<'a>, usize) {
-        (self.data, self.params.slots as usize)
+    /// Where the data area of task slot `k` of submitter `s` is: the bytes, the granule
+    /// index in them, and its capacity.
+    pub fn data(&self, s: usize, k: usize) -> (SharedBytes<'a>, usize, usize) {
+        let wide = self.params.wide_slots as usize;
+        if k < wide {
+            (self.wide, s * wide + k, self.params.wide_bytes as usize)
+        } else {
+            let p = &self.params;
+            (self.data, s * p.slots as usize + k, p.slot_bytes as usize)
+        }
     }
 
     /// Ring (s, w): task ids from submitter `s` to worker `w` (validated again: its header

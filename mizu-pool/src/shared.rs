@@ -80,11 +80,8 @@ impl Shared {
         self.seg.clone()
     }
 
-    fn granule(&self, s: usize, k: usize) -> usize {
-        s * self.view.params.slots as usize + k
-    }
-
-    /// Writes a payload into task slot (s, k): inline when it fits, else through a region.
+    /// Writes a payload into task slot (s, k): inline when it fits its data area (`slot_bytes`,
+    /// or `wide_bytes` for a wide slot), else through a region.
     ///
     /// The caller must own the slot's data area by protocol (a submitter before publishing
     /// `Pending`, a worker while `Running`).
@@ -96,12 +93,11 @@ impl Shared {
     /// straight into their region, without an intermediate buffer.
     pub fn write_payload_with(&self, s: usize, k: usize, payload: &dyn Fill) -> Result<()> {
         let hdr = self.view.task(s, k);
-        let (data, _) = self.view.data();
-        let cap = self.view.params.slot_bytes as usize;
+        let (data, granule, cap) = self.view.data(s, k);
         let len = payload.size();
         if len <= cap {
             // SAFETY: the caller owns the slot's data area (see above).
-            unsafe { data.with_mut(self.granule(s, k), |d| payload.fill(&mut d[..len])) };
+            unsafe { data.with_mut(granule, |d| payload.fill(&mut d[..len])) };
             hdr.kind.store(data_kind::INLINE, Ordering::Relaxed);
             hdr.len.store(len as u32, Ordering::Relaxed);
         } else {
@@ -111,7 +107,7 @@ impl Shared {
             let mut f = [0u8; frame::HEADER_LEN + frame::DESC_LEN];
             let n = frame::write_region(&region, 0, &mut f)?;
             // SAFETY: as above.
-            unsafe { data.with_mut(self.granule(s, k), |d| d[..n].copy_from_slice(&f[..n])) };
+            unsafe { data.with_mut(granule, |d| d[..n].copy_from_slice(&f[..n])) };
             hdr.kind.store(data_kind::REGION, Ordering::Relaxed);
             hdr.len.store(n as u32, Ordering::Relaxed);
         }
@@ -134,18 +130,16 @@ impl Shared {
 
     fn take(&self, s: usize, k: usize, small: bool) -> Result<OutcomeBytes> {
         let hdr: &TaskHdr = self.view.task(s, k);
-        let (data, _) = self.view.data();
-        let cap = self.view.params.slot_bytes as usize;
+        let (data, granule, cap) = self.view.data(s, k);
         let len = (hdr.len.load(Ordering::Relaxed) as usize).min(cap);
         if small && len <= SMALL_OUTCOME && hdr.kind.load(Ordering::Relaxed) == data_kind::INLINE {
             // SAFETY: the caller owns the slot's data area (see above).
-            let small =
-                unsafe { data.with(self.granule(s, k), |d| OutcomeBytes::small(&d[..len])) };
+            let small = unsafe { data.with(granule, |d| OutcomeBytes::small(&d[..len])) };
             hdr.kind.store(0, Ordering::Relaxed);
             return Ok(small.expect("at most SMALL_OUTCOME bytes"));
         }
         // SAFETY: the caller owns the slot's data area (see above).
-        let bytes = unsafe { data.with(self.granule(s, k), |d| d[..len].to_vec()) };
+        let bytes = unsafe { data.with(granule, |d| d[..len].to_vec()) };
         match hdr.kind.load(Ordering::Relaxed) {
             data_kind::INLINE => {
                 hdr.kind.store(0, Ordering::Relaxed);

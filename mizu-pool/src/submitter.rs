@@ -34,6 +34,8 @@ struct Inner {
     last: Vec<u64>,
     next_worker: usize,
     next_slot: usize,
+    /// The wide slot to look at next (see [`SubmitterCore::slot_for`]).
+    next_wide: usize,
     /// A worker's own deque, for its nested submissions (see [`SubmitterCore::for_worker`]).
     deque: Option<OwnedDeque>,
     /// Task ids pushed to `deque` and not yet announced to idle workers (batches).
@@ -94,6 +96,7 @@ impl SubmitterCore {
                 producers,
                 next_worker: 0,
                 next_slot: 0,
+                next_wide: 0,
                 deque: None,
                 deque_unannounced: 0,
             }),
@@ -241,14 +244,7 @@ impl SubmitterCore {
         if v.stopped() {
             return Err(PoolError::Stopped);
         }
-        let n = v.params.slots as usize;
-        let first = self.last_freed.swap(usize::MAX, Ordering::Relaxed);
-        let k = std::iter::once(first)
-            .filter(|&k| k < n)
-            .chain((0..n).map(|i| (g.next_slot + i) % n))
-            .find(|&k| v.task(self.index, k).state.load().1 == Some(SlotState::Free))
-            .ok_or(PoolError::SlotsExhausted(n))?;
-        g.next_slot = k + 1;
+        let k = self.slot_for(g, payload.size())?;
         let hdr = v.task(self.index, k);
         let (generation, _) = hdr.state.load();
         self.shared.write_payload_with(self.index, k, payload)?;
@@ -269,6 +265,50 @@ impl SubmitterCore {
             slot: k,
             generation,
         })
+    }
+
+    /// A free slot for a payload of `len` bytes: the one freed last (its lines are hot) if
+    /// its data area holds the payload, else a wide slot for a payload only a wide one holds
+    /// (a few looked at, so that a stream of them with every wide slot taken does not walk
+    /// them all each time), else the next free one. A task in a wide slot also has room for
+    /// an outcome of up to `wide_bytes` inline, so a small payload moves to a free wide slot
+    /// when the one freed last is narrow: a caller with a few tasks in flight ends up using
+    /// only wide slots.
+    fn slot_for(&self, g: &mut Inner, len: usize) -> Result<usize> {
+        /// Wide slots looked at for a payload that needs one.
+        const WIDE_PROBES: usize = 4;
+        let v = self.shared.view();
+        let n = v.params.slots as usize;
+        let wide = v.params.wide_slots as usize;
+        let needs_wide = len > v.params.slot_bytes as usize && len <= v.params.wide_bytes as usize;
+        let free = |k: usize| v.task(self.index, k).state.load().1 == Some(SlotState::Free);
+        let first = self.last_freed.swap(usize::MAX, Ordering::Relaxed);
+        if first < n && (first < wide || wide == 0) && free(first) {
+            return Ok(first);
+        }
+        if wide > 0 {
+            // Any other payload looks at one, and only when a task was just freed (a caller
+            // collecting as it submits, not one filling the slots with a batch).
+            let probes = match () {
+                _ if needs_wide => WIDE_PROBES.min(wide),
+                _ if first < n => 1,
+                _ => 0,
+            };
+            if let Some(k) = (0..probes)
+                .map(|i| (g.next_wide + i) % wide)
+                .find(|&k| free(k))
+            {
+                g.next_wide = k + 1;
+                return Ok(k);
+            }
+        }
+        let k = std::iter::once(first)
+            .filter(|&k| k < n)
+            .chain((0..n).map(|i| (g.next_slot + i) % n))
+            .find(|&k| free(k))
+            .ok_or(PoolError::SlotsExhausted(n))?;
+        g.next_slot = k + 1;
+        Ok(k)
     }
 
     /// Undoes a stage whose push failed.

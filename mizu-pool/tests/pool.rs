@@ -91,6 +91,68 @@ fn large_payloads_travel_through_data_segments() {
 }
 
 #[test]
+fn payloads_of_a_few_kib_travel_inline_in_wide_slots_and_every_size_arrives_whole() {
+    let p = pool(workers(1));
+    let msg = |len: usize, seed: usize| {
+        let mut m = b"echo:".to_vec();
+        m.extend((0..len).map(|i| b'a' + ((i * 7 + seed) % 26) as u8));
+        m
+    };
+    let check = |mut t: Task, m: &[u8]| {
+        let got = t.result(GUARD).unwrap();
+        assert_eq!(
+            got.as_slice(),
+            &m[5..],
+            "a {}-byte payload came back whole",
+            m.len()
+        );
+    };
+    let worker = p.status().workers[0].pid;
+    let worker_files = shm_entries_of(&[worker]).len();
+    // One at a time, across the narrow and the wide slot sizes (256, 4096): both ways inline.
+    for len in (240..=280).chain([1000, 3000]).chain(4080..=4091) {
+        let m = msg(len, len);
+        check(p.submit(&m).unwrap(), &m);
+    }
+    assert_eq!(
+        p.data_pool().segments(),
+        0,
+        "inputs of up to 4 KiB went inline"
+    );
+    assert_eq!(
+        shm_entries_of(&[worker]).len(),
+        worker_files,
+        "outcomes of up to 4 KiB went inline"
+    );
+    // Past the wide size, and more in flight than there are wide slots: regions take the rest.
+    for len in [4092, 5000, 100_000] {
+        let m = msg(len, 1);
+        check(p.submit(&m).unwrap(), &m);
+    }
+    assert!(
+        p.data_pool().segments() > 0,
+        "a payload past 4 KiB went through a region"
+    );
+    let ms: Vec<Vec<u8>> = (0..200).map(|i| msg(300 + 17 * i, i)).collect();
+    let tasks: Vec<Task> = ms.iter().map(|m| p.submit(m).unwrap()).collect();
+    for (t, m) in tasks.into_iter().zip(&ms) {
+        check(t, m);
+    }
+    // A worker killed (by itself, `kill -9`) while it runs a task from a wide slot: the task
+    // fails, the slot serves again.
+    let mut abort = b"abort:".to_vec();
+    abort.resize(2000, b' ');
+    assert!(matches!(
+        p.submit(&abort).unwrap().result(GUARD),
+        Err(CollectError::Task(TaskError::WorkerDied { .. }))
+    ));
+    for len in [300, 2000, 4000] {
+        let m = msg(len, 3);
+        check(p.submit(&m).unwrap(), &m);
+    }
+}
+
+#[test]
 fn a_failing_task_reports_its_error_and_the_pool_goes_on() {
     let p = pool(workers(1));
     let e = p.submit(b"fail:boom").unwrap().result(GUARD).unwrap_err();
@@ -670,6 +732,14 @@ fn bad_configurations_and_launchers_are_clear_errors() {
         },
         PoolConfig {
             slot_bytes: 100,
+            ..Default::default()
+        },
+        PoolConfig {
+            wide_bytes: 128,
+            ..Default::default()
+        },
+        PoolConfig {
+            wide_bytes: 4100,
             ..Default::default()
         },
         PoolConfig {
