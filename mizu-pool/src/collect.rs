@@ -462,6 +462,8 @@ impl Drop for Aim<'_> {
 
 /// Waits until `poll` returns something, parked on the submitter of `probe` (which every
 /// outcome of its tasks wakes): for callers that keep their tasks apart (e.g. behind locks).
+/// Inside a task it runs other tasks of its worker meanwhile, as a nested collect does: what
+/// it waits for may be queued behind the task that waits, on the same worker.
 pub fn wait_until<T>(
     probe: &Task,
     timeout: Option<Duration>,
@@ -471,16 +473,20 @@ pub fn wait_until<T>(
     let core = probe.core.clone();
     let park = &core.shared.view().submitter(core.index).park;
     let mut w = core.waiter(LOOK);
+    if let Some(found) = poll().or_else(|| help_while_none(&mut poll)) {
+        return Some(found);
+    }
     if let Some(found) = core.watch_for(timeout, &mut poll) {
         return Some(found);
     }
     core.before_parking();
+    let slice = park_slice();
     let found = loop {
         let left = timeout.map(|d| d.saturating_sub(start.elapsed()));
         match w.wait(
             park,
             &mut poll,
-            left.map(|l| l.min(Duration::from_millis(50))),
+            Some(left.map_or(slice, |l| l.min(slice))),
             || Ok::<(), ()>(()),
         ) {
             Ok(i) => {
@@ -488,9 +494,27 @@ pub fn wait_until<T>(
                 break Some(i);
             }
             Err(_) if left.is_some_and(|l| l.is_zero()) => break None,
-            Err(_) => {}
+            Err(_) => {
+                if let Some(found) = help_while_none(&mut poll) {
+                    break Some(found);
+                }
+            }
         }
     };
     core.learn(&w);
     found
+}
+
+/// On a thread running a task: runs other tasks of its worker (or steals some) while there
+/// are any and `poll` finds nothing. None elsewhere.
+fn help_while_none<T>(poll: &mut impl FnMut() -> Option<T>) -> Option<T> {
+    crate::context::with_current_task(|ctx| {
+        let help = ctx?.help;
+        while help() {
+            if let Some(found) = poll() {
+                return Some(found);
+            }
+        }
+        None
+    })
 }

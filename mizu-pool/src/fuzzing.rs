@@ -16,6 +16,7 @@ pub fn pool_segment() -> Segment {
         max_workers: 2,
         submitters: 4,
         slots: 4,
+        nested_slots: 2,
         slot_bytes: 128,
         wide_slots: 2,
         wide_bytes: 256,
@@ -45,8 +46,9 @@ pub fn open_pool(seg: &Segment) -> Result<()> {
             let r = v.ring(s, w).expect("a ring of a validated pool");
             assert_eq!(r.capacity(), u64::from(p.ring_capacity));
         }
-        for k in 0..p.slots as usize {
+        for k in 0..v.slots_of(s) {
             v.task(s, k).state.load();
+            v.data(s, k);
         }
         v.submitter(s).rec.is_held();
     }

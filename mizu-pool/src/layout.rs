@@ -36,8 +36,10 @@ pub struct Params {
     pub max_workers: u32,
     /// Submitter records (controller + workers + extra).
     pub submitters: u32,
-    /// Task slots per submitter.
+    /// Task slots of the controller and of each attached submitter.
     pub slots: u32,
+    /// Task slots of each worker's own submitter record (its nested tasks).
+    pub nested_slots: u32,
     /// Data bytes per task slot.
     pub slot_bytes: u32,
     /// How many of each submitter's slots (the first ones) are wide.
@@ -82,17 +84,36 @@ pub struct PoolView<'a> {
     wide: SharedBytes<'a>,
 }
 
+/// Task slots of every submitter together (the workers' own records have `nested_slots`
+/// each, the others `slots`).
+fn all_slots(p: &Params) -> Option<u64> {
+    let w = u64::from(p.max_workers);
+    let others = u64::from(p.submitters).checked_sub(w)?;
+    others
+        .checked_mul(u64::from(p.slots))?
+        .checked_add(w.checked_mul(u64::from(p.nested_slots))?)
+}
+
+/// Wide slots of every submitter together (each has the first `wide_slots` of its own).
+fn all_wide(p: &Params) -> Option<u64> {
+    let w = u64::from(p.max_workers);
+    let others = u64::from(p.submitters).checked_sub(w)?;
+    let wide = u64::from(p.wide_slots);
+    others
+        .checked_mul(wide.min(u64::from(p.slots)))?
+        .checked_add(w.checked_mul(wide.min(u64::from(p.nested_slots)))?)
+}
+
 fn sizes(p: &Params) -> Option<[u64; 10]> {
     let w = u64::from(p.max_workers);
     let s = u64::from(p.submitters);
-    let r = u64::from(p.slots);
+    let slots = all_slots(p)?;
     Some([
         std::mem::size_of::<CacheLine<Control>>() as u64,
         w.checked_mul(std::mem::size_of::<WorkerSlot>() as u64)?,
         s.checked_mul(std::mem::size_of::<SubmitterSlot>() as u64)?,
-        s.checked_mul(r)?
-            .checked_mul(std::mem::size_of::<TaskHdr>() as u64)?,
-        s.checked_mul(r)?.checked_mul(u64::from(p.slot_bytes))?,
+        slots.checked_mul(std::mem::size_of::<TaskHdr>() as u64)?,
+        slots.checked_mul(u64::from(p.slot_bytes))?,
         s.checked_mul(w)?
             .checked_mul(std::mem::size_of::<RingHeader>() as u64)?,
         s.checked_mul(w)?
@@ -100,8 +121,7 @@ fn sizes(p: &Params) -> Option<[u64; 10]> {
             .checked_mul(RING_SLOT)?,
         w.checked_mul(std::mem::size_of::<DequeHeader>() as u64)?,
         w.checked_mul(u64::from(p.deque_capacity))?.checked_mul(8)?,
-        s.checked_mul(u64::from(p.wide_slots))?
-            .checked_mul(u64::from(p.wide_bytes))?,
+        all_wide(p)?.checked_mul(u64::from(p.wide_bytes))?,
     ])
 }
 
@@ -148,14 +168,17 @@ impl<'a> PoolView<'a> {
         if p.magic != MAGIC {
             return Err(bad("not a pool control block".into()));
         }
-        if p.max_workers == 0 || p.submitters <= p.max_workers || p.slots == 0 || p.slots > 1 << 20
+        if p.max_workers == 0
+            || p.submitters <= p.max_workers
+            || !(1..=1 << 20).contains(&p.slots)
+            || !(1..=1 << 20).contains(&p.nested_slots)
         {
             return Err(bad(format!("impossible parameters {p:?}")));
         }
         if p.slot_bytes < 128 || !p.slot_bytes.is_multiple_of(64) || p.submitters >= 1 << 11 {
             return Err(bad(format!("impossible parameters {p:?}")));
         }
-        if p.wide_slots > p.slots
+        if p.wide_slots > p.slots.max(p.nested_slots)
             || p.wide_bytes < p.slot_bytes
             || !p.wide_bytes.is_multiple_of(64)
             || p.wide_bytes > 1 << 20
@@ -176,6 +199,7 @@ impl<'a> PoolView<'a> {
             }
         }
         let n_rings = (p.submitters * p.max_workers) as usize;
+        let n_slots = all_slots(&p).ok_or_else(|| bad("sizes overflow".into()))? as usize;
         let deques: &[DequeHeader] =
             seg.get_slice(seg.extent(7)?.offset, p.max_workers as usize)?;
         let deque_items: &[mizu_shm::sync::AtomicU64] = seg.get_slice(
@@ -193,7 +217,7 @@ impl<'a> PoolView<'a> {
             ctl,
             workers: seg.get_slice(seg.extent(1)?.offset, p.max_workers as usize)?,
             submitters: seg.get_slice(seg.extent(2)?.offset, p.submitters as usize)?,
-            tasks: seg.get_slice(seg.extent(3)?.offset, (p.submitters * p.slots) as usize)?,
+            tasks: seg.get_slice(seg.extent(3)?.offset, n_slots)?,
             data: seg.bytes(seg.extent(4)?, p.slot_bytes as usize)?,
             rings: seg.get_slice(seg.extent(5)?.offset, n_rings)?,
             ring_slots: seg.extent(6)?,
@@ -234,20 +258,50 @@ impl<'a> PoolView<'a> {
         &self.submitters[s]
     }
 
-    /// Task slot header `k` of submitter `s`.
-    pub fn task(&self, s: usize, k: usize) -> &'a TaskHdr {
-        &self.tasks[s * self.params.slots as usize + k]
+    /// How many task slots submitter `s` has: `nested_slots` for a worker's own record,
+    /// `slots` for the others. A slot index read from shared memory (a task id) must be
+    /// checked against it before [`PoolView::task`] or [`PoolView::data`].
+    pub fn slots_of(&self, s: usize) -> usize {
+        if (1..=self.params.max_workers as usize).contains(&s) {
+            self.params.nested_slots as usize
+        } else {
+            self.params.slots as usize
+        }
     }
 
-    /// Where the data area of task slot `k` of submitter `s` is: the bytes, the granule
-    /// index in them, and its capacity.
+    /// How many of submitter `s`'s slots are wide (the first ones).
+    fn wide_of(&self, s: usize) -> usize {
+        (self.params.wide_slots as usize).min(self.slots_of(s))
+    }
+
+    /// The index of submitter `s`'s first slot among all, given each submitter's count of
+    /// them (`per`).
+    fn first_of(&self, s: usize, per: impl Fn(usize) -> usize) -> usize {
+        let w = self.params.max_workers as usize;
+        let (main, nested) = (per(0), per(1));
+        match s {
+            0 => 0,
+            s if s <= w => main + (s - 1) * nested,
+            s => main + w * nested + (s - 1 - w) * main,
+        }
+    }
+
+    /// Task slot header `k` of submitter `s` (`k < slots_of(s)`).
+    pub fn task(&self, s: usize, k: usize) -> &'a TaskHdr {
+        debug_assert!(k < self.slots_of(s));
+        &self.tasks[self.first_of(s, |s| self.slots_of(s)) + k]
+    }
+
+    /// Where the data area of task slot `k` of submitter `s` is (`k < slots_of(s)`): the
+    /// bytes, the granule index in them, and its capacity.
     pub fn data(&self, s: usize, k: usize) -> (SharedBytes<'a>, usize, usize) {
-        let wide = self.params.wide_slots as usize;
-        if k < wide {
-            (self.wide, s * wide + k, self.params.wide_bytes as usize)
+        debug_assert!(k < self.slots_of(s));
+        if k < self.wide_of(s) {
+            let at = self.first_of(s, |s| self.wide_of(s)) + k;
+            (self.wide, at, self.params.wide_bytes as usize)
         } else {
-            let p = &self.params;
-            (self.data, s * p.slots as usize + k, p.slot_bytes as usize)
+            let at = self.first_of(s, |s| self.slots_of(s)) + k;
+            (self.data, at, self.params.slot_bytes as usize)
         }
     }
 

@@ -36,8 +36,13 @@ pub struct PoolConfig {
     pub on_demand: bool,
     /// Submitter records for other processes that attach by token.
     pub extra_submitters: usize,
-    /// In-flight task slots per submitter.
+    /// In-flight task slots of this controller and of each process that attaches.
     pub slots: u32,
+    /// In-flight task slots of each worker's own tasks (nested submissions; at most
+    /// `slots`). More wait for room as any submission does (`retry`). Each slot costs its
+    /// 128-byte header and `slot_bytes` of `/dev/shm` in every worker record, so a pool of
+    /// many workers stays small where `/dev/shm` is (a container's 64 MiB).
+    pub nested_slots: u32,
     /// Bytes a task payload may have to travel inline (larger ones use data segments).
     pub slot_bytes: u32,
     /// How many of each submitter's slots (the first ones, at most `slots`) have a data area
@@ -68,6 +73,7 @@ impl Default for PoolConfig {
             on_demand: false,
             extra_submitters: 4,
             slots: 1024,
+            nested_slots: 256,
             slot_bytes: 256,
             wide_slots: 16,
             wide_bytes: 4096,
@@ -93,6 +99,9 @@ impl PoolConfig {
         }
         if self.slots == 0 || self.slots > 1 << 20 {
             return bad(format!("slots must be 1..=1048576, got {}", self.slots));
+        }
+        if self.nested_slots == 0 {
+            return bad("nested_slots must be at least 1".into());
         }
         if self.slot_bytes < 128 || !self.slot_bytes.is_multiple_of(64) || self.slot_bytes > 1 << 20
         {
@@ -231,13 +240,14 @@ impl Pool {
             max_workers: maxw as u32,
             submitters: (1 + maxw + cfg.extra_submitters) as u32,
             slots: cfg.slots,
+            nested_slots: cfg.nested_slots.min(cfg.slots),
             slot_bytes: cfg.slot_bytes,
             wide_slots: cfg.wide_slots.min(cfg.slots),
             wide_bytes: cfg.wide_bytes,
             ring_capacity: cfg.ring_capacity,
             spin_us: cfg.spin.as_micros() as u32,
             timed: u32::from(cfg.exec_timeout.is_some()),
-            deque_capacity: cfg.slots.next_power_of_two(),
+            deque_capacity: cfg.nested_slots.min(cfg.slots).next_power_of_two(),
             controller: me.id(),
         };
         // A full /dev/shm: what this process keeps idle goes, and the others' janitors give
@@ -420,7 +430,7 @@ impl Pool {
                     running: 0,
                     finished: 0,
                 };
-                for k in 0..v.params.slots as usize {
+                for k in 0..v.slots_of(i) {
                     match v.task(i, k).state.load().1 {
                         Some(SlotState::Pending) => st.queued += 1,
                         Some(SlotState::Running) => st.running += 1,
@@ -473,7 +483,7 @@ impl Pool {
         let v = self.shared.view();
         v.set_stop();
         for s in 0..v.params.submitters as usize {
-            for k in 0..v.params.slots as usize {
+            for k in 0..v.slots_of(s) {
                 let hdr = v.task(s, k);
                 let (g, st) = hdr.state.load();
                 if st == Some(SlotState::Pending) && claim::stop_pending(hdr, g) {

@@ -278,8 +278,8 @@ impl SubmitterCore {
         /// Wide slots looked at for a payload that needs one.
         const WIDE_PROBES: usize = 4;
         let v = self.shared.view();
-        let n = v.params.slots as usize;
-        let wide = v.params.wide_slots as usize;
+        let n = v.slots_of(self.index);
+        let wide = (v.params.wide_slots as usize).min(n);
         let needs_wide = len > v.params.slot_bytes as usize && len <= v.params.wide_bytes as usize;
         let free = |k: usize| v.task(self.index, k).state.load().1 == Some(SlotState::Free);
         let first = self.last_freed.swap(usize::MAX, Ordering::Relaxed);
@@ -506,7 +506,7 @@ pub struct Task {
 /// The state of the task with id word `word`, if that task is still in its slot.
 fn state_of(v: &crate::layout::PoolView<'_>, word: u64) -> Option<Option<SlotState>> {
     let (s, k, g32) = TaskId::unpack(word)?;
-    if s >= v.params.submitters as usize || k >= v.params.slots as usize {
+    if s >= v.params.submitters as usize || k >= v.slots_of(s) {
         return None;
     }
     let (g, st) = v.task(s, k).state.load();

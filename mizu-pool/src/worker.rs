@@ -97,7 +97,7 @@ impl Runtime<'_> {
         let Some((s, k, _)) = TaskId::unpack(word) else {
             return false;
         };
-        if s >= v.params.submitters as usize || k >= v.params.slots as usize {
+        if s >= v.params.submitters as usize || k >= v.slots_of(s) {
             return false;
         }
         let hdr = v.task(s, k);
@@ -510,7 +510,7 @@ pub fn reap_worker(shared: &Shared, slot: usize, pid: u32, why: u32) {
     let runner = ((slot as u64) << 32) | u64::from(pid);
     // Only this slot's worker parks on its word, and it is dead.
     v.worker(slot).park.forget_sleepers();
-    let (submitters, slots) = (v.params.submitters as usize, v.params.slots as usize);
+    let submitters = v.params.submitters as usize;
     claim::reap(
         v.workers(),
         slot,
@@ -518,9 +518,9 @@ pub fn reap_worker(shared: &Shared, slot: usize, pid: u32, why: u32) {
         why,
         |word| {
             let (s, k, _) = TaskId::unpack(word)?;
-            (s < submitters && k < slots).then(|| ((s, k), v.task(s, k)))
+            (s < submitters && k < v.slots_of(s)).then(|| ((s, k), v.task(s, k)))
         },
-        (0..submitters).flat_map(|s| (0..slots).map(move |k| ((s, k), v.task(s, k)))),
+        (0..submitters).flat_map(|s| (0..v.slots_of(s)).map(move |k| ((s, k), v.task(s, k)))),
         |o| {
             mizu_shm::ProcessId::new(
                 o.pid.load(Ordering::Relaxed),
@@ -544,7 +544,7 @@ pub fn reap_worker(shared: &Shared, slot: usize, pid: u32, why: u32) {
     // Its nested tasks lost their collector: those still queued never run, and every slot
     // is freed as soon as its task is final (by whoever finishes a running one).
     let s = 1 + slot;
-    for k in 0..v.params.slots as usize {
+    for k in 0..v.slots_of(s) {
         let (g, st) = v.task(s, k).state.load();
         let id = TaskId {
             submitter: s,

@@ -88,6 +88,23 @@ def nested_sum(n):
     return sum(pymizu.current_pool().map(add, range(n), range(n)))
 
 
+def nested_first(n):
+    """Submits `n` nested tasks and returns the value of the first to finish."""
+    import pymizu
+
+    pool = pymizu.current_pool()
+    return pool.collect_any([pool.submit(add, i, 1) for i in range(n)], timeout=60).result()
+
+
+def nested_all_in_flight(n):
+    """Submits `n` nested tasks before collecting any of them."""
+    import pymizu
+
+    pool = pymizu.current_pool()
+    ts = [pool.submit(add, i, 1) for i in range(n)]
+    return sum(t.result() for t in ts)
+
+
 def nested_deep(depth):
     import pymizu
 

@@ -241,6 +241,10 @@ def test_nested_maps_with_current_pool_never_deadlock():
     with pymizu.Pool(1) as one:  # the only worker must help while it waits
         assert one.submit(tasks.nested_sum, 100).result(timeout=120) == sum(2 * i for i in range(100))
         assert one.submit(tasks.nested_deep, 3).result(timeout=120) == 8
+        # Waiting for any of them runs them too; and more in flight than a worker's own task
+        # slots (256) wait for room by running them.
+        assert one.submit(tasks.nested_first, 3).result(timeout=120) in (1, 2, 3)
+        assert one.submit(tasks.nested_all_in_flight, 1000).result(timeout=120) == sum(range(1, 1001))
         seeded = one.submit(tasks.nested_seeded, 5).result(timeout=120)
         assert [d for d, _ in seeded] == [philox(7, i).random(3).tolist() for i in range(5)]
     with pytest.raises(pymizu.MizuError, match="inside"):

@@ -85,17 +85,14 @@ pub(crate) unsafe fn submit_encoded(
     // promoted, and keep the result (a few MB of views of a data frame, say) alive until a
     // full collection, long after the program dropped both.
     crate::altrep::collect_garbage_if_due();
-    if p.nested {
-        return with_context(|c| {
-            let ctx = c.ok_or_else(|| rerr("this pool handle only works inside its task"))?;
-            Ok(match ctx.submit_with(out) {
-                Ok(t) => Ok(RTask::new(t)),
-                Err(e) => Err(submit_failure(e)),
-            })
-        });
-    }
+    check_nested(p)?;
+    // A nested task goes through the same policy: a worker's own record has fewer slots, and
+    // draining it waits for its tasks while running them.
     let mut room = Room::new(pool, p);
     let r = retrying(&mut room, |slice| {
+        if p.nested {
+            return with_context(|c| c.ok_or(PoolError::Stopped)?.submit_with(out));
+        }
         let g = p.inner.borrow();
         let inner = g.as_ref().ok_or(PoolError::Stopped)?;
         inner.submit_with(out, Some(slice))
@@ -189,14 +186,7 @@ pub(crate) fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
         // SAFETY: each message is protected by `msgs` for the call.
         .map(|v| Outgoing::encode_task(unsafe { v.get() }, p.repeats_key()))
         .collect::<Result<_>>()?;
-    if p.nested {
-        return with_context(|c| {
-            let ctx = c.ok_or_else(|| rerr("this pool handle only works inside its task"))?;
-            let (ts, res) = ctx.submit_batch_with(outs.iter().map(|o| o as &dyn mizu_pool::Fill));
-            let tasks = ts.into_iter().map(|t| handle(&pool, p, t)).collect();
-            Ok(batch_list(tasks, res.err().map(submit_failure)))
-        });
-    }
+    check_nested(p)?;
     let mut tasks = Vec::with_capacity(outs.len());
     if outs.is_empty() {
         return Ok(batch_list(tasks, None));
@@ -205,15 +195,18 @@ pub(crate) fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
     // the call.
     let mut room = Room::new(unsafe { pool.get() }, p);
     let fail = retrying(&mut room, |slice| {
-        let (ts, res) = {
+        let rest = outs[tasks.len()..]
+            .iter()
+            .map(|o| o as &dyn mizu_pool::Fill);
+        let (ts, res) = if p.nested {
+            with_context(|c| match c {
+                Some(c) => c.submit_batch_with(rest),
+                None => (Vec::new(), Err(PoolError::Stopped)),
+            })
+        } else {
             let g = p.inner.borrow();
             let inner = g.as_ref().ok_or(PoolError::Stopped)?;
-            inner.submit_batch_with(
-                outs[tasks.len()..]
-                    .iter()
-                    .map(|o| o as &dyn mizu_pool::Fill),
-                Some(slice),
-            )
+            inner.submit_batch_with(rest, Some(slice))
         };
         // Each task gets its handle at once: `drain` finds tasks through their handles' batches.
         tasks.extend(ts.into_iter().map(|t| handle(&pool, p, t)));
@@ -222,6 +215,14 @@ pub(crate) fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
     .err();
     crate::spill::warn_if_spilled();
     Ok(batch_list(tasks, fail))
+}
+
+/// A nested pool handle (`mizu_current_pool()`) works only inside the task it was made in.
+fn check_nested(p: &RPool) -> Result<()> {
+    if p.nested && !with_context(|c| c.is_some()) {
+        return Err(rerr("this pool handle only works inside its task"));
+    }
+    Ok(())
 }
 
 /// A new handle of `t`, submitted to `p` (whose handle is `pool`).

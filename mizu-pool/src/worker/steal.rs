@@ -106,7 +106,7 @@ impl Runtime<'_> {
             if !self.may_have_unclaimed(s) {
                 continue;
             }
-            let n = v.params.slots as usize;
+            let n = v.slots_of(s);
             let from = self.scan_from.borrow().get(s).copied().unwrap_or(0);
             for i in 0..n {
                 // Work of our own comes first: a walk of thousands of slot headers must not

@@ -196,6 +196,19 @@ test_that("nested maps and submits from inside tasks do not deadlock with one wo
       list(unlist(level2), mizu::mizu_collect(t))
     }))
     expect_identical(r, list(c(10, 30, 60), 10))
+    # Waiting for any of them runs them too; and more in flight than a worker's own task
+    # slots (256) wait for room by running them.
+    first <- mizu_collect(mizu_submit(pool, {
+      inner <- mizu::mizu_current_pool()
+      mizu::mizu_collect_any(lapply(1:3, function(i) mizu::mizu_submit(inner, i * 2, i = i)))
+    }), timeout = 120)
+    expect_true(first[[2]] %in% c(2, 4, 6))
+    many <- mizu_collect(mizu_submit(pool, {
+      inner <- mizu::mizu_current_pool()
+      ts <- lapply(1:1000, function(i) mizu::mizu_submit(inner, i, i = i))
+      sum(unlist(mizu::mizu_collect_all(ts)))
+    }), timeout = 120)
+    expect_identical(many, sum(1:1000))
     seeded <- mizu_collect(mizu_submit(pool, mizu::mizu_map(mizu::mizu_current_pool(), 1:3,
                                                             function(i) runif(1), .seed = 9)))
     expect_identical(unlist(seeded), vapply(1:3, function(i) mizu_stream(9, i, 1), 0))

@@ -1,0 +1,67 @@
+//! A pool with worker slots for a machine of many CPUs, in a container's 64 MiB `/dev/shm`:
+//! each worker's own submitter record (its nested tasks) has `nested_slots` task slots rather
+//! than `slots`, so a pool of 64 worker slots with the 4 096 slots the Python binding asks for
+//! leaves room for values, where it needed ~130 MiB. Alone in its binary: its pool keeps its
+//! shared memory in a directory of its own, and the limit is set for this process (read once)
+//! and, through the environment, for its workers.
+
+mod common;
+
+use mizu_pool::{Launcher, Pool, PoolConfig};
+
+#[test]
+fn a_pool_for_64_cpus_fits_a_64_mib_dev_shm_with_room_for_values() {
+    let dir = common::OwnShmDir::new("mizu-many-workers");
+    // SAFETY: the only test of this binary sets them before anything reads the environment.
+    unsafe {
+        std::env::set_var("MIZU_SHM_BYTES", (64u64 << 20).to_string());
+        // What this test is about: /dev/shm alone (no spill directory to fall back on).
+        std::env::set_var("MIZU_SPILL_DIR", "none");
+    }
+    mizu_shm::place::configure(mizu_shm::place::Place::new(&dir.0, "mizu_").unwrap()).unwrap();
+    let pool = Pool::new(
+        PoolConfig {
+            workers: 2,
+            max_workers: 64,
+            slots: 4096,
+            ..Default::default()
+        },
+        Launcher::new(
+            "env",
+            vec![
+                format!("MIZU_SHM_DIR={}", dir.0.display()),
+                common::WORKER.to_owned(),
+            ],
+        ),
+    )
+    .expect("a pool for 64 CPUs fits a 64 MiB /dev/shm");
+    let mut input = b"sum:".to_vec();
+    input.extend(std::iter::repeat_n(1u8, 16 << 20));
+    let out = pool.submit(&input).unwrap().result(None).unwrap();
+    assert_eq!(
+        std::str::from_utf8(&out).unwrap(),
+        (16u64 << 20).to_string(),
+        "a 16 MiB value travels beside it"
+    );
+    // Nested tasks, fewer in flight than a worker's record has slots, and a nested map.
+    let out = pool.submit(b"nested:200").unwrap().result(None).unwrap();
+    assert_eq!(
+        std::str::from_utf8(&out).unwrap(),
+        (0..200u64).sum::<u64>().to_string()
+    );
+    let out = pool
+        .submit(b"nestedmap:1000")
+        .unwrap()
+        .result(None)
+        .unwrap();
+    assert_eq!(
+        std::str::from_utf8(&out).unwrap(),
+        (0..1000u64).sum::<u64>().to_string()
+    );
+    drop(pool);
+    assert_eq!(
+        dir.bytes(),
+        0,
+        "the stopped pool left nothing in its directory"
+    );
+}
