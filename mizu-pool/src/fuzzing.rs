@@ -21,6 +21,7 @@ pub fn pool_segment() -> Segment {
         wide_slots: 2,
         wide_bytes: 256,
         ring_capacity: 4,
+        nested_ring_capacity: 2,
         deque_capacity: 4,
         ..Params::default()
     })
@@ -44,7 +45,12 @@ pub fn open_pool(seg: &Segment) -> Result<()> {
     for s in 0..p.submitters as usize {
         for w in 0..p.max_workers as usize {
             let r = v.ring(s, w).expect("a ring of a validated pool");
-            assert_eq!(r.capacity(), u64::from(p.ring_capacity));
+            let want = if (1..=p.max_workers as usize).contains(&s) {
+                p.nested_ring_capacity
+            } else {
+                p.ring_capacity
+            };
+            assert_eq!(r.capacity(), u64::from(want));
         }
         for k in 0..v.slots_of(s) {
             v.task(s, k).state.load();

@@ -46,8 +46,11 @@ pub struct Params {
     pub wide_slots: u32,
     /// Data bytes per wide slot (at least `slot_bytes`).
     pub wide_bytes: u32,
-    /// Ring capacity (task ids).
+    /// Ring capacity (task ids) of the rows of the controller and attached submitters.
     pub ring_capacity: u32,
+    /// Ring capacity of the rows of the workers' own records: their nested tasks go to their
+    /// own deques, and to rings only when the deque is full or from another thread.
+    pub nested_ring_capacity: u32,
     /// Spin budget of waiting workers and collectors, in microseconds.
     pub spin_us: u32,
     /// Whether workers record task start times (an execution timeout is configured).
@@ -104,6 +107,17 @@ fn all_wide(p: &Params) -> Option<u64> {
         .checked_add(w.checked_mul(wide.min(u64::from(p.nested_slots)))?)
 }
 
+/// Ring slots (task ids) of the rows of the matrix before submitter `s`'s (`s` = the
+/// submitter count: all of them). A row holds one ring per worker.
+fn ring_slots_before(p: &Params, s: u64) -> Option<u64> {
+    let w = u64::from(p.max_workers);
+    let nested = s.saturating_sub(1).min(w);
+    let main = s.checked_sub(nested)?;
+    main.checked_mul(u64::from(p.ring_capacity))?
+        .checked_add(nested.checked_mul(u64::from(p.nested_ring_capacity))?)?
+        .checked_mul(w)
+}
+
 fn sizes(p: &Params) -> Option<[u64; 10]> {
     let w = u64::from(p.max_workers);
     let s = u64::from(p.submitters);
@@ -116,13 +130,20 @@ fn sizes(p: &Params) -> Option<[u64; 10]> {
         slots.checked_mul(u64::from(p.slot_bytes))?,
         s.checked_mul(w)?
             .checked_mul(std::mem::size_of::<RingHeader>() as u64)?,
-        s.checked_mul(w)?
-            .checked_mul(u64::from(p.ring_capacity))?
-            .checked_mul(RING_SLOT)?,
+        ring_slots_before(p, s)?.checked_mul(RING_SLOT)?,
         w.checked_mul(std::mem::size_of::<DequeHeader>() as u64)?,
         w.checked_mul(u64::from(p.deque_capacity))?.checked_mul(8)?,
         all_wide(p)?.checked_mul(u64::from(p.wide_bytes))?,
     ])
+}
+
+/// The capacity of the rings of submitter `s`'s row.
+fn ring_capacity_of(p: &Params, s: u64) -> u64 {
+    if (1..=u64::from(p.max_workers)).contains(&s) {
+        u64::from(p.nested_ring_capacity)
+    } else {
+        u64::from(p.ring_capacity)
+    }
 }
 
 /// Creates and initialises a pool segment.
@@ -147,8 +168,9 @@ pub fn create(p: Params) -> Result<Segment> {
     let rh = seg.extent(5)?.offset;
     for i in 0..(u64::from(p.submitters) * u64::from(p.max_workers)) {
         let at = rh + i * std::mem::size_of::<RingHeader>() as u64;
+        let capacity = ring_capacity_of(&p, i / u64::from(p.max_workers));
         // SAFETY: as above.
-        unsafe { seg.init_at(at, RingHeader::new(u64::from(p.ring_capacity), RING_SLOT))? };
+        unsafe { seg.init_at(at, RingHeader::new(capacity, RING_SLOT))? };
     }
     let dh = seg.extent(7)?.offset;
     for w in 0..u64::from(p.max_workers) {
@@ -186,6 +208,7 @@ impl<'a> PoolView<'a> {
             return Err(bad(format!("impossible parameters {p:?}")));
         }
         check_geometry(u64::from(p.ring_capacity), RING_SLOT).map_err(bad)?;
+        check_geometry(u64::from(p.nested_ring_capacity), RING_SLOT).map_err(bad)?;
         if !p.deque_capacity.is_power_of_two() || p.deque_capacity > 1 << 20 {
             return Err(bad(format!("impossible parameters {p:?}")));
         }
@@ -308,11 +331,15 @@ impl<'a> PoolView<'a> {
     /// Ring (s, w): task ids from submitter `s` to worker `w` (validated again: its header
     /// is shared memory).
     pub fn ring(&self, s: usize, w: usize) -> Result<Ring<'a>> {
-        let i = s * self.params.max_workers as usize + w;
-        let len = u64::from(self.params.ring_capacity) * RING_SLOT;
+        let p = &self.params;
+        let i = s * p.max_workers as usize + w;
+        let capacity = ring_capacity_of(p, s as u64);
+        let before = ring_slots_before(p, s as u64)
+            .and_then(|b| b.checked_add(w as u64 * capacity))
+            .ok_or_else(|| PoolError::Layout(format!("ring ({s}, {w}) of no pool")))?;
         let ext = Extent {
-            offset: self.ring_slots.offset + i as u64 * len,
-            len,
+            offset: self.ring_slots.offset + before * RING_SLOT,
+            len: capacity * RING_SLOT,
         };
         let bytes = self.seg.bytes(ext, RING_SLOT as usize)?;
         Ring::new(&self.rings[i], bytes)

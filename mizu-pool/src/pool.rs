@@ -189,6 +189,11 @@ pub struct PoolStatus {
     pub parks: u64,
 }
 
+/// Ring capacity of the workers' own rows of the ring matrix (see
+/// `layout::Params::nested_ring_capacity`): the matrix grows with the square of the workers,
+/// 4 KiB a ring at the default capacity (16 MiB of a 64-worker pool's rows).
+const NESTED_RING_CAPACITY: u32 = 16;
+
 /// The next [`Pool::id`].
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
@@ -245,6 +250,7 @@ impl Pool {
             wide_slots: cfg.wide_slots.min(cfg.slots),
             wide_bytes: cfg.wide_bytes,
             ring_capacity: cfg.ring_capacity,
+            nested_ring_capacity: cfg.ring_capacity.min(NESTED_RING_CAPACITY),
             spin_us: cfg.spin.as_micros() as u32,
             timed: u32::from(cfg.exec_timeout.is_some()),
             deque_capacity: cfg.nested_slots.min(cfg.slots).next_power_of_two(),
