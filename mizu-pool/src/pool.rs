@@ -53,7 +53,8 @@ pub struct PoolConfig {
     pub wide_slots: u32,
     /// Bytes of a wide slot's data area.
     pub wide_bytes: u32,
-    /// Task ids each submitter may queue per worker.
+    /// Task ids each submitter may queue per worker (the controller and attached processes;
+    /// a worker's own nested tasks go to its deque, its rings to the others hold 16).
     pub ring_capacity: u32,
     /// How long a waiting side spins before it parks.
     pub spin: Duration,
