@@ -276,6 +276,11 @@ impl<'a> PoolView<'a> {
         &self.workers[w]
     }
 
+    /// How many submitter slots the pool has.
+    pub fn submitter_count(&self) -> usize {
+        self.submitters.len()
+    }
+
     /// Submitter slot `s`.
     pub fn submitter(&self, s: usize) -> &'a SubmitterSlot {
         &self.submitters[s]

@@ -113,6 +113,7 @@ pub use {
     outcome::{OutcomeBytes, SMALL_OUTCOME},
     pool::{Launcher, Pool, PoolConfig, PoolStatus, SubmitterStatus, WorkerStatus},
     pressure::set_pressure_hook,
+    records::TaskId,
     shared::{Fill, set_discard_hook},
     submitter::{CollectError, Task},
     watch::WATCH,

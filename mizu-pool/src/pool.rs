@@ -361,6 +361,33 @@ impl Pool {
         )
     }
 
+    /// Cancels the task whose id packs to `word` ([`TaskId::pack`](crate::TaskId::pack)) if
+    /// no worker has started it; true if it will never run. For a caller without the task's
+    /// handle (another thread holds it, waiting for the outcome): that thread is woken and
+    /// finds the task cancelled. A word that names no task slot of the pool, or a slot that
+    /// has gone on to another task, is false.
+    pub fn cancel_packed(&self, word: u64) -> bool {
+        let v = self.shared.view();
+        let Some((submitter, slot, g32)) = crate::TaskId::unpack(word) else {
+            return false;
+        };
+        if submitter >= v.submitter_count() || slot >= v.slots_of(submitter) {
+            return false;
+        }
+        // (The slot's generation now, if its low half is the word's: 2^32 tasks cannot pass
+        // through one slot while a caller holds an id of it.)
+        let (generation, _) = v.task(submitter, slot).state.load();
+        generation as u32 == g32
+            && crate::submitter::cancel(
+                &self.shared,
+                crate::TaskId {
+                    submitter,
+                    slot,
+                    generation,
+                },
+            )
+    }
+
     /// Runs one task and returns its result (submit + collect).
     pub fn call(&self, payload: &[u8]) -> std::result::Result<Buffer, CollectError> {
         self.submit(payload)

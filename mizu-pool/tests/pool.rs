@@ -307,6 +307,48 @@ fn queued_tasks_can_be_cancelled_running_ones_cannot() {
 }
 
 #[test]
+fn a_queued_task_is_cancelled_by_id_while_another_thread_waits_for_it() {
+    let p = pool(workers(1));
+    let mut busy = p.submit(b"sleep:300").unwrap();
+    wait_until("busy", || busy.state() == Some(SlotState::Running));
+    let mut queued = p.submit(b"echo:never").unwrap();
+    let id = queued.id();
+    std::thread::scope(|s| {
+        let waiter = s.spawn(move || queued.result(GUARD));
+        assert!(p.cancel_packed(id.pack()), "queued: cancelled by id");
+        assert_eq!(
+            waiter.join().unwrap(),
+            Err(CollectError::Task(TaskError::Cancelled))
+        );
+    });
+    assert!(
+        !p.cancel_packed(id.pack()),
+        "already cancelled and collected"
+    );
+    assert!(
+        !p.cancel_packed(busy.id().pack()),
+        "a running task is not interrupted"
+    );
+    let nowhere = mizu_pool::TaskId {
+        submitter: 1 << 10,
+        slot: 0,
+        generation: 0,
+    };
+    assert!(
+        !p.cancel_packed(nowhere.pack()),
+        "an id naming no slot of the pool"
+    );
+    let past = mizu_pool::TaskId {
+        slot: 1 << 19,
+        ..busy.id()
+    };
+    assert!(!p.cancel_packed(past.pack()));
+    assert!(!p.cancel_packed(0), "no id");
+    assert_eq!(text(&busy.result(GUARD).unwrap()), "slept");
+    assert_eq!(text(&p.call(b"echo:again").unwrap()), "again");
+}
+
+#[test]
 fn a_task_queued_behind_a_long_one_is_taken_by_a_worker_that_goes_idle() {
     // Both workers busy: the third task waits in one of their rings. When the short task's
     // worker goes idle, it runs the third task (from its own ring, or else by scanning the

@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use mizu_pool::OutcomeBytes;
 use pyo3::exceptions::PyTimeoutError;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyList, PyString};
 use pyo3::{PyTraverseError, PyVisit};
 
 use mizu_pool::{CollectError, TaskError};
@@ -49,6 +50,11 @@ pub struct Task {
     pub(crate) member: Option<(Arc<Chunk>, usize)>,
     /// Which `PendingSet` holds its executor future, and where (`NOT_PENDING` if none).
     pub(crate) pending_at: std::sync::atomic::AtomicU64,
+    /// The task's id in its pool, packed (`TaskId::pack`): to cancel it while another thread
+    /// holds its handle. Zero once so cancelled (that thread reads the cancellation in time).
+    by_id: std::sync::atomic::AtomicU64,
+    /// Whether `concurrent.futures` waiters were told it finished (`pymizu._task_futures`).
+    cf_notified: AtomicBool,
 }
 
 /// [`Task::pending_at`] of a task whose future is in no pending set.
@@ -57,6 +63,7 @@ pub(crate) const NOT_PENDING: u64 = 0;
 impl Task {
     /// A task of `registry`'s submitter.
     pub(crate) fn new(t: mizu_pool::Task, registry: &Registry, nested: bool) -> Task {
+        let id = t.id();
         let cell = Arc::new(Cell {
             state: Mutex::new(State::Pending(t)),
             origin: mizu_pool::Origin::here(),
@@ -69,6 +76,8 @@ impl Task {
             pool: None,
             member: None,
             pending_at: NOT_PENDING.into(),
+            by_id: id.pack().into(),
+            cf_notified: AtomicBool::new(false),
         }
     }
 
@@ -94,6 +103,8 @@ impl Task {
                 pool: chunk.pool.as_ref().map(|p| p.clone_ref(py)),
                 member: Some((shared.clone(), i)),
                 pending_at: NOT_PENDING.into(),
+                by_id: chunk.by_id.load(Ordering::Relaxed).into(),
+                cf_notified: AtomicBool::new(false),
             })
             .collect()
     }
@@ -357,7 +368,7 @@ impl Task {
     /// `cancel()` of a task of its own.
     fn cancel_single(&self, py: Python<'_>) -> bool {
         if !self.peek(mizu_pool::Task::cancel) {
-            return false;
+            return self.cancel_held(py);
         }
         // Take the cancellation out of the slot now (frees it).
         if let Some(mut t) = Taken::take(&self.cell) {
@@ -368,6 +379,37 @@ impl Task {
             }
         }
         true
+    }
+
+    /// `cancel()` of a task whose handle another thread holds while it waits for the outcome
+    /// (`result()` in another thread, `concurrent.futures.wait`): cancelled through its pool,
+    /// by id; that thread then finds it cancelled, as a standard future's waiter would.
+    fn cancel_held(&self, py: Python<'_>) -> bool {
+        if !self.origin.is_here() {
+            return false;
+        }
+        let held = self
+            .cell
+            .try_lock()
+            .is_none_or(|g| matches!(*g, State::Collecting));
+        let Some(pool) = self.pool.as_ref() else {
+            return false;
+        };
+        let Ok(pool) = pool.bind(py).cast::<crate::pool_class::Pool>() else {
+            return false;
+        };
+        let inner = pool.get().inner.read().unwrap_or_else(|p| p.into_inner());
+        let word = self.by_id.load(Ordering::Acquire);
+        let done = held && word != 0 && inner.as_ref().is_some_and(|p| p.cancel_packed(word));
+        if done {
+            self.by_id.store(0, Ordering::Release);
+        }
+        done
+    }
+
+    /// Whether it was cancelled by id (`cancel_held`).
+    fn cancelled_by_id(&self) -> bool {
+        self.by_id.load(Ordering::Acquire) == 0
     }
 
     /// `cancel()` of call `i` of a chunk: while the chunk is queued, the chunk is cancelled
@@ -441,6 +483,21 @@ impl Task {
     }
 }
 
+/// What of `pymizu._task_futures` a task uses, looked up once.
+static TF_CANCELLED: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static TF_CALLBACK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static TF_LOCK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static TF_NOTIFY: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static TF_WAITERS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+fn task_futures<'py>(
+    py: Python<'py>,
+    cell: &'static PyOnceLock<Py<PyAny>>,
+    name: &str,
+) -> PyResult<&'py Bound<'py, PyAny>> {
+    cell.import(py, "pymizu._task_futures", name)
+}
+
 pub(crate) fn timeout_error(timeout: Option<f64>) -> PyErr {
     PyTimeoutError::new_err(format!(
         "the task did not finish within {} s",
@@ -492,7 +549,8 @@ impl Task {
 
     /// Whether the task has finished (its outcome is ready).
     fn done(&self) -> bool {
-        self.origin.is_here() && (self.is_done() || self.member_cancelled())
+        self.origin.is_here()
+            && (self.is_done() || self.member_cancelled() || self.cancelled_by_id())
     }
 
     /// A watch over the outcome for a caller that looks now and then between work of its own
@@ -508,17 +566,68 @@ impl Task {
         }
     }
 
-    /// Cancels the task if it has not started; True if it will never run.
-    fn cancel(&self, py: Python<'_>) -> PyResult<bool> {
-        if let Some((chunk, i)) = &self.member {
-            return self.cancel_member(py, chunk, *i);
+    /// Cancels the task if it has not started; True if it will never run. As with a
+    /// `concurrent.futures` future, its waiters are notified and its done-callbacks run then.
+    fn cancel(slf: &Bound<'_, Self>) -> PyResult<bool> {
+        let py = slf.py();
+        let t = slf.get();
+        let done = match &t.member {
+            Some((chunk, i)) => t.cancel_member(py, chunk, *i)?,
+            None => t.cancel_single(py),
+        };
+        if done {
+            task_futures(py, &TF_CANCELLED, "cancelled")?.call1((slf,))?;
         }
-        Ok(self.cancel_single(py))
+        Ok(done)
+    }
+
+    /// `fn(task)` once the task is done: at once when it is, else in a pymizu thread (or the
+    /// thread that cancels it). An exception `fn` raises is logged, as `concurrent.futures`
+    /// does.
+    fn add_done_callback(slf: &Bound<'_, Self>, fn_: &Bound<'_, PyAny>) -> PyResult<()> {
+        task_futures(slf.py(), &TF_CALLBACK, "add_done_callback")?.call1((slf, fn_))?;
+        Ok(())
+    }
+
+    // What `concurrent.futures.wait` and `as_completed` read of a future (see
+    // `pymizu/_task_futures.py`).
+    #[getter(_state)]
+    fn cf_state(&self, py: Python<'_>) -> Py<PyString> {
+        let s = if !self.cf_notified.load(Ordering::Acquire) {
+            pyo3::intern!(py, "PENDING")
+        } else if self.cancelled() {
+            pyo3::intern!(py, "CANCELLED_AND_NOTIFIED")
+        } else {
+            pyo3::intern!(py, "FINISHED")
+        };
+        s.clone().unbind()
+    }
+
+    /// Marks the task's waiters told it finished; whether they were not before.
+    fn _cf_notify(&self) -> bool {
+        !self.cf_notified.swap(true, Ordering::AcqRel)
+    }
+
+    #[getter(_condition)]
+    fn cf_condition<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let t = slf.get();
+        if !t.cf_notified.load(Ordering::Acquire) && t.done() {
+            // Whoever asks is about to read its state: a task already done counts as finished
+            // then, and takes no waiter (as a standard future finished before).
+            task_futures(py, &TF_NOTIFY, "notify_done")?.call1(((slf,),))?;
+        }
+        Ok(task_futures(py, &TF_LOCK, "_LOCK")?.clone())
+    }
+
+    #[getter(_waiters)]
+    fn cf_waiters<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        task_futures(slf.py(), &TF_WAITERS, "_Waiters")?.call1((slf,))
     }
 
     /// Whether the task was cancelled.
     fn cancelled(&self) -> bool {
-        if self.member_cancelled() {
+        if self.member_cancelled() || self.cancelled_by_id() {
             return true;
         }
         self.cell.try_lock().is_some_and(|g| match &*g {

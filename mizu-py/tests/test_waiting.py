@@ -579,3 +579,104 @@ def test_a_streamed_map_hands_on_a_ready_result_while_the_one_halfway_along_wait
         open(gate, "w").close()
         assert list(it) == ["held", "b"]
         timer.join()
+
+
+def test_pool_tasks_are_waited_on_by_wait_and_as_completed_like_futures(tmp_path):
+    gate = str(tmp_path / "gate")
+    with pymizu.Pool(2) as p, cf.ThreadPoolExecutor(1) as threads:
+        # Finished, failed, and held behind a gate; also mixed with a thread pool's future.
+        quick = p.submit(tasks.add, 1, 2)
+        failed = p.submit(tasks.fail_odd, 1)
+        held = p.submit(tasks.wait_for, gate)
+        other = threads.submit(pow, 2, 10)
+        assert quick.result(timeout=60) == 3
+        assert isinstance(failed.exception(timeout=60), ValueError) and other.result(60) == 1024
+        done, not_done = cf.wait([quick, failed, held, other], timeout=0.2)
+        assert done == {quick, failed, other} and not_done == {held}
+        done, _ = cf.wait([held, failed], return_when=cf.FIRST_EXCEPTION, timeout=60)
+        assert done == {failed}
+        done, _ = cf.wait([held, quick], return_when=cf.FIRST_COMPLETED, timeout=60)
+        assert done == {quick}
+        with pytest.raises(cf.TimeoutError):
+            list(cf.as_completed([held], timeout=0.1))
+        seen = []
+        for t in cf.as_completed([held, quick, other, failed], timeout=60):
+            seen.append(t)
+            assert t.done()
+            if len(seen) == 3:
+                open(gate, "w").close()
+        assert set(seen) == {held, quick, other, failed} and len(seen) == 4
+        assert held.result(timeout=0) is True
+        # Many at once, each reported once; tasks of a batch too.
+        ts = [p.submit(tasks.fail_odd, i) for i in range(300)]
+        ts += p.submit_batch(tasks.add, [(i, 1) for i in range(300)])
+        got = list(cf.as_completed(ts, timeout=60))
+        assert len(got) == 600 and set(got) == set(ts)
+        done, not_done = cf.wait(ts, timeout=60)
+        assert len(done) == 600 and not not_done
+        assert sum(t.exception() is not None for t in ts) == 150
+
+
+def test_pool_task_done_callbacks_run_once_finished_or_cancelled(tmp_path, caplog):
+    gate = str(tmp_path / "gate")
+    with pymizu.Pool(1) as p:
+        ran = []
+        finished = threading.Event()
+        t = p.submit(tasks.wait_for, gate)
+        t.add_done_callback(
+            lambda task: (ran.append((task.result(), threading.current_thread().name)), finished.set())
+        )
+        queued = p.submit(tasks.add, 1, 1)  # behind `t` on the only worker
+        queued.add_done_callback(lambda task: ran.append(("cancelled", task.cancelled())))
+        assert ran == []
+        # Cancelling runs the callbacks at once, in the cancelling thread (as a future does).
+        assert queued.cancel()
+        assert ran == [("cancelled", True)]
+        open(gate, "w").close()
+        assert finished.wait(60)
+        assert ran[1] == (True, "pymizu-await")
+        # A callback added to a finished task runs at once; one that raises is logged.
+        t.add_done_callback(lambda task: ran.append("at once"))
+        assert ran[-1] == "at once"
+        with caplog.at_level("ERROR", logger="concurrent.futures"):
+            t.add_done_callback(lambda task: 1 / 0)
+        assert "ZeroDivisionError" in caplog.text
+
+
+@pytest.mark.parametrize("kind", ["Pool", "PoolExecutor"])
+@pytest.mark.parametrize("how", ["result", "wait"])
+def test_a_queued_task_another_thread_waits_on_can_be_cancelled(tmp_path, kind, how):
+    # The waiting thread holds the task's handle; the cancel goes through the pool by id, and
+    # the waiter sees the cancellation, as a standard future's waiter does.
+    gate = str(tmp_path / "gate")
+    with (pymizu.Pool(1) if kind == "Pool" else pymizu.PoolExecutor(1)) as p:
+        blocker = p.submit(tasks.wait_for, gate)
+        queued = p.submit(tasks.add, 1, 1)
+        out = []
+        started = threading.Event()
+
+        def waiter():
+            started.set()
+            if how == "result":
+                try:
+                    out.append(queued.result(timeout=60))
+                except cf.CancelledError as e:
+                    out.append(e)
+            else:
+                out.append(cf.wait([queued], timeout=60))
+
+        th = threading.Thread(target=waiter)
+        th.start()
+        started.wait(60)
+        time.sleep(0.05)  # (whether or not it is parked yet, the cancel must hold)
+        assert queued.cancel() and queued.cancelled() and queued.done()
+        th.join(60)
+        assert not th.is_alive()
+        if how == "result":
+            assert isinstance(out[0], cf.CancelledError)
+        else:
+            assert out[0].done == {queued}
+        open(gate, "w").close()
+        assert blocker.result(timeout=60) is True
+        # The slot of the cancelled task serves again.
+        assert p.submit(tasks.add, 2, 2).result(timeout=60) == 4

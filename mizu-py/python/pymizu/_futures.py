@@ -12,7 +12,7 @@ import time
 from concurrent.futures import Future
 from concurrent.futures._base import LOGGER as _LOGGER
 
-from . import _native
+from . import _native, _task_futures
 from ._errors import CancelledError, InitializerError, WorkerDiedError
 from ._loops import _CHAIN, hand_over_soon, watch_in_loop
 
@@ -53,13 +53,14 @@ class _WaiterEvent:
     another kind finishing, a cancellation, a broken executor) wakes it there too.
     """
 
-    __slots__ = ("_signal", "_futures", "set", "clear", "is_set")
+    __slots__ = ("_signal", "_futures", "_tasks", "set", "clear", "is_set")
 
     def __init__(self, was_set: bool):
         sig = self._signal = _native.Signal()
         self.set, self.clear, self.is_set = sig.set, sig.clear, sig.is_set
-        # The pymizu futures the waiter is installed on.
+        # The pymizu futures the waiter is installed on, and the pool tasks (`_task_futures`).
         self._futures = []
+        self._tasks = []
         if was_set:
             sig.set()
 
@@ -68,10 +69,11 @@ class _WaiterEvent:
         end = None if timeout is None else time.monotonic() + timeout
         while not sig.is_set():
             pending = [f for f in self._futures if f._state == _PENDING]
-            left = None if end is None else end - time.monotonic()
-            if left is not None and left <= 0:
-                break
-            i = sig.wait([f._task for f in pending], left)
+            tasks = self._tasks
+            if tasks:
+                tasks = self._tasks = [t for t in tasks if t._state == _PENDING]
+            left = None if end is None else max(0.0, end - time.monotonic())
+            i = sig.wait([f._task for f in pending] + tasks, left)
             if i is None:
                 break
             if i >= 0:
@@ -79,6 +81,8 @@ class _WaiterEvent:
                 # future whose task is done goes at once: a waiter on thousands (`as_completed`
                 # of a large batch) is not woken once per future.
                 _settle_finished(pending)
+                if tasks:
+                    _task_futures.notify_done(tasks)
         return sig.is_set()
 
 

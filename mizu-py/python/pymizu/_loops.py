@@ -16,47 +16,62 @@ Task = _native.Task
 
 
 class _Watcher:
-    """The thread that wakes asyncio futures when their tasks finish; it ends once nothing
-    has been awaited for a while (the next `await` starts a new one)."""
+    """The thread that acts when watched tasks finish — wakes the asyncio futures of
+    coroutines awaiting them, runs their done-callbacks; it ends once nothing has been
+    watched for a while (the next watch starts a new one)."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._items: list[tuple[Task, Any, Any]] = []
-        self._kick = threading.Event()
+        # Added since the thread last looked (it keeps the rest itself).
+        self._items: list[tuple[Task, Callable[[], None]]] = []
+        # Set when items are added: wakes the thread also while it waits for tasks.
+        self._kick = _native.Signal()
         self._thread = threading.Thread(target=self._run, name="pymizu-await", daemon=True)
         self._thread.start()
 
-    def watch(self, task: Task, loop, fut) -> None:
+    def watch(self, task: Task, done: Callable[[], None]) -> None:
         with self._lock:
-            self._items.append((task, loop, fut))
+            self._items.append((task, done))
         self._kick.set()
 
     def _run(self) -> None:
         global _watcher
+        watching: list[tuple[Task, Callable[[], None]]] = []
         while True:
+            self._kick.clear()
             with self._lock:
-                items = list(self._items)
-            if not items:
-                if not self._kick.wait(0.5):
+                new, self._items = self._items, []
+            watching += new
+            if not watching:
+                if self._kick.wait([], 0.5) is None:
                     with _watcher_lock, self._lock:
                         if not self._items:
                             _watcher = None
                             return
-                self._kick.clear()
                 continue
-            pending = [t for t, _, _ in items if not t.done()]
-            if pending:
-                _native.wait_any(pending, 0.05)
-            ready = [it for it in items if it[0].done()]
-            if not ready:
-                continue
-            with self._lock:
-                self._items = [it for it in self._items if not any(it is r for r in ready)]
-            for _, loop, fut in ready:
+            ready, rest = [], []
+            for it in watching:
+                (ready if it[0].done() else rest).append(it)
+            watching = rest
+            for _, done in ready:
                 try:
-                    loop.call_soon_threadsafe(_wake, fut)
-                except RuntimeError:  # the loop is closed
+                    done()
+                except Exception:  # (a callback's own are logged where it runs)
                     pass
+            del ready
+            if watching:
+                # Until one finishes or more are added (a dead worker's tasks fail within a
+                # slice).
+                self._kick.wait([t for t, _ in watching], 0.05)
+
+
+def watch_task(task: Task, done: Callable[[], None]) -> None:
+    """Has `done()` called in the watcher thread once `task` is done."""
+    global _watcher
+    with _watcher_lock:
+        if _watcher is None:
+            _watcher = _Watcher()
+        _watcher.watch(task, done)
 
 
 _watcher: _Watcher | None = None
@@ -221,11 +236,7 @@ def _await_task(task: Task):
         fut = loop.create_future()
 
         def to_watcher():
-            global _watcher
-            with _watcher_lock:
-                if _watcher is None:
-                    _watcher = _Watcher()
-                _watcher.watch(task, loop, fut)
+            watch_task(task, lambda: _wake_soon(loop, fut))
 
         if not watch_in_loop(task, lambda: _wake(fut), to_watcher):
             to_watcher()
@@ -236,3 +247,10 @@ def _await_task(task: Task):
 def _wake(fut) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+def _wake_soon(loop, fut) -> None:
+    try:
+        loop.call_soon_threadsafe(_wake, fut)
+    except RuntimeError:  # the loop is closed
+        pass
