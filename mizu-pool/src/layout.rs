@@ -192,8 +192,8 @@ impl<'a> PoolView<'a> {
         }
         if p.max_workers == 0
             || p.submitters <= p.max_workers
-            || !(1..=1 << 20).contains(&p.slots)
-            || !(1..=1 << 20).contains(&p.nested_slots)
+            || !(1..=crate::MAX_SLOTS).contains(&p.slots)
+            || !(1..=crate::MAX_SLOTS).contains(&p.nested_slots)
         {
             return Err(bad(format!("impossible parameters {p:?}")));
         }

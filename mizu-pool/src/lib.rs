@@ -111,7 +111,10 @@ pub use {
     mizu_queue::{RecvError, SlotState},
     origin::Origin,
     outcome::{OutcomeBytes, SMALL_OUTCOME},
-    pool::{Launcher, Pool, PoolConfig, PoolStatus, SubmitterStatus, WorkerStatus},
+    pool::{
+        Launcher, MAX_SLOTS, MAX_WORKERS, Pool, PoolConfig, PoolStatus, SubmitterStatus,
+        WorkerStatus,
+    },
     pressure::set_pressure_hook,
     records::TaskId,
     shared::{Fill, set_discard_hook},

@@ -87,19 +87,27 @@ impl Default for PoolConfig {
     }
 }
 
+/// The most workers a pool can have (`PoolConfig::max_workers`).
+pub const MAX_WORKERS: usize = 1024;
+/// The most task slots a submitter can have (`PoolConfig::slots`; a task id has 20 bits for
+/// the slot).
+pub const MAX_SLOTS: u32 = 1 << 20;
+
 impl PoolConfig {
     /// Checks every field; the message names the field and the accepted range.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(PoolError::Config(m));
         let maxw = self.max_workers.max(self.workers);
-        if self.workers == 0 || maxw > 1024 {
-            return bad(format!("workers must be 1..=1024 (max_workers {maxw})"));
+        if self.workers == 0 || maxw > MAX_WORKERS {
+            return bad(format!(
+                "workers must be 1..={MAX_WORKERS} (max_workers {maxw})"
+            ));
         }
         if maxw + 1 + self.extra_submitters >= 1 << 11 {
             return bad("max_workers + extra_submitters must stay below 2047".into());
         }
-        if self.slots == 0 || self.slots > 1 << 20 {
-            return bad(format!("slots must be 1..=1048576, got {}", self.slots));
+        if self.slots == 0 || self.slots > MAX_SLOTS {
+            return bad(format!("slots must be 1..={MAX_SLOTS}, got {}", self.slots));
         }
         if self.nested_slots == 0 {
             return bad("nested_slots must be at least 1".into());

@@ -146,6 +146,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SlotsFull", py.get_type::<SlotsFull>())?;
     m.add("StoppedError", py.get_type::<StoppedError>())?;
     m.add("ForkedError", py.get_type::<ForkedError>())?;
+    m.add("MAX_WORKERS", mizu_pool::MAX_WORKERS)?;
+    m.add("MAX_SLOTS", mizu_pool::MAX_SLOTS)?;
     m.add_class::<pool_class::Pool>()?;
     m.add_class::<task::Task>()?;
     m.add_class::<watch::Watch>()?;

@@ -382,6 +382,11 @@ def test_bad_pool_arguments():
             pymizu.Pool(bad)
     with pytest.raises(ValueError, match="max_tasks_per_child"):
         pymizu.Pool(1, max_tasks_per_child=0)
+    for bad in (0, -1, 10**12, 2**20 + 1, 2.5, "9"):
+        with pytest.raises(ValueError, match=r"slots must be an int in 1\.\.=1048576"):
+            pymizu.Pool(1, slots=bad)
+    with pytest.raises(ValueError, match="workers must be 1..=1024"):
+        pymizu.Pool(1025)
     with pytest.raises(TypeError, match="initializer"):
         pymizu.Pool(1, initializer=5)
 

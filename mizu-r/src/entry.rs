@@ -162,6 +162,16 @@ fn shm_names() -> Vec<String> {
     crate::shm_names()
 }
 
+/// The most workers a pool can have and the most task slots it can have (the runtime's
+/// limits, which the R functions name in their errors).
+#[extendr]
+fn pool_limits() -> Vec<f64> {
+    vec![
+        mizu_pool::MAX_WORKERS as f64,
+        f64::from(mizu_pool::MAX_SLOTS),
+    ]
+}
+
 /// Nanoseconds for one cache line's round trip between CPUs `a` and `b` now (the median of 5
 /// runs of 20 000): the floor under any shared-memory round trip, which the benchmarks print
 /// beside theirs. It spins both CPUs for a while.
@@ -523,6 +533,7 @@ extendr_module! {
     fn prune;
     fn shm_names;
     fn line_round_trip_ns;
+    fn pool_limits;
     fn out_new;
     fn out_write;
     fn out_view;

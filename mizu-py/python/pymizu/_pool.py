@@ -489,6 +489,8 @@ class Pool(_Submitter):
             workers = len(os.sched_getaffinity(0)) or 1
         if not isinstance(workers, int) or workers <= 0:
             raise ValueError(f"workers must be a positive int, got {workers!r}")
+        if not isinstance(slots, int) or not 1 <= slots <= _native.MAX_SLOTS:
+            raise ValueError(f"slots must be an int in 1..={_native.MAX_SLOTS}, got {slots!r}")
         if language == "r":
             if initializer is not None or initargs:
                 raise ValueError("an R pool has no Python initializer (run R code with pymizu.call(source=...))")

@@ -88,10 +88,11 @@ attr(mizu_future, "tweakable") <- "workers"
 
 .future_workers <- function(workers) {
   if (is.function(workers)) workers <- workers()
+  most <- .Call(wrap__pool_limits)[[1]]
   if (!is.numeric(workers) || length(workers) != 1L || is.na(workers) ||
-      !is.finite(workers) || workers < 1 || workers > 1024) {
+      !is.finite(workers) || workers < 1 || workers > most) {
     stop(future::FutureError(sprintf(
-      "mizu_future: `workers` must be a whole number in 1..1024, not %s",
+      "mizu_future: `workers` must be a whole number in 1..%d, not %s", most,
       paste(format(workers), collapse = ", "))))
   }
   as.integer(workers)

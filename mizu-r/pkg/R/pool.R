@@ -53,13 +53,14 @@ mizu_pool <- function(n_workers = 1L, exec_timeout = NULL, submit_timeout = NULL
                       respawn = TRUE, max_tasks = NULL, init = NULL, slots = 4096L,
                       language = c("r", "python")) {
   language <- match.arg(language)
+  limits <- .Call(wrap__pool_limits)
   if (!is.numeric(n_workers) || length(n_workers) != 1L || is.na(n_workers) ||
-      n_workers < 1 || n_workers > 1024 || n_workers != round(n_workers)) {
-    stop("`n_workers` must be a whole number in 1..1024", call. = FALSE)
+      n_workers < 1 || n_workers > limits[[1]] || n_workers != round(n_workers)) {
+    stop(sprintf("`n_workers` must be a whole number in 1..%d", limits[[1]]), call. = FALSE)
   }
   if (!is.numeric(slots) || length(slots) != 1L || is.na(slots) || slots < 1 ||
-      slots > 2^20) {
-    stop("`slots` must be a whole number in 1..1048576", call. = FALSE)
+      slots > limits[[2]] || slots != round(slots)) {
+    stop(sprintf("`slots` must be a whole number in 1..%d", limits[[2]]), call. = FALSE)
   }
   if (!is.null(max_tasks) && (!is.numeric(max_tasks) || length(max_tasks) != 1L ||
                               is.na(max_tasks) || max_tasks < 1)) {

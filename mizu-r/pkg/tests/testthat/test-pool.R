@@ -247,6 +247,10 @@ test_that("bad input gives clear errors", {
   expect_error(mizu_pool(1.5), "n_workers")
   expect_error(mizu_pool("a"), "n_workers")
   expect_error(mizu_pool(1, exec_timeout = -1), "exec_timeout")
+  expect_error(mizu_pool(1025), "n_workers. must be a whole number in 1..1024")
+  for (bad in list(0, -1, 1e12, 2^20 + 1, 2.5, NA, "9")) {
+    expect_error(mizu_pool(1, slots = bad), "slots. must be a whole number in 1..1048576")
+  }
   expect_error(mizu_collect("nope"), "mizu_task")
   expect_error(mizu_submit(list(), 1), "mizu_pool")
   expect_error(mizu_current_pool(), class = "mizu_error")
