@@ -66,6 +66,8 @@ pub mod fuzzing;
 #[cfg(not(mizu_loom))]
 mod layout;
 #[cfg(not(mizu_loom))]
+mod load;
+#[cfg(not(mizu_loom))]
 mod loop_watch;
 #[cfg(not(mizu_loom))]
 pub mod machine;
