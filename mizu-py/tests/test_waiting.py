@@ -607,6 +607,18 @@ def test_pool_tasks_are_waited_on_by_wait_and_as_completed_like_futures(tmp_path
                 open(gate, "w").close()
         assert set(seen) == {held, quick, other, failed} and len(seen) == 4
         assert held.result(timeout=0) is True
+        # With an executor's futures in the same call: one waiter over both kinds.
+        gate2 = str(tmp_path / "gate2")
+        with pymizu.PoolExecutor(1) as ex:
+            fut = ex.submit(tasks.wait_for, gate2)
+            task = p.submit(tasks.add, 2, 2)
+            done, _ = cf.wait([fut, task], return_when=cf.FIRST_COMPLETED, timeout=60)
+            assert done == {task}
+            open(gate2, "w").close()
+            third = p.submit(tasks.add, 3, 3)
+            got = list(cf.as_completed([fut, task, third], timeout=60))
+            assert len(got) == 3 and set(got) == {fut, task, third}
+            assert fut.result(timeout=0) is True
         # Many at once, each reported once; tasks of a batch too.
         ts = [p.submit(tasks.fail_odd, i) for i in range(300)]
         ts += p.submit_batch(tasks.add, [(i, 1) for i in range(300)])
