@@ -6,8 +6,8 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PoolError {
-    /// The configuration is invalid.
-    #[error("invalid pool configuration: {0}")]
+    /// The configuration (of a pool or a channel) is invalid.
+    #[error("invalid configuration: {0}")]
     Config(String),
     /// The pool segment is inconsistent (corrupted, or another layout).
     #[error("invalid pool segment: {0}")]

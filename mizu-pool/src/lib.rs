@@ -104,7 +104,7 @@ mod worker;
 pub use {
     ahead::{Ahead, PATIENCE, wait_ahead},
     attach::Submitter,
-    channel::{Channel, ChannelSendError},
+    channel::{Channel, ChannelSendError, DEFAULT_CAPACITY, DEFAULT_SLOT_SIZE},
     collect::{Wakeup, collect_all, collect_any, wait_until},
     context::{Executor, TaskContext, with_current_task},
     error::{PoolError, Result, TaskError},

@@ -66,16 +66,20 @@ impl Channel {
 impl Channel {
     /// Launches `program args… <token>` as the peer; returns once it attached.
     #[staticmethod]
-    #[pyo3(signature = (program, args, capacity=1024, slot_size=256, timeout=30.0))]
+    #[pyo3(signature = (program, args, capacity=None, slot_size=None, timeout=30.0))]
     fn launch(
         py: Python<'_>,
         program: String,
         args: Vec<String>,
-        capacity: u64,
-        slot_size: u64,
+        capacity: Option<i64>,
+        slot_size: Option<i64>,
         timeout: f64,
     ) -> PyResult<Channel> {
         let t = crate::bounded_secs(timeout, "timeout")?;
+        // (Out of range for the runtime's u64, as for its own bounds: its error says which.)
+        let size = |v: Option<i64>, default: u64| v.map_or(default, |v| v.max(0) as u64);
+        let capacity = size(capacity, mizu_pool::DEFAULT_CAPACITY);
+        let slot_size = size(slot_size, mizu_pool::DEFAULT_SLOT_SIZE);
         py.detach(|| mizu_pool::Channel::launch(program, args, capacity, slot_size, t))
             .map(Channel::new)
             .map_err(err)

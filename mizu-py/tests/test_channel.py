@@ -26,6 +26,37 @@ def test_echo_round_trips_objects_and_arrays():
         assert np.array_equal(a, b) and not b.flags.writeable
 
 
+def test_messages_of_every_size_around_a_slot_arrive_whole_and_sizes_are_rounded_up(tmp_path):
+    # Shorter than a slot: in the ring; longer: through a region. capacity 1000 -> 1024,
+    # slot_size 1000 -> 1024.
+    with pymizu.Channel.spawn(ECHO, capacity=1000, slot_size=1000) as ch:
+        for n in (0, 900, 1000, 1010, 1023, 1024, 1025, 5000, 100_000):
+            msg = bytes(range(256)) * (n // 256) + b"x" * (n % 256)
+            assert ch.send(msg) is True
+            assert ch.recv(timeout=60) == msg
+    # A peer that does not read yet: an empty ring of 1000 rounded up takes 1024, no more.
+    gate = os.path.join(str(tmp_path), "gate")
+    peer = f"import os, time\nwhile not os.path.exists({gate!r}): time.sleep(0.001)\n" + ECHO
+    with pymizu.Channel.spawn(peer, capacity=1000) as ch:
+        assert ch.send_batch([b"y"] * 2000) == 1024
+        assert ch.send(b"z") is pymizu.FULL
+        open(gate, "w").close()
+        assert [ch.recv(timeout=60) for _ in range(1024)] == [b"y"] * 1024
+
+
+def test_bad_channel_sizes_are_clear_errors():
+    for kw, what in (
+        (dict(capacity=0), "capacity"),
+        (dict(capacity=-1), "capacity"),
+        (dict(capacity=2.5), "capacity"),
+        (dict(slot_size=0), "slot_size"),
+        (dict(capacity=2**31), r"capacity must be 1\.\.=1073741824"),
+        (dict(slot_size=2**21), r"slot_size must be 16\.\.=1048576"),
+    ):
+        with pytest.raises((ValueError, pymizu.MizuError), match=what):
+            pymizu.Channel.spawn(ECHO, **kw)
+
+
 def test_sentinels_are_returned_and_falsy():
     for s in (pymizu.FULL, pymizu.TIMEOUT, pymizu.CLOSED, pymizu.PEER_GONE):
         assert not s

@@ -47,7 +47,7 @@ fn chan(ch: &Robj) -> Result<&RChannel> {
 pub(crate) fn channel_launch(
     program: &str,
     args: Vec<String>,
-    capacity: f64,
+    capacity: Robj,
     timeout: f64,
 ) -> Result<Robj> {
     if timeout.is_nan() {
@@ -55,8 +55,18 @@ pub(crate) fn channel_launch(
     }
     // An infinite (or huge) bound on the peer's start is a day.
     let t = Duration::try_from_secs_f64(timeout.clamp(0.0, 86_400.0)).map_err(rerr)?;
-    let cap = capacity.max(2.0) as u64;
-    mizu_pool::Channel::launch(program, args, cap.next_power_of_two(), 256, t)
+    // NULL: the runtime's default. (A negative count converts to 0, one beyond u64 to its
+    // largest: the runtime's bounds say what it takes.)
+    let cap = if capacity.is_null() {
+        mizu_pool::DEFAULT_CAPACITY
+    } else {
+        let c = capacity
+            .as_real()
+            .filter(|c| !c.is_nan())
+            .ok_or_else(|| rerr("`.capacity` must be a number of messages (or NULL)"))?;
+        c as u64
+    };
+    mizu_pool::Channel::launch(program, args, cap, mizu_pool::DEFAULT_SLOT_SIZE, t)
         .map(wrap)
         .map_err(rerr)
 }

@@ -19,7 +19,7 @@ fn view_live() -> Vec<f64> {
 
 /// Launches `program args… <token>` as the peer; returns once it attached.
 #[extendr]
-fn channel_launch(program: &str, args: Vec<String>, capacity: f64, timeout: f64) -> Result<Robj> {
+fn channel_launch(program: &str, args: Vec<String>, capacity: Robj, timeout: f64) -> Result<Robj> {
     crate::channel::channel_launch(program, args, capacity, timeout)
 }
 

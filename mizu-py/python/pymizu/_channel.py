@@ -60,16 +60,22 @@ class Channel:
         cls,
         source: str,
         *,
-        capacity: int = 1024,
-        slot_size: int = 256,
+        capacity: int | None = None,
+        slot_size: int | None = None,
         timeout: float = 30.0,
         language: str = "python",
     ) -> "Channel":
         """Starts a peer running `source` with `channel` (its end) defined: Python
         (`python -m pymizu._peer`) or, with `language="r"`, R code in `Rscript` with the mizu R
-        package (messages then cross as `docs/interop.md` says)."""
+        package (messages then cross as `docs/interop.md` says). Each direction holds
+        `capacity` messages (default 1 024) in slots of `slot_size` bytes (default 1 024; a
+        longer message goes through a shared-memory region), both rounded up to a power of
+        two."""
         if language not in ("python", "r"):
             raise ValueError(f'language must be "python" or "r", got {language!r}')
+        for name, v in (("capacity", capacity), ("slot_size", slot_size)):
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ValueError(f"{name} must be a positive int (or None), got {v!r}")
         suffix = ".R" if language == "r" else ".py"
         fd, path = tempfile.mkstemp(prefix="pymizu-peer-", suffix=suffix)
         with os.fdopen(fd, "w") as f:

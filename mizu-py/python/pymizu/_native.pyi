@@ -108,7 +108,11 @@ def still_held(fns: tuple[Any, ...], g: dict[str, Any], names: tuple[str, ...], 
 class Channel:
     @staticmethod
     def launch(
-        program: str, args: Sequence[str], capacity: int = 1024, slot_size: int = 256, timeout: float = 30.0
+        program: str,
+        args: Sequence[str],
+        capacity: int | None = None,
+        slot_size: int | None = None,
+        timeout: float = 30.0,
     ) -> Channel: ...
     @staticmethod
     def attach(token: str) -> Channel: ...

@@ -11,7 +11,7 @@
 #'   the bindings in `...`).
 #' @param ... Named values the expression sees.
 #' @param .capacity Messages each direction can hold before [mizu_send()] returns
-#'   `mizu_full` (rounded up to a power of two).
+#'   `mizu_full` (rounded up to a power of two; `NULL`: 1024).
 #' @param .timeout Seconds to wait for the peer to start.
 #' @param language `"r"`, or `"python"`: then `expr` is a string of Python source code, run
 #'   by `python -m pymizu._peer` (the interpreter in `MIZU_PYTHON` or `python3`) with
@@ -31,9 +31,10 @@
 #' mizu_close(ch)
 #' }
 #' @export
-mizu_channel <- function(.expr, ..., .capacity = 1024, .timeout = 60,
+mizu_channel <- function(.expr, ..., .capacity = NULL, .timeout = 60,
                          language = c("r", "python")) {
   language <- match.arg(language)
+  .capacity <- .channel_capacity(.capacity)
   if (language == "python") return(.python_channel(.expr, .capacity, .timeout, ...))
   vars <- list(...)
   if (length(vars) && (is.null(names(vars)) || any(names(vars) == ""))) {
@@ -41,11 +42,20 @@ mizu_channel <- function(.expr, ..., .capacity = 1024, .timeout = 60,
          call. = FALSE)
   }
   ptr <- .Call(wrap__channel_launch, .rscript(), .worker_args(".channel_main"),
-               as.numeric(.capacity), .secs(.timeout, ".timeout"))
+               .capacity, .secs(.timeout, ".timeout"))
   ch <- .new_channel(ptr)
   r <- .Call(wrap__channel_send_batch, ptr, list(list(substitute(.expr), vars)))
   if (r[[1]] != 1L) stop("mizu: the channel peer did not take its task", call. = FALSE)
   ch
+}
+
+# The capacity as the native launch takes it: NULL for the runtime's default.
+.channel_capacity <- function(capacity) {
+  if (is.null(capacity)) return(NULL)
+  if (!is.numeric(capacity) || length(capacity) != 1L || is.na(capacity)) {
+    stop("`.capacity` must be a number of messages (or NULL)", call. = FALSE)
+  }
+  as.numeric(capacity)
 }
 
 # A channel to a Python peer running `source` (a string of Python code) with `channel` bound
@@ -63,7 +73,7 @@ mizu_channel <- function(.expr, ..., .capacity = 1024, .timeout = 60,
   writeLines(source, f)
   on.exit(unlink(f))   # the peer read it before attaching
   ptr <- .Call(wrap__channel_launch, .python_program(),
-               c("-m", "pymizu._peer", "--xlang", f), as.numeric(capacity),
+               c("-m", "pymizu._peer", "--xlang", f), capacity,
                .secs(timeout, ".timeout"))
   .Call(wrap__channel_set_foreign, ptr)
   .new_channel(ptr)

@@ -22,6 +22,28 @@ test_that("a channel carries values both ways and closes cleanly", {
   expect_equal(mizu_close(ch), 0L)
 })
 
+test_that("a channel's capacity is rounded up, and values of every size cross", {
+  ch <- mizu_channel(eval(echo_peer), echo_peer = echo_peer, .capacity = 3)
+  for (n in c(1, 900, 1020, 1030, 5000, 100000)) {
+    s <- strrep("x", n)
+    expect_true(mizu_send(ch, s))
+    expect_identical(mizu_recv(ch, timeout = 60), s)
+  }
+  mizu_close(ch, wait = 30)
+  # A peer that does not read yet: an empty ring of 3 rounded up takes 4, no more.
+  gate <- tempfile()
+  ch <- mizu_channel({
+    while (!file.exists(gate)) Sys.sleep(0.001)
+    eval(echo_peer)
+  }, gate = gate, echo_peer = echo_peer, .capacity = 3)
+  expect_equal(as.integer(mizu_send_batch(ch, as.list(letters[1:6]))), 4L)
+  expect_identical(mizu_send(ch, "z"), mizu_full)
+  file.create(gate)
+  expect_identical(unlist(lapply(1:4, function(i) mizu_recv(ch, timeout = 60))), letters[1:4])
+  mizu_close(ch, wait = 30)
+  unlink(gate)
+})
+
 test_that("the peer's close arrives as mizu_closed after its messages", {
   ch <- mizu_channel({
     for (i in 1:3) mizu_send(channel, i * k)
@@ -59,6 +81,10 @@ test_that("a killed peer is reported as mizu_peer_gone; a full ring as mizu_full
 })
 
 test_that("channel arguments are checked", {
+  expect_error(mizu_channel(1, .capacity = "a"), "number of messages")
+  expect_error(mizu_channel(1, .capacity = NA), "number of messages")
+  expect_error(mizu_channel(1, .capacity = 0), "capacity must be 1..=1073741824")
+  expect_error(mizu_channel(1, .capacity = 2^31), "capacity must be 1..=1073741824")
   expect_error(mizu_send("x", 1), "mizu_channel")
   expect_error(mizu_channel(1, 2), "must be named")
   # a forged channel around an external pointer of another kind is refused, not dereferenced
