@@ -12,9 +12,10 @@ import time
 from concurrent.futures import Future
 from concurrent.futures._base import LOGGER as _LOGGER
 
-from . import _native, _task_futures
+from . import _native
 from ._errors import CancelledError, InitializerError, WorkerDiedError
 from ._loops import _CHAIN, hand_over_soon, watch_in_loop
+from ._task_futures import _WaiterEvent
 
 
 _PENDING, _FINISHED = "PENDING", "FINISHED"
@@ -40,50 +41,6 @@ _SETTLED_APART = (CancelledError, WorkerDiedError, InitializerError)
 # Held while a future's condition is made, and while a future without one is settled (see
 # `_MizuFuture._finish`).
 _MADE = threading.Lock()
-
-
-class _WaiterEvent:
-    """The event of a `concurrent.futures` waiter (what `wait` and `as_completed` block on)
-    installed on a pymizu future, in place of its `threading.Event`.
-
-    With the standard event, the thread that settles the future and sets the event is the
-    executor's collector, which must be woken first: two thread wake-ups after the worker
-    finishes. A thread waiting here parks where the pool's outcomes wake it, as `result()`
-    does, and settles the finished future itself: one wake-up. Any other `set()` (a future of
-    another kind finishing, a cancellation, a broken executor) wakes it there too.
-    """
-
-    __slots__ = ("_signal", "_futures", "_tasks", "set", "clear", "is_set")
-
-    def __init__(self, was_set: bool):
-        sig = self._signal = _native.Signal()
-        self.set, self.clear, self.is_set = sig.set, sig.clear, sig.is_set
-        # The pymizu futures the waiter is installed on, and the pool tasks (`_task_futures`).
-        self._futures = []
-        self._tasks = []
-        if was_set:
-            sig.set()
-
-    def wait(self, timeout=None) -> bool:
-        sig = self._signal
-        end = None if timeout is None else time.monotonic() + timeout
-        while not sig.is_set():
-            pending = [f for f in self._futures if f._state == _PENDING]
-            tasks = self._tasks
-            if tasks:
-                tasks = self._tasks = [t for t in tasks if t._state == _PENDING]
-            left = None if end is None else max(0.0, end - time.monotonic())
-            i = sig.wait([f._task for f in pending] + tasks, left)
-            if i is None:
-                break
-            if i >= 0:
-                # Settling notifies the waiter, which sets this event if it is done. Every
-                # future whose task is done goes at once: a waiter on thousands (`as_completed`
-                # of a large batch) is not woken once per future.
-                _settle_finished(pending)
-                if tasks:
-                    _task_futures.notify_done(tasks)
-        return sig.is_set()
 
 
 class _WaiterList(list):
@@ -307,6 +264,14 @@ class _MizuFuture(Future):
                 return
         self._finish(ok, value)
 
+    def _settle_if_done(self) -> bool:
+        """Settles the future if its task is done; whether it was."""
+        task = self._task
+        if task.done():
+            self._settle(task._outcome(0.0))
+            return True
+        return False
+
     def _settle_unobserved(self) -> None:
         """Settles a future nobody else refers to whose task failed (the pending set lets go
         of it so): its failure still breaks the executor where it would if observed."""
@@ -468,7 +433,5 @@ def _settle_finished(futures) -> bool:
     """Settles those of `futures` whose task is done; whether there was one."""
     settled = False
     for fut in futures:
-        if fut._task.done():
-            fut._settle(fut._task._outcome(0.0))
-            settled = True
+        settled |= fut._settle_if_done()
     return settled
