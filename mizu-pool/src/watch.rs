@@ -52,7 +52,7 @@ fn cpus() -> usize {
 }
 
 /// Whether a CPU is free for a watcher: the workers that run tasks or spin leave one, and the
-/// machine's other runnable threads do not want every CPU (see [`crate::load`]). An
+/// machine's other runnable threads do not outnumber its CPUs (see [`crate::load`]). An
 /// idle worker that was let spin but has spent its spin and parked (it keeps its claim to
 /// spin until it wakes) takes no CPU meanwhile, as submitters also know. Never in a worker
 /// process: its own pool counts its CPU as busy, and a pool it made itself does not know
@@ -73,7 +73,7 @@ pub(crate) fn room(v: &PoolView<'_>) -> bool {
                 }
         })
         .count();
-    active < cpus() && !crate::load::crowded(1)
+    active < cpus() && !crate::load::crowded()
 }
 
 /// The right to watch until `end`; gives it back when dropped (also when `poll` unwinds).

@@ -371,13 +371,7 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
         if spinner.burst(|| rt.any_queued().then_some(())).is_some() {
             continue;
         }
-        // (None may spin while the machine's other threads want every CPU.)
-        let room = if crate::load::crowded(0) {
-            0
-        } else {
-            max_active
-        };
-        let spins = records::go_idle(v.workers(), slot, room);
+        let spins = records::go_idle(v.workers(), slot, max_active);
         let waiter = if spins { &mut spinner } else { &mut sleeper };
         let before = waiter.parks();
         // Whether the worker parks after a run of tiny tasks (a stream of submissions, not a
