@@ -84,18 +84,12 @@ impl End {
             .arg(d.token())
             .stdin(Stdio::null())
             .spawn()
-            .map_err(|e| PoolError::Launch {
-                slot: 0,
-                why: format!("{program:?}: {e}"),
-            })?;
+            .map_err(|e| PoolError::PeerLaunch(format!("{program:?}: {e}")))?;
         d.wait_guest(timeout, || match child.try_wait() {
             Ok(None) => Ok(()),
             other => Err(format!("{other:?}")),
         })
-        .map_err(|e| PoolError::Launch {
-            slot: 0,
-            why: format!("channel peer did not attach: {e:?}"),
-        })?;
+        .map_err(|e| PoolError::PeerLaunch(format!("it did not attach: {e:?}")))?;
         Ok(End::wrap(d, Some(child)))
     }
 

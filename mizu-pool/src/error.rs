@@ -26,6 +26,9 @@ pub enum PoolError {
         /// What went wrong.
         why: String,
     },
+    /// A channel's peer could not be started, or did not attach in time.
+    #[error("cannot start the channel's peer: {0}")]
+    PeerLaunch(String),
     /// Every task slot of this submitter is in use.
     #[error("all {0} task slots of this submitter are in use: collect or drop some tasks")]
     SlotsExhausted(usize),

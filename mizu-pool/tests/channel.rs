@@ -112,7 +112,25 @@ fn a_peer_that_never_attaches_is_an_error() {
     )
     .err()
     .unwrap();
-    assert!(e.to_string().contains("did not attach"), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("cannot start the channel's peer: it did not attach"),
+        "{e}"
+    );
+    let e = Channel::launch(
+        "/nonexistent/peer",
+        Vec::<String>::new(),
+        8,
+        256,
+        Duration::from_secs(60),
+    )
+    .err()
+    .unwrap();
+    assert!(
+        e.to_string()
+            .starts_with("cannot start the channel's peer: \"/nonexistent/peer\""),
+        "{e}"
+    );
 }
 
 #[test]
