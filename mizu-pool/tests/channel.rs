@@ -103,32 +103,26 @@ fn an_orderly_close_by_the_peer_reads_as_closed_after_its_messages() {
 
 #[test]
 fn a_peer_that_never_attaches_is_an_error() {
-    let e = Channel::launch(
-        "/bin/true",
-        Vec::<String>::new(),
-        8,
-        256,
-        Duration::from_secs(60),
-    )
-    .err()
-    .unwrap();
+    let fails = |program: &str| {
+        Channel::launch(
+            program,
+            Vec::<String>::new(),
+            8,
+            256,
+            Duration::from_secs(60),
+        )
+        .err()
+        .unwrap()
+        .to_string()
+    };
+    let e = fails("/bin/true");
     assert!(
-        e.to_string()
-            .starts_with("cannot start the channel's peer: it did not attach"),
+        e.starts_with("cannot start the channel's peer: it did not attach"),
         "{e}"
     );
-    let e = Channel::launch(
-        "/nonexistent/peer",
-        Vec::<String>::new(),
-        8,
-        256,
-        Duration::from_secs(60),
-    )
-    .err()
-    .unwrap();
+    let e = fails("/nonexistent/peer");
     assert!(
-        e.to_string()
-            .starts_with("cannot start the channel's peer: \"/nonexistent/peer\""),
+        e.starts_with("cannot start the channel's peer: \"/nonexistent/peer\""),
         "{e}"
     );
 }
