@@ -387,6 +387,8 @@ def test_bad_pool_arguments():
             pymizu.Pool(1, slots=bad)
     with pytest.raises(ValueError, match="workers must be 1..=1024"):
         pymizu.Pool(1025)
+    with pymizu.Pool(1, slots=np.int64(8)) as p:  # any integer
+        assert p.submit(tasks.add, 1, 1).result(timeout=60) == 2
     with pytest.raises(TypeError, match="initializer"):
         pymizu.Pool(1, initializer=5)
 

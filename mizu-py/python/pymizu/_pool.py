@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing
+import operator
 import os
 import pickle
 import sys
@@ -489,8 +490,13 @@ class Pool(_Submitter):
             workers = len(os.sched_getaffinity(0)) or 1
         if not isinstance(workers, int) or workers <= 0:
             raise ValueError(f"workers must be a positive int, got {workers!r}")
-        if not isinstance(slots, int) or not 1 <= slots <= _native.MAX_SLOTS:
+        try:
+            n_slots = operator.index(slots)
+        except TypeError:
+            n_slots = 0
+        if not 1 <= n_slots <= _native.MAX_SLOTS:
             raise ValueError(f"slots must be an int in 1..={_native.MAX_SLOTS}, got {slots!r}")
+        slots = n_slots
         if language == "r":
             if initializer is not None or initargs:
                 raise ValueError("an R pool has no Python initializer (run R code with pymizu.call(source=...))")
