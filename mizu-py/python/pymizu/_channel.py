@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import os
 import sys
 import tempfile
@@ -73,9 +74,16 @@ class Channel:
         two."""
         if language not in ("python", "r"):
             raise ValueError(f'language must be "python" or "r", got {language!r}')
+        sizes = []
         for name, v in (("capacity", capacity), ("slot_size", slot_size)):
-            if v is not None and (not isinstance(v, int) or v < 1):
+            try:
+                n = None if v is None else operator.index(v)
+            except TypeError:
+                n = 0
+            if n is not None and n < 1:
                 raise ValueError(f"{name} must be a positive int (or None), got {v!r}")
+            sizes.append(n)
+        capacity, slot_size = sizes
         suffix = ".R" if language == "r" else ".py"
         fd, path = tempfile.mkstemp(prefix="pymizu-peer-", suffix=suffix)
         with os.fdopen(fd, "w") as f:
