@@ -275,8 +275,9 @@ impl Channel {
 
     /// Creates a channel and launches `program args… <token>` as its peer; returns once the
     /// peer has attached (or fails if it exits first or takes longer than `timeout`). Each
-    /// direction holds `capacity` messages in slots of `slot_size` bytes, both rounded up to
-    /// a power of two ([`DEFAULT_CAPACITY`] and [`DEFAULT_SLOT_SIZE`] suit most uses).
+    /// direction holds `capacity` messages (at least 2) in slots of `slot_size` bytes, both
+    /// rounded up to a power of two ([`DEFAULT_CAPACITY`] and [`DEFAULT_SLOT_SIZE`] suit most
+    /// uses).
     pub fn launch(
         program: impl Into<OsString>,
         args: impl IntoIterator<Item = impl Into<OsString>>,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::submitter::{SubmitterCore, Task};
-use crate::watch::{Crowding, Token, WATCH, room};
+use crate::watch::{Crowding, Token, WATCH, room_to_watch};
 
 impl Task {
     /// A watch over this task's outcome that the caller runs itself, looking now and then
@@ -36,7 +36,7 @@ impl Watch {
     /// A watch for a task of `core`; None when the caller should wait elsewhere (no CPU free,
     /// another thread watches, or the tasks of late outlast a watch).
     pub(crate) fn start(core: &Arc<SubmitterCore>) -> Option<Watch> {
-        if !core.watch_pays() || !room(core.shared().view()) {
+        if !core.watch_pays() || !room_to_watch(core.shared().view()) {
             return None;
         }
         Some(Watch {
@@ -54,6 +54,7 @@ impl Watch {
             self.core.outlasted();
             return false;
         }
-        self.crowding.go_on(room(self.core.shared().view()), now)
+        self.crowding
+            .go_on(room_to_watch(self.core.shared().view()), now)
     }
 }

@@ -51,8 +51,7 @@ fn cpus() -> usize {
     *CPUS.get_or_init(|| mizu_shm::affinity::available_cpus_all().len().max(1))
 }
 
-/// Whether a CPU is free for a watcher: the workers that run tasks or spin leave one, and the
-/// machine's other runnable threads do not outnumber its CPUs (see [`crate::load`]). An
+/// Whether a CPU is free for a watcher: the workers that run tasks or spin leave one. An
 /// idle worker that was let spin but has spent its spin and parked (it keeps its claim to
 /// spin until it wakes) takes no CPU meanwhile, as submitters also know. Never in a worker
 /// process: its own pool counts its CPU as busy, and a pool it made itself does not know
@@ -73,7 +72,14 @@ pub(crate) fn room(v: &PoolView<'_>) -> bool {
                 }
         })
         .count();
-    active < cpus() && !crate::load::crowded()
+    active < cpus()
+}
+
+/// [`room`] for a watch, which keeps its CPU for milliseconds: also only while the machine's
+/// other runnable threads do not outnumber its CPUs (see [`crate::load`]). (A collector's
+/// short spin asks only [`room`]: it runs on every collect, and the load costs a clock read.)
+pub(crate) fn room_to_watch(v: &PoolView<'_>) -> bool {
+    room(v) && !crate::load::crowded()
 }
 
 /// The right to watch until `end`; gives it back when dropped (also when `poll` unwinds).
@@ -113,7 +119,7 @@ pub(crate) fn watch<T>(
     limit: Duration,
     mut poll: impl FnMut() -> Option<T>,
 ) -> Result<T, Unwatched> {
-    if limit.is_zero() || !room(v) {
+    if limit.is_zero() || !room_to_watch(v) {
         return Err(Unwatched::NoRoom);
     }
     let Some(token) = Token::take(limit) else {
@@ -134,7 +140,7 @@ pub(crate) fn watch<T>(
             if now >= end {
                 return Err(Unwatched::Outlasted);
             }
-            if !crowding.go_on(room(v), now) {
+            if !crowding.go_on(room_to_watch(v), now) {
                 return Err(Unwatched::NoRoom);
             }
             // Another thread of this machine that wants to run gets the CPU now and then.

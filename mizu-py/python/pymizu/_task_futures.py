@@ -7,11 +7,10 @@ worker, where nothing of this process runs, so here a thread of this process tha
 task done notifies for it (`notify_done`): a thread blocked in `wait` or `as_completed` (its
 waiter's event, `_WaiterEvent`, which `PoolExecutor` futures use too, parks on the tasks),
 the thread that cancels a task, or, for done-callbacks, the thread that wakes awaiting
-coroutines (`_loops._Watcher`). A task
-counts as finished to those functions once it has been so notified (its `_state`), and every
-task's condition is one lock (`_LOCK`), under which notifying happens: the state they read
-under it cannot change before they have installed their waiter, so a waiter is notified of a
-task exactly when it counted the task as pending. (Taking a task's condition notifies for it
+coroutines (`_loops._Watcher`). A task counts as finished to those functions once it has been
+so notified (its `_state`), and every task's condition is one lock (`_LOCK`), under which
+notifying happens: the state they read under it cannot change before they have installed
+their waiter, so a waiter is notified of a task exactly when it counted the task as pending. (Taking a task's condition notifies for it
 first when it is done: a task finished before anyone waits takes no waiter, as a standard
 future finished before does not.)
 """
