@@ -22,6 +22,8 @@ pub fn pool_segment() -> Segment {
         wide_bytes: 256,
         ring_capacity: 4,
         nested_ring_capacity: 2,
+        nested_ring_span: 1,
+        nested_wide_slots: 1,
         deque_capacity: 4,
         ..Params::default()
     })
@@ -44,6 +46,10 @@ pub fn open_pool(seg: &Segment) -> Result<()> {
     let p = v.params;
     for s in 0..p.submitters as usize {
         for w in 0..p.max_workers as usize {
+            if !v.has_ring(s, w) {
+                assert!(v.ring(s, w).is_err(), "no ring where the row has none");
+                continue;
+            }
             let r = v.ring(s, w).expect("a ring of a validated pool");
             let want = if (1..=p.max_workers as usize).contains(&s) {
                 p.nested_ring_capacity

@@ -3,13 +3,16 @@
 //!
 //! Extents: 0 control, 1 worker records, 2 submitter records, 3 task-slot headers,
 //! 4 task-slot data, 5 ring headers, 6 ring slots, 7 deque headers, 8 deque items, 9 the data
-//! areas of wide slots (the first `wide_slots` slots of each submitter hold their payloads
-//! there instead of in extent 4, so a payload of a few KiB travels inline). Rings form
-//! an S×W matrix: ring (s, w) carries task ids from submitter `s` to worker `w` (single
-//! producer, single consumer). Submitter 0 is the controller, submitters `1..=max_workers`
-//! are the workers themselves (for nested tasks), the rest are attached processes. Each
-//! worker also owns a work-stealing deque of task ids: its nested submissions, which it pops
-//! (newest first) and any idle worker steals (oldest first).
+//! areas of wide slots (the first few slots of each submitter hold their payloads there
+//! instead of in extent 4, so a payload of a few KiB travels inline). Ring (s, w) carries task
+//! ids from submitter `s` to worker `w` (single producer, single consumer). Submitter 0 is
+//! the controller, submitters `1..=max_workers` are the workers themselves (for nested tasks),
+//! the rest are attached processes. The controller's and attached submitters' rows have a
+//! ring to every worker; a worker's own row only to `nested_ring_span` workers, itself and the
+//! ones after it (see [`Params::nested_ring_span`]), so that the matrix grows linearly with
+//! the workers, not with their square. Each worker also owns a work-stealing deque of task
+//! ids: its nested submissions, which it pops (newest first) and any idle worker steals
+//! (oldest first).
 
 use mizu_queue::deque::DequeHeader;
 use mizu_queue::ring::{RingHeader, check_geometry};
@@ -42,8 +45,11 @@ pub struct Params {
     pub nested_slots: u32,
     /// Data bytes per task slot.
     pub slot_bytes: u32,
-    /// How many of each submitter's slots (the first ones) are wide.
+    /// How many of the slots of the controller and of each attached submitter (the first
+    /// ones) are wide.
     pub wide_slots: u32,
+    /// How many of the slots of each worker's own record (the first ones) are wide.
+    pub nested_wide_slots: u32,
     /// Data bytes per wide slot (at least `slot_bytes`).
     pub wide_bytes: u32,
     /// Ring capacity (task ids) of the rows of the controller and attached submitters.
@@ -51,6 +57,10 @@ pub struct Params {
     /// Ring capacity of the rows of the workers' own records: their nested tasks go to their
     /// own deques, and to rings only when the deque is full or from another thread.
     pub nested_ring_capacity: u32,
+    /// Rings in each worker's own row: worker `o`'s row reaches workers `o`, `o + 1`, ...
+    /// (modulo `max_workers`), this many of them (at least 1, at most `max_workers`). Its
+    /// nested tasks reach the others by stealing from its deque.
+    pub nested_ring_span: u32,
     /// Spin budget of waiting workers and collectors, in microseconds.
     pub spin_us: u32,
     /// Whether workers record task start times (an execution timeout is configured).
@@ -97,25 +107,61 @@ fn all_slots(p: &Params) -> Option<u64> {
         .checked_add(w.checked_mul(u64::from(p.nested_slots))?)
 }
 
-/// Wide slots of every submitter together (each has the first `wide_slots` of its own).
+/// Wide slots of every submitter together (each has the first few of its own: `wide_slots`,
+/// or `nested_wide_slots` for a worker's own record).
 fn all_wide(p: &Params) -> Option<u64> {
     let w = u64::from(p.max_workers);
     let others = u64::from(p.submitters).checked_sub(w)?;
-    let wide = u64::from(p.wide_slots);
     others
-        .checked_mul(wide.min(u64::from(p.slots)))?
-        .checked_add(w.checked_mul(wide.min(u64::from(p.nested_slots)))?)
+        .checked_mul(u64::from(p.wide_slots.min(p.slots)))?
+        .checked_add(w.checked_mul(u64::from(p.nested_wide_slots.min(p.nested_slots)))?)
 }
 
-/// Ring slots (task ids) of the rows of the matrix before submitter `s`'s (`s` = the
-/// submitter count: all of them). A row holds one ring per worker.
-fn ring_slots_before(p: &Params, s: u64) -> Option<u64> {
+/// Rings of the rows of the matrix before submitter `s`'s, and ring slots (task ids) in them
+/// (`s` = the submitter count: all of them). The controller's and attached submitters' rows
+/// hold a ring per worker, the workers' own rows `nested_ring_span` each.
+fn rings_before(p: &Params, s: u64) -> Option<(u64, u64)> {
     let w = u64::from(p.max_workers);
+    let span = u64::from(p.nested_ring_span);
     let nested = s.saturating_sub(1).min(w);
     let main = s.checked_sub(nested)?;
-    main.checked_mul(u64::from(p.ring_capacity))?
-        .checked_add(nested.checked_mul(u64::from(p.nested_ring_capacity))?)?
-        .checked_mul(w)
+    let rings = main
+        .checked_mul(w)?
+        .checked_add(nested.checked_mul(span)?)?;
+    let slots = main
+        .checked_mul(w)?
+        .checked_mul(u64::from(p.ring_capacity))?
+        .checked_add(
+            nested
+                .checked_mul(span)?
+                .checked_mul(u64::from(p.nested_ring_capacity))?,
+        )?;
+    Some((rings, slots))
+}
+
+/// The workers submitter `s`'s row has rings to, in the row's order.
+fn row_workers(p: &Params, s: usize) -> impl Iterator<Item = usize> {
+    let n = p.max_workers as usize;
+    let (first, len) = if (1..=n).contains(&s) {
+        (s - 1, (p.nested_ring_span as usize).min(n))
+    } else {
+        (0, n)
+    };
+    (0..len).map(move |j| (first + j) % n)
+}
+
+/// Where ring (s, w) is in submitter `s`'s row, if the row has one to worker `w`.
+fn ring_in_row(p: &Params, s: usize, w: usize) -> Option<usize> {
+    let n = p.max_workers as usize;
+    if w >= n || s >= p.submitters as usize {
+        return None;
+    }
+    if (1..=n).contains(&s) {
+        let j = (w + n - (s - 1)) % n;
+        (j < p.nested_ring_span as usize).then_some(j)
+    } else {
+        Some(w)
+    }
 }
 
 fn sizes(p: &Params) -> Option<[u64; 10]> {
@@ -128,9 +174,10 @@ fn sizes(p: &Params) -> Option<[u64; 10]> {
         s.checked_mul(std::mem::size_of::<SubmitterSlot>() as u64)?,
         slots.checked_mul(std::mem::size_of::<TaskHdr>() as u64)?,
         slots.checked_mul(u64::from(p.slot_bytes))?,
-        s.checked_mul(w)?
+        rings_before(p, s)?
+            .0
             .checked_mul(std::mem::size_of::<RingHeader>() as u64)?,
-        ring_slots_before(p, s)?.checked_mul(RING_SLOT)?,
+        rings_before(p, s)?.1.checked_mul(RING_SLOT)?,
         w.checked_mul(std::mem::size_of::<DequeHeader>() as u64)?,
         w.checked_mul(u64::from(p.deque_capacity))?.checked_mul(8)?,
         all_wide(p)?.checked_mul(u64::from(p.wide_bytes))?,
@@ -166,11 +213,16 @@ pub fn create(p: Params) -> Result<Segment> {
         )?
     };
     let rh = seg.extent(5)?.offset;
-    for i in 0..(u64::from(p.submitters) * u64::from(p.max_workers)) {
-        let at = rh + i * std::mem::size_of::<RingHeader>() as u64;
-        let capacity = ring_capacity_of(&p, i / u64::from(p.max_workers));
-        // SAFETY: as above.
-        unsafe { seg.init_at(at, RingHeader::new(capacity, RING_SLOT))? };
+    let mut i = 0;
+    for s in 0..p.submitters as usize {
+        let capacity = ring_capacity_of(&p, s as u64);
+        // (A row's rings all have its capacity: their order does not matter here.)
+        for _ in row_workers(&p, s) {
+            let at = rh + i * std::mem::size_of::<RingHeader>() as u64;
+            // SAFETY: as above.
+            unsafe { seg.init_at(at, RingHeader::new(capacity, RING_SLOT))? };
+            i += 1;
+        }
     }
     let dh = seg.extent(7)?.offset;
     for w in 0..u64::from(p.max_workers) {
@@ -200,7 +252,9 @@ impl<'a> PoolView<'a> {
         if p.slot_bytes < 128 || !p.slot_bytes.is_multiple_of(64) || p.submitters >= 1 << 11 {
             return Err(bad(format!("impossible parameters {p:?}")));
         }
-        if p.wide_slots > p.slots.max(p.nested_slots)
+        if p.wide_slots > p.slots
+            || p.nested_wide_slots > p.nested_slots
+            || !(1..=p.max_workers).contains(&p.nested_ring_span)
             || p.wide_bytes < p.slot_bytes
             || !p.wide_bytes.is_multiple_of(64)
             || p.wide_bytes > 1 << 20
@@ -221,7 +275,9 @@ impl<'a> PoolView<'a> {
                 )));
             }
         }
-        let n_rings = (p.submitters * p.max_workers) as usize;
+        let n_rings = rings_before(&p, u64::from(p.submitters))
+            .ok_or_else(|| bad("sizes overflow".into()))?
+            .0 as usize;
         let n_slots = all_slots(&p).ok_or_else(|| bad("sizes overflow".into()))? as usize;
         let deques: &[DequeHeader] =
             seg.get_slice(seg.extent(7)?.offset, p.max_workers as usize)?;
@@ -249,7 +305,7 @@ impl<'a> PoolView<'a> {
             wide: seg.bytes(seg.extent(9)?, p.wide_bytes as usize)?,
         };
         for s in 0..p.submitters as usize {
-            for w in 0..p.max_workers as usize {
+            for w in row_workers(&p, s) {
                 view.ring(s, w)?;
             }
         }
@@ -298,8 +354,13 @@ impl<'a> PoolView<'a> {
     }
 
     /// How many of submitter `s`'s slots are wide (the first ones).
-    fn wide_of(&self, s: usize) -> usize {
-        (self.params.wide_slots as usize).min(self.slots_of(s))
+    pub(crate) fn wide_of(&self, s: usize) -> usize {
+        let wide = if (1..=self.params.max_workers as usize).contains(&s) {
+            self.params.nested_wide_slots
+        } else {
+            self.params.wide_slots
+        };
+        (wide as usize).min(self.slots_of(s))
     }
 
     /// The index of submitter `s`'s first slot among all, given each submitter's count of
@@ -333,15 +394,22 @@ impl<'a> PoolView<'a> {
         }
     }
 
+    /// Whether submitter `s` has a ring to worker `w` (every submitter but a worker's own
+    /// record has one to every worker).
+    pub fn has_ring(&self, s: usize, w: usize) -> bool {
+        ring_in_row(&self.params, s, w).is_some()
+    }
+
     /// Ring (s, w): task ids from submitter `s` to worker `w` (validated again: its header
-    /// is shared memory).
+    /// is shared memory); an error when `s` has no ring to `w` ([`PoolView::has_ring`]).
     pub fn ring(&self, s: usize, w: usize) -> Result<Ring<'a>> {
         let p = &self.params;
-        let i = s * p.max_workers as usize + w;
+        let no = || PoolError::Layout(format!("ring ({s}, {w}) of no pool"));
+        let j = ring_in_row(p, s, w).ok_or_else(no)? as u64;
         let capacity = ring_capacity_of(p, s as u64);
-        let before = ring_slots_before(p, s as u64)
-            .and_then(|b| b.checked_add(w as u64 * capacity))
-            .ok_or_else(|| PoolError::Layout(format!("ring ({s}, {w}) of no pool")))?;
+        let (rings, slots) = rings_before(p, s as u64).ok_or_else(no)?;
+        let i = (rings + j) as usize;
+        let before = slots.checked_add(j * capacity).ok_or_else(no)?;
         let ext = Extent {
             offset: self.ring_slots.offset + before * RING_SLOT,
             len: capacity * RING_SLOT,

@@ -64,6 +64,8 @@ mod error;
 #[cfg(all(not(mizu_loom), feature = "test-helpers"))]
 pub mod fuzzing;
 #[cfg(not(mizu_loom))]
+mod geometry;
+#[cfg(not(mizu_loom))]
 mod layout;
 #[cfg(not(mizu_loom))]
 mod load;

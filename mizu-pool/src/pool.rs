@@ -12,7 +12,7 @@ use mizu_queue::SlotState;
 
 use crate::claim;
 use crate::error::{PoolError, Result};
-use crate::layout::{self, Params, reason, wstate};
+use crate::layout::{self, reason, wstate};
 use crate::shared::Shared;
 use crate::submitter::{CollectError, SubmitterCore, Task};
 use crate::worker::reap_worker;
@@ -198,11 +198,6 @@ pub struct PoolStatus {
     pub parks: u64,
 }
 
-/// Ring capacity of the workers' own rows of the ring matrix (see
-/// `layout::Params::nested_ring_capacity`): the matrix grows with the square of the workers,
-/// 4 KiB a ring at the default capacity (16 MiB of a 64-worker pool's rows).
-const NESTED_RING_CAPACITY: u32 = 16;
-
 /// The next [`Pool::id`].
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
@@ -249,22 +244,7 @@ impl Pool {
         let _ = mizu_shm::prune();
         let maxw = cfg.max_workers.max(cfg.workers);
         let me = mizu_shm::liveness::current()?;
-        let params = Params {
-            magic: 0,
-            max_workers: maxw as u32,
-            submitters: (1 + maxw + cfg.extra_submitters) as u32,
-            slots: cfg.slots,
-            nested_slots: cfg.nested_slots.min(cfg.slots),
-            slot_bytes: cfg.slot_bytes,
-            wide_slots: cfg.wide_slots.min(cfg.slots),
-            wide_bytes: cfg.wide_bytes,
-            ring_capacity: cfg.ring_capacity,
-            nested_ring_capacity: cfg.ring_capacity.min(NESTED_RING_CAPACITY),
-            spin_us: cfg.spin.as_micros() as u32,
-            timed: u32::from(cfg.exec_timeout.is_some()),
-            deque_capacity: cfg.nested_slots.min(cfg.slots).next_power_of_two(),
-            controller: me.id(),
-        };
+        let params = crate::geometry::params(&cfg, maxw, me.id());
         // A full /dev/shm: what this process keeps idle goes, and the others' janitors give
         // theirs back, for a moment; then the binding's garbage is collected.
         let seg = crate::pressure::with_room(

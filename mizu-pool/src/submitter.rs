@@ -27,7 +27,8 @@ pub enum CollectError {
 }
 
 struct Inner {
-    producers: Vec<OwnedProducer>,
+    /// Our rings, by worker (a worker's own record has rings to a few workers only).
+    producers: Vec<Option<OwnedProducer>>,
     /// Worker queues with written but unpublished task ids (batched submission).
     pending: Vec<bool>,
     /// The last task id pushed to each worker queue (0: none).
@@ -75,8 +76,11 @@ impl SubmitterCore {
     /// The submitter with record `index` of the pool in `shared`.
     pub fn new(shared: Arc<Shared>, index: usize, spin: Duration) -> Result<Arc<Self>> {
         let v = shared.view();
-        let producers: Vec<OwnedProducer> = (0..v.params.max_workers as usize)
+        let producers: Vec<Option<OwnedProducer>> = (0..v.params.max_workers as usize)
             .map(|w| {
+                if !v.has_ring(index, w) {
+                    return Ok(None);
+                }
                 // SAFETY: ring (index, w) has one producer: the holder of submitter record
                 // `index` (taken by CAS, or held by role), which makes one SubmitterCore.
                 unsafe {
@@ -84,6 +88,7 @@ impl SubmitterCore {
                         PoolView::new(s).and_then(|pv| pv.ring(index, w))
                     })
                 }
+                .map(Some)
             })
             .collect::<Result<_>>()?;
         v.submitter(index)
@@ -223,8 +228,10 @@ impl SubmitterCore {
         let n = std::mem::take(&mut g.deque_unannounced);
         self.announce(n);
         for w in 0..g.pending.len() {
-            if std::mem::take(&mut g.pending[w]) {
-                g.producers[w].with(|p| p.publish_quiet());
+            if std::mem::take(&mut g.pending[w])
+                && let Some(p) = &mut g.producers[w]
+            {
+                p.with(|p| p.publish_quiet());
                 self.note_wake(records::wake_for_work(v.worker(w)));
             }
         }
@@ -279,7 +286,7 @@ impl SubmitterCore {
         const WIDE_PROBES: usize = 4;
         let v = self.shared.view();
         let n = v.slots_of(self.index);
-        let wide = (v.params.wide_slots as usize).min(n);
+        let wide = v.wide_of(self.index);
         let needs_wide = len > v.params.slot_bytes as usize && len <= v.params.wide_bytes as usize;
         let free = |k: usize| v.task(self.index, k).state.load().1 == Some(SlotState::Free);
         let first = self.last_freed.swap(usize::MAX, Ordering::Relaxed);
@@ -388,7 +395,10 @@ impl SubmitterCore {
                     if !ok {
                         continue;
                     }
-                    let written = g.producers[w].with(|p| {
+                    let Some(producer) = &mut g.producers[w] else {
+                        continue;
+                    };
+                    let written = producer.with(|p| {
                         let ok = p
                             .write_with(|b| {
                                 b[..8].copy_from_slice(&word.to_le_bytes());

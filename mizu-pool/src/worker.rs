@@ -300,6 +300,7 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
     // Our predecessor in this slot may have died inside a deque operation.
     deques[slot].get().repair();
     let consumers = (0..v.params.submitters as usize)
+        .filter(|&s| v.has_ring(s, slot))
         .map(|s| {
             // SAFETY: ring (s, slot) has one consumer: the worker in `slot` (this process;
             // the controller starts one worker per slot and waits for its death to reuse it).
