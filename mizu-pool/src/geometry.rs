@@ -11,11 +11,6 @@
 //! ([`RING_IDS_PER_ROW`]). With Python's 4 096 slots: up to 8 workers the settings are taken
 //! as given (8.6 MB for 2); 64 take 15.6 MB, 256 18.2 MB, 1 024 37.4 MB.
 
-use mizu_shm::ProcessId;
-
-use crate::layout::Params;
-use crate::pool::PoolConfig;
-
 /// Ring capacity of the workers' own rows of the ring matrix: their nested tasks go to their
 /// own deques, and to rings only when the deque is full or from another thread.
 pub(crate) const NESTED_RING_CAPACITY: u32 = 16;
@@ -46,38 +41,45 @@ const RING_IDS_PER_ROW: u32 = 16384;
 /// The fewest ids a ring of a controller's or attached submitter's row holds.
 const MIN_RING_CAPACITY: u32 = 64;
 
-/// The parameters of a pool segment for `cfg` (validated) with `max_workers` worker slots,
-/// controlled by `controller`.
-pub(crate) fn params(cfg: &PoolConfig, max_workers: usize, controller: ProcessId) -> Params {
-    let w = max_workers as u32;
-    let nested_slots = cfg
-        .nested_slots
-        .min(cfg.slots)
+/// The sizes that scale with a pool's worker slots.
+pub(crate) struct Scaled {
+    /// Task slots of each worker's own record.
+    pub nested_slots: u32,
+    /// Wide slots among them.
+    pub nested_wide_slots: u32,
+    /// Ring capacity of the controller's and attached submitters' rows.
+    pub ring_capacity: u32,
+    /// Ring capacity of the workers' own rows.
+    pub nested_ring_capacity: u32,
+    /// Rings in each worker's own row.
+    pub nested_ring_span: u32,
+}
+
+/// The sizes for `max_workers` worker slots (at least 1), given the pool's `slots` and the
+/// settings asked for: `nested_slots`, `wide_slots` and `ring_capacity` (see `PoolConfig`).
+pub(crate) fn scaled(
+    max_workers: u32,
+    slots: u32,
+    nested_slots: u32,
+    wide_slots: u32,
+    ring_capacity: u32,
+) -> Scaled {
+    let w = max_workers.max(1);
+    let nested_slots = nested_slots
+        .min(slots)
         .min((NESTED_SLOTS_TOTAL / w).max(MIN_NESTED_SLOTS));
-    let ring_capacity = cfg.ring_capacity.min(
+    let ring_capacity = ring_capacity.min(
         (RING_IDS_PER_ROW / w)
             .next_power_of_two()
             .max(MIN_RING_CAPACITY),
     );
-    Params {
-        magic: 0,
-        max_workers: w,
-        submitters: (1 + max_workers + cfg.extra_submitters) as u32,
-        slots: cfg.slots,
+    Scaled {
         nested_slots,
-        slot_bytes: cfg.slot_bytes,
-        wide_slots: cfg.wide_slots.min(cfg.slots),
-        nested_wide_slots: cfg
-            .wide_slots
+        nested_wide_slots: wide_slots
             .min((nested_slots / NESTED_SLOTS_PER_WIDE).max(1))
             .min(nested_slots),
-        wide_bytes: cfg.wide_bytes,
         ring_capacity,
         nested_ring_capacity: ring_capacity.min(NESTED_RING_CAPACITY),
         nested_ring_span: w.min(NESTED_RING_SPAN),
-        spin_us: cfg.spin.as_micros() as u32,
-        timed: u32::from(cfg.exec_timeout.is_some()),
-        deque_capacity: nested_slots.next_power_of_two(),
-        controller,
     }
 }

@@ -12,7 +12,7 @@ use mizu_queue::SlotState;
 
 use crate::claim;
 use crate::error::{PoolError, Result};
-use crate::layout::{self, reason, wstate};
+use crate::layout::{self, Params, reason, wstate};
 use crate::shared::Shared;
 use crate::submitter::{CollectError, SubmitterCore, Task};
 use crate::worker::reap_worker;
@@ -39,9 +39,10 @@ pub struct PoolConfig {
     /// In-flight task slots of this controller and of each process that attaches.
     pub slots: u32,
     /// In-flight task slots of each worker's own tasks (nested submissions; at most
-    /// `slots`). More wait for room as any submission does (`retry`). Each slot costs its
-    /// 128-byte header and `slot_bytes` of `/dev/shm` in every worker record, so a pool of
-    /// many workers stays small where `/dev/shm` is (a container's 64 MiB).
+    /// `slots`, and fewer in pools of more than 32 worker slots: see `geometry.rs`). More wait
+    /// for room as any submission does (`retry`). Each slot costs its 128-byte header and
+    /// `slot_bytes` of `/dev/shm` in every worker record, so a pool of many workers stays
+    /// small where `/dev/shm` is (a container's 64 MiB).
     pub nested_slots: u32,
     /// Bytes a task payload may have to travel inline (larger ones use data segments).
     pub slot_bytes: u32,
@@ -54,7 +55,8 @@ pub struct PoolConfig {
     /// Bytes of a wide slot's data area.
     pub wide_bytes: u32,
     /// Task ids each submitter may queue per worker (the controller and attached processes;
-    /// a worker's own nested tasks go to its deque, its rings to the others hold 16).
+    /// fewer in pools of more than 64 worker slots: see `geometry.rs`). A worker's own nested
+    /// tasks go to its deque; its rings, to a few workers, hold 16.
     pub ring_capacity: u32,
     /// How long a waiting side spins before it parks.
     pub spin: Duration,
@@ -244,7 +246,31 @@ impl Pool {
         let _ = mizu_shm::prune();
         let maxw = cfg.max_workers.max(cfg.workers);
         let me = mizu_shm::liveness::current()?;
-        let params = crate::geometry::params(&cfg, maxw, me.id());
+        let sized = crate::geometry::scaled(
+            maxw as u32,
+            cfg.slots,
+            cfg.nested_slots,
+            cfg.wide_slots,
+            cfg.ring_capacity,
+        );
+        let params = Params {
+            magic: 0,
+            max_workers: maxw as u32,
+            submitters: (1 + maxw + cfg.extra_submitters) as u32,
+            slots: cfg.slots,
+            nested_slots: sized.nested_slots,
+            slot_bytes: cfg.slot_bytes,
+            wide_slots: cfg.wide_slots.min(cfg.slots),
+            nested_wide_slots: sized.nested_wide_slots,
+            wide_bytes: cfg.wide_bytes,
+            ring_capacity: sized.ring_capacity,
+            nested_ring_capacity: sized.nested_ring_capacity,
+            nested_ring_span: sized.nested_ring_span,
+            spin_us: cfg.spin.as_micros() as u32,
+            timed: u32::from(cfg.exec_timeout.is_some()),
+            deque_capacity: sized.nested_slots.next_power_of_two(),
+            controller: me.id(),
+        };
         // A full /dev/shm: what this process keeps idle goes, and the others' janitors give
         // theirs back, for a moment; then the binding's garbage is collected.
         let seg = crate::pressure::with_room(
