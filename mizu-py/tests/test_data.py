@@ -399,6 +399,22 @@ def test_a_small_dev_shm_carries_large_values_and_a_full_one_fails_clearly(tmp_p
     assert lines[1] == "3"
 
 
+def test_an_executor_for_a_machine_of_many_cpus_fits_a_small_dev_shm(tmp_path):
+    # An executor with a worker slot for each of 256 CPUs (its default on such a machine), in
+    # a container's 64 MiB /dev/shm: the pool's segment must leave room for values (a 16 MB
+    # array travels beside it), and nested work runs in its workers' smaller records (a nested
+    # map, and more nested tasks in flight than a worker's record has slots at this size).
+    lines = run_in_64_mib(tmp_path, """
+        with pymizu.PoolExecutor(max_workers=256) as ex:
+            print(ex.submit(tasks.add, 1, 2).result(timeout=60))
+            a = np.random.rand(2_000_000)
+            print(np.array_equal(ex.submit(tasks.ident, a).result(timeout=60), a))
+            print(ex.submit(tasks.nested_sum, 1000).result(timeout=120))
+            print(ex.submit(tasks.nested_all_in_flight, 100).result(timeout=120))
+    """)
+    assert lines == ["3", "True", str(sum(2 * i for i in range(1000))), "5050"], lines
+
+
 def test_values_too_big_for_a_small_dev_shm_spill_to_files_said_once(tmp_path):
     # A 200 MB array through a 64 MiB /dev/shm (a container's default): it goes to files in
     # the spill directory, there and back, through Pool and PoolExecutor, shared or not; the
