@@ -345,7 +345,7 @@ impl SubmitterCore {
         let word = id.pack();
         if let Some(d) = &g.deque
             && self.owner == Some(std::thread::current().id())
-            && d.get().push(word).is_ok()
+            && push_own(&d.get(), v, word)
         {
             if defer {
                 g.deque_unannounced += 1;
@@ -521,6 +521,16 @@ fn state_of(v: &crate::layout::PoolView<'_>, word: u64) -> Option<Option<SlotSta
     }
     let (g, st) = v.task(s, k).state.load();
     (g as u32 == g32).then_some(st)
+}
+
+/// Pushes `word` on a worker's own deque (on the thread running its tasks). A full deque is
+/// first rid of the ids of tasks no longer queued (cancelled while there): a task that
+/// cancels the nested tasks it no longer wants (the rest of a search, say) leaves their ids
+/// behind, and once they filled the deque and the worker's rings, its next submission found
+/// nowhere to go — with no other worker to drain them, for ever. Live ids alone never fill it
+/// (it has room for every slot of the worker's record).
+fn push_own(d: &mizu_queue::Deque<'_>, v: &crate::layout::PoolView<'_>, word: u64) -> bool {
+    d.push(word).is_ok() || (d.retain(|w| pending(v, w)) > 0 && d.push(word).is_ok())
 }
 
 /// Whether the task with id word `word` (0: none) waits in a queue.

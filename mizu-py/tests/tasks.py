@@ -105,6 +105,20 @@ def nested_all_in_flight(n):
     return sum(t.result() for t in ts)
 
 
+def nested_search(rounds):
+    """Each round submits 100 nested tasks, takes the first to finish and cancels the rest (as
+    a search does); then submits 40 more and sums them."""
+    import pymizu
+
+    pool = pymizu.current_pool()
+    cancelled = 0
+    for _ in range(rounds):
+        ts = [pool.submit(add, i, 1) for i in range(100)]
+        pool.collect_any(ts, timeout=60)
+        cancelled += sum(t.cancel() for t in ts)
+    return cancelled, sum(pool.submit(add, i, 1).result(timeout=60) for i in range(40))
+
+
 def nested_deep(depth):
     import pymizu
 

@@ -245,6 +245,11 @@ def test_nested_maps_with_current_pool_never_deadlock():
         # slots (256) wait for room by running them.
         assert one.submit(tasks.nested_first, 3).result(timeout=120) in (1, 2, 3)
         assert one.submit(tasks.nested_all_in_flight, 1000).result(timeout=120) == sum(range(1, 1001))
+        # A search's cancelled leftovers do not clog the worker's queues: rounds of 100 nested
+        # tasks, all but a few cancelled while queued (the worker runs them only while the
+        # round's collect_any waits), then more submissions.
+        cancelled, total = one.submit(tasks.nested_search, 20).result(timeout=120)
+        assert cancelled > 20 * 90 and total == sum(range(1, 41))
         seeded = one.submit(tasks.nested_seeded, 5).result(timeout=120)
         assert [d for d, _ in seeded] == [philox(7, i).random(3).tolist() for i in range(5)]
     with pytest.raises(pymizu.MizuError, match="inside"):

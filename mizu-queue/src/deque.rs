@@ -134,6 +134,27 @@ impl<'a> Deque<'a> {
         Some(item)
     }
 
+    /// Owner: drops the items `keep` refuses; the others stay, in their order. A full deque of
+    /// items that no longer mean anything (ids of tasks cancelled while queued) is so made
+    /// usable again without anyone running them. Thieves may take some of the items
+    /// meanwhile, as they may at any time. Returns how many were dropped.
+    pub fn retain(&self, mut keep: impl FnMut(u64) -> bool) -> usize {
+        let mut kept = Vec::with_capacity(self.len());
+        let mut dropped = 0;
+        while let Some(item) = self.pop() {
+            if keep(item) {
+                kept.push(item);
+            } else {
+                dropped += 1;
+            }
+        }
+        // (Popped newest first: pushed back oldest first. Each fits: they came out of here.)
+        for item in kept.into_iter().rev() {
+            let _ = self.push(item);
+        }
+        dropped
+    }
+
     /// A new owner, the previous one dead: makes `bottom ≥ top` again. An owner killed
     /// between the two writes of a `pop` can leave `bottom` below `top`; the items a dead
     /// owner was pushing or popping are then no longer in the deque (whoever uses it must

@@ -103,6 +103,37 @@ fn deque_each_item_once_with_a_concurrent_thief() {
     );
 }
 
+/// The owner drops an item it no longer wants while a thief steals: every other item is taken
+/// exactly once, by the thief or from what the owner kept, in order, and the dropped one never.
+#[test]
+fn deque_retain_keeps_the_rest_once_with_a_concurrent_thief() {
+    model(
+        "deque retain keeps the rest once with a concurrent thief",
+        Some(3),
+        || {
+            let dq = Arc::new(HeapDeque::new(4));
+            let d = dq.deque();
+            for v in 1..=3 {
+                d.push(v).unwrap();
+            }
+            let d2 = dq.clone();
+            let thief = thread::spawn(move || match d2.deque().steal() {
+                Steal::Success(v) => Some(v),
+                Steal::Retry | Steal::Empty => None,
+            });
+            let dropped = d.retain(|v| v != 2);
+            let stolen = thief.join().unwrap();
+            let mut rest = Vec::new();
+            while let Steal::Success(v) = d.steal() {
+                rest.push(v);
+            }
+            assert_eq!(dropped, usize::from(stolen != Some(2)));
+            let want: Vec<u64> = [1, 3].into_iter().filter(|&v| Some(v) != stolen).collect();
+            assert_eq!(rest, want, "kept items stay in order");
+        },
+    );
+}
+
 /// Two thieves and the owner race for the last item: exactly one gets it.
 #[test]
 fn deque_last_item_goes_to_exactly_one() {

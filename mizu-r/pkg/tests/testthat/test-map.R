@@ -209,6 +209,21 @@ test_that("nested maps and submits from inside tasks do not deadlock with one wo
       sum(unlist(mizu::mizu_collect_all(ts)))
     }), timeout = 120)
     expect_identical(many, sum(1:1000))
+    # A search's cancelled leftovers do not clog the worker's queues: rounds of 100 nested
+    # tasks, all but a few cancelled while queued, then more submissions.
+    searched <- mizu_collect(mizu_submit(pool, {
+      inner <- mizu::mizu_current_pool()
+      cancelled <- 0
+      for (round in 1:20) {
+        ts <- lapply(1:100, function(i) mizu::mizu_submit(inner, i, i = i))
+        mizu::mizu_collect_any(ts)
+        cancelled <- cancelled + sum(vapply(ts, mizu::mizu_cancel, TRUE))
+      }
+      more <- lapply(1:40, function(i) mizu::mizu_collect(mizu::mizu_submit(inner, i, i = i)))
+      c(cancelled, sum(unlist(more)))
+    }), timeout = 120)
+    expect_gt(searched[[1]], 20 * 90)
+    expect_identical(searched[[2]], as.numeric(sum(1:40)))
     seeded <- mizu_collect(mizu_submit(pool, mizu::mizu_map(mizu::mizu_current_pool(), 1:3,
                                                             function(i) runif(1), .seed = 9)))
     expect_identical(unlist(seeded), vapply(1:3, function(i) mizu_stream(9, i, 1), 0))
