@@ -288,8 +288,15 @@ def test_a_caller_with_a_cpu_free_watches_a_short_task_instead_of_sleeping():
     with pymizu.Pool(1) as p:
         assert p.submit(tasks.add, 1, 1).result(timeout=60) == 2
         before = p.status()["waits"]
-        for _ in range(10):
+        # A caller watches only while a CPU is free, which another process may deny it for a
+        # while: rounds go on until five were watched (or 500 rounds).
+        rounds = 0
+        while True:
             assert p.submit(tasks.spin, 0.001).result(timeout=60) == 0.001
+            rounds += 1
+            watched = p.status()["waits"]["watched"] - before["watched"]
+            if rounds >= 10 and (not SPARE_CPU or watched >= 5 or rounds >= 500):
+                break
         after = p.status()["waits"]
     watched = after["watched"] - before["watched"]
     if SPARE_CPU:
@@ -395,26 +402,32 @@ def test_an_outcome_the_loop_finds_itself_reaches_asyncio_without_a_wakeup_write
     # `call_soon_threadsafe`; when the loop's own watch settles the future, the loop is awake,
     # the outcome goes straight into the asyncio future and needs no wake-up (a system call
     # to write, another to read it back).
+    # The loop watches only while a CPU is free, which another process may deny it for a
+    # while: rounds go on until ten outcomes came without a write (or 500 rounds).
     with pymizu.PoolExecutor(1) as ex:
 
         async def main():
             loop = asyncio.get_running_loop()
             got = []
-            for _ in range(10):
-                got.append(await loop.run_in_executor(ex, tasks.spin, 0.002))
-                got.append(await asyncio.wrap_future(ex.submit(tasks.spin, 0.002)))
-            return got, loop
+            quiet = 0
+            while len(got) < 20 or (SPARE_CPU and quiet < 10 and len(got) < 1000):
+                for make in (lambda: loop.run_in_executor(ex, tasks.spin, 0.002),
+                             lambda: asyncio.wrap_future(ex.submit(tasks.spin, 0.002))):
+                    before = loop.wakeup_writes
+                    got.append(await make())
+                    quiet += loop.wakeup_writes == before
+            return got, loop, quiet
 
         with asyncio.Runner(loop_factory=_CountingLoop) as runner:
-            got, loop = runner.run(main())
-            assert got == [0.002] * 20
+            got, loop, quiet = runner.run(main())
+            assert got == [0.002] * len(got)
             writes = loop.wakeup_writes
     if SPARE_CPU:
         # (Only a machine stalled for longer than a watch hands an outcome over to a thread,
         # which must wake the loop.)
-        assert writes <= 10
+        assert quiet >= 10
     else:
-        assert writes >= 20
+        assert len(got) == 20 and writes >= 20
 
 
 def test_wrap_future_of_a_finished_future_in_its_loop_needs_no_wakeup_write():
@@ -469,12 +482,19 @@ def test_the_loop_that_settles_a_future_hands_its_outcome_to_wrap_future_at_once
     # hand-over goes through a handle, which the loop may or may not have run by the time
     # that thread reaches the next callback; and a callback added to a future settled that
     # way runs at once, before the handle: neither says anything about the loop's settling.)
+    # The loop watches only while a CPU is free, which another process may deny it for a
+    # while: rounds go on until the loop settled ten (or 500 rounds), each checked.
+    def by_loop(seen):
+        return [done for name, done, adding in seen if name == "MainThread" and not adding]
+
     with pymizu.PoolExecutor(1) as ex:
 
         async def main():
             seen = []
-            for i in range(20):
+            i = 0
+            while i < 20 or (SPARE_CPU and len(by_loop(seen)) < 10 and i < 500):
                 fails = i % 2 == 1
+                i += 1
                 f = ex.submit(tasks.spin_then_fail, 0.002, "no") if fails else ex.submit(tasks.spin, 0.002)
                 af = asyncio.wrap_future(f)
                 adding = [True]
@@ -495,11 +515,10 @@ def test_the_loop_that_settles_a_future_hands_its_outcome_to_wrap_future_at_once
             return seen
 
         seen = asyncio.run(main())
-    assert len(seen) == 20
-    by_loop = [done for name, done, adding in seen if name == "MainThread" and not adding]
-    assert all(by_loop), seen
+    assert len(seen) >= 20
+    assert all(by_loop(seen)), seen
     if SPARE_CPU:
-        assert len(by_loop) >= 10, seen
+        assert len(by_loop(seen)) >= 10, seen
 
 
 def test_a_done_callback_raising_while_the_loop_settles_is_logged_and_the_rest_run(caplog):
