@@ -234,8 +234,20 @@ pub fn create(p: Params) -> Result<Segment> {
 }
 
 impl<'a> PoolView<'a> {
-    /// Validates the segment's layout against its parameters.
+    /// Validates the segment's layout against its parameters, and every ring and deque header.
     pub fn new(seg: &'a Segment) -> Result<Self> {
+        Self::validated(seg, true)
+    }
+
+    /// [`PoolView::new`] without looking at every ring's header: for a handle to one ring or
+    /// deque (each checks its own header when made) of a segment this process has opened with
+    /// `new`. Every producer and deque handle makes a view, one per worker slot: checking
+    /// every ring in each made a pool's start quadratic in its worker slots.
+    pub fn for_handle(seg: &'a Segment) -> Result<Self> {
+        Self::validated(seg, false)
+    }
+
+    fn validated(seg: &'a Segment, rings: bool) -> Result<Self> {
         let bad = |w: String| PoolError::Layout(format!("{}: {w}", seg.token()));
         let ctl: &CacheLine<Control> = seg.get(seg.extent(0)?.offset)?;
         let p = ctl.params;
@@ -304,9 +316,11 @@ impl<'a> PoolView<'a> {
             deque_items,
             wide: seg.bytes(seg.extent(9)?, p.wide_bytes as usize)?,
         };
-        for s in 0..p.submitters as usize {
-            for w in row_workers(&p, s) {
-                view.ring(s, w)?;
+        if rings {
+            for s in 0..p.submitters as usize {
+                for w in row_workers(&p, s) {
+                    view.ring(s, w)?;
+                }
             }
         }
         Ok(view)

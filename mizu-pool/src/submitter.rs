@@ -85,7 +85,7 @@ impl SubmitterCore {
                 // `index` (taken by CAS, or held by role), which makes one SubmitterCore.
                 unsafe {
                     OwnedProducer::new(shared.segment_arc(), |s| {
-                        PoolView::new(s).and_then(|pv| pv.ring(index, w))
+                        PoolView::for_handle(s).and_then(|pv| pv.ring(index, w))
                     })
                 }
                 .map(Some)
@@ -131,7 +131,7 @@ impl SubmitterCore {
         let mut core = Arc::into_inner(SubmitterCore::new(shared, 1 + slot, spin)?)
             .expect("a new submitter is not shared yet");
         let d = OwnedDeque::new(core.shared.segment_arc(), |s| {
-            PoolView::new(s).and_then(|pv| pv.deque(slot))
+            PoolView::for_handle(s).and_then(|pv| pv.deque(slot))
         })?;
         core.inner
             .get_mut()

@@ -293,7 +293,7 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
     let deques = (0..v.params.max_workers as usize)
         .map(|w| {
             OwnedDeque::new(shared.segment_arc(), |s| {
-                PoolView::new(s).and_then(|pv| pv.deque(w))
+                PoolView::for_handle(s).and_then(|pv| pv.deque(w))
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -306,7 +306,7 @@ pub fn run_worker(token: &str, slot: usize, exec: &dyn Executor) -> Result<()> {
             // the controller starts one worker per slot and waits for its death to reuse it).
             unsafe {
                 OwnedConsumer::new(shared.segment_arc(), |seg| {
-                    PoolView::new(seg).and_then(|pv| pv.ring(s, slot))
+                    PoolView::for_handle(seg).and_then(|pv| pv.ring(s, slot))
                 })
             }
         })
