@@ -669,6 +669,20 @@ impl Pool {
         }))
     }
 
+    /// How many tasks this process submitted are queued or running (0 once the pool
+    /// stopped): what `join()` waits to see reach 0.
+    fn unfinished(&self) -> PyResult<usize> {
+        forked(self.origin)?;
+        let g = self.inner.read().map_err(err)?;
+        Ok(g.as_ref().map_or(0, |p| {
+            p.status()
+                .submitters
+                .iter()
+                .find(|s| s.index == 0)
+                .map_or(0, |s| s.queued + s.running)
+        }))
+    }
+
     /// How many workers died on their own so far (not retired, recycled, timed out or
     /// stopped); 0 once the pool stopped.
     fn deaths(&self) -> PyResult<u64> {

@@ -906,3 +906,57 @@ def test_the_machine_floor_the_benchmarks_print_is_measured_or_refused_clearly()
         _native.line_round_trip_ns(0, 0)
     with pytest.raises(pymizu.MizuError):
         _native.line_round_trip_ns(0, 100_000)  # no such CPU: an error, not a hang
+
+
+def test_multiprocessing_pool_calls_run_as_they_do_there():
+    # Code written for multiprocessing.Pool: apply, apply_async / map_async / starmap_async
+    # with callbacks and AsyncResult, then close() and join() (which waits for the work and
+    # keeps the async results), and terminate().
+    import multiprocessing
+    import threading
+
+    p = pymizu.Pool(2)
+    assert p.apply(tasks.add, (1, 2)) == 3
+    assert p.apply(tasks.add, (1,), {"b": 5}) == 6
+    got, errs, ran = [], [], threading.Event()
+    r = p.apply_async(tasks.add, (3, 4), callback=got.append)
+    assert r.get(timeout=60) == 7 and r.ready() and r.successful()
+    m = p.map_async(tasks.ident, range(50), chunksize=7, callback=lambda v: (got.append(v), ran.set()))
+    assert m.get(timeout=60) == list(range(50))
+    assert p.starmap_async(tasks.add, [(1, 2), (3, 4)]).get(timeout=60) == [3, 7]
+    e = p.apply_async(tasks.boom, ("no",), error_callback=errs.append)
+    with pytest.raises(ValueError, match="no"):
+        e.get(timeout=60)
+    assert not e.successful()
+    fm = p.map_async(tasks.boom, ["first", "second"])
+    with pytest.raises(ValueError, match="first"):
+        fm.get(timeout=60)
+    slow = p.apply_async(tasks.sleep, (0.3,))
+    with pytest.raises(ValueError, match="not ready"):
+        slow.successful()
+    with pytest.raises(multiprocessing.TimeoutError):
+        slow.get(timeout=0.01)
+    with pytest.raises(ValueError, match="still running"):
+        p.join()
+    late = [p.apply_async(tasks.sleep, (0.05,)) for _ in range(6)]
+    p.close()
+    for call in (lambda: p.apply_async(tasks.add, (1, 1)), lambda: p.submit(tasks.add, 1, 1),
+                 lambda: p.map(tasks.ident, [1])):
+        with pytest.raises(ValueError, match="Pool not running"):
+            call()
+    p.join()
+    assert all(r.ready() for r in late) and [r.get() for r in late] == [0.05] * 6
+    assert slow.get() == 0.3
+    assert ran.wait(60)
+    assert got[0] == 7 and got[1] == list(range(50))
+    deadline = time.monotonic() + 60
+    while not errs and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(errs) == 1 and str(errs[0]) == "no"
+
+    q = pymizu.Pool(1)
+    cut = q.apply_async(tasks.sleep, (30,))
+    q.terminate()
+    q.join()
+    with pytest.raises(pymizu.MizuError):
+        cut.get(timeout=60)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from . import _codec, _main, _native, _rng, _share, _xlang
 from ._batches import _run_chunk, chunk_of, items_len, map_items
 from ._errors import MizuError, TaskError
+from ._mp_calls import MultiprocessingCalls
 
 from .wire import Call
 
@@ -449,7 +450,7 @@ def _stop_at_exit() -> None:
             Pool.stop(pool)
 
 
-class Pool(_Submitter):
+class Pool(MultiprocessingCalls, _Submitter):
     """A pool of worker processes (fresh interpreters, never forks of the caller).
 
     `Pool(workers=None, *, initializer=None, initargs=(), max_tasks_per_child=None,
