@@ -353,7 +353,7 @@ unsafe fn failure_sexp(class: &str, why: &str) -> SEXP {
 
 /// Returns its first argument: what the benchmarks call in place of the submit and collect
 /// routines to time R's own part of a round trip (the closures and their argument matching)
-/// with nothing sent.
+/// with nothing sent (through `.Call`, or `.External2` as the submit routine is).
 unsafe extern "C" fn nop(a: SEXP, _b: SEXP, _c: SEXP, _d: SEXP) -> SEXP {
     a
 }
@@ -376,7 +376,8 @@ pub(crate) fn native_routines() -> List {
     type Two = unsafe extern "C" fn(SEXP, SEXP) -> SEXP;
     type Three = unsafe extern "C" fn(SEXP, SEXP, SEXP) -> SEXP;
     type Four = unsafe extern "C" fn(SEXP, SEXP, SEXP, SEXP) -> SEXP;
-    // `.Call` calls each with as many arguments as its type says: what its R wrapper passes.
+    // `.Call` calls each with as many arguments as its type says: what its R wrapper passes
+    // (`submit_frame` is an `.External2` routine: four, whatever the wrapper passes).
     let routines: [(&str, *const c_void); 15] = [
         ("submit", mizu_rs_submit as Two as *const c_void),
         (
@@ -385,7 +386,7 @@ pub(crate) fn native_routines() -> List {
         ),
         (
             "submit_frame",
-            crate::ffi::mizu_submit_frame as One as *const c_void,
+            crate::ffi::mizu_submit_frame as Four as *const c_void,
         ),
         ("collect", collect as Two as *const c_void),
         (

@@ -89,8 +89,9 @@ unsafe extern "C" {
 unsafe extern "C" {
     /// [`crate::fast::mizu_rs_submit_expr`], raising its failures.
     pub fn mizu_submit_shim(pool: SEXP, expr: SEXP, vars: SEXP, frame: SEXP) -> SEXP;
-    /// `mizu_submit_shim` with its arguments taken from `mizu_submit`'s frame.
-    pub fn mizu_submit_frame(frame: SEXP) -> SEXP;
+    /// `mizu_submit_shim` with its arguments taken from `mizu_submit`'s frame (an
+    /// `.External2` routine: R passes the call, the primitive, the arguments and the frame).
+    pub fn mizu_submit_frame(call: SEXP, op: SEXP, args: SEXP, frame: SEXP) -> SEXP;
     /// [`crate::fast::mizu_rs_collect_value`], turning an outcome into a value or a condition.
     pub fn mizu_collect_shim(task: SEXP, timeout: SEXP) -> SEXP;
     /// The loop of a map chunk's elements on a worker, as lapply runs it.

@@ -318,9 +318,9 @@ print.mizu_call <- function(x, ...) {
 #' }
 #' @export
 mizu_submit <- function(.pool, .expr, ...) {
-  # (The native routine takes `.pool`, `substitute(.expr)` and `list(...)` from this frame
-  # and raises its failures itself: see src/shims.c.)
-  .Call(.native_submit_frame, environment())
+  # (The native routine takes `.pool`, `substitute(.expr)` and `list(...)` from this frame,
+  # which `.External2` passes it, and raises its failures itself: see src/shims.c.)
+  .External2(.native_submit_frame)
 }
 
 #' Submit several tasks at once
