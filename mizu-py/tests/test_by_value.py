@@ -204,3 +204,31 @@ def test_a_function_made_anew_that_assigns_a_global_runs_as_a_whole_function_wou
 
     assert [ex.submit(make()).result(timeout=60) for _ in range(5)] == [10] * 5
     assert COUNT == 0
+
+
+def test_a_function_pickle_cannot_name_travels_by_value_and_is_kept(ex):
+    # Made by `exec`: in a namespace of its own (its module, `__notebook__`, cannot be
+    # imported) or with no `__name__` at all (its module is None, as for code generators'
+    # functions). Pickling such a function by name fails after searching for its module.
+    ns = {"__name__": "__notebook__", "TABLE": TABLE}
+    exec("def twice(x):\n    return 2 * x\ndef plus_table(x):\n    return x + sum(TABLE)\n", ns)
+    bare = {}
+    exec("def square(x):\n    return x * x\n", bare)
+    twice, plus_table, square = ns["twice"], ns["plus_table"], bare["square"]
+    assert twice.__module__ == "__notebook__" and square.__module__ is None
+    for f in (twice, square):
+        first = _codec.fn_ref(f)
+        assert first is not None and _codec.fn_ref(f) is first
+    assert [ex.submit(twice, i).result() for i in range(3)] == [0, 2, 4]
+    assert list(ex.map(square, range(4))) == [0, 1, 4, 9]
+    with pymizu.Pool(1) as p:
+        assert [t.result() for t in p.submit_batch(square, [(i,) for i in range(3)])] == [0, 1, 4]
+        assert p.submit(twice, 21).result() == 42
+        # Holding a list: pickled with each call, so the worker sees it as it is now.
+        assert _codec.fn_ref(plus_table) is None
+        try:
+            assert p.submit(plus_table, 1).result() == 7
+            TABLE.append(10)
+            assert p.submit(plus_table, 1).result() == 17
+        finally:
+            del TABLE[3:]

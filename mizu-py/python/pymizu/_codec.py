@@ -12,6 +12,7 @@ import io
 import pickle
 import sys
 import types
+import weakref
 
 from . import _by_value, _main
 
@@ -27,6 +28,8 @@ loads = pickle.loads
 _FN_TYPES = (types.FunctionType, types.BuiltinFunctionType, type)
 _fn_bytes: dict = {}  # caller: function -> its pickle (by reference)
 _fn_objs: dict = {}  # worker: pickle -> function
+# caller: functions pickle cannot name (their module cannot be imported), which travel by value
+_unnamed: weakref.WeakSet = weakref.WeakSet()
 _SCALARS = frozenset((int, float, str, bool, type(None), bytes))
 _NO_BUFFERS: tuple = ()
 
@@ -57,6 +60,12 @@ def fn_ref(fn) -> bytes | None:
     try:
         b = _dumps(fn, 5)
     except Exception:
+        # A function whose module cannot be imported (made by `exec` in a namespace of its
+        # own, or with no module at all): by value, and kept, as a lambda is. Pickling it by
+        # name again at each call would search `sys.path` for that module each time.
+        if type(fn) is types.FunctionType:
+            _unnamed.add(fn)
+            return _by_value.head(fn)
         return None
     if len(b) > 512:
         return None
@@ -67,8 +76,13 @@ def fn_ref(fn) -> bytes | None:
 
 
 def _sent_by_value(fn) -> bool:
-    """`<lambda>`, `<locals>`, and what `_main` says workers cannot take by name."""
-    return "<" in fn.__qualname__ or (fn.__module__ == "__main__" and _main.by_value(fn))
+    """`<lambda>`, `<locals>`, what `_main` says workers cannot take by name, and what pickle
+    could not name."""
+    return (
+        "<" in fn.__qualname__
+        or (fn.__module__ == "__main__" and _main.by_value(fn))
+        or fn in _unnamed
+    )
 
 
 def call_ref(fn) -> bytes | tuple[bytes, tuple] | None:
@@ -107,6 +121,10 @@ def dumps_call(fn, args: tuple, kwargs: dict) -> tuple[bytes, list, bytes | None
     pickle is the whole call `(fn, args, kwargs)`."""
     head = fn_ref(fn)
     if head is None:
+        if type(fn) is types.FunctionType and fn in _unnamed:
+            # (Straight to the by-value pickle: pickling it by name fails, after a search.)
+            data, bufs = _dumps_by_value((fn, args, kwargs))
+            return data, bufs, None
         data, bufs = dumps((fn, args, kwargs))
         return data, bufs, None
     data, bufs = dumps_args(args, kwargs)
