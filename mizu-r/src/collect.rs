@@ -382,12 +382,18 @@ pub(crate) fn task_wait_any(tasks: List, timeout: Robj) -> Result<i32> {
 pub(crate) fn tasks_wait_ahead(tasks: List, stream: bool, timeout: Robj) -> Result<i32> {
     let ts = task_refs(&tasks)?;
     let timeout = timeout_arg(&timeout)?;
+    Ok(wait_ahead_of(&ts, stream, timeout))
+}
+
+/// [`tasks_wait_ahead`] of the tasks `ts`: 1 once `ts[0]` is worth collecting (see
+/// `mizu_pool::Ahead`), 0 when `timeout` passed first, -1 when Ctrl-C was pressed.
+pub(crate) fn wait_ahead_of(ts: &[&RTask], stream: bool, timeout: Option<Duration>) -> i32 {
     let start = Instant::now();
     let mut ahead = mizu_pool::Ahead::new(stream);
     loop {
         let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
         if left.is_some_and(|l| l.is_zero()) {
-            return Ok(0);
+            return 0;
         }
         let slice = left.map_or(SLICE, |l| l.min(SLICE));
         let guards: Vec<_> = ts.iter().map(|t| t.cell.borrow()).collect();
@@ -399,12 +405,12 @@ pub(crate) fn tasks_wait_ahead(tasks: List, stream: bool, timeout: Robj) -> Resu
             })
             .collect();
         if ahead.wait(&pending, Some(slice)) {
-            return Ok(1);
+            return 1;
         }
         drop(pending);
         drop(guards);
         if interrupt::pending() {
-            return Ok(-1);
+            return -1;
         }
     }
 }

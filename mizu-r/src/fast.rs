@@ -264,6 +264,132 @@ pub unsafe extern "C" fn mizu_rs_collect_value(
     }
 }
 
+/// `mizu_collect_all()`'s loop, from the task at position `from` (1-based) of `tasks` on: their
+/// plain values, in order, each task waited for as `mizu_pool::Ahead` waits for a caller that
+/// needs every result, all within `timeout` seconds. It stops at the first task whose outcome
+/// is anything else, which it hands over uncollected-by-R: `list(values, code, outcome)`, where
+/// `code` is 0 when every task from `from` on gave its value, 1 when the task after `values`
+/// gave the outcome list `outcome` (an error, warnings, a timeout, a bad handle: for
+/// `.value()`), 2 when `timeout` passed while waiting, 3 when Ctrl-C was pressed while waiting.
+/// As an interpreted loop, the same work cost ~1 µs per task.
+unsafe extern "C" fn collect_values(tasks: SEXP, from: SEXP, timeout: SEXP) -> SEXP {
+    use extendr_ffi::{
+        R_xlen_t, Rf_allocVector, Rf_xlengthgets, SET_VECTOR_ELT, SEXPTYPE, TYPEOF, VECTOR_ELT,
+        XLENGTH,
+    };
+    // SAFETY: R's main thread (`.Call`); the arguments are protected by R for the call. Every
+    // value made here is protected until it is in the answer (two protections, popped at the
+    // end: the values and the outcome); a collected value is protected once by
+    // `collect_protected` until it is stored in the values list.
+    unsafe {
+        let first = match (TYPEOF(from), XLENGTH(from)) {
+            (SEXPTYPE::INTSXP, 1) => f64::from(*extendr_ffi::INTEGER(from)),
+            (SEXPTYPE::REALSXP, 1) => *extendr_ffi::REAL(from),
+            _ => f64::NAN,
+        };
+        let n = if TYPEOF(tasks) == SEXPTYPE::VECSXP {
+            XLENGTH(tasks) as usize
+        } else {
+            0
+        };
+        if !(first >= 1.0 && first.fract() == 0.0 && first <= (n + 1) as f64) {
+            return failed_answer("internal error: bad arguments to the collecting loop");
+        }
+        let start = first as usize - 1;
+        let timeout = match timeout_sexp(timeout) {
+            Ok(t) => t,
+            Err(e) => return failed_answer(&message(e)),
+        };
+        let began = std::time::Instant::now();
+        let left = || timeout.map(|t| t.saturating_sub(began.elapsed()));
+        let values = Rf_protect(Rf_allocVector(SEXPTYPE::VECSXP, (n - start) as R_xlen_t));
+        let elt = |i: usize| VECTOR_ELT(tasks, i as R_xlen_t);
+        let mut k = start;
+        let (code, outcome) = loop {
+            if k == n {
+                break (0, R_NilValue);
+            }
+            let task = elt(k);
+            let t = match guarded(|| task_at(task).map_err(message)) {
+                Ok(t) => t,
+                Err(why) => break (1, Rf_protect(failure_outcome(&why))),
+            };
+            if !t.is_done() {
+                // (The rest up to a bad handle, which is reached in turn.)
+                let rest: Vec<&crate::task::RTask> =
+                    (k..n).map_while(|i| task_at(elt(i)).ok()).collect();
+                match guarded(|| {
+                    Ok::<_, String>(crate::collect::wait_ahead_of(&rest, false, left()))
+                }) {
+                    Ok(1) => {}
+                    Ok(0) => break (2, R_NilValue),
+                    Ok(_) => break (3, R_NilValue),
+                    Err(why) => break (1, Rf_protect(failure_outcome(&why))),
+                }
+            }
+            match guarded(|| collect_protected(t, task, left()).map_err(message)) {
+                Ok(Collected::Value(v)) => {
+                    SET_VECTOR_ELT(values, (k - start) as R_xlen_t, v);
+                    Rf_unprotect(1);
+                    k += 1;
+                }
+                // (Protected once, by `collect_protected`.)
+                Ok(Collected::Outcome(o)) => break (1, o),
+                Err(why) => break (1, Rf_protect(failure_outcome(&why))),
+            }
+        };
+        if outcome == R_NilValue {
+            Rf_protect(outcome);
+        }
+        let values = if k - start < n - start {
+            Rf_xlengthgets(values, (k - start) as R_xlen_t)
+        } else {
+            values
+        };
+        let a = answer(values, code, outcome);
+        Rf_unprotect(2);
+        a
+    }
+}
+
+/// [`collect_values`]'s answer when its arguments are wrong: no values, the failure `why`.
+///
+/// # Safety
+/// R's main thread.
+unsafe fn failed_answer(why: &str) -> SEXP {
+    // SAFETY: as stated; both parts are protected while the answer is made.
+    unsafe {
+        let values = Rf_protect(extendr_ffi::Rf_allocVector(
+            extendr_ffi::SEXPTYPE::VECSXP,
+            0,
+        ));
+        let outcome = Rf_protect(failure_outcome(why));
+        let a = answer(values, 1, outcome);
+        Rf_unprotect(2);
+        a
+    }
+}
+
+/// `list(values, code, outcome)`, the answer of [`collect_values`].
+///
+/// # Safety
+/// R's main thread; `values` and `outcome` are protected by the caller (or are fresh, with
+/// nothing allocated since they were made).
+unsafe fn answer(values: SEXP, code: i32, outcome: SEXP) -> SEXP {
+    use extendr_ffi::{Rf_allocVector, SET_VECTOR_ELT, SEXPTYPE};
+    // SAFETY: as stated; each part is protected while the others are allocated.
+    unsafe {
+        let values = Rf_protect(values);
+        let outcome = Rf_protect(outcome);
+        let a = Rf_protect(Rf_allocVector(SEXPTYPE::VECSXP, 3));
+        SET_VECTOR_ELT(a, 0, values);
+        SET_VECTOR_ELT(a, 1, extendr_ffi::Rf_ScalarInteger(code));
+        SET_VECTOR_ELT(a, 2, outcome);
+        Rf_unprotect(3);
+        a
+    }
+}
+
 /// Whether `tasks` is a list of `mizu_task` handles (`TRUE`/`FALSE`): what
 /// `vapply(tasks, inherits, TRUE, "mizu_task")` tells, at a few nanoseconds per element
 /// instead of ~3 µs (a closure call each). Each handle is still checked when it is used.
@@ -378,7 +504,7 @@ pub(crate) fn native_routines() -> List {
     type Four = unsafe extern "C" fn(SEXP, SEXP, SEXP, SEXP) -> SEXP;
     // `.Call` calls each with as many arguments as its type says: what its R wrapper passes
     // (`submit_frame` is an `.External2` routine: four, whatever the wrapper passes).
-    let routines: [(&str, *const c_void); 15] = [
+    let routines: [(&str, *const c_void); 16] = [
         ("submit", mizu_rs_submit as Two as *const c_void),
         (
             "submit_expr",
@@ -389,6 +515,7 @@ pub(crate) fn native_routines() -> List {
             crate::ffi::mizu_submit_frame as Four as *const c_void,
         ),
         ("collect", collect as Two as *const c_void),
+        ("collect_values", collect_values as Three as *const c_void),
         (
             "collect_value",
             crate::ffi::mizu_collect_shim as Two as *const c_void,

@@ -525,25 +525,35 @@ mizu_collect_all <- function(tasks, timeout = Inf) {
   .check_tasks(tasks)
   timeout <- .secs(timeout, "timeout")
   end <- if (is.finite(timeout)) proc.time()[[3L]] + timeout
-  out <- vector("list", length(tasks))
   nt <- length(tasks)
-  for (k in seq_along(tasks)) {
+  out <- NULL
+  k <- 1L
+  repeat {
     left <- if (is.null(end)) Inf else max(0, end - proc.time()[[3L]])
-    # Every value is wanted: the runtime decides how long to sleep before the next (see
-    # mizu_map()); a final task needs no wait.
-    if (!.Call(.native_task_done, tasks[[k]])) {
-      w <- .Call(wrap__tasks_wait_ahead, tasks[k:nt], FALSE, left)
-      if (w < 0L) .signal_interrupt()
-      if (w == 0L) return(mizu_timeout)
+    # The plain values from task k on, collected natively (every value is wanted: the runtime
+    # decides how long to sleep before the next, see mizu_map()), up to the first task with
+    # any other outcome, which is handled here: list(values, code, outcome).
+    r <- .Call(.native_collect_values, tasks, k, left)
+    got <- length(r[[1L]])
+    if (k == 1L && got == nt) {
+      out <- r[[1L]]
+      break
     }
-    o <- .Call(.native_collect, tasks[[k]], left)
-    if (o[[1L]] == 0L) {
-      if (!is.null(o[[2L]])) out[[k]] <- o[[2L]]
+    if (is.null(out)) out <- vector("list", nt)
+    if (got > 0L) out[k:(k + got - 1L)] <- r[[1L]]
+    k <- k + got
+    code <- r[[2L]]
+    if (code == 0L) break
+    if (code == 2L) return(mizu_timeout)
+    if (code == 3L) {
+      .signal_interrupt()
       next
     }
+    o <- r[[3L]]
     if (o[[1L]] == 6L) return(mizu_timeout)
     v <- .value(o, index = k)
     if (!is.null(v)) out[[k]] <- v
+    k <- k + 1L
   }
   names(out) <- names(tasks)
   out

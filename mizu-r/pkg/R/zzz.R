@@ -10,6 +10,7 @@
 .native_submit_frame <- NULL
 .native_collect <- NULL
 .native_collect_value <- NULL
+.native_collect_values <- NULL
 .native_tasks_ok <- NULL
 .native_task_done <- NULL
 .native_nop <- NULL

@@ -166,6 +166,30 @@ test_that("collect_all keeps names and order and raises the first failure with i
   })
 })
 
+test_that("collect_all hands every outcome over in order, whichever kind each is", {
+  with_pool(2, function(pool) {
+    # Plain values (NULL among them), a value with a warning, more values after it: the
+    # warning is signalled once, the values keep their places.
+    ts <- list(mizu_submit(pool, 1), mizu_submit(pool, NULL),
+               mizu_submit(pool, { warning("third warns"); 3 }), mizu_submit(pool, 4),
+               mizu_submit(pool, NULL))
+    expect_warning(v <- mizu_collect_all(ts), "third warns")
+    expect_identical(v, list(1, NULL, 3, 4, NULL))
+    expect_silent(expect_identical(mizu_collect_all(ts), list(1, NULL, 3, 4, NULL)))
+    # Values after a task still running when the timeout passes are left for the next call.
+    ts <- list(mizu_submit(pool, 1), mizu_submit(pool, { Sys.sleep(1); 2 }), mizu_submit(pool, 3))
+    expect_identical(mizu_collect_all(ts, timeout = 0.05), mizu_timeout)
+    expect_identical(mizu_collect_all(ts), list(1, 2, 3))
+    # A handle that is no live task, after values: its error, once the values are in.
+    live <- mizu_submit(pool, 1)
+    saved <- unserialize(serialize(mizu_submit(pool, 2), NULL))
+    expect_error(mizu_collect_all(list(live, saved)), "not a live mizu task")
+    # Many tasks, some slow: every value in its place.
+    ts <- lapply(1:300, function(i) mizu_submit(pool, { if (i %% 50 == 0) Sys.sleep(0.01); i }, i = i))
+    expect_identical(mizu_collect_all(ts), as.list(1:300))
+  })
+})
+
 test_that("collect_any returns the first finished task; submit_batch keeps names", {
   with_pool(2, function(pool) {
     ts <- list(mizu_submit(pool, { Sys.sleep(3); "slow" }), mizu_submit(pool, "fast"))
