@@ -264,6 +264,82 @@ pub unsafe extern "C" fn mizu_rs_collect_value(
     }
 }
 
+/// `mizu_submit_batch()` of the common batch: `exprs` (a list of expressions) each with the
+/// bindings `vars` (a named list), when none of them may use the caller's variables and each
+/// message takes the compact encoding — encoded and submitted here in one call, as
+/// `mizu_submit()` does one, with one publication per worker queue. `list(tasks, failure)` as
+/// `pool_submit_batch` answers, or `NULL` for any other batch (and for bad arguments): the R
+/// function then makes each message (finding globals) and submits them the general way,
+/// which also words the errors. As R closures and extendr calls per expression, the same
+/// work cost ~4 µs per task.
+unsafe extern "C" fn submit_exprs(pool: SEXP, exprs: SEXP, vars: SEXP) -> SEXP {
+    use extendr_ffi::{R_xlen_t, Rf_allocVector, SET_VECTOR_ELT, SEXPTYPE, TYPEOF, VECTOR_ELT};
+    // SAFETY: R's main thread (`.Call`); the arguments are protected by R for the call; the
+    // handles' list is protected while handles are made and put in it; the failure is held by
+    // its Robj until the answer holds it.
+    unsafe {
+        let Ok(p) = pool_at(pool) else {
+            return R_NilValue;
+        };
+        if p.foreign || TYPEOF(exprs) != SEXPTYPE::VECSXP || check_var_names(vars).is_err() {
+            return R_NilValue;
+        }
+        let n = extendr_ffi::XLENGTH(exprs) as usize;
+        let key = p.repeats_key();
+        let outs = guarded(|| {
+            let mut outs = Vec::with_capacity(n);
+            for i in 0..n {
+                let e = VECTOR_ELT(exprs, i as R_xlen_t);
+                if crate::globals::may_use(e, vars) {
+                    return Ok(None);
+                }
+                match Outgoing::encode_expr_task(e, vars, key) {
+                    Some(Ok(o)) => outs.push(o),
+                    _ => return Ok(None),
+                }
+            }
+            Ok::<_, String>(Some(outs))
+        });
+        let Ok(Some(outs)) = outs else {
+            return R_NilValue;
+        };
+        // As in `submit_encoded`: before the handles exist.
+        crate::altrep::collect_garbage_if_due();
+        let tasks = Rf_protect(Rf_allocVector(SEXPTYPE::VECSXP, n as R_xlen_t));
+        let mut made = 0;
+        let r = guarded(|| {
+            crate::submit::submit_outs(pool, p, &outs, |t| {
+                let h = crate::batch::task_handle(pool, &p.batch, crate::task::RTask::new(t));
+                SET_VECTOR_ELT(tasks, made as R_xlen_t, h);
+                made += 1;
+            })
+            .map_err(message)
+        });
+        let fail = match r {
+            Ok(f) => f,
+            // (A nested pool used outside its task: the general path raises its error.)
+            Err(_) if made == 0 => {
+                Rf_unprotect(1);
+                return R_NilValue;
+            }
+            Err(why) => Some(Robj::from_sexp(failure_sexp("mizu_error", &why))),
+        };
+        let tasks = if made < n {
+            extendr_ffi::Rf_xlengthgets(tasks, made as R_xlen_t)
+        } else {
+            tasks
+        };
+        let tasks = Rf_protect(tasks);
+        let a = Rf_allocVector(SEXPTYPE::VECSXP, 2);
+        SET_VECTOR_ELT(a, 0, tasks);
+        if let Some(f) = fail {
+            SET_VECTOR_ELT(a, 1, f.get());
+        }
+        Rf_unprotect(2);
+        a
+    }
+}
+
 /// `mizu_collect_all()`'s loop, from the task at position `from` (1-based) of `tasks` on: their
 /// plain values, in order, each task waited for as `mizu_pool::Ahead` waits for a caller that
 /// needs every result, all within `timeout` seconds. It stops at the first task whose outcome
@@ -504,7 +580,7 @@ pub(crate) fn native_routines() -> List {
     type Four = unsafe extern "C" fn(SEXP, SEXP, SEXP, SEXP) -> SEXP;
     // `.Call` calls each with as many arguments as its type says: what its R wrapper passes
     // (`submit_frame` is an `.External2` routine: four, whatever the wrapper passes).
-    let routines: [(&str, *const c_void); 16] = [
+    let routines: [(&str, *const c_void); 17] = [
         ("submit", mizu_rs_submit as Two as *const c_void),
         (
             "submit_expr",
@@ -516,6 +592,7 @@ pub(crate) fn native_routines() -> List {
         ),
         ("collect", collect as Two as *const c_void),
         ("collect_values", collect_values as Three as *const c_void),
+        ("submit_exprs", submit_exprs as Three as *const c_void),
         (
             "collect_value",
             crate::ffi::mizu_collect_shim as Two as *const c_void,

@@ -186,18 +186,35 @@ pub(crate) fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
         // SAFETY: each message is protected by `msgs` for the call.
         .map(|v| Outgoing::encode_task(unsafe { v.get() }, p.repeats_key()))
         .collect::<Result<_>>()?;
-    check_nested(p)?;
     let mut tasks = Vec::with_capacity(outs.len());
-    if outs.is_empty() {
-        return Ok(batch_list(tasks, None));
-    }
     // SAFETY: R's main thread; `pool` is the live handle of `p`, protected by the Robj for
     // the call.
-    let mut room = Room::new(unsafe { pool.get() }, p);
+    let fail = unsafe { submit_outs(pool.get(), p, &outs, |t| tasks.push(handle(&pool, p, t))) }?;
+    Ok(batch_list(tasks, fail))
+}
+
+/// Submits `outs` to `p` (whose handle is `pool`) with one publication per worker queue, under
+/// the submit policy; `each` is given every task submitted, in order, as soon as it is (it
+/// makes the task's handle at once: `drain` finds tasks through their handles' batches). The
+/// failure `c(class, message)` that stopped the batch, if one did (what was submitted before
+/// it keeps running).
+///
+/// # Safety
+/// R's main thread; `pool` is the live, protected handle of `p`.
+pub(crate) unsafe fn submit_outs(
+    pool: SEXP,
+    p: &RPool,
+    outs: &[Outgoing],
+    mut each: impl FnMut(mizu_pool::Task),
+) -> Result<Option<Robj>> {
+    check_nested(p)?;
+    if outs.is_empty() {
+        return Ok(None);
+    }
+    let mut sent = 0;
+    let mut room = Room::new(pool, p);
     let fail = retrying(&mut room, |slice| {
-        let rest = outs[tasks.len()..]
-            .iter()
-            .map(|o| o as &dyn mizu_pool::Fill);
+        let rest = outs[sent..].iter().map(|o| o as &dyn mizu_pool::Fill);
         let (ts, res) = if p.nested {
             with_context(|c| match c {
                 Some(c) => c.submit_batch_with(rest),
@@ -208,13 +225,13 @@ pub(crate) fn pool_submit_batch(pool: Robj, msgs: List) -> Result<List> {
             let inner = g.as_ref().ok_or(PoolError::Stopped)?;
             inner.submit_batch_with(rest, Some(slice))
         };
-        // Each task gets its handle at once: `drain` finds tasks through their handles' batches.
-        tasks.extend(ts.into_iter().map(|t| handle(&pool, p, t)));
+        sent += ts.len();
+        ts.into_iter().for_each(&mut each);
         res
     })
     .err();
     crate::spill::warn_if_spilled();
-    Ok(batch_list(tasks, fail))
+    Ok(fail)
 }
 
 /// A nested pool handle (`mizu_current_pool()`) works only inside the task it was made in.

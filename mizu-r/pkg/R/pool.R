@@ -344,6 +344,15 @@ mizu_submit <- function(.pool, .expr, ...) {
 mizu_submit_batch <- function(.pool, .exprs, ...) {
   if (!is.list(.exprs)) stop("`.exprs` must be a list of quoted expressions", call. = FALSE)
   vars <- list(...)
+  # The common batch (no expression uses the caller's variables) is encoded and submitted
+  # natively in one call, as mizu_submit() does one task; NULL means any other batch.
+  r <- .Call(.native_submit_exprs, .pool, .exprs, vars)
+  if (!is.null(r)) {
+    if (!is.null(r[[2]])) .raise_failure(r[[2]])
+    tasks <- r[[1]]
+    names(tasks) <- names(.exprs)
+    return(tasks)
+  }
   env <- parent.frame()
   msgs <- lapply(.exprs, function(e) {
     if (.Call(wrap__may_use_globals, e, vars)) .expr_message(e, vars, env) else list("e", e, vars)

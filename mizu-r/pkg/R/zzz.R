@@ -11,6 +11,7 @@
 .native_collect <- NULL
 .native_collect_value <- NULL
 .native_collect_values <- NULL
+.native_submit_exprs <- NULL
 .native_tasks_ok <- NULL
 .native_task_done <- NULL
 .native_nop <- NULL

@@ -190,6 +190,28 @@ test_that("collect_all hands every outcome over in order, whichever kind each is
   })
 })
 
+test_that("submit_batch sends every kind of batch: bindings only, the caller's variables, nested", {
+  with_pool(2, function(pool) {
+    # Bindings only (sent natively in one call), with names.
+    b <- mizu_submit_batch(pool, list(a = quote(k + 1), b = quote(sqrt(k)), c = quote(NULL)), k = 4)
+    expect_identical(mizu_collect_all(b), list(a = 5, b = 2, c = NULL))
+    expect_identical(mizu_submit_batch(pool, list()), list())
+    # One expression using a variable of the caller's: the whole batch finds its globals.
+    offset <- 100
+    b <- mizu_submit_batch(pool, list(quote(k * 2), quote(k + offset)), k = 1)
+    expect_identical(mizu_collect_all(b), list(2, 101))
+    # Inside a task, on the task's own pool.
+    v <- mizu_collect(mizu_submit(pool, {
+      p <- mizu::mizu_current_pool()
+      unlist(mizu::mizu_collect_all(mizu::mizu_submit_batch(p, lapply(1:20, function(i) bquote(.(i) * m)), m = 3)))
+    }))
+    expect_identical(v, (1:20) * 3)
+    # A binding that cannot cross fails the batch, with its class.
+    e <- tryCatch(mizu_submit_batch(pool, list(quote(1), quote(2)), env = new.env()), error = identity)
+    expect_s3_class(e, "mizu_error_not_portable")
+  })
+})
+
 test_that("collect_any returns the first finished task; submit_batch keeps names", {
   with_pool(2, function(pool) {
     ts <- list(mizu_submit(pool, { Sys.sleep(3); "slow" }), mizu_submit(pool, "fast"))
