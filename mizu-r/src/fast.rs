@@ -264,51 +264,73 @@ pub unsafe extern "C" fn mizu_rs_collect_value(
     }
 }
 
-/// `mizu_submit_batch()` of the common batch: `exprs` (a list of expressions) each with the
-/// bindings `vars` (a named list), when none of them may use the caller's variables and each
-/// message takes the compact encoding — encoded and submitted here in one call, as
-/// `mizu_submit()` does one, with one publication per worker queue. `list(tasks, failure)` as
-/// `pool_submit_batch` answers, or `NULL` for any other batch (and for bad arguments): the R
-/// function then makes each message (finding globals) and submits them the general way,
-/// which also words the errors. As R closures and extendr calls per expression, the same
-/// work cost ~4 µs per task.
-unsafe extern "C" fn submit_exprs(pool: SEXP, exprs: SEXP, vars: SEXP) -> SEXP {
+/// `.submit_many()`: submits the task messages `msgs` (a list) to `pool` as one batch, as
+/// `pool_submit_batch` does, without extendr's handle per value (a hash-table update each,
+/// which cost more than encoding a small message). `list(tasks, failure)`, or `NULL` when
+/// `pool` is not a live pool (or a panic stopped it before a task went out): the extendr
+/// routine then words the error.
+unsafe extern "C" fn submit_msgs(pool: SEXP, msgs: SEXP) -> SEXP {
     use extendr_ffi::{R_xlen_t, Rf_allocVector, SET_VECTOR_ELT, SEXPTYPE, TYPEOF, VECTOR_ELT};
     // SAFETY: R's main thread (`.Call`); the arguments are protected by R for the call; the
-    // handles' list is protected while handles are made and put in it; the failure is held by
+    // handles' list is protected while handles are made and put in it; a failure is held by
     // its Robj until the answer holds it.
     unsafe {
         let Ok(p) = pool_at(pool) else {
             return R_NilValue;
         };
-        if p.foreign || TYPEOF(exprs) != SEXPTYPE::VECSXP || check_var_names(vars).is_err() {
+        if TYPEOF(msgs) != SEXPTYPE::VECSXP {
             return R_NilValue;
         }
-        let n = extendr_ffi::XLENGTH(exprs) as usize;
+        let n = extendr_ffi::XLENGTH(msgs) as usize;
         let key = p.repeats_key();
         let outs = guarded(|| {
             let mut outs = Vec::with_capacity(n);
             for i in 0..n {
-                let e = VECTOR_ELT(exprs, i as R_xlen_t);
-                if crate::globals::may_use(e, vars) {
-                    return Ok(None);
+                let m = VECTOR_ELT(msgs, i as R_xlen_t);
+                if let Err(u) = check_msg_sexp(m) {
+                    return Ok(Err(u));
                 }
-                match Outgoing::encode_expr_task(e, vars, key) {
-                    Some(Ok(o)) => outs.push(o),
-                    _ => return Ok(None),
-                }
+                outs.push(
+                    Outgoing::encode_task(m, key).map_err(|e| Unsendable::from(e.to_string()))?,
+                );
             }
-            Ok::<_, String>(Some(outs))
+            Ok::<_, Unsendable>(Ok(outs))
         });
-        let Ok(Some(outs)) = outs else {
-            return R_NilValue;
+        let outs = match outs {
+            Ok(Ok(outs)) => outs,
+            Ok(Err(u)) | Err(u) => {
+                let tasks = Rf_protect(Rf_allocVector(SEXPTYPE::VECSXP, 0));
+                let f = Rf_protect(failure_sexp(u.class, &u.message));
+                let a = Rf_allocVector(SEXPTYPE::VECSXP, 2);
+                SET_VECTOR_ELT(a, 0, tasks);
+                SET_VECTOR_ELT(a, 1, f);
+                Rf_unprotect(2);
+                return a;
+            }
         };
+        submit_outs_answer(pool, p, &outs)
+    }
+}
+
+/// Submits `outs` to `p` (whose handle is `pool`) as one batch and answers `list(tasks,
+/// failure)` (see [`submit_msgs`]), or `NULL` when nothing went out because of an error the
+/// general path words.
+///
+/// # Safety
+/// R's main thread; `pool` is the live, protected handle of `p`; what `outs` refers to is
+/// protected.
+unsafe fn submit_outs_answer(pool: SEXP, p: &crate::pool::RPool, outs: &[Outgoing]) -> SEXP {
+    use extendr_ffi::{R_xlen_t, Rf_allocVector, SET_VECTOR_ELT, SEXPTYPE};
+    // SAFETY: as stated; the handles' list is protected while handles are made and put in
+    // it; a failure is held by its Robj until the answer holds it.
+    unsafe {
+        let n = outs.len();
         // As in `submit_encoded`: before the handles exist.
         crate::altrep::collect_garbage_if_due();
         let tasks = Rf_protect(Rf_allocVector(SEXPTYPE::VECSXP, n as R_xlen_t));
         let mut made = 0;
         let r = guarded(|| {
-            crate::submit::submit_outs(pool, p, &outs, |t| {
+            crate::submit::submit_outs(pool, p, outs, |t| {
                 let h = crate::batch::task_handle(pool, &p.batch, crate::task::RTask::new(t));
                 SET_VECTOR_ELT(tasks, made as R_xlen_t, h);
                 made += 1;
@@ -337,6 +359,48 @@ unsafe extern "C" fn submit_exprs(pool: SEXP, exprs: SEXP, vars: SEXP) -> SEXP {
         }
         Rf_unprotect(2);
         a
+    }
+}
+
+/// `mizu_submit_batch()` of the common batch: `exprs` (a list of expressions) each with the
+/// bindings `vars` (a named list), when none of them may use the caller's variables and each
+/// message takes the compact encoding — encoded and submitted here in one call, as
+/// `mizu_submit()` does one, with one publication per worker queue. `list(tasks, failure)` as
+/// `pool_submit_batch` answers, or `NULL` for any other batch (and for bad arguments): the R
+/// function then makes each message (finding globals) and submits them the general way,
+/// which also words the errors. As R closures and extendr calls per expression, the same
+/// work cost ~4 µs per task.
+unsafe extern "C" fn submit_exprs(pool: SEXP, exprs: SEXP, vars: SEXP) -> SEXP {
+    use extendr_ffi::{R_xlen_t, SEXPTYPE, TYPEOF, VECTOR_ELT};
+    // SAFETY: R's main thread (`.Call`); the arguments are protected by R for the call (and
+    // so is what the encoded messages refer to).
+    unsafe {
+        let Ok(p) = pool_at(pool) else {
+            return R_NilValue;
+        };
+        if p.foreign || TYPEOF(exprs) != SEXPTYPE::VECSXP || check_var_names(vars).is_err() {
+            return R_NilValue;
+        }
+        let n = extendr_ffi::XLENGTH(exprs) as usize;
+        let key = p.repeats_key();
+        let outs = guarded(|| {
+            let mut outs = Vec::with_capacity(n);
+            for i in 0..n {
+                let e = VECTOR_ELT(exprs, i as R_xlen_t);
+                if crate::globals::may_use(e, vars) {
+                    return Ok(None);
+                }
+                match Outgoing::encode_expr_task(e, vars, key) {
+                    Some(Ok(o)) => outs.push(o),
+                    _ => return Ok(None),
+                }
+            }
+            Ok::<_, String>(Some(outs))
+        });
+        let Ok(Some(outs)) = outs else {
+            return R_NilValue;
+        };
+        submit_outs_answer(pool, p, &outs)
     }
 }
 
@@ -580,7 +644,7 @@ pub(crate) fn native_routines() -> List {
     type Four = unsafe extern "C" fn(SEXP, SEXP, SEXP, SEXP) -> SEXP;
     // `.Call` calls each with as many arguments as its type says: what its R wrapper passes
     // (`submit_frame` is an `.External2` routine: four, whatever the wrapper passes).
-    let routines: [(&str, *const c_void); 17] = [
+    let routines: [(&str, *const c_void); 18] = [
         ("submit", mizu_rs_submit as Two as *const c_void),
         (
             "submit_expr",
@@ -593,6 +657,7 @@ pub(crate) fn native_routines() -> List {
         ("collect", collect as Two as *const c_void),
         ("collect_values", collect_values as Three as *const c_void),
         ("submit_exprs", submit_exprs as Three as *const c_void),
+        ("submit_msgs", submit_msgs as Two as *const c_void),
         (
             "collect_value",
             crate::ffi::mizu_collect_shim as Two as *const c_void,

@@ -124,15 +124,29 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   parts <- vector("list", length(chunks))
   done <- 0L
   nt <- length(tasks)
-  for (k in seq_along(tasks)) {
+  k <- 1L
+  while (k <= nt) {
     # The runtime decides how long to sleep (mizu_pool::Ahead): every result is wanted at
-    # once, or, with a progress bar, streamed. (A final task needs no wait: the check here
-    # only spares copying the rest of the list.)
-    if (!.Call(.native_task_done, tasks[[k]]) &&
-        .Call(wrap__tasks_wait_ahead, tasks[k:nt], !is.null(bar), Inf) < 0L) {
-      .signal_interrupt()
+    # once, or, with a progress bar, streamed. Without one, the chunks' plain results are
+    # collected natively up to the first other outcome (see mizu_collect_all()).
+    o <- NULL
+    if (is.null(bar)) {
+      r <- .Call(.native_collect_values, tasks, k, Inf)
+      got <- length(r[[1L]])
+      if (got > 0L && is.null(spec)) parts[k:(k + got - 1L)] <- r[[1L]]
+      k <- k + got
+      if (r[[2L]] == 0L) break
+      if (r[[2L]] == 3L) .signal_interrupt()
+      if (r[[2L]] == 1L) o <- r[[3L]]
     }
-    o <- .Call(.native_collect, tasks[[k]], Inf)
+    if (is.null(o)) {
+      # (A final task needs no wait: the check here only spares copying the rest of the list.)
+      if (!.Call(.native_task_done, tasks[[k]]) &&
+          .Call(wrap__tasks_wait_ahead, tasks[k:nt], !is.null(bar), Inf) < 0L) {
+        .signal_interrupt()
+      }
+      o <- .Call(.native_collect, tasks[[k]], Inf)
+    }
     if (o[[1]] == 1L) {
       e <- .remote_condition(o[[2]])
       if (is.null(e$index)) e$index <- chunks[[k]][[1]]
@@ -142,6 +156,7 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
     if (is.null(spec)) parts[[k]] <- part
     done <- done + length(chunks[[k]])
     if (!is.null(bar)) utils::setTxtProgressBar(bar, done)
+    k <- k + 1L
   }
   out <- if (!is.null(spec)) {
     .Call(wrap__out_view, out[[1L]])

@@ -362,7 +362,9 @@ mizu_submit_batch <- function(.pool, .exprs, ...) {
 
 .submit_many <- function(pool, msgs, nms = NULL) {
   if (!length(msgs)) return(list())
-  r <- .Call(wrap__pool_submit_batch, pool, unname(msgs))
+  # (NULL: not a live pool; the extendr routine says so.)
+  r <- .Call(.native_submit_msgs, pool, msgs)
+  if (is.null(r)) r <- .Call(wrap__pool_submit_batch, pool, unname(msgs))
   if (!is.null(r[[2]])) {
     # What was submitted keeps running; its handles are dropped (results abandoned).
     .raise_failure(r[[2]])

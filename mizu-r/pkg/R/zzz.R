@@ -12,6 +12,7 @@
 .native_collect_value <- NULL
 .native_collect_values <- NULL
 .native_submit_exprs <- NULL
+.native_submit_msgs <- NULL
 .native_tasks_ok <- NULL
 .native_task_done <- NULL
 .native_nop <- NULL

@@ -119,6 +119,27 @@ test_that("each element reaches .f as lapply passes it, whatever the vector, and
   })
 })
 
+test_that("warnings of a map's elements reach the caller and the values keep their places", {
+  with_pool(2, function(pool) {
+    f <- function(i) {
+      if (i %% 25 == 0) warning(paste("element", i))
+      if (i %% 7 == 0) NULL else i
+    }
+    want <- lapply(1:100, function(i) if (i %% 7 == 0) NULL else i)
+    for (progress in c(FALSE, TRUE)) {
+      seen <- character(0)
+      capture.output(got <- withCallingHandlers(
+        mizu_map(pool, 1:100, f, .progress = progress),
+        warning = function(w) {
+          seen <<- c(seen, conditionMessage(w))
+          invokeRestart("muffleWarning")
+        }))
+      expect_identical(got, want)
+      expect_setequal(seen, paste("element", c(25, 50, 75, 100)))
+    }
+  })
+})
+
 test_that("the first failing element by position is reported, with its class and index", {
   with_pool(2, function(pool) {
     f <- function(i) if (i %in% c(37, 80)) stop(structure(
