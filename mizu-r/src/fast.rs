@@ -271,9 +271,9 @@ pub unsafe extern "C" fn mizu_rs_collect_value(
 /// routine then words the error.
 unsafe extern "C" fn submit_msgs(pool: SEXP, msgs: SEXP) -> SEXP {
     use extendr_ffi::{R_xlen_t, Rf_allocVector, SET_VECTOR_ELT, SEXPTYPE, TYPEOF, VECTOR_ELT};
-    // SAFETY: R's main thread (`.Call`); the arguments are protected by R for the call; the
-    // handles' list is protected while handles are made and put in it; a failure is held by
-    // its Robj until the answer holds it.
+    // SAFETY: R's main thread (`.Call`); the arguments are protected by R for the call (and
+    // so is what the encoded messages refer to); the failure's answer is protected while it
+    // is made.
     unsafe {
         let Ok(p) = pool_at(pool) else {
             return R_NilValue;
