@@ -5,10 +5,9 @@
   # The runtime's chunks (mizu_pool::chunks): rounds of one per worker, shrinking.
   p <- .Call(wrap__chunk_plan, as.double(n), as.double(workers),
              if (is.null(chunk_size)) 0 else as.double(chunk_size))
-  lapply(seq_along(p[[1L]]), function(j) {
-    s <- as.integer(p[[1L]][[j]])
-    s:(s + as.integer(p[[2L]][[j]]) - 1L)
-  })
+  s <- as.integer(p[[1L]])
+  # (`:` called by .mapply, not a closure per chunk: ~2 us each.)
+  .mapply(`:`, list(s, s + as.integer(p[[2L]]) - 1L), NULL)
 }
 
 #' Map a function over a vector or list on a pool
@@ -104,11 +103,12 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
     .check_sendable(globals, "global ")
     if (length(chunks) > 1L) globals <- lapply(globals, .share_if_large)
   }
+  if (!is.null(names(xs))) xs <- unname(xs)
   msgs <- lapply(chunks, function(ix) {
     if (is.null(packages)) {
-      list("m", fun, dots, unname(xs[ix]), seed, ix[[1]], .ptype, spec, globals)
+      list("m", fun, dots, xs[ix], seed, ix[[1]], .ptype, spec, globals)
     } else {
-      list("m", fun, dots, unname(xs[ix]), seed, ix[[1]], .ptype, spec, globals, packages)
+      list("m", fun, dots, xs[ix], seed, ix[[1]], .ptype, spec, globals, packages)
     }
   })
   # The first chunk of each worker goes out before the rest are encoded: the workers start
