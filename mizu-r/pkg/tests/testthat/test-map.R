@@ -140,6 +140,23 @@ test_that("warnings of a map's elements reach the caller and the values keep the
   })
 })
 
+test_that("a failing element's position survives the nested maps its chunk runs", {
+  with_pool(1, function(pool) {
+    f <- function(i) {
+      p <- mizu::mizu_current_pool()
+      inner <- mizu::mizu_map(p, 1:6, function(j) j * 2, .chunk_size = 2)
+      caught <- tryCatch(mizu::mizu_map(p, 1:3, function(j) stop("inner")),
+                         error = function(e) e$index)
+      if (i == 5) stop("outer five")
+      sum(unlist(inner)) + caught
+    }
+    e <- tryCatch(mizu_map(pool, 1:8, f, .chunk_size = 8), error = function(e) e)
+    expect_equal(conditionMessage(e), "outer five")
+    expect_equal(e$index, 5)
+    expect_identical(mizu_map(pool, 1:3, function(i) f(1), .chunk_size = 3), as.list(rep(43, 3)))
+  })
+})
+
 test_that("the first failing element by position is reported, with its class and index", {
   with_pool(2, function(pool) {
     f <- function(i) if (i %in% c(37, 80)) stop(structure(
