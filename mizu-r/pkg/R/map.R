@@ -361,6 +361,8 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
 
 # Whether `x` is worth sharing once: a vector or data frame of 1 MiB or more, not shared yet.
 .worth_sharing <- function(x) {
+  # (A vector of fewer than 2^16 numbers is under 1 MiB: no need to ask object.size(), ~8 us.)
+  if (is.atomic(x) && !is.character(x) && length(x) < 65536L) return(FALSE)
   if (!(is.atomic(x) || is.data.frame(x)) || utils::object.size(x) < 2^20) return(FALSE)
   probe <- if (is.data.frame(x)) x[[1L]] else x
   is.null(probe) || !mizu_is_shared(probe)
