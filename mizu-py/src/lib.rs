@@ -8,6 +8,7 @@ mod cell;
 mod channel;
 mod codec;
 mod cursor;
+mod elements;
 mod fastcall;
 mod future;
 mod future_slots;
@@ -153,6 +154,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<watch::Watch>()?;
     m.add_class::<signal::Signal>()?;
     m.add_class::<pending::PendingSet>()?;
+    m.add_class::<elements::Elements>()?;
     m.add_class::<shmbuf::ShmBuffer>()?;
     m.add_class::<channel::Channel>()?;
     m.add_class::<wire::ArrowArray>()?;

@@ -337,6 +337,14 @@ def mark(folder, i):
     return i
 
 
+def mark_past_gate(folder, gate, i):
+    """Call `i` of a map: the first returns at once, the others wait for `gate` (see
+    `wait_for`) and leave a trace that they ran."""
+    if i and not wait_for(gate):
+        raise TimeoutError(gate)
+    return mark(folder, i)
+
+
 def fail_odd(i):
     if i % 2:
         raise ValueError(f"odd {i}")

@@ -70,6 +70,55 @@ def test_map_keeps_order(ex):
     assert list(ex.map(tasks.add, range(100), range(100), timeout=60)) == [2 * i for i in range(100)]
 
 
+def test_map_hands_out_its_elements_without_keeping_them(ex):
+    import gc
+    import weakref
+
+    # 2 000 elements: chunks of many elements each, every one of which is let go as it is
+    # handed out, not when its chunk is done.
+    it = ex.map(tasks.make_object, range(2000), timeout=60)
+    assert iter(it) is it
+    n = 0
+    for obj in it:  # (not `enumerate`: its reused tuple holds the last element)
+        ref = weakref.ref(obj)
+        del obj
+        gc.collect()
+        assert ref() is None, f"element {n} is still held by the iterator"
+        n += 1
+    assert n == 2000
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_a_map_fails_at_its_first_failing_element_then_is_finished(ex):
+    it = ex.map(tasks.fails_at, range(1000), [637] * 1000, timeout=60)
+    got = []
+    with pytest.raises(KeyError):
+        for x in it:
+            got.append(x)
+    # Every chunk before the failing one's, in order (the failing chunk fails as a whole, as
+    # with ProcessPoolExecutor's chunks); then nothing more.
+    assert 0 < len(got) <= 637 and got == list(range(len(got)))
+    assert list(it) == [], "a map that raised yields nothing more"
+
+
+def test_closing_a_map_early_cancels_the_chunks_not_collected(tmp_path):
+    gate = str(tmp_path / "gate")
+    n = 50
+    with pymizu.PoolExecutor(1) as e:
+        # One element a chunk: the first returns, the second (once the worker takes it) holds
+        # the only worker at the gate, the rest wait behind it.
+        it = e.map(tasks.mark_past_gate, [str(tmp_path)] * n, [gate] * n, range(n), chunksize=1)
+        assert next(it) == 0
+        it.close()
+        assert list(it) == []
+        open(gate, "w").close()
+        assert e.submit(tasks.add, 1, 2).result(timeout=60) == 3
+    ran = sorted(int(p.name) for p in tmp_path.iterdir() if p.name != "gate")
+    # (The second call ran if the worker took it before `close`, which cannot cancel it.)
+    assert ran in ([0], [0, 1]), f"calls that ran after the map was closed: {ran}"
+
+
 def test_workers_are_other_processes(ex):
     pids = {ex.submit(tasks.pid).result(timeout=60) for _ in range(20)}
     assert os.getpid() not in pids

@@ -423,7 +423,7 @@ class PoolExecutor(Executor):
             futs.append(self._submit_payload(*payload))
         del items
 
-        def results():
+        def chunks():
             try:
                 futs.reverse()
                 while futs:
@@ -435,18 +435,16 @@ class PoolExecutor(Executor):
                         rest = [f._task for f in reversed(futs) if isinstance(f, _MizuFuture)]
                         _native.wait_ahead(rest, left, True)
                     if deadline is None:
-                        chunk = futs[-1].result()
+                        yield futs[-1].result()
                     else:
-                        chunk = futs[-1].result(deadline - time.monotonic())
+                        yield futs[-1].result(deadline - time.monotonic())
                     futs.pop()
-                    chunk.reverse()
-                    while chunk:
-                        yield chunk.pop()
             finally:
                 for f in futs:
                     f.cancel()
 
-        return results()
+        # The elements are handed out natively, each chunk's place cleared as it goes.
+        return _native.Elements(chunks())
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         st = self._state

@@ -220,7 +220,10 @@ class _Submitter:
         for c in plan:
             tasks += self._submit_all([call(*c)])
         stream = self._stream if ordered else self._stream_unordered
-        return stream(tasks, deadline, timeout, _Progress(n, progress), [k for _, k in plan], parts)
+        bar = _Progress(n, progress)
+        chunks = stream(tasks, deadline, timeout, bar, [k for _, k in plan], not parts or bar.shown)
+        # A streamed map's elements are handed out natively, not by a generator.
+        return chunks if parts else _native.Elements(chunks)
 
     # -- pools of another language's workers (`Pool(language="r")`) -------------------------
 
@@ -247,14 +250,16 @@ class _Submitter:
         call = self._xcall(fn, (), {})
         deadline = None if timeout is None else time.monotonic() + timeout
         tasks = self._pool.submit_xmap(call, items, star, seed, offset, chunksize)
-        return self._xstream(tasks, deadline, timeout, _Progress(len(items), progress), chunksize, offset, parts)
+        bar = _Progress(len(items), progress)
+        chunks = self._xstream(tasks, deadline, timeout, bar, chunksize, offset, not parts or bar.shown)
+        return chunks if parts else _native.Elements(chunks)
 
-    def _xstream(self, tasks, deadline, timeout, bar, chunksize, offset, parts):
-        stream = not parts or bar.shown  # (see `_stream`)
+    def _xstream(self, tasks, deadline, timeout, bar, chunksize, offset, streamed):
+        """The result lists of an R map's chunks, in order (see `_stream`)."""
         try:
             for k, t in enumerate(tasks):
                 if not t.done():
-                    _native.wait_ahead(tasks[k:], _left(deadline, timeout), stream)
+                    _native.wait_ahead(tasks[k:], _left(deadline, timeout), streamed)
                 try:
                     part = t.result(_left(deadline, timeout))
                 except TaskError as e:
@@ -263,17 +268,15 @@ class _Submitter:
                     at = getattr(e, "_pymizu_element", None)
                     e._pymizu_index = k * chunksize if at is None else at - offset  # type: ignore[attr-defined]
                     raise
-                if parts:
-                    yield part
-                else:
-                    yield from part
+                yield part
                 bar.update(len(part))
         finally:
             for t in tasks:
                 t.cancel()
             bar.close()
 
-    def _stream_unordered(self, tasks: list[Task], deadline, timeout, bar, lengths, parts=False):
+    def _stream_unordered(self, tasks: list[Task], deadline, timeout, bar, lengths, streamed=True):
+        """The result lists of a map's chunks as they finish (always streamed)."""
         pending = list(tasks)
         try:
             while pending:
@@ -286,30 +289,24 @@ class _Submitter:
                 for t in done:
                     pending.remove(t)
                     chunk = t.result()
-                    if parts:
-                        yield chunk
-                    else:
-                        yield from chunk
+                    yield chunk
                     bar.update(len(chunk))
         finally:
             for t in pending:
                 t.cancel()
             bar.close()
 
-    def _stream(self, tasks: list[Task], deadline, timeout, bar, lengths, parts=False):
-        # The runtime decides how long to sleep (`wait_ahead`): a map that returns a list
-        # wants every result at once (`parts`, no progress bar); the rest stream them. (A
-        # final task needs no wait: `done()` here only spares converting the rest of the list.)
-        stream = not parts or bar.shown
+    def _stream(self, tasks: list[Task], deadline, timeout, bar, lengths, streamed):
+        """The result lists of a map's chunks, in order. The runtime decides how long to
+        sleep (`wait_ahead`): a map that returns a list wants every result at once (not
+        `streamed`); the rest stream them. (A final task needs no wait: `done()` here only
+        spares converting the rest of the list.)"""
         try:
             for i, (t, k) in enumerate(zip(tasks, lengths)):
                 if not t.done():
                     # (Past the deadline, the `result` below raises the TimeoutError.)
-                    _native.wait_ahead(tasks[i:], _left(deadline, timeout), stream)
-                if parts:
-                    yield t.result(_left(deadline, timeout))
-                else:
-                    yield from t.result(_left(deadline, timeout))
+                    _native.wait_ahead(tasks[i:], _left(deadline, timeout), streamed)
+                yield t.result(_left(deadline, timeout))
                 bar.update(k)
         finally:
             for t in tasks:
