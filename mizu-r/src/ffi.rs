@@ -95,7 +95,7 @@ unsafe extern "C" {
     /// [`crate::fast::mizu_rs_collect_value`], turning an outcome into a value or a condition.
     pub fn mizu_collect_shim(task: SEXP, timeout: SEXP) -> SEXP;
     /// The loop of a map chunk's elements on a worker, as lapply runs it.
-    pub fn mizu_each(f: SEXP, xs: SEXP, rho: SEXP, pos: SEXP) -> SEXP;
+    pub fn mizu_each(f: SEXP, xs: SEXP, dots: SEXP, pos: SEXP) -> SEXP;
     /// Binds a task's globals in the global environment; what they replaced.
     pub fn mizu_bind_globals(globals: SEXP) -> SEXP;
     /// Puts back what `mizu_bind_globals` replaced.

@@ -212,12 +212,11 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   # runs after this one) when an element fails (a binding per element would cost a tenth of
   # a 5 us element); the handler also sees errors `f` catches itself, so the position is
   # cleared after the loop. The common chunk — no seed, no type — runs as lapply does, in C
-  # (src/shims.c), which counts the position in `pos`.
+  # (src/shims.c), which passes `dots` on and counts the position in `pos`.
   if (is.null(seed) && is.null(ptype)) {
     pos <- integer(1L)
-    each <- function(...) .Call(.native_each, f, xs, environment(), pos)
     out <- withCallingHandlers(
-      do.call(each, dots, quote = TRUE),
+      .Call(.native_each, f, xs, dots, pos),
       error = function(e) st$element <- start + pos - 1L
     )
     st$element <- NULL

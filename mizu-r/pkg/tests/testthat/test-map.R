@@ -105,6 +105,12 @@ test_that("each element reaches .f as lapply passes it, whatever the vector, and
     expect_identical(mizu_map(pool, 1:3, function(i, e, s) list(e, s), e = quote(a + b),
                               s = as.name("zz")),
                      rep(list(list(quote(a + b), as.name("zz"))), 3))
+    # Extras with and without names are matched as lapply matches them, also through `...`.
+    g <- function(x, a, ...) list(x, a, ...length(), list(...))
+    big <- as.numeric(1:100000)
+    expect_identical(mizu_map(pool, 1:6, g, 10, b = "k", NULL, big),
+                     lapply(1:6, g, 10, b = "k", NULL, big))
+    expect_identical(mizu_map(pool, 1:4, function(x, y = 2) x * y), lapply(1:4, function(x, y = 2) x * y))
     # An error `.f` handles itself is no failure, and the next failing element is the one
     # reported.
     f <- function(i) {
