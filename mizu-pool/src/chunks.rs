@@ -34,6 +34,17 @@ pub fn plan(n: u64, workers: u64, fixed: Option<u64>) -> Vec<(u64, u64)> {
     cut(n, workers, fixed, floor, u64::MAX)
 }
 
+/// Whether a caller that encodes a map's chunks in one go should submit the first round (one
+/// chunk per worker) before it encodes the rest, so that the workers start meanwhile: only
+/// when the machine has a CPU for the caller beside the workers'. Where the workers take every
+/// CPU, those the first round woke take the caller's CPU too, finish their small chunks and
+/// park before the rest is sent, which then waits for a second wake-up (R maps of 40 to 2 000
+/// trivial elements on 2 workers and 2 CPUs took 10–35% longer so than sent all at once; with
+/// a CPU to spare, a map of 200 elements of 100 KB each took ~5% less).
+pub fn first_round_apart(workers: u64) -> bool {
+    crate::watch::cpus() as u64 > workers
+}
+
 /// The chunks of a batch of `n` calls (see the module docs), as [`plan`]'s.
 pub fn batch(n: u64, workers: u64, fixed: Option<u64>) -> Vec<(u64, u64)> {
     cut(n, workers, fixed, 1, BATCH_MAX)
@@ -131,6 +142,14 @@ mod tests {
         assert!(c.iter().all(|&(_, l)| l <= 128));
         assert_eq!(c.last().unwrap().1, 1);
         assert_eq!(super::batch(10, 3, Some(4)), vec![(0, 4), (4, 4), (8, 2)]);
+    }
+
+    #[test]
+    fn the_first_round_goes_apart_only_with_a_cpu_beyond_the_workers() {
+        let cpus = crate::watch::cpus() as u64;
+        assert!(super::first_round_apart(cpus - 1));
+        assert!(!super::first_round_apart(cpus));
+        assert!(!super::first_round_apart(u64::MAX));
     }
 
     #[test]

@@ -46,7 +46,7 @@ pub(crate) enum Unwatched {
 }
 
 /// The CPUs this machine runs processes on.
-fn cpus() -> usize {
+pub(crate) fn cpus() -> usize {
     static CPUS: OnceLock<usize> = OnceLock::new();
     *CPUS.get_or_init(|| mizu_shm::affinity::available_cpus_all().len().max(1))
 }

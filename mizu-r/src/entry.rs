@@ -490,7 +490,9 @@ fn xlang_task_loads(b: Raw) -> Result<Robj> {
 }
 
 /// The chunks of a map of `n` elements over `workers` workers (see `mizu_pool::chunks`):
-/// `list(first, length)`, 1-based firsts; `chunk_size` 0 for the runtime's guided chunks.
+/// `list(first, length, apart)`, 1-based firsts; `apart`: whether to submit the first round
+/// before encoding the rest (`mizu_pool::chunks::first_round_apart`); `chunk_size` 0 for the
+/// runtime's guided chunks.
 #[extendr]
 fn chunk_plan(n: f64, workers: f64, chunk_size: f64) -> List {
     let whole = |x: f64| {
@@ -504,7 +506,8 @@ fn chunk_plan(n: f64, workers: f64, chunk_size: f64) -> List {
     let plan = mizu_pool::chunks::plan(whole(n), whole(workers), fixed);
     let first: Vec<f64> = plan.iter().map(|&(s, _)| (s + 1) as f64).collect();
     let len: Vec<f64> = plan.iter().map(|&(_, l)| l as f64).collect();
-    List::from_values([Robj::from(first), Robj::from(len)])
+    let apart = mizu_pool::chunks::first_round_apart(whole(workers));
+    List::from_values([Robj::from(first), Robj::from(len), Robj::from(apart)])
 }
 
 extendr_module! {

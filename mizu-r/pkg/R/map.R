@@ -2,12 +2,15 @@
 
 # Guided chunk sizes, shrinking towards the end, so workers finish together.
 .chunks <- function(n, workers, chunk_size) {
-  # The runtime's chunks (mizu_pool::chunks): rounds of one per worker, shrinking.
+  # The runtime's chunks (mizu_pool::chunks): rounds of one per worker, shrinking. Attribute
+  # "apart": whether the first round goes out before the rest are encoded.
   p <- .Call(wrap__chunk_plan, as.double(n), as.double(workers),
              if (is.null(chunk_size)) 0 else as.double(chunk_size))
   s <- as.integer(p[[1L]])
   # (`:` called by .mapply, not a closure per chunk: ~2 us each.)
-  .mapply(`:`, list(s, s + as.integer(p[[2L]]) - 1L), NULL)
+  chunks <- .mapply(`:`, list(s, s + as.integer(p[[2L]]) - 1L), NULL)
+  attr(chunks, "apart") <- p[[3L]]
+  chunks
 }
 
 #' Map a function over a vector or list on a pool
@@ -111,10 +114,15 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
       list("m", fun, dots, xs[ix], seed, ix[[1]], .ptype, spec, globals, packages)
     }
   })
-  # The first chunk of each worker goes out before the rest are encoded: the workers start
-  # while this session encodes the others.
-  first <- seq_len(min(workers, length(msgs)))
-  tasks <- c(.submit_many(pool, msgs[first]), .submit_many(pool, msgs[-first]))
+  # With a CPU to spare for this session, the first chunk of each worker goes out before the
+  # rest are encoded, and the workers start meanwhile; else all go at once (see
+  # mizu_pool::chunks::first_round_apart).
+  first <- if (isTRUE(attr(chunks, "apart"))) seq_len(min(workers, length(msgs)))
+  tasks <- if (length(first)) {
+    c(.submit_many(pool, msgs[first]), .submit_many(pool, msgs[-first]))
+  } else {
+    .submit_many(pool, msgs)
+  }
   bar <- if (isTRUE(.progress) && n > 0L) utils::txtProgressBar(0, n, style = 3)
   on.exit({
     # Stop what has not started; abandon the rest (their slots free themselves).
