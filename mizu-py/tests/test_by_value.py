@@ -232,3 +232,35 @@ def test_a_function_pickle_cannot_name_travels_by_value_and_is_kept(ex):
             assert p.submit(plus_table, 1).result() == 17
         finally:
             del TABLE[3:]
+
+
+def test_a_map_sends_a_kept_function_once_not_with_each_chunk(ex, monkeypatch):
+    # The chunks of a map of a lambda carry its kept pickle; nothing is pickled by value
+    # (cloudpickle) chunk by chunk, and the elements are pickled as plain data.
+    f = lambda x, k=3: x * k + SCALE  # noqa: E731
+    assert _codec.fn_ref(f) is not None
+    import cloudpickle
+
+    by_value = []
+    real = cloudpickle.dumps
+    monkeypatch.setattr(cloudpickle, "dumps", lambda obj, *a, **k: by_value.append(obj) or real(obj, *a, **k))
+    want = [x * 3 + SCALE for x in range(2000)]
+    with pymizu.Pool(2) as pool:
+        assert pool.map(f, range(2000)) == want
+        assert sorted(pool.imap_unordered(f, range(2000))) == sorted(want)
+        assert pool.map(f, range(2000), seed=7) == want
+        assert pool.starmap(f, [(x, 2) for x in range(500)]) == [x * 2 + SCALE for x in range(500)]
+    assert list(ex.map(f, range(2000))) == want
+    assert by_value == [], f"{len(by_value)} chunk(s) pickled by value"
+
+
+def test_a_map_of_a_function_that_reads_mutable_state_sees_it_as_at_the_map(ex):
+    f = lambda x: x + sum(TABLE)  # noqa: E731
+    assert _codec.fn_ref(f) is None
+    try:
+        assert list(ex.map(f, range(300))) == [x + 6 for x in range(300)]
+        TABLE.append(10)
+        with pymizu.Pool(2) as pool:
+            assert pool.map(f, range(300)) == [x + 16 for x in range(300)]
+    finally:
+        del TABLE[3:]

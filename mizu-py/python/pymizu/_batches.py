@@ -65,6 +65,24 @@ def _run_chunk(fn, start: int, items: list | tuple, star: bool, seed: int | None
     return out
 
 
+def _run_chunk_ref(head: bytes, start: int, items: list | tuple, star: bool, seed: int | None,
+                   offset: int) -> list:
+    """`_run_chunk` of the function whose pickle `_codec.fn_ref` kept as `head`: unpickled once
+    per worker, not with every chunk."""
+    return _run_chunk(_codec.fn_from_ref(head), start, items, star, seed, offset)
+
+
+def chunk_call(fn, ref: bytes | None, start: int, items: list | tuple, star: bool, seed: int | None,
+               offset: int) -> tuple[bytes, list, bytes | None]:
+    """The pickled call of a map's chunk: with `ref` (`_codec.fn_ref(fn)`, taken once per
+    map), the function travels as that kept pickle — a function that goes by value (a lambda,
+    what `__main__` defines in a notebook) is not pickled again by value with each chunk, and
+    the chunk's elements are pickled as plain data."""
+    if ref is not None:
+        return _codec.dumps_call(_run_chunk_ref, (ref, start, items, star, seed, offset), {})
+    return _codec.dumps_call(_run_chunk, (fn, start, items, star, seed, offset), {})
+
+
 # (In a worker) the list the last chunk returned, until its result is pickled: a call's
 # value that cannot be pickled then fails that call alone.
 _batch_out = None

@@ -14,7 +14,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 from . import _codec, _native, _share
 from ._errors import CancelledError, MizuError
-from ._batches import _run_chunk, chunk_of, items_len, map_items
+from ._batches import chunk_call, chunk_of, items_len, map_items
 from ._futures import _has_callbacks, _MizuFuture, _new_future, _settle_finished
 from ._pool import Pool
 
@@ -414,9 +414,10 @@ class PoolExecutor(Executor):
         futs = []
         # The runtime's chunks (rounds of one per worker, shrinking), each submitted as soon
         # as it is pickled.
+        ref = _codec.fn_ref(fn)
         for s, k in _native.chunk_plan(n, self._max_workers, chunksize):
             try:
-                payload = _codec.dumps_call(_run_chunk, (fn, s, chunk_of(items, s, k), star, None, 0), {})
+                payload = chunk_call(fn, ref, s, chunk_of(items, s, k), star, None, 0)
             except Exception as e:
                 futs.append(_failed(e))
                 continue

@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 
 from . import _codec, _main, _native, _rng, _share, _xlang
-from ._batches import _run_chunk, chunk_of, items_len, map_items
+from ._batches import chunk_call, chunk_of, items_len, map_items
 from ._errors import MizuError, TaskError
 from ._mp_calls import MultiprocessingCalls
 
@@ -210,8 +210,10 @@ class _Submitter:
         # The runtime's chunks: rounds of one per worker, shrinking towards the end.
         plan = _native.chunk_plan(n, self._workers, chunksize)
 
+        ref = _codec.fn_ref(fn)
+
         def call(s, k):
-            return _codec.dumps_call(_run_chunk, (fn, s, chunk_of(items, s, k), star, seed, offset), {})
+            return chunk_call(fn, ref, s, chunk_of(items, s, k), star, seed, offset)
 
         # Submitted now (as multiprocessing's imap does), collected as the caller iterates;
         # each chunk goes as soon as it is pickled (pickling is ~0.5 us an element here: a
