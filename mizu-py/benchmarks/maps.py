@@ -96,10 +96,11 @@ class Shares:
 def main():
     a = pool_args()
     w = a.workers
-    reps = 3 if a.quick else 15
-    # (row, function, burn rounds per element, elements): about 40 ms of work each (10 ms
-    # quick).
-    scale = 0.25 if a.quick else 1.0
+    # Quick: fewer pairs, the same maps (a map a quarter as long weighs a map's fixed costs
+    # four times, and three pairs leave a row's median to one unlucky run).
+    reps = 5 if a.quick else 15
+    # (row, function, burn rounds per element, elements): about 40 ms of work each.
+    scale = 1.0
     rows = [
         ("5 us tasks", work.burn, work.rounds_for(5.0), int(8000 * scale)),
         ("50 us tasks", work.burn, work.rounds_for(50.0), int(800 * scale)),
