@@ -39,7 +39,7 @@ pub fn plan(n: u64, workers: u64, fixed: Option<u64>) -> Vec<(u64, u64)> {
 /// when the machine has a CPU for the caller beside the workers'. Where the workers take every
 /// CPU, those the first round woke take the caller's CPU too, finish their small chunks and
 /// park before the rest is sent, which then waits for a second wake-up (R maps of 40 to 2 000
-/// trivial elements on 2 workers and 2 CPUs took 10–35% longer so than sent all at once; with
+/// trivial elements on 2 workers and 2 CPUs took 10–35% longer that way than sent at once; with
 /// a CPU to spare, a map of 200 elements of 100 KB each took ~5% less).
 pub fn first_round_apart(workers: u64) -> bool {
     crate::watch::cpus() as u64 > workers
