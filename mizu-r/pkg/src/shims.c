@@ -175,7 +175,6 @@ SEXP mizu_each(SEXP f, SEXP xs, SEXP dots, SEXP pos) {
     R_xlen_t n = xlength(xs);
     if (n > INT_MAX) error("mizu: a chunk of more than %d elements", INT_MAX);
     R_xlen_t nd = XLENGTH(dots);
-    if (nd > 10000) error("mizu: a map of more than 10000 extra arguments");
     SEXP rho = PROTECT(R_NewEnv(R_BaseEnv, FALSE, 0));
     SEXP f_sym = install("f"), xs_sym = install("xs"), i_sym = install("i");
     defineVar(f_sym, f, rho);
