@@ -213,3 +213,39 @@ def test_the_names_that_travel_by_value_are_read_from_the_script(tmp_path):
     # functions that read them.
     script.write_text("def f():\n    pass\nf()\n")
     assert _main._by_value_names(str(script)) is None
+
+
+BY_VALUE_ONCE = textwrap.dedent(
+    """
+    import cloudpickle, joblib, pymizu, pymizu.joblib
+
+    by_value = []
+    real = cloudpickle.dumps
+    cloudpickle.dumps = lambda obj, *a, **k: by_value.append(obj) or real(obj, *a, **k)
+
+    def g(i):
+        return i + 1
+
+    want = [i + 1 for i in range(3000)]
+    with pymizu.Pool(2) as p:
+        assert p.map(g, range(3000)) == want
+        assert sorted(p.imap_unordered(g, range(3000))) == want
+        assert p.starmap(g, [(i,) for i in range(3000)]) == want
+    with pymizu.PoolExecutor(2) as ex:
+        assert list(ex.map(g, range(3000))) == want
+    with joblib.parallel_config(backend="mizu", n_jobs=2):
+        assert joblib.Parallel()(joblib.delayed(g)(i) for i in range(3000)) == want
+        assert joblib.Parallel(batch_size=7)(joblib.delayed(g)(i) for i in range(3000)) == want
+    print(len(by_value), sorted({type(o).__name__ for o in by_value}))
+    """
+)
+
+
+def test_maps_and_joblib_pickle_a_function_of_main_by_value_once(tmp_path):
+    # A function of `__main__` travels by value; a map's chunks and joblib's batches carry the
+    # pickle kept for it, made once, not a pickle by value of each chunk or batch with it.
+    script = tmp_path / "unguarded.py"
+    script.write_text(BY_VALUE_ONCE)
+    for args in ([sys.executable, "-c", BY_VALUE_ONCE], [sys.executable, str(script)]):
+        out = _run(args, cwd=str(tmp_path))
+        assert out[0] == "1 ['function']", out

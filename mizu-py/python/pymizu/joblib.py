@@ -30,8 +30,9 @@ from joblib._parallel_backends import (
     ParallelBackendBase,
     SequentialBackend,
 )
+from joblib.parallel import BatchedCalls, parallel_config
 
-from . import _share
+from . import _codec, _share
 from ._executor import PoolExecutor
 
 __all__ = ["MizuBackend", "NAME"]
@@ -132,6 +133,15 @@ def _close_all() -> None:
         ex.shutdown(wait=False, cancel_futures=True)
 
 
+def _run_batch(head: bytes, backend, n_jobs, calls: list) -> list:
+    """(In a worker) what joblib's batch of calls of one function returns: its calls made in
+    turn, under the backend joblib chose for calls nested in them, as `BatchedCalls` makes
+    them."""
+    f = _codec.fn_from_ref(head)
+    with parallel_config(backend=backend, n_jobs=n_jobs):
+        return [f(*args, **kwargs) for args, kwargs in calls]
+
+
 class _Job:
     """A batch of calls joblib submitted: its future, and `ran`, a lock held until joblib's
     done-callback for it has run."""
@@ -192,7 +202,7 @@ class MizuBackend(AutoBatchingMixin, ParallelBackendBase):
 
     def submit(self, func, callback=None):
         func = self._share_large_arguments(func)
-        future = self._workers.submit(func)
+        future = self._submit_batch(func)
         if callback is None:
             return future
         job = _Job(future, callback)
@@ -252,6 +262,22 @@ class MizuBackend(AutoBatchingMixin, ParallelBackendBase):
             self._workers = None
         if ensure_ready:
             self.configure(n_jobs=self.parallel.n_jobs, parallel=self.parallel)
+
+    def _submit_batch(self, batch):
+        """Submits joblib's batch of calls. A batch of calls of one function goes as
+        `_run_batch` with that function's kept pickle (`_codec.fn_ref`, unpickled once per
+        worker) and the calls' arguments: a function that travels by value (a notebook's, a
+        script's without a `__main__` guard, a lambda) is not pickled again by value with every
+        batch, and the arguments are pickled as plain data. Any other batch goes whole."""
+        items = getattr(batch, "items", None)
+        if type(batch) is BatchedCalls and items and type(items[0]) is tuple:
+            f = items[0][0]
+            if all(type(it) is tuple and len(it) == 3 and it[0] is f for it in items):
+                head = _codec.fn_ref(f)
+                if head is not None:
+                    calls = [(args, kwargs) for _, args, kwargs in items]
+                    return self._workers.submit(_run_batch, head, batch._backend, batch._n_jobs, calls)
+        return self._workers.submit(batch)
 
     def _share_large_arguments(self, func):
         """joblib's batch of calls with every numpy array or pandas object of 1 MiB or more
