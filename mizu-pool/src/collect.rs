@@ -183,6 +183,10 @@ impl SubmitterCore {
             return r;
         }
         self.before_parking();
+        // A worker queued behind the caller runs only once the caller leaves the CPU.
+        if !crate::origin::in_worker_process() && crate::watch::worker_here(v) {
+            w.park_next_at_once();
+        }
         // Parked aimed at this task, other outcomes of the submitter do not wake the caller.
         let aim = self.aim(slot);
         let rec = v.submitter(self.index);

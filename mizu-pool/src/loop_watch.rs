@@ -36,7 +36,8 @@ impl Watch {
     /// A watch for a task of `core`; None when the caller should wait elsewhere (no CPU free,
     /// another thread watches, or the tasks of late outlast a watch).
     pub(crate) fn start(core: &Arc<SubmitterCore>) -> Option<Watch> {
-        if !core.watch_pays() || !room_to_watch(core.shared().view()) {
+        let v = core.shared().view();
+        if !core.watch_pays() || !room_to_watch(v) || crate::watch::worker_here(v) {
             return None;
         }
         Some(Watch {
@@ -54,7 +55,7 @@ impl Watch {
             self.core.outlasted();
             return false;
         }
-        self.crowding
-            .go_on(room_to_watch(self.core.shared().view()), now)
+        let v = self.core.shared().view();
+        !crate::watch::worker_here(v) && self.crowding.go_on(room_to_watch(v), now)
     }
 }

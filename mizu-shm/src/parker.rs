@@ -191,6 +191,8 @@ mod waiter {
         max_spin: Duration,
         slice: Duration,
         parks: u64,
+        /// The next wait parks without spinning (see [`Waiter::park_next_at_once`]).
+        park_at_once: bool,
     }
 
     const MIN_SPIN: Duration = Duration::from_micros(1);
@@ -206,7 +208,15 @@ mod waiter {
                 max_spin,
                 slice: slice.max(Duration::from_micros(100)),
                 parks: 0,
+                park_at_once: false,
             }
+        }
+
+        /// The next [`Waiter::wait`] parks without spinning, and leaves the spin budget as it
+        /// is: its peer cannot run while this thread spins (the kernel queued it behind this
+        /// thread), and later waits are not about that.
+        pub fn park_next_at_once(&mut self) {
+            self.park_at_once = true;
         }
 
         /// This waiter with the spin budget another one learned (see [`Waiter::spin_budget`]),
@@ -256,21 +266,23 @@ mod waiter {
             if let Some(v) = poll() {
                 return Ok(v);
             }
-            if let Some(v) = self.burst(&mut poll) {
+            let at_once = std::mem::take(&mut self.park_at_once);
+            if !at_once && let Some(v) = self.burst(&mut poll) {
                 return Ok(v);
             }
             let start = Instant::now();
             let deadline = timeout.map(|t| start + t);
             let spin_until = start + self.spin.min(timeout.unwrap_or(Duration::MAX));
             let mut n = 0u32;
-            loop {
+            let spins = if at_once { 0 } else { u32::MAX };
+            while n < spins {
                 std::hint::spin_loop();
                 if let Some(v) = poll() {
                     // Caught while spinning: the budget is right or too small.
                     self.spin = self.max_spin.min(self.spin.max(start.elapsed() * 2));
                     return Ok(v);
                 }
-                n = n.wrapping_add(1);
+                n += 1;
                 if n.is_multiple_of(64) && Instant::now() >= spin_until {
                     break;
                 }
@@ -283,7 +295,9 @@ mod waiter {
                         // The peer is busy for longer than a spin: spin less next time (a
                         // caller waiting in slices would otherwise spin the full budget at the
                         // start of every slice).
-                        self.spin = MIN_SPIN.max(self.spin / 2).min(self.max_spin);
+                        if !at_once {
+                            self.spin = MIN_SPIN.max(self.spin / 2).min(self.max_spin);
+                        }
                         return poll().ok_or(WaitError::TimedOut);
                     }
                     Some(d) => self.slice.min(d - now),
@@ -291,6 +305,9 @@ mod waiter {
                 };
                 self.parks += 1;
                 if let Some(v) = word.park(&mut poll, Some(slice)) {
+                    if at_once {
+                        return Ok(v);
+                    }
                     // Spinning a little longer would have avoided this park: spin the full
                     // budget next time; otherwise the peer is idle, so spin less.
                     self.spin = if start.elapsed() < self.max_spin {
@@ -326,6 +343,36 @@ mod tests {
         let none = Waiter::new(Duration::ZERO, Duration::from_millis(1))
             .with_spin(Duration::from_micros(10));
         assert_eq!(none.spin_budget(), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_wait_told_to_park_at_once_does_not_spin_and_leaves_the_budget() {
+        let max = Duration::from_millis(50);
+        let mut w = Waiter::new(max, Duration::from_millis(1));
+        let word = ParkWord::new();
+        w.park_next_at_once();
+        let t = std::time::Instant::now();
+        let r = w.wait(
+            &word,
+            || None::<()>,
+            Some(Duration::from_millis(2)),
+            || Ok::<(), ()>(()),
+        );
+        assert!(matches!(r, Err(WaitError::TimedOut)));
+        // It parked rather than spin its 50 ms budget, which is as it was.
+        let parks = w.parks();
+        assert!(parks >= 1);
+        assert!(t.elapsed() < max);
+        assert_eq!(w.spin_budget(), max);
+        // The next wait spins again: it times out within its spin, without parking.
+        let r = w.wait(
+            &word,
+            || None::<()>,
+            Some(Duration::from_millis(2)),
+            || Ok::<(), ()>(()),
+        );
+        assert!(matches!(r, Err(WaitError::TimedOut)));
+        assert_eq!(w.parks(), parks);
     }
 
     #[test]
