@@ -642,6 +642,7 @@ pub(crate) fn native_routines() -> List {
     type Two = unsafe extern "C" fn(SEXP, SEXP) -> SEXP;
     type Three = unsafe extern "C" fn(SEXP, SEXP, SEXP) -> SEXP;
     type Four = unsafe extern "C" fn(SEXP, SEXP, SEXP, SEXP) -> SEXP;
+    type Five = unsafe extern "C" fn(SEXP, SEXP, SEXP, SEXP, SEXP) -> SEXP;
     // `.Call` calls each with as many arguments as its type says: what its R wrapper passes
     // (`submit_frame` is an `.External2` routine: four, whatever the wrapper passes).
     let routines: [(&str, *const c_void); 18] = [
@@ -665,7 +666,7 @@ pub(crate) fn native_routines() -> List {
         ("tasks_ok", tasks_ok as One as *const c_void),
         ("task_done", task_done as One as *const c_void),
         ("nop", nop as Four as *const c_void),
-        ("each", crate::ffi::mizu_each as Four as *const c_void),
+        ("each", crate::ffi::mizu_chunk_each as Five as *const c_void),
         (
             "bind_globals",
             crate::ffi::mizu_bind_globals as One as *const c_void,

@@ -94,8 +94,9 @@ unsafe extern "C" {
     pub fn mizu_submit_frame(call: SEXP, op: SEXP, args: SEXP, frame: SEXP) -> SEXP;
     /// [`crate::fast::mizu_rs_collect_value`], turning an outcome into a value or a condition.
     pub fn mizu_collect_shim(task: SEXP, timeout: SEXP) -> SEXP;
-    /// The loop of a map chunk's elements on a worker, as lapply runs it.
-    pub fn mizu_each(f: SEXP, xs: SEXP, dots: SEXP, pos: SEXP) -> SEXP;
+    /// The common chunk of a map on a worker: the loop of its elements, as lapply runs it,
+    /// the failing element's position recorded in the worker's state.
+    pub fn mizu_chunk_each(f: SEXP, xs: SEXP, dots: SEXP, start: SEXP, st: SEXP) -> SEXP;
     /// Binds a task's globals in the global environment; what they replaced.
     pub fn mizu_bind_globals(globals: SEXP) -> SEXP;
     /// Puts back what `mizu_bind_globals` replaced.

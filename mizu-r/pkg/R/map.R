@@ -207,8 +207,19 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
 # to its position. With a seed, R's RNG is switched to mizu's streams for the chunk and element i
 # draws from the stream of (seed, i); the worker's own RNG kind and state are put back after.
 # With an output `spec`, typed results go into the caller's output area instead of back.
-.run_chunk <- function(f, dots, xs, seed, start, ptype, spec = NULL, globals = NULL,
-                       packages = NULL) {
+.run_chunk <- function(msg) {
+  # `msg` is list("m", f, dots, xs, seed, start, ptype, spec, globals, packages), the last two
+  # optional (see mizu_map()); taken apart here rather than passed as ten arguments (a
+  # promise each).
+  f <- msg[[2L]]
+  dots <- msg[[3L]]
+  xs <- msg[[4L]]
+  seed <- msg[[5L]]
+  start <- msg[[6L]]
+  ptype <- msg[[7L]]
+  spec <- msg[[8L]]
+  globals <- if (length(msg) >= 9L) msg[[9L]]
+  packages <- if (length(msg) >= 10L) msg[[10L]]
   if (!is.null(packages)) .Call(.native_attach_packages, packages)
   if (is.list(f)) f <- .chunk_function(f)
   if (length(globals)) {
@@ -220,15 +231,9 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   # runs after this one) when an element fails (a binding per element would cost a tenth of
   # a 5 us element); the handler also sees errors `f` catches itself, so the position is
   # cleared after the loop. The common chunk — no seed, no type — runs as lapply does, in C
-  # (src/shims.c), which passes `dots` on and counts the position in `pos`.
+  # (src/shims.c), which passes `dots` on and establishes that handler itself.
   if (is.null(seed) && is.null(ptype)) {
-    pos <- integer(1L)
-    out <- withCallingHandlers(
-      .Call(.native_each, f, xs, dots, pos),
-      error = function(e) st$element <- start + pos - 1L
-    )
-    st$element <- NULL
-    return(out)
+    return(.Call(.native_each, f, xs, dots, start, st))
   }
   n <- length(xs)
   typed <- !is.null(ptype)

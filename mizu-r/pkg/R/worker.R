@@ -87,10 +87,7 @@
 
 # Tasks other than plain expressions (native code evaluates those itself).
 .dispatch <- function(msg) {
-  if (identical(msg[[1L]], "m")) {
-    return(.run_chunk(msg[[2]], msg[[3]], msg[[4]], msg[[5]], msg[[6]], msg[[7]], msg[[8]],
-                      if (length(msg) >= 9L) msg[[9]], if (length(msg) >= 10L) msg[[10]]))
-  }
+  if (identical(msg[[1L]], "m")) return(.run_chunk(msg))
   if (identical(msg[[1L]], "e")) {
     # The packages the expression uses, attached first, and its globals (see
     # .expr_message()), bound while it runs. (The worker's native path does this for every

@@ -169,7 +169,7 @@ SEXP mizu_collect_shim(SEXP task, SEXP timeout) {
  * allocated for this, holds the position of the element running, so that an error handler
  * can name the failing one (a condition long-jumps out of here; there is nothing to release).
  * The results as a list. */
-SEXP mizu_each(SEXP f, SEXP xs, SEXP dots, SEXP pos) {
+static SEXP mizu_each(SEXP f, SEXP xs, SEXP dots, SEXP pos) {
     if (TYPEOF(dots) != VECSXP || TYPEOF(pos) != INTSXP || XLENGTH(pos) != 1)
         error("mizu: internal error: bad arguments to the chunk loop");
     R_xlen_t n = xlength(xs);
@@ -208,5 +208,44 @@ SEXP mizu_each(SEXP f, SEXP xs, SEXP dots, SEXP pos) {
         SET_VECTOR_ELT(out, i, r);
     }
     UNPROTECT(5);
+    return out;
+}
+
+/* The common chunk of a map on a worker: `mizu_each` with an error handler (a calling one, as
+ * `withCallingHandlers` establishes, run before the worker's own) that records the failing
+ * element's position, `start + i - 1`, as `element` in the worker's state `st`; cleared after
+ * the loop, since the handler also sees errors `f` catches itself. */
+struct each_args { SEXP f, xs, dots, pos; };
+struct failing { SEXP start, pos, st; };
+
+static SEXP each_body(void *data) {
+    struct each_args *a = data;
+    return mizu_each(a->f, a->xs, a->dots, a->pos);
+}
+
+static SEXP note_element(SEXP cond, void *data) {
+    (void) cond;
+    struct failing *m = data;
+    int i = INTEGER(m->pos)[0];
+    SEXP at = TYPEOF(m->start) == INTSXP && INTEGER(m->start)[0] != NA_INTEGER
+        ? ScalarInteger(INTEGER(m->start)[0] + i - 1)
+        : ScalarReal(asReal(m->start) + i - 1);
+    PROTECT(at);
+    defineVar(install("element"), at, m->st);
+    UNPROTECT(1);
+    return R_NilValue;
+}
+
+SEXP mizu_chunk_each(SEXP f, SEXP xs, SEXP dots, SEXP start, SEXP st) {
+    if (TYPEOF(st) != ENVSXP || XLENGTH(start) != 1 ||
+        (TYPEOF(start) != INTSXP && TYPEOF(start) != REALSXP))
+        error("mizu: internal error: bad arguments to the chunk loop");
+    SEXP pos = PROTECT(allocVector(INTSXP, 1));
+    INTEGER(pos)[0] = 0;
+    struct each_args a = {f, xs, dots, pos};
+    struct failing m = {start, pos, st};
+    SEXP out = PROTECT(R_withCallingErrorHandler(each_body, &a, note_element, &m));
+    defineVar(install("element"), R_NilValue, st);
+    UNPROTECT(2);
     return out;
 }
