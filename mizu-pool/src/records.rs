@@ -441,6 +441,21 @@ pub fn ready_workers(n: usize) -> Vec<WorkerSlot> {
         .collect()
 }
 
+/// Worker slots with the records `(state, idle, recorded CPU + 1)`, for tests of what reads
+/// them.
+#[cfg(all(test, not(mizu_loom)))]
+pub(crate) fn slots_with(recs: &[(u32, u32, u32)]) -> Vec<WorkerSlot> {
+    recs.iter()
+        .map(|&(state, idle, cpu)| {
+            let w = WorkerSlot::default();
+            w.rec.state.store(state, Ordering::Relaxed);
+            w.rec.idle.store(idle, Ordering::Relaxed);
+            w.rec.cpu.store(cpu, Ordering::Relaxed);
+            w
+        })
+        .collect()
+}
+
 #[cfg(all(test, not(mizu_loom)))]
 mod tests {
     use super::*;

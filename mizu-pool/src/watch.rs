@@ -200,17 +200,7 @@ mod tests {
     #[test]
     fn a_busy_worker_recorded_on_the_cpu_is_queued_there_an_idle_or_departed_one_is_not() {
         // (state, idle, recorded CPU + 1) per worker.
-        let slots = |recs: &[(u32, u32, u32)]| -> Vec<WorkerSlot> {
-            recs.iter()
-                .map(|&(state, idle, cpu)| {
-                    let w = WorkerSlot::default();
-                    w.rec.state.store(state, Ordering::Relaxed);
-                    w.rec.idle.store(idle, Ordering::Relaxed);
-                    w.rec.cpu.store(cpu, Ordering::Relaxed);
-                    w
-                })
-                .collect()
-        };
+        let slots = crate::records::slots_with;
         let (r, b, s, sp) = (wstate::READY, idle::BUSY, idle::SLEEPING, idle::SPINNING);
         assert!(busy_on(&slots(&[(r, b, 2), (r, b, 1)]), 0));
         assert!(busy_on(&slots(&[(r, b, 2), (r, b, 1)]), 1));

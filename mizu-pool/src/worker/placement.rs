@@ -322,17 +322,7 @@ mod tests {
     use super::*;
     use crate::layout::wstate;
 
-    fn workers(recs: &[(u32, u32, u32)]) -> Vec<WorkerSlot> {
-        recs.iter()
-            .map(|&(state, idle, cpu)| {
-                let w = WorkerSlot::default();
-                w.rec.state.store(state, Ordering::Relaxed);
-                w.rec.idle.store(idle, Ordering::Relaxed);
-                w.rec.cpu.store(cpu, Ordering::Relaxed);
-                w
-            })
-            .collect()
-    }
+    use crate::records::slots_with as workers;
 
     #[test]
     fn a_worker_that_wakes_on_a_busy_workers_cpu_moves_to_a_cpu_without_one() {
