@@ -237,6 +237,17 @@ BY_VALUE_ONCE = textwrap.dedent(
         assert joblib.Parallel()(joblib.delayed(g)(i) for i in range(3000)) == want
         assert joblib.Parallel(batch_size=7)(joblib.delayed(g)(i) for i in range(3000)) == want
     print(len(by_value), sorted({type(o).__name__ for o in by_value}))
+
+    # A byte string that says `__main__` beside a real reference to `__main__`: still by value.
+    class Box:
+        def __init__(self, v):
+            self.v = v
+
+    def unbox(tag, b):
+        return tag, b.v
+
+    with pymizu.Pool(2) as p:
+        print(p.submit(unbox, b"__main__", Box(7)).result())
     """
 )
 
@@ -249,3 +260,4 @@ def test_maps_and_joblib_pickle_a_function_of_main_by_value_once(tmp_path):
     for args in ([sys.executable, "-c", BY_VALUE_ONCE], [sys.executable, str(script)]):
         out = _run(args, cwd=str(tmp_path))
         assert out[0] == "1 ['function']", out
+        assert out[1] == "(b'__main__', 7)", out

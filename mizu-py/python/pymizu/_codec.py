@@ -169,29 +169,26 @@ def dumps(obj) -> tuple[bytes, list]:
             data, bufs = _dumps_with_arrow(obj)
     # `__main__`'s functions, classes and instances that a worker cannot import by name
     # (`_main`) travel by value.
-    if b"__main__" in data:
-        names = _without_byte_strings(data, obj)
-        if b"__main__" in names and _main.pickle_by_value(names):
-            return _dumps_by_value(obj)
+    if b"__main__" in data and _names_main(data, obj) and _main.pickle_by_value(data):
+        return _dumps_by_value(obj)
     return data, bufs
 
 
-def _without_byte_strings(data: bytes, obj) -> bytes:
-    """`data`, the pickle of `obj`, without the byte strings among `obj`'s items (and the items
-    of a tuple among them: a call's arguments): bytes are data, never a reference to `__main__`.
-    A map's chunk carries its function's kept pickle so (`fn_ref`), which names `__main__`
-    when the function is one of its own; it alone must not send the chunk by value."""
+def _names_main(data: bytes, obj) -> bool:
+    """Whether `data`, the pickle of `obj`, says `__main__` anywhere but inside the byte strings
+    among `obj`'s items (and the items of a tuple among them: a call's arguments): bytes are
+    data, never a reference to `__main__`. A map's chunk carries its function's kept pickle so
+    (`fn_ref`), which says `__main__` when the function is one of its own; that alone must not
+    send the chunk by value. (Counted, each byte string once as pickle memoizes it: a reference
+    elsewhere says `__main__` at least once more.)"""
     if type(obj) is not tuple and type(obj) is not list:
-        return data
+        return True
+    inside = {}
     for a in obj:
-        if type(a) is bytes:
-            if b"__main__" in a:
-                data = data.replace(a, b"")
-        elif type(a) is tuple:
-            for b in a:
-                if type(b) is bytes and b"__main__" in b:
-                    data = data.replace(b, b"")
-    return data
+        for b in a if type(a) is tuple else (a,):
+            if type(b) is bytes and b"__main__" in b:
+                inside[id(b)] = b.count(b"__main__")
+    return not inside or data.count(b"__main__") > sum(inside.values())
 
 
 def _dumps_by_value(obj) -> tuple[bytes, list]:
