@@ -217,7 +217,7 @@ def test_the_names_that_travel_by_value_are_read_from_the_script(tmp_path):
 
 BY_VALUE_ONCE = textwrap.dedent(
     """
-    import cloudpickle, joblib, pymizu, pymizu.joblib
+    import cloudpickle, dask, joblib, pymizu, pymizu.joblib
 
     by_value = []
     real = cloudpickle.dumps
@@ -225,6 +225,9 @@ BY_VALUE_ONCE = textwrap.dedent(
 
     def g(i):
         return i + 1
+
+    def apply_to(f, x):
+        return f(x)
 
     want = [i + 1 for i in range(3000)]
     with pymizu.Pool(2) as p:
@@ -236,7 +239,14 @@ BY_VALUE_ONCE = textwrap.dedent(
     with joblib.parallel_config(backend="mizu", n_jobs=2):
         assert joblib.Parallel()(joblib.delayed(g)(i) for i in range(3000)) == want
         assert joblib.Parallel(batch_size=7)(joblib.delayed(g)(i) for i in range(3000)) == want
-    print(len(by_value), sorted({type(o).__name__ for o in by_value}))
+    # Functions among a call's arguments: Dask's tasks, a callback passed on.
+    with pymizu.PoolExecutor(2) as ex:
+        parts = [dask.delayed(g)(i) for i in range(300)]
+        assert dask.delayed(sum)(parts).compute(scheduler=ex) == sum(want[:300])
+        twice = lambda x: 2 * x
+        assert [ex.submit(apply_to, twice, i).result() for i in range(300)] == [2 * i for i in range(300)]
+    # Whole calls, chunks or batches pickled by value, and all pickles by value.
+    print(sum(type(o) in (tuple, list) for o in by_value), len(by_value))
 
     # A byte string that says `__main__` beside a real reference to `__main__`: still by value.
     class Box:
@@ -252,12 +262,17 @@ BY_VALUE_ONCE = textwrap.dedent(
 )
 
 
-def test_maps_and_joblib_pickle_a_function_of_main_by_value_once(tmp_path):
-    # A function of `__main__` travels by value; a map's chunks and joblib's batches carry the
-    # pickle kept for it, made once, not a pickle by value of each chunk or batch with it.
+def test_a_function_of_main_is_pickled_by_value_once(tmp_path):
+    # A function of `__main__` travels by value; a map's chunks, joblib's batches, Dask's
+    # tasks and calls that pass it on carry the pickle kept for it, made once, not a pickle by
+    # value of each chunk, batch or call with it.
     script = tmp_path / "unguarded.py"
     script.write_text(BY_VALUE_ONCE)
     for args in ([sys.executable, "-c", BY_VALUE_ONCE], [sys.executable, str(script)]):
         out = _run(args, cwd=str(tmp_path))
-        assert out[0] == "1 ['function']", out
+        # Only functions went by value (`g`, `apply_to`, `twice`; a function first submitted
+        # from a script's top level goes as a template, then as itself), never a call's
+        # arguments with them: 587 pickles by value of whole chunks and batches before.
+        calls, pickles = map(int, out[0].split())
+        assert calls == 0 and pickles <= 6, out
         assert out[1] == "(b'__main__', 7)", out

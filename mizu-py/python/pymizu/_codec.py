@@ -170,24 +170,24 @@ def dumps(obj) -> tuple[bytes, list]:
     # `__main__`'s functions, classes and instances that a worker cannot import by name
     # (`_main`) travel by value.
     if b"__main__" in data and _names_main(data, obj) and _main.pickle_by_value(data):
-        return _dumps_by_value(obj)
+        return _dumps_kept(obj) or _dumps_by_value(obj)
     return data, bufs
 
 
-def _names_main(data: bytes, obj) -> bool:
+def _names_main(data: bytes, obj, kept: dict | None = None) -> bool:
     """Whether `data`, the pickle of `obj`, says `__main__` anywhere but inside the byte strings
-    among `obj`'s items (and the items of a tuple among them: a call's arguments): bytes are
-    data, never a reference to `__main__`. A map's chunk carries its function's kept pickle so
-    (`fn_ref`), which says `__main__` when the function is one of its own; that alone must not
-    send the chunk by value. (Counted, each byte string once as pickle memoizes it: a reference
-    elsewhere says `__main__` at least once more.)"""
-    if type(obj) is not tuple and type(obj) is not list:
-        return True
-    inside = {}
-    for a in obj:
-        for b in a if type(a) is tuple else (a,):
-            if type(b) is bytes and b"__main__" in b:
-                inside[id(b)] = b.count(b"__main__")
+    among `obj`'s items (and the items of a tuple among them: a call's arguments) and the kept
+    pickles `kept` (by id) it holds: bytes are data, never a reference to `__main__`. A map's
+    chunk carries its function's kept pickle so (`fn_ref`), which says `__main__` when the
+    function is one of its own; that alone must not send the chunk by value. (Counted, each
+    byte string once as pickle memoizes it: a reference elsewhere says `__main__` at least once
+    more.)"""
+    inside = {k: b.count(b"__main__") for k, b in (kept or {}).items()}
+    if type(obj) is tuple or type(obj) is list:
+        for a in obj:
+            for b in a if type(a) is tuple else (a,):
+                if type(b) is bytes and b"__main__" in b:
+                    inside[id(b)] = b.count(b"__main__")
     return not inside or data.count(b"__main__") > sum(inside.values())
 
 
@@ -261,6 +261,47 @@ def _dumps_arrays(obj) -> tuple[bytes, list]:
     except Exception as e:
         return _dumps_fallback(obj, e)
     return f.getvalue(), bufs
+
+
+class _KeptFunctions(_ArrayPickler):
+    """Pickles each function that travels by value and has a kept pickle (`fn_ref`) as the
+    call `fn_from_ref(kept pickle)`: a worker unpickles the function once, and the rest is
+    plain pickle (with the fast array reduction). `kept` holds the kept pickles written, by
+    id."""
+
+    def __init__(self, file, buffer_callback):
+        super().__init__(file, 5, buffer_callback=buffer_callback)
+        self.kept: dict = {}
+
+    def reducer_override(self, obj):
+        if type(obj) is types.FunctionType and _sent_by_value(obj):
+            b = fn_ref(obj)
+            if b is not None:
+                self.kept[id(b)] = b
+                return fn_from_ref, (b,)
+        return NotImplemented
+
+
+def _dumps_kept(obj) -> tuple[bytes, list] | None:
+    """`obj` pickled with its functions that travel by value written as their kept pickles
+    (`_KeptFunctions`), or None when nothing else of it may go by value either (another
+    reference to `__main__`, a function that is not kept): a call whose arguments hold such
+    functions (Dask's batches of tasks, a callback passed as an argument) is not pickled whole
+    with cloudpickle, the functions' code again each time."""
+    np = sys.modules.get("numpy")
+    if np is not None and _ArrayPickler.dispatch_table.get(np.ndarray) is None:
+        _ArrayPickler.dispatch_table[np.ndarray] = _reduce_ndarray
+    f = io.BytesIO()
+    bufs: list = []
+    p = _KeptFunctions(f, bufs.append)
+    try:
+        p.dump(obj)
+    except Exception:
+        return None
+    data = f.getvalue()
+    if not p.kept or _names_main(data, obj, p.kept):
+        return None
+    return data, bufs
 
 
 def _polars_from_arrow(value):
@@ -347,6 +388,10 @@ def _dumps_fallback(obj, error: Exception) -> tuple[bytes, list]:
 
         if context.get_spawning_popen() is None:
             return dumps_sharing(obj)
+    # (A lambda or local function among the arguments: its kept pickle, if it has one.)
+    kept = _dumps_kept(obj)
+    if kept is not None:
+        return kept
     try:
         import cloudpickle
     except ImportError:
