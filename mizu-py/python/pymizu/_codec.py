@@ -274,12 +274,22 @@ class _KeptFunctions(_ArrayPickler):
         self.kept: dict = {}
 
     def reducer_override(self, obj):
-        if type(obj) is types.FunctionType and _sent_by_value(obj):
-            b = fn_ref(obj)
-            if b is not None:
+        t = type(obj)
+        if t is types.FunctionType:
+            if _sent_by_value(obj):
+                b = fn_ref(obj)
+                if b is None:
+                    raise _NotKept
                 self.kept[id(b)] = b
                 return fn_from_ref, (b,)
+        elif t.__module__ == "__main__" or (t is type and obj.__module__ == "__main__"):
+            # (The whole call goes by value anyway: no need to pickle the rest first.)
+            raise _NotKept
         return NotImplemented
+
+
+class _NotKept(Exception):
+    """Something `_KeptFunctions` cannot write as plain pickle."""
 
 
 def _dumps_kept(obj) -> tuple[bytes, list] | None:
