@@ -266,9 +266,10 @@ class MizuBackend(AutoBatchingMixin, ParallelBackendBase):
     def _submit_batch(self, batch):
         """Submits joblib's batch of calls. A batch of calls of one function goes as
         `_run_batch` with that function's kept pickle (`_codec.fn_ref`, unpickled once per
-        worker) and the calls' arguments: a function that travels by value (a notebook's, a
-        script's without a `__main__` guard, a lambda) is not pickled again by value with every
-        batch, and the arguments are pickled as plain data. Any other batch goes whole."""
+        worker) and the calls' arguments, pickled as plain data. A batch sent whole is not
+        pickled by value either (`_codec._dumps_kept` writes its functions as their kept
+        pickles), but that walks it with a Python hook per object: a notebook's `Parallel` of
+        100 to 10 000 trivial calls took 5–20% longer. Any other batch goes whole."""
         items = getattr(batch, "items", None)
         if type(batch) is BatchedCalls and items and type(items[0]) is tuple:
             f = items[0][0]
