@@ -273,18 +273,20 @@ mod waiter {
             let start = Instant::now();
             let deadline = timeout.map(|t| start + t);
             let spin_until = start + self.spin.min(timeout.unwrap_or(Duration::MAX));
-            let mut n = 0u32;
-            let spins = if at_once { 0 } else { u32::MAX };
-            while n < spins {
-                std::hint::spin_loop();
-                if let Some(v) = poll() {
-                    // Caught while spinning: the budget is right or too small.
-                    self.spin = self.max_spin.min(self.spin.max(start.elapsed() * 2));
-                    return Ok(v);
-                }
-                n += 1;
-                if n.is_multiple_of(64) && Instant::now() >= spin_until {
-                    break;
+            // (Told to park at once: no spin.)
+            if !at_once {
+                let mut n = 0u32;
+                loop {
+                    std::hint::spin_loop();
+                    if let Some(v) = poll() {
+                        // Caught while spinning: the budget is right or too small.
+                        self.spin = self.max_spin.min(self.spin.max(start.elapsed() * 2));
+                        return Ok(v);
+                    }
+                    n = n.wrapping_add(1);
+                    if n.is_multiple_of(64) && Instant::now() >= spin_until {
+                        break;
+                    }
                 }
             }
             check().map_err(WaitError::Aborted)?;
