@@ -42,6 +42,8 @@ struct RExec {
     /// The symbol `warnings` (where the handlers keep a task's warnings; symbols are never
     /// collected).
     warnings: SEXP,
+    /// The symbols of a map's function as `.chunk_function` keeps it in `state`.
+    chunk: ChunkSymbols,
     max_tasks: u64,
     tasks: Cell<u64>,
     /// Wait slices (2 ms each) that passed without a task since the last task.
@@ -89,37 +91,65 @@ impl RExec {
             // `.expr_message()`): they are bound in the global environment while it runs.
             // A fifth element lists the packages it uses (the fourth is NULL when it has no
             // such globals), attached first.
-            let len = if expr_task {
-                extendr_ffi::XLENGTH(msg)
+            // A map's common chunk runs as `.run_chunk` would run it, without `.dispatch`'s
+            // and `.run_chunk`'s R calls (~9 µs a chunk): its globals at 8, packages at 9.
+            let chunk_f = if expr_task {
+                None
             } else {
-                0
+                self.chunk_function(msg)
             };
-            let with_globals = len >= 4
-                && extendr_ffi::TYPEOF(extendr_ffi::VECTOR_ELT(msg, 3))
-                    == extendr_ffi::SEXPTYPE::VECSXP;
-            let with_packages = len == 5;
+            let (len, at) = if expr_task {
+                (extendr_ffi::XLENGTH(msg), 3)
+            } else if chunk_f.is_some() {
+                (extendr_ffi::XLENGTH(msg), 8)
+            } else {
+                (0, 3)
+            };
+            let with_globals = len > at
+                && extendr_ffi::TYPEOF(extendr_ffi::VECTOR_ELT(msg, at))
+                    == extendr_ffi::SEXPTYPE::VECSXP
+                && extendr_ffi::XLENGTH(extendr_ffi::VECTOR_ELT(msg, at)) > 0;
+            let with_packages = len == at + 2
+                && extendr_ffi::TYPEOF(extendr_ffi::VECTOR_ELT(msg, at + 1))
+                    == extendr_ffi::SEXPTYPE::STRSXP;
+            let state = self.state.get();
             let bound = Cell::new(false);
             let bound_ref = &bound;
             let r = try_r(move || {
                 // In the base environment: `.Internal` is found there at once, not after
                 // every attached package's frame. (No allocation: the stack is made.)
                 ffi::Rf_eval(h, extendr_ffi::R_BaseEnv);
-                let v = if expr_task {
+                if expr_task || chunk_f.is_some() {
                     if with_packages {
-                        ffi::mizu_attach_packages(extendr_ffi::VECTOR_ELT(msg, 4));
+                        ffi::mizu_attach_packages(extendr_ffi::VECTOR_ELT(msg, at + 1));
                     }
                     if with_globals {
                         // Inside the task's context, so that a failure to bind (a locked
                         // binding) is the task's error. What they replaced is kept in the
                         // message, for the unbinding below to find even if the task fails.
-                        let replaced = ffi::mizu_bind_globals(extendr_ffi::VECTOR_ELT(msg, 3));
-                        extendr_ffi::SET_VECTOR_ELT(msg, 3, replaced);
+                        let replaced = ffi::mizu_bind_globals(extendr_ffi::VECTOR_ELT(msg, at));
+                        extendr_ffi::SET_VECTOR_ELT(msg, at, replaced);
                         bound_ref.set(true);
                     }
+                }
+                let v = if expr_task {
                     ffi::Rf_eval(
                         extendr_ffi::VECTOR_ELT(msg, 1),
                         extendr_ffi::VECTOR_ELT(msg, 2),
                     )
+                } else if let Some(f) = chunk_f {
+                    // Held here: a nested map's chunk run by this worker while the task waits
+                    // replaces the one `state` keeps.
+                    Rf_protect(f);
+                    let v = ffi::mizu_chunk_each(
+                        f,
+                        extendr_ffi::VECTOR_ELT(msg, 3),
+                        extendr_ffi::VECTOR_ELT(msg, 2),
+                        extendr_ffi::VECTOR_ELT(msg, 5),
+                        state,
+                    );
+                    Rf_unprotect(1);
+                    v
                 } else {
                     let call = extendr_ffi::Rf_protect(ffi::Rf_lang2(d, msg));
                     let v = ffi::Rf_eval(call, extendr_ffi::R_GlobalEnv);
@@ -131,7 +161,7 @@ impl RExec {
             if bound.get() {
                 // The worker's own globals come back whether the task returned or failed (the
                 // value, if any, is protected; `msg` holds what was replaced).
-                let replaced = extendr_ffi::VECTOR_ELT(msg, 3);
+                let replaced = extendr_ffi::VECTOR_ELT(msg, at);
                 if try_r(move || ffi::mizu_unbind_globals(replaced)).is_err() {
                     if r.is_ok() {
                         extendr_ffi::Rf_unprotect(1);
@@ -140,6 +170,52 @@ impl RExec {
                 }
             }
             r
+        }
+    }
+
+    /// The function to run a map's chunk with natively, for the common chunk
+    /// (`list("m", f, dots, xs, seed, start, ptype, spec, globals[, packages])` without a seed
+    /// or a type, as `.run_chunk` runs it through `.native_each`): `f` itself when it was sent
+    /// as a function, or the one this worker unserialized for the same map (the map's key and
+    /// bytes as `.chunk_function` compares them). None for anything else, which `.dispatch`
+    /// runs (and the first chunk of a map there unserializes its function).
+    ///
+    /// # Safety
+    /// R's main thread; `msg` is protected by the caller.
+    unsafe fn chunk_function(&self, msg: SEXP) -> Option<SEXP> {
+        use extendr_ffi::{R_CHAR, SEXPTYPE, STRING_ELT, TYPEOF, VECTOR_ELT, XLENGTH};
+        // SAFETY: types and lengths are checked before elements are read; nothing allocates.
+        unsafe {
+            if TYPEOF(msg) != SEXPTYPE::VECSXP || !(9..=10).contains(&XLENGTH(msg)) {
+                return None;
+            }
+            let kind = VECTOR_ELT(msg, 0);
+            let start = VECTOR_ELT(msg, 5);
+            let plain = TYPEOF(kind) == SEXPTYPE::STRSXP
+                && XLENGTH(kind) == 1
+                && std::ffi::CStr::from_ptr(R_CHAR(STRING_ELT(kind, 0))) == c"m"
+                && TYPEOF(VECTOR_ELT(msg, 4)) == SEXPTYPE::NILSXP
+                && TYPEOF(VECTOR_ELT(msg, 6)) == SEXPTYPE::NILSXP
+                && matches!(TYPEOF(start), SEXPTYPE::INTSXP | SEXPTYPE::REALSXP)
+                && XLENGTH(start) == 1
+                && matches!(
+                    TYPEOF(VECTOR_ELT(msg, 8)),
+                    SEXPTYPE::VECSXP | SEXPTYPE::NILSXP
+                )
+                && (XLENGTH(msg) == 9
+                    || matches!(
+                        TYPEOF(VECTOR_ELT(msg, 9)),
+                        SEXPTYPE::STRSXP | SEXPTYPE::NILSXP
+                    ));
+            if !plain {
+                return None;
+            }
+            let f = VECTOR_ELT(msg, 1);
+            match TYPEOF(f) {
+                SEXPTYPE::CLOSXP | SEXPTYPE::BUILTINSXP | SEXPTYPE::SPECIALSXP => Some(f),
+                SEXPTYPE::VECSXP => self.chunk.kept(self.state.get(), f),
+                _ => None,
+            }
         }
     }
 
@@ -547,6 +623,86 @@ unsafe fn call_message(name: &str, parts: &[(Option<String>, SEXP)]) -> SEXP {
     }
 }
 
+/// The names `.chunk_function` reads and keeps a map's function under: in the message's
+/// `list(bytes, map)`, and in the worker's state (symbols are never collected).
+struct ChunkSymbols {
+    bytes: SEXP,
+    map: SEXP,
+    kept_fun: SEXP,
+    kept_bytes: SEXP,
+    kept_map: SEXP,
+}
+
+impl ChunkSymbols {
+    /// # Safety
+    /// R's main thread.
+    unsafe fn install() -> ChunkSymbols {
+        // SAFETY: the caller's contract; installing a symbol only reads or extends the table.
+        unsafe {
+            let sym = |s: &std::ffi::CStr| extendr_ffi::Rf_install(s.as_ptr());
+            ChunkSymbols {
+                bytes: sym(c"bytes"),
+                map: sym(c"map"),
+                kept_fun: sym(c"chunk_fun"),
+                kept_bytes: sym(c"chunk_bytes"),
+                kept_map: sym(c"chunk_map"),
+            }
+        }
+    }
+
+    /// The function `state` keeps for the map `sent` (`list(bytes, map)`) names, if it keeps
+    /// that map's: the same key (a double vector) and the same bytes.
+    ///
+    /// # Safety
+    /// R's main thread; `state` is an environment and `sent` a list, both protected.
+    unsafe fn kept(&self, state: SEXP, sent: SEXP) -> Option<SEXP> {
+        use extendr_ffi::{SEXPTYPE, TYPEOF, XLENGTH};
+        // SAFETY: types and lengths are checked before data is read; frame lookups neither
+        // allocate nor raise errors; the data pointers are read while their vectors are held.
+        unsafe {
+            let names = extendr_ffi::Rf_getAttrib(sent, extendr_ffi::R_NamesSymbol);
+            if TYPEOF(names) != SEXPTYPE::STRSXP {
+                return None;
+            }
+            let item = |sym: SEXP| {
+                let want = extendr_ffi::PRINTNAME(sym);
+                (0..XLENGTH(sent))
+                    .find(|&i| extendr_ffi::STRING_ELT(names, i) == want)
+                    .map(|i| extendr_ffi::VECTOR_ELT(sent, i))
+            };
+            let (bytes, map) = (item(self.bytes)?, item(self.map)?);
+            let keep = |sym: SEXP| ffi::Rf_findVarInFrame(state, sym);
+            let (kept_bytes, kept_map) = (keep(self.kept_bytes), keep(self.kept_map));
+            // (Not views: an ALTREP's data pointer may allocate, or raise an error.)
+            let same = |a: SEXP, b: SEXP, ty: SEXPTYPE, width: usize| {
+                TYPEOF(a) == ty
+                    && TYPEOF(b) == ty
+                    && extendr_ffi::ALTREP(a) == 0
+                    && extendr_ffi::ALTREP(b) == 0
+                    && XLENGTH(a) == XLENGTH(b)
+                    && std::slice::from_raw_parts(
+                        extendr_ffi::DATAPTR_RO(a).cast::<u8>(),
+                        XLENGTH(a) as usize * width,
+                    ) == std::slice::from_raw_parts(
+                        extendr_ffi::DATAPTR_RO(b).cast::<u8>(),
+                        XLENGTH(b) as usize * width,
+                    )
+            };
+            if !same(map, kept_map, SEXPTYPE::REALSXP, 8)
+                || !same(bytes, kept_bytes, SEXPTYPE::RAWSXP, 1)
+            {
+                return None;
+            }
+            let f = keep(self.kept_fun);
+            matches!(
+                TYPEOF(f),
+                SEXPTYPE::CLOSXP | SEXPTYPE::BUILTINSXP | SEXPTYPE::SPECIALSXP
+            )
+            .then_some(f)
+        }
+    }
+}
+
 /// Pops this many values off R's protect stack when dropped.
 struct Unprotect(i32);
 
@@ -671,6 +827,8 @@ pub(crate) fn run_worker(
         state,
         // SAFETY: R's main thread; installing a symbol only reads or extends the symbol table.
         warnings: unsafe { extendr_ffi::Rf_install(c"warnings".as_ptr()) },
+        // SAFETY: as above.
+        chunk: unsafe { ChunkSymbols::install() },
         max_tasks: max_tasks.max(0.0) as u64,
         tasks: Cell::new(0),
         idle_slices: Cell::new(0),

@@ -272,7 +272,25 @@ fn kernel_cpu(pid: u32) -> Option<usize> {
 /// The CPU the kernel last ran process `pid` on and whether it is running (or runnable)
 /// there now: fields 39 and 3 of `/proc/PID/stat`.
 fn kernel_state(pid: u32) -> Option<(usize, bool)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // One read into a buffer of the line's greatest length: `read_to_string` asks for the
+    // file's size (0 for `/proc`) and reads in doubling pieces, 9 system calls instead of 3,
+    // and this runs each time a caller parks or a worker wakes (~3.5 of ~11 µs in a VM).
+    let mut buf = [0u8; 2048];
+    let mut file = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?;
+    let mut len = 0;
+    while len < buf.len() {
+        match std::io::Read::read(&mut file, &mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+        // The kernel writes the line whole in one read; a second would only find its end.
+        if buf[..len].ends_with(b"\n") {
+            break;
+        }
+    }
+    let stat = std::str::from_utf8(&buf[..len]).ok()?;
     let mut fields = stat[stat.rfind(')')? + 1..].split_ascii_whitespace();
     let running = fields.next()? == "R";
     Some((fields.nth(35)?.parse().ok()?, running))

@@ -146,6 +146,29 @@ test_that("warnings of a map's elements reach the caller and the values keep the
   })
 })
 
+test_that("a chunk's function lasts through a nested map that replaces the one its worker keeps", {
+  # One worker: the map's second chunk runs with the function the worker kept from the first;
+  # element 4 then runs a nested map (whose chunks this worker runs too, keeping that map's
+  # function instead) and a full collection, and elements 5 and 6 call the outer function
+  # again.
+  with_pool(1, function(pool) {
+    f <- function(i) {
+      inner <- if (i == 4) {
+        r <- mizu::mizu_map(mizu::mizu_current_pool(), 1:4, function(j) j * 10,
+                            .chunk_size = 1)
+        gc(full = TRUE)
+        sum(unlist(r))
+      } else {
+        0
+      }
+      c(i, inner)
+    }
+    r <- mizu_map(pool, 1:6, f, .chunk_size = 3)
+    expect_equal(r, list(c(1, 0), c(2, 0), c(3, 0), c(4, 100), c(5, 0), c(6, 0)))
+    expect_equal(mizu_map(pool, 1:6, f, .chunk_size = 3), r)
+  })
+})
+
 test_that("a failing element's position survives the nested maps its chunk runs", {
   with_pool(1, function(pool) {
     f <- function(i) {
