@@ -645,7 +645,7 @@ pub(crate) fn native_routines() -> List {
     type Five = unsafe extern "C" fn(SEXP, SEXP, SEXP, SEXP, SEXP) -> SEXP;
     // `.Call` calls each with as many arguments as its type says: what its R wrapper passes
     // (`submit_frame` is an `.External2` routine: four, whatever the wrapper passes).
-    let routines: [(&str, *const c_void); 18] = [
+    let routines: [(&str, *const c_void); 19] = [
         ("submit", mizu_rs_submit as Two as *const c_void),
         (
             "submit_expr",
@@ -667,6 +667,10 @@ pub(crate) fn native_routines() -> List {
         ("task_done", task_done as One as *const c_void),
         ("nop", nop as Four as *const c_void),
         ("each", crate::ffi::mizu_chunk_each as Five as *const c_void),
+        (
+            "chunk_msgs",
+            crate::ffi::mizu_chunk_msgs as Four as *const c_void,
+        ),
         (
             "bind_globals",
             crate::ffi::mizu_bind_globals as One as *const c_void,

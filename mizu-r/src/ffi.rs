@@ -97,6 +97,9 @@ unsafe extern "C" {
     /// The common chunk of a map on a worker: the loop of its elements, as lapply runs it,
     /// the failing element's position recorded in the worker's state.
     pub fn mizu_chunk_each(f: SEXP, xs: SEXP, dots: SEXP, start: SEXP, st: SEXP) -> SEXP;
+    /// The messages of a map's chunks (`starts`, `lens`: the plan), or NULL for an `xs` the
+    /// R code slices itself.
+    pub fn mizu_chunk_msgs(starts: SEXP, lens: SEXP, xs: SEXP, common: SEXP) -> SEXP;
     /// Binds a task's globals in the global environment; what they replaced.
     pub fn mizu_bind_globals(globals: SEXP) -> SEXP;
     /// Puts back what `mizu_bind_globals` replaced.

@@ -1,16 +1,21 @@
 # Ordered, chunked, seeded maps over a pool.
 
-# Guided chunk sizes, shrinking towards the end, so workers finish together.
+# The chunks of .chunk_plan() as ranges of positions (a cross-language map's).
 .chunks <- function(n, workers, chunk_size) {
-  # The runtime's chunks (mizu_pool::chunks): rounds of one per worker, shrinking. Attribute
-  # "apart": whether the first round goes out before the rest are encoded.
+  p <- .chunk_plan(n, workers, chunk_size)
+  # (`:` called by .mapply, not a closure per chunk: ~2 us each.)
+  chunks <- .mapply(`:`, list(p$starts, p$starts + p$lens - 1L), NULL)
+  attr(chunks, "apart") <- p$apart
+  chunks
+}
+
+# The runtime's chunks (mizu_pool::chunks): rounds of one per worker, shrinking, as their
+# first positions and lengths; `apart`: whether the first round goes out before the rest are
+# encoded.
+.chunk_plan <- function(n, workers, chunk_size) {
   p <- .Call(wrap__chunk_plan, as.double(n), as.double(workers),
              if (is.null(chunk_size)) 0 else as.double(chunk_size))
-  s <- as.integer(p[[1L]])
-  # (`:` called by .mapply, not a closure per chunk: ~2 us each.)
-  chunks <- .mapply(`:`, list(s, s + as.integer(p[[2L]]) - 1L), NULL)
-  attr(chunks, "apart") <- p[[3L]]
-  chunks
+  list(starts = as.integer(p[[1L]]), lens = as.integer(p[[2L]]), apart = p[[3L]])
 }
 
 #' Map a function over a vector or list on a pool
@@ -73,10 +78,12 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   .check_sendable(dots, "argument ")
   .check_sendable(xs, "`.x` element ")
   workers <- if (info[[2]]) 2L else info[[1]]
-  chunks <- .chunks(n, workers, if (!is.null(.chunk_size)) as.integer(.chunk_size))
+  plan <- .chunk_plan(n, workers, if (!is.null(.chunk_size)) as.integer(.chunk_size))
+  starts <- plan$starts
+  nc <- length(starts)
   # Every chunk carries its own copy of `.f`; a closure R has not compiled yet would be
   # compiled by R's JIT in every chunk (a millisecond or more each, on the workers' time).
-  if (length(chunks) > workers && typeof(.f) == "closure" && !.Call(wrap__is_compiled, .f)) {
+  if (nc > workers && typeof(.f) == "closure" && !.Call(wrap__is_compiled, .f)) {
     .f <- .compile_once(.f)
   }
   # Typed results past a view's size: the chunk tasks write them straight into one shared
@@ -85,7 +92,7 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   spec <- if (!is.null(out)) out[[2L]]
   # `.f` is serialized once for all chunks (~40 us for a small compiled closure, per chunk
   # before), and a worker unserializes it once per map (see .chunk_function).
-  fun <- if (length(chunks) > 1L) {
+  fun <- if (nc > 1L) {
     .maps$n <- .maps$n + 1
     list(bytes = serialize(.f, NULL, xdr = FALSE), map = c(Sys.getpid(), .maps$n))
   } else {
@@ -94,7 +101,7 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   # A large extra argument goes to the workers once for the whole map, shared, instead of
   # with every chunk (after `.f` is serialized: that may have copied a shared vector its
   # environment holds out of shared memory).
-  if (length(chunks) > 1L) dots <- lapply(dots, .share_if_large)
+  if (nc > 1L) dots <- lapply(dots, .share_if_large)
   # The global variables `.f` and the functions among the extra arguments use (found as
   # `future` finds them) go with the map once, shared when large; a worker binds them in its
   # global environment while it runs a chunk.
@@ -104,20 +111,21 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   attr(globals, "packages") <- NULL
   if (length(globals)) {
     .check_sendable(globals, "global ")
-    if (length(chunks) > 1L) globals <- lapply(globals, .share_if_large)
+    if (nc > 1L) globals <- lapply(globals, .share_if_large)
   }
   if (!is.null(names(xs))) xs <- unname(xs)
-  msgs <- lapply(chunks, function(ix) {
-    if (is.null(packages)) {
-      list("m", fun, dots, xs[ix], seed, ix[[1]], .ptype, spec, globals)
-    } else {
-      list("m", fun, dots, xs[ix], seed, ix[[1]], .ptype, spec, globals, packages)
-    }
-  })
+  msgs <- .Call(.native_chunk_msgs, starts, plan$lens, xs,
+                list(fun, dots, seed, .ptype, spec, globals, packages))
+  if (is.null(msgs)) {
+    msgs <- .mapply(function(s, len) {
+      m <- list("m", fun, dots, xs[s + seq_len(len) - 1L], seed, s, .ptype, spec, globals)
+      if (is.null(packages)) m else c(m, list(packages))
+    }, list(starts, plan$lens), NULL)
+  }
   # With a CPU to spare for this session, the first chunk of each worker goes out before the
   # rest are encoded, and the workers start meanwhile; else all go at once (see
   # mizu_pool::chunks::first_round_apart).
-  first <- if (isTRUE(attr(chunks, "apart"))) seq_len(min(workers, length(msgs)))
+  first <- if (isTRUE(plan$apart)) seq_len(min(workers, length(msgs)))
   tasks <- if (length(first)) {
     c(.submit_many(pool, msgs[first]), .submit_many(pool, msgs[-first]))
   } else {
@@ -129,7 +137,7 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
     for (t in tasks) .Call(wrap__task_cancel, t)
     if (!is.null(bar)) close(bar)
   })
-  parts <- vector("list", length(chunks))
+  parts <- vector("list", nc)
   done <- 0L
   nt <- length(tasks)
   k <- 1L
@@ -157,12 +165,12 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
     }
     if (o[[1]] == 1L) {
       e <- .remote_condition(o[[2]])
-      if (is.null(e$index)) e$index <- chunks[[k]][[1]]
+      if (is.null(e$index)) e$index <- starts[[k]]
       stop(e)
     }
-    part <- .value(o, index = chunks[[k]][[1]])
+    part <- .value(o, index = starts[[k]])
     if (is.null(spec)) parts[[k]] <- part
-    done <- done + length(chunks[[k]])
+    done <- done + plan$lens[[k]]
     if (!is.null(bar)) utils::setTxtProgressBar(bar, done)
     k <- k + 1L
   }

@@ -17,6 +17,7 @@
 .native_task_done <- NULL
 .native_nop <- NULL
 .native_each <- NULL
+.native_chunk_msgs <- NULL
 .native_bind_globals <- NULL
 .native_unbind_globals <- NULL
 .native_expr_message <- NULL

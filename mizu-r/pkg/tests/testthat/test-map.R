@@ -101,6 +101,14 @@ test_that("each element reaches .f as lapply passes it, whatever the vector, and
       expect_identical(mizu_map(pool, x, function(e) list(e, class(e))),
                        lapply(x, function(e) list(e, class(e))))
     }
+    # Slices of several elements each, of every kind of vector, a compact sequence and a
+    # pairlist among them.
+    for (x in list(c(TRUE, NA, FALSE, TRUE, FALSE, NA, TRUE), seq_len(50), 1:50 + 0.5,
+                   complex(real = 1:9, imaginary = -1), as.raw(0:20), letters,
+                   as.list(1:25), pairlist(1, "b", 3, NULL, 5))) {
+      expect_identical(mizu_map(pool, x, function(e) list(e, class(e)), .chunk_size = 3),
+                       lapply(x, function(e) list(e, class(e))))
+    }
     # An extra argument that is a call or a symbol arrives as it is, not evaluated.
     expect_identical(mizu_map(pool, 1:3, function(i, e, s) list(e, s), e = quote(a + b),
                               s = as.name("zz")),
