@@ -110,6 +110,23 @@ class Peer:
             return None
         return True
 
+    def pairs(self, us, k):
+        """`k` rounds of two `spin` tasks of `us` µs submitted together, then both results
+        taken (each worker gets one): a burst smaller than the pool's workers, as a caller
+        that fans out a few calls at a time makes."""
+        if self.kind == "mp":
+            apply = self.pool.apply_async
+            for i in range(k):
+                a, b = apply(work.spin, (i, us)), apply(work.spin, (i, us))
+                a.get()
+                b.get()
+        else:
+            submit = self.pool.submit
+            for i in range(k):
+                a, b = submit(work.spin, i, us), submit(work.spin, i, us)
+                a.result()
+                b.result()
+
     def pipelined(self, fn, n):
         if self.kind == "mp":
             rs = [self.pool.apply_async(fn, (i, 1)) for i in range(n)]
@@ -261,6 +278,7 @@ def main():
             for how in ("partial", "lambda")
         ],
         ("round trip, a function workers cannot import", "us", _calls(Peer.unimportable, q)),
+        ("two 25 us tasks at once", "us", lambda p: timed(lambda: p.pairs(25, int(200 * q) or 1), 5, int(200 * q) or 1) * 1e6),
         ("map 10 000 trivial", "us/elem", lambda p: timed(lambda: p.map(work.ident, xs, chunk), 3) / n_map * 1e6),
         ("map 2 000 x 5 us tasks", "ms", lambda p: timed(lambda: p.map(work.spin, spin_xs, max(1, 2000 // (4 * w))), 3) * 1e3),
         (f"{frame_mb} MB pandas frame argument", "ms", lambda p: timed(lambda: p.call(work.nrows, frame), 3) * 1e3),

@@ -235,10 +235,14 @@ impl Task {
                     r = t.task().outcome(Some(Duration::ZERO));
                     break;
                 }
-                // The clock costs more than a poll: read it every 64 polls.
+                // The clock costs more than a poll: read it every 64 polls. (A worker queued
+                // behind this thread ends the poll there too: the wait parks at once.)
                 if i % 64 == 63 {
                     let s = *hot_start.get_or_insert_with(Instant::now);
-                    if s.elapsed() >= budget || left().is_some_and(|l| l.is_zero()) {
+                    if s.elapsed() >= budget
+                        || left().is_some_and(|l| l.is_zero())
+                        || t.task().worker_queued_here()
+                    {
                         break;
                     }
                 }
