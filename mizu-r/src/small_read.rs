@@ -396,7 +396,9 @@ impl Reader<'_> {
 /// The bytes of `list("e", ...)`'s start: a list of three, then the one-element character
 /// vector "e" (native or UTF-8).
 const EXPR_TASK_PREFIX: usize = 8;
-fn expr_task_prefix(b: &[u8]) -> bool {
+/// Whether `b` starts as the compact encoding of `list("e", expr, vars)` does: what
+/// [`decode_expr_task_in_context`] takes, told before a top-level context is opened for it.
+pub(crate) fn expr_task_prefix(b: &[u8]) -> bool {
     b.len() >= EXPR_TASK_PREFIX
         && b[..5] == [tag::LIST, 3, tag::R_VECTOR, vt::STR, 1]
         && matches!(b[5], 1 | 2)

@@ -281,9 +281,14 @@ impl RExec {
         // handle on the hot path (see `handle.rs` for why that matters).
         unsafe {
             // The common expression task first: decoded and evaluated in one top-level
-            // context (see `eval_expr_task`).
+            // context (see `eval_expr_task`). Other messages (a map's chunk, a task with
+            // globals) are told apart by their first bytes, before a context is opened.
             let fast = match buf.as_slice().split_first() {
-                Some((&crate::codec::TAG_SMALL, rest)) => self.eval_expr_task(rest),
+                Some((&crate::codec::TAG_SMALL, rest))
+                    if crate::small_read::expr_task_prefix(rest) =>
+                {
+                    self.eval_expr_task(rest)
+                }
                 _ => None,
             };
             let evaluated = match fast {
