@@ -93,6 +93,20 @@ rt_long_future <- per_op(function() for (i in seq_len(n_slow)) value(future(step
 report("round trip of a 10-line script function with loops", "time", rt_long,
        list(`PSOCK cluster` = rt_long_psock, `future multisession` = rt_long_future))
 
+# 1d. Two tasks of ~5 us at once, one per worker, both values taken: a burst smaller than the
+# pool, as a caller fanning out a few calls at a time makes it (PSOCK: clusterApply over two).
+spin_r <- function(n) { s <- 0; for (k in seq_len(n)) s <- s + k; s }
+for (i in 1:3) spin_r(300L)
+pair_mizu <- per_op(function() for (i in seq_len(n / 20)) {
+  a <- mizu_submit(pool, spin_r(300L))
+  b <- mizu_submit(pool, spin_r(300L))
+  mizu_collect(a)
+  mizu_collect(b)
+}, n / 20)
+pair_psock <- per_op(function() for (i in seq_len(n_psock / 4)) clusterApply(cl, c(300L, 300L), spin_r),
+                     n_psock / 4)
+report("two ~5 us tasks at once", "time", pair_mizu, list(`PSOCK cluster` = pair_psock))
+
 # 2. Pipelined throughput: many trivial tasks in flight.
 m <- max(1000L, as.integer(20000 * scale))
 m_slow <- max(100L, as.integer(1000 * scale))
