@@ -95,7 +95,8 @@ impl RExec {
             // A fifth element lists the packages it uses (the fourth is NULL when it has no
             // such globals), attached first.
             // A map's common chunk runs as `.run_chunk` would run it, without `.dispatch`'s
-            // and `.run_chunk`'s R calls (~9 µs a chunk): its globals at 8, packages at 9.
+            // and `.run_chunk`'s R calls (~26 000 instructions a chunk in a map of trivial
+            // elements, callgrind): its globals at 8, packages at 9.
             let chunk_f = if expr_task {
                 None
             } else {

@@ -278,7 +278,8 @@ fn kernel_cpu(pid: u32) -> Option<usize> {
 fn kernel_state(pid: u32) -> Option<(usize, bool)> {
     // One read into a buffer of the line's greatest length: `read_to_string` asks for the
     // file's size (0 for `/proc`) and reads in doubling pieces, 9 system calls instead of 3,
-    // and this runs each time a caller parks or a worker wakes (~3.5 of ~11 µs in a VM).
+    // and this runs when a caller parks after waking workers and when a woken worker looks
+    // where the others are (~3.5 of ~11 µs a read in a VM).
     let mut buf = [0u8; 2048];
     let mut file = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?;
     let mut len = 0;
