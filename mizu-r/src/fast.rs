@@ -8,6 +8,7 @@
 //! memory while allocating a result is the exception, as everywhere in extendr code) and a
 //! panic is caught.
 
+use std::cell::Cell;
 use std::ffi::{c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -16,7 +17,7 @@ use extendr_ffi::{R_NilValue, Rf_protect, Rf_unprotect, SEXP};
 
 use crate::collect::{Collected, collect_protected, task_at, timeout_sexp};
 use crate::encode::Outgoing;
-use crate::handle::mk_string;
+use crate::handle::{kept_with, mk_string};
 use crate::pool::{pool_at, stale};
 use crate::sendable::{Unsendable, check_msg_sexp, check_var_names};
 use crate::submit::submit_encoded;
@@ -93,13 +94,35 @@ unsafe fn submit_to(
     }
 }
 
-/// `c("mizu_foreign", "")`: what a submit to a pool of another language's workers returns
-/// for the shim (`shims.c`) to submit the expression's value instead.
-fn foreign_marker() -> SEXP {
-    marker("mizu_foreign")
+thread_local! {
+    /// `c("mizu_foreign", "")`, made once: see [`foreign_marker`].
+    static FOREIGN: Cell<Option<SEXP>> = const { Cell::new(None) };
+    /// `c("mizu_globals", "")`, made once: see [`globals_marker`].
+    static GLOBALS: Cell<Option<SEXP>> = const { Cell::new(None) };
 }
 
-/// `c(what, "")`: a submit the shim (`shims.c`) completes in R.
+/// `c("mizu_foreign", "")`: what a submit to a pool of another language's workers returns
+/// for the shim (`shims.c`) to submit the expression's value instead.
+///
+/// # Safety
+/// R's main thread.
+unsafe fn foreign_marker() -> SEXP {
+    // SAFETY: the caller's contract.
+    unsafe { kept_with(&FOREIGN, || marker("mizu_foreign")) }
+}
+
+/// `c("mizu_globals", "")`: what a submit of an expression that may use the caller's
+/// variables returns for the shim (`shims.c`) to find them. Kept, not made per submit: such
+/// submits are common (a script's function called in the task), and the shim only reads it.
+///
+/// # Safety
+/// R's main thread.
+unsafe fn globals_marker() -> SEXP {
+    // SAFETY: the caller's contract.
+    unsafe { kept_with(&GLOBALS, || marker("mizu_globals")) }
+}
+
+/// `c(what, "")`: a submit the shim (`shims.c`) completes in R (unprotected).
 fn marker(what: &str) -> SEXP {
     // SAFETY: R's main thread; the vector is protected while its elements are set.
     unsafe {
@@ -155,7 +178,7 @@ pub unsafe extern "C" fn mizu_rs_submit_expr(pool: SEXP, expr: SEXP, vars: SEXP)
         }
         // An expression that may use the caller's variables: the shim has R find its globals.
         if crate::globals::may_use(expr, vars) {
-            return marker("mizu_globals");
+            return globals_marker();
         }
         // The common message goes out without being made: its compact encoding is written
         // from its parts, large vectors and shared views out of band (bindings that fail the

@@ -214,14 +214,17 @@ static SEXP named_list(bindings *b) {
 /* Adds to `glob` the global names of `v`, if it is a function (see global_names()), with
  * their values in the global environment, unless `glob` has them already; sets `*closures`
  * when `v` finds variables in the global environment (its own, or through the frame of the
- * function that made it), which it will find in the worker's. */
+ * function that made it), which it will find in the worker's. A function whose environment is
+ * the global one but whose code finds nothing there (`sq <- function(x) x * x`) does not set
+ * it: where such a function is bound on the worker changes nothing it finds, so it travels
+ * among the expression's bindings, the cheaper message. */
 static void function_globals_into(SEXP v, SEXP ns, bindings *glob, int *closures,
                                   mizu_packages *pk) {
     if (TYPEOF(v) != CLOSXP) return;
     bindings more;
     bindings_init(&more, 4);
     global_names(v, ns, &more, pk);
-    if (CLOENV(v) == R_GlobalEnv || more.n > 0) *closures = 1;
+    if (more.n > 0) *closures = 1;
     for (R_xlen_t j = 0; j < more.n; j++) {
         SEXP s = STRING_ELT(more.names, j);
         if (among(s, glob->names, glob->n)) continue;
@@ -236,23 +239,20 @@ static void function_globals_into(SEXP v, SEXP ns, bindings *glob, int *closures
  * list) given for it: the names codetools finds in `expr` that `vars` does not bind and that
  * resolve from `env` to the global environment or a function's frame (not to a package), with
  * their values, then the global names of the functions among those and among `vars` (as for
- * a map's function). Returned as the named list of those found in the global environment
- * (NULL for none), and in `*locals` those found in a function's frame (NULL for none): a
- * function's own globals are always its global environment's, even where the expression sees
- * a variable or binding of the same name. Both are unprotected (nothing allocates before the
- * caller protects them). `*closures` is set when a function among them finds variables in
- * the global environment. `ns` is the package's namespace. */
-static SEXP expr_globals(SEXP expr, SEXP vars, SEXP env, SEXP ns, int *closures,
-                         SEXP *locals, mizu_packages *pk) {
+ * a map's function). Those found in the global environment go to `glob`, those found in a
+ * function's frame to `loc` (both initialized by the caller, empty): a function's own globals
+ * are always its global environment's, even where the expression sees a variable or binding
+ * of the same name. `*closures` is set when a function among them finds variables in the
+ * global environment. `ns` is the package's namespace. */
+static void expr_globals(SEXP expr, SEXP vars, SEXP env, SEXP ns, int *closures,
+                         bindings *glob, bindings *loc, mizu_packages *pk) {
     if (TYPEOF(env) != ENVSXP || TYPEOF(ns) != ENVSXP || TYPEOF(vars) != VECSXP)
         error("mizu: internal error: bad arguments to expr_globals");
     SEXP bound = PROTECT(getAttrib(vars, R_NamesSymbol));
     R_xlen_t nb = TYPEOF(bound) == STRSXP ? XLENGTH(bound) : 0;
     SEXP names = PROTECT(expr_names(expr, ns));
     R_xlen_t n = TYPEOF(names) == STRSXP ? XLENGTH(names) : 0;
-    bindings glob, loc;
-    bindings_init(&glob, n);
-    bindings_init(&loc, 1);
+    if (n > glob->cap) glob->cap = n; /* (nothing pushed yet: the first push allocates) */
     for (R_xlen_t i = 0; i < n; i++) {
         SEXP s = STRING_ELT(names, i);
         if (among(s, bound, nb)) continue;
@@ -264,44 +264,46 @@ static SEXP expr_globals(SEXP expr, SEXP vars, SEXP env, SEXP ns, int *closures,
             continue;
         }
         SEXP value = PROTECT(frame_value(frame, sym));
-        bindings_push(frame == R_GlobalEnv ? &glob : &loc, s, value);
+        bindings_push(frame == R_GlobalEnv ? glob : loc, s, value);
         UNPROTECT(1);
     }
     *closures = 0;
     /* (A push may replace glob's vectors: the element is read again each time.) */
-    R_xlen_t direct = glob.n;
+    R_xlen_t direct = glob->n;
     for (R_xlen_t i = 0; i < direct; i++)
-        function_globals_into(VECTOR_ELT(glob.values, i), ns, &glob, closures, pk);
-    for (R_xlen_t i = 0; i < loc.n; i++)
-        function_globals_into(VECTOR_ELT(loc.values, i), ns, &glob, closures, pk);
+        function_globals_into(VECTOR_ELT(glob->values, i), ns, glob, closures, pk);
+    for (R_xlen_t i = 0; i < loc->n; i++)
+        function_globals_into(VECTOR_ELT(loc->values, i), ns, glob, closures, pk);
     for (R_xlen_t i = 0; i < XLENGTH(vars); i++)
-        function_globals_into(VECTOR_ELT(vars, i), ns, &glob, closures, pk);
-    SEXP l = PROTECT(loc.n ? named_list(&loc) : R_NilValue);
-    SEXP g = glob.n ? named_list(&glob) : R_NilValue;
-    UNPROTECT(7);
-    *locals = l;
-    return g;
+        function_globals_into(VECTOR_ELT(vars, i), ns, glob, closures, pk);
+    UNPROTECT(2);
 }
 
 /* NULL when nothing in `values` is an environment or an external pointer, else the failure
  * c(class, message) naming the global (see `sendable.rs`). */
 SEXP mizu_rs_check_globals(SEXP values);
 
-/* The named list `vars` with the named lists `a` and `b` (either may be NULL) after it. */
-static SEXP appended(SEXP vars, SEXP a, SEXP b) {
-    if (a == R_NilValue && b == R_NilValue) return vars;
-    SEXP parts[3] = {vars, a, b};
-    R_xlen_t n = 0;
-    for (int k = 0; k < 3; k++) n += parts[k] == R_NilValue ? 0 : XLENGTH(parts[k]);
+/* The named list `vars` with the bindings `a` and `b` (either may be NULL) after it, made in
+ * one piece (each list and names attribute made is a good part of a submit's time); `vars`
+ * itself when there are none. */
+static SEXP appended(SEXP vars, bindings *a, bindings *b) {
+    R_xlen_t na = a ? a->n : 0, nbind = b ? b->n : 0, nv = XLENGTH(vars);
+    if (na == 0 && nbind == 0) return vars;
+    R_xlen_t n = nv + na + nbind;
     SEXP all = PROTECT(allocVector(VECSXP, n));
     SEXP names = PROTECT(allocVector(STRSXP, n));
-    R_xlen_t at = 0;
-    for (int k = 0; k < 3; k++) {
-        if (parts[k] == R_NilValue) continue;
-        SEXP nm = getAttrib(parts[k], R_NamesSymbol);
-        for (R_xlen_t i = 0; i < XLENGTH(parts[k]); i++, at++) {
-            SET_VECTOR_ELT(all, at, VECTOR_ELT(parts[k], i));
-            SET_STRING_ELT(names, at, TYPEOF(nm) == STRSXP ? STRING_ELT(nm, i) : R_BlankString);
+    SEXP nm = getAttrib(vars, R_NamesSymbol);
+    for (R_xlen_t i = 0; i < nv; i++) {
+        SET_VECTOR_ELT(all, i, VECTOR_ELT(vars, i));
+        SET_STRING_ELT(names, i, TYPEOF(nm) == STRSXP ? STRING_ELT(nm, i) : R_BlankString);
+    }
+    R_xlen_t at = nv;
+    bindings *parts[2] = {a, b};
+    for (int k = 0; k < 2; k++) {
+        if (parts[k] == NULL) continue;
+        for (R_xlen_t i = 0; i < parts[k]->n; i++, at++) {
+            SET_VECTOR_ELT(all, at, VECTOR_ELT(parts[k]->values, i));
+            SET_STRING_ELT(names, at, STRING_ELT(parts[k]->names, i));
         }
     }
     setAttrib(all, R_NamesSymbol, names);
@@ -320,6 +322,14 @@ static void check_globals(SEXP values, SEXP ns) {
         UNPROTECT(1);
     }
     UNPROTECT(1);
+}
+
+/* check_globals() of the bindings `b`: their values are checked as they are (unnamed, maybe
+ * with empty slots after them), and named only to say which global fails. */
+static void check_bindings(bindings *b, SEXP ns) {
+    if (b->n == 0 || mizu_rs_check_globals(b->values) == R_NilValue) return;
+    check_globals(PROTECT(named_list(b)), ns);
+    UNPROTECT(1); /* (not reached: check_globals() raises) */
 }
 
 /* An expression task's message: list("e", expr, vars), with the globals `expr` uses (found
@@ -341,27 +351,27 @@ SEXP mizu_expr_message_in(SEXP expr, SEXP vars, SEXP env, SEXP ns) {
         kind = k;
     }
     int closures = 0;
-    SEXP locals = R_NilValue;
     mizu_packages pk = {.n = 0};
     mizu_packages_check_search();
-    SEXP glob = expr_globals(expr, vars, env, ns, &closures, &locals, &pk);
-    PROTECT(glob);
-    PROTECT(locals);
-    check_globals(glob, ns);
-    check_globals(locals, ns);
+    bindings glob, loc;
+    bindings_init(&glob, 1);
+    bindings_init(&loc, 1);
+    expr_globals(expr, vars, env, ns, &closures, &glob, &loc, &pk);
+    check_bindings(&glob, ns);
+    check_bindings(&loc, ns);
     SEXP pkgs = PROTECT(mizu_packages_names(&pk));
-    int apart = closures && glob != R_NilValue;
+    int apart = closures && glob.n > 0;
     SEXP msg = PROTECT(allocVector(VECSXP, pkgs != R_NilValue ? 5 : apart ? 4 : 3));
     if (apart) {
-        SET_VECTOR_ELT(msg, 2, appended(vars, locals, R_NilValue));
-        SET_VECTOR_ELT(msg, 3, glob);
+        SET_VECTOR_ELT(msg, 2, appended(vars, &loc, NULL));
+        SET_VECTOR_ELT(msg, 3, named_list(&glob));
     } else {
-        SET_VECTOR_ELT(msg, 2, appended(vars, locals, glob));
+        SET_VECTOR_ELT(msg, 2, appended(vars, &loc, &glob));
     }
     if (pkgs != R_NilValue) SET_VECTOR_ELT(msg, 4, pkgs);
     SET_VECTOR_ELT(msg, 0, kind);
     SET_VECTOR_ELT(msg, 1, expr);
-    UNPROTECT(4);
+    UNPROTECT(6);
     return msg;
 }
 

@@ -669,3 +669,37 @@ test_that("a function given with a task or a map finds its own globals, as R sco
     expect_false(mizu_collect(mizu_submit(pool, exists("mizu_t_k2", envir = globalenv()))))
   })
 })
+
+test_that("a global function that finds nothing in the global environment travels among the bindings", {
+  ge <- globalenv()
+  on.exit(rm(list = c("mizu_t_sq4", "mizu_t_g4", "mizu_t_free", "mizu_t_k4", "mizu_t_pool"),
+             envir = ge))
+  eval(quote({
+    mizu_t_sq4 <- function(x) x * x
+    mizu_t_g4 <- function(x) x * mizu_t_k4
+    mizu_t_free <- function() mizu_t_x4
+    mizu_t_k4 <- 2
+  }), ge)
+  msg <- function(e) mizu:::.expr_message(e, list(), ge)
+  # The cheaper message: no globals bound in the worker's global environment for it ...
+  m <- msg(quote(mizu_t_sq4(3) + mizu_t_k4))
+  expect_length(m, 3)
+  expect_setequal(names(m[[3]]), c("mizu_t_sq4", "mizu_t_k4"))
+  # ... unlike a function that finds one there (its globals are a fourth element).
+  m <- msg(quote(mizu_t_g4(3)))
+  expect_length(m, 4)
+  expect_setequal(names(m[[4]]), c("mizu_t_g4", "mizu_t_k4"))
+  with_pool(1, function(pool) {
+    assign("mizu_t_pool", pool, envir = ge)
+    top <- function(e) mizu_collect(eval(e, ge))
+    expect_equal(top(quote(mizu_submit(mizu_t_pool, mizu_t_sq4(3) + mizu_t_k4))), 11)
+    expect_equal(top(quote(mizu_submit(mizu_t_pool, mizu_t_g4(3) + mizu_t_sq4(2)))), 10)
+    # The function still looks its variables up from the global environment, as in the
+    # caller: a binding of the task's is not one of its own.
+    expect_error(mizu_t_free(), "mizu_t_x4")
+    expect_error(top(quote(mizu_submit(mizu_t_pool, mizu_t_free(), mizu_t_x4 = 1))), "mizu_t_x4")
+    expect_error(top(quote(mizu_submit(mizu_t_pool, mizu_t_free() + mizu_t_k4, mizu_t_x4 = 1))),
+                 "mizu_t_x4")
+    expect_false(mizu_collect(mizu_submit(pool, exists("mizu_t_sq4", envir = globalenv()))))
+  })
+})
