@@ -91,8 +91,15 @@ mizu_map <- function(.pool, .x, .f, ..., .seed = NULL, .ptype = NULL, .progress 
   out <- if (!is.null(.ptype)) .Call(wrap__out_new, pool, .ptype, n)
   spec <- if (!is.null(out)) out[[2L]]
   # `.f` is serialized once for all chunks (~40 us for a small compiled closure, per chunk
-  # before), and a worker unserializes it once per map (see .chunk_function).
-  fun <- if (nc > 1L) {
+  # before), and a worker unserializes it once per map (see .chunk_function). A function of
+  # the global environment R has not compiled, in a map of no more chunks than workers, goes
+  # as itself instead, as in a one-chunk map: the compact encoding takes it (the caller
+  # encodes it once, each worker makes it once and keeps it) and each worker runs its chunk
+  # natively. (A compiled one is serialized: its byte code travels, and runs from the first
+  # call.)
+  as_itself <- nc <= workers && typeof(.f) == "closure" &&
+    identical(environment(.f), globalenv()) && !.Call(wrap__is_compiled, .f)
+  fun <- if (nc > 1L && !as_itself) {
     .maps$n <- .maps$n + 1
     list(bytes = serialize(.f, NULL, xdr = FALSE), map = c(Sys.getpid(), .maps$n))
   } else {

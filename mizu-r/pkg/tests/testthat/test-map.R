@@ -703,3 +703,23 @@ test_that("a global function that finds nothing in the global environment travel
     expect_false(mizu_collect(mizu_submit(pool, exists("mizu_t_sq4", envir = globalenv()))))
   })
 })
+
+test_that("a map of no more chunks than workers sends a global function as itself, a compiled one as byte code", {
+  ge <- globalenv()
+  on.exit(rm(list = c("mizu_t_cmp", "mizu_t_k5", "mizu_t_add"), envir = ge))
+  eval(quote({
+    mizu_t_k5 <- 10
+    mizu_t_add <- function(i) i + mizu_t_k5
+  }), ge)
+  # A function the caller compiled runs compiled from a worker's first call of it.
+  assign("mizu_t_cmp", compiler::cmpfun(
+    eval(quote(function(i) .Call(mizu:::wrap__is_compiled, sys.function())), ge)), envir = ge)
+  with_pool(2, function(pool) {
+    expect_identical(unlist(mizu_map(pool, 1:2, ge$mizu_t_cmp)), c(TRUE, TRUE))
+    # One sent as itself finds its globals, and the values of this map, not of an earlier one.
+    expect_identical(mizu_map(pool, 1:2, ge$mizu_t_add), list(11, 12))
+    assign("mizu_t_k5", 20, envir = ge)
+    expect_identical(mizu_map(pool, 1:2, ge$mizu_t_add), list(21, 22))
+    expect_identical(mizu_map(pool, 1:2, ge$mizu_t_add, .chunk_size = 2), list(21, 22))
+  })
+})
