@@ -668,7 +668,7 @@ pub(crate) fn native_routines() -> List {
     type Five = unsafe extern "C" fn(SEXP, SEXP, SEXP, SEXP, SEXP) -> SEXP;
     // `.Call` calls each with as many arguments as its type says: what its R wrapper passes
     // (`submit_frame` is an `.External2` routine: four, whatever the wrapper passes).
-    let routines: [(&str, *const c_void); 19] = [
+    let routines: [(&str, *const c_void); 20] = [
         ("submit", mizu_rs_submit as Two as *const c_void),
         (
             "submit_expr",
@@ -693,6 +693,10 @@ pub(crate) fn native_routines() -> List {
         (
             "chunk_msgs",
             crate::ffi::mizu_chunk_msgs as Four as *const c_void,
+        ),
+        (
+            "fill_hole",
+            crate::ffi::mizu_fill_hole as Three as *const c_void,
         ),
         (
             "bind_globals",

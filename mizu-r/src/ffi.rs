@@ -100,6 +100,8 @@ unsafe extern "C" {
     /// The messages of a map's chunks (`starts`, `lens`: the plan), or NULL for an `xs` the
     /// R code slices itself.
     pub fn mizu_chunk_msgs(starts: SEXP, lens: SEXP, xs: SEXP, common: SEXP) -> SEXP;
+    /// `wrapper` with the symbol `hole` in its calls replaced by `expr` (`future.c`).
+    pub fn mizu_fill_hole(wrapper: SEXP, hole: SEXP, expr: SEXP) -> SEXP;
     /// Binds a task's globals in the global environment; what they replaced.
     pub fn mizu_bind_globals(globals: SEXP) -> SEXP;
     /// Puts back what `mizu_bind_globals` replaced.

@@ -220,7 +220,8 @@ run.MizuFuture <- function(future, ...) {
     .fut$worker_wrapper <- unserialize(wrapper[[2L]])
     .fut$worker_key <- wrapper[[1L]]
   }
-  do.call(substitute, list(.fut$worker_wrapper, list(.mizu_future_expr = expr)))
+  # (Natively: substitute() would copy the whole wrapper for every future; see src/future.c.)
+  .Call(.native_fill_hole, .fut$worker_wrapper, .FUTURE_HOLE, expr)
 }
 
 # Before a launch with the backlog full: collect the oldest launched future's result into it.

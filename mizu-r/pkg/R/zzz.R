@@ -18,6 +18,7 @@
 .native_nop <- NULL
 .native_each <- NULL
 .native_chunk_msgs <- NULL
+.native_fill_hole <- NULL
 .native_bind_globals <- NULL
 .native_unbind_globals <- NULL
 .native_expr_message <- NULL

@@ -19,6 +19,19 @@ test_that("plan() starts a pool of the requested size and nbrOfWorkers() reports
   expect_true(inherits(plan("next"), "mizu_future"))
 })
 
+test_that("a future's expression goes into future's wrapper as substitute() would put it", {
+  ns <- asNamespace("mizu")
+  w <- getExpression(future(1, lazy = TRUE), expr = ns$.FUTURE_HOLE, mc.cores = 1L)
+  kept <- serialize(w, NULL)
+  for (e in list(quote(1), quote({ x <- 2; x + y }), quote(f(a, b = g(.mizu_other))), NULL)) {
+    expect_identical(.Call(ns$.native_fill_hole, w, ns$.FUTURE_HOLE, e),
+                     do.call(substitute, list(w, list(.mizu_future_expr = e))))
+  }
+  # The wrapper the worker keeps is left as it was (the filled one shares its other calls).
+  expect_identical(serialize(w, NULL), kept)
+  expect_error(.Call(ns$.native_fill_hole, w, "x", 1), "not a symbol")
+})
+
 test_that("future() and value() run in a worker process", {
   f <- future(Sys.getpid())
   expect_s3_class(f, "MizuFuture")
