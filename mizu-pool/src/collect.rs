@@ -146,11 +146,13 @@ impl SubmitterCore {
     }
 
     /// A parked wait that began at `start` got its outcome: had it come within a watch, the
-    /// next waits watch again.
+    /// next waits watch again; had it not, they park straight away, as after a watch that ran
+    /// out — also when the watch stopped early for want of a CPU, so that whether the next
+    /// wait watches follows how long the tasks take, not how busy the machine was a moment.
     fn parked_until(&self, start: Instant) {
-        if start.elapsed() < WATCH && !self.watch_pays.load(Ordering::Relaxed) {
-            self.watch_pays
-                .store(!self.spin.is_zero(), Ordering::Relaxed);
+        let within = start.elapsed() < WATCH && !self.spin.is_zero();
+        if self.watch_pays.load(Ordering::Relaxed) != within {
+            self.watch_pays.store(within, Ordering::Relaxed);
         }
     }
 

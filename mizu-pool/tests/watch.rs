@@ -1,10 +1,13 @@
 //! A caller waiting for a running task watches for its outcome (polls without sleeping) while
-//! a CPU is free for it, and sleeps otherwise. Alone in its test binary: one thread per process
+//! a CPU is free for it, and sleeps otherwise: when every CPU runs a worker, or the worker it
+//! waits for is queued behind it. Alone in its test binary: one thread per process
 //! watches at a time, and the tests of `pool.rs` run in parallel.
 
 use std::time::{Duration, Instant};
 
 use mizu_pool::Pool;
+use rustix::process::Pid;
+use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
 
 mod common;
 use common::ready_pool as pool;
@@ -25,16 +28,44 @@ fn cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// Restricts this thread (None) or process `pid` to `cpus`.
+fn pin(pid: Option<u32>, cpus: &CpuSet) {
+    let pid = pid.map(|p| Pid::from_raw(p as i32).unwrap());
+    sched_setaffinity(pid, cpus).unwrap();
+}
+
+/// The CPUs this thread may run on, and the first two of them as sets of one.
+fn two_cpus() -> (CpuSet, CpuSet, CpuSet) {
+    let all = sched_getaffinity(None).unwrap();
+    let mut ones = (0..CpuSet::MAX_CPU).filter(|&c| all.is_set(c)).map(|c| {
+        let mut one = CpuSet::new();
+        one.set(c);
+        one
+    });
+    let a = ones.next().unwrap();
+    let b = ones.next().unwrap();
+    (all, a, b)
+}
+
 #[test]
 fn a_caller_watches_while_a_cpu_is_free_and_sleeps_otherwise() {
     // One worker running a task leaves a CPU for the caller (on a machine with two or more).
+    // Where the kernel puts them is its choice, and it can keep a caller and the worker it
+    // wakes on one CPU, the worker queued behind the caller: then the caller rightly sleeps
+    // (below). So the caller and the worker are held on CPUs of their own here.
     let p = pool(1);
+    let worker = p.status().workers[0].pid;
+    let two = (cpus() >= 2).then(two_cpus);
+    if let Some((_, a, b)) = &two {
+        pin(None, a);
+        pin(Some(worker), b);
+    }
     let (w0, _) = waits(&p);
     for _ in 0..10 {
         run(&p, "sleep:1");
     }
     let (w1, p1) = waits(&p);
-    if cpus() >= 2 {
+    if two.is_some() {
         // A watch lasts 5 ms: only a machine stalled for longer makes one sleep.
         assert!(w1 - w0 >= 5, "watched {} of 10 waits", w1 - w0);
     } else {
@@ -57,9 +88,27 @@ fn a_caller_watches_while_a_cpu_is_free_and_sleeps_otherwise() {
     for _ in 0..10 {
         run(&p, "sleep:1");
     }
-    let (w4, _) = waits(&p);
-    if cpus() >= 2 {
+    let (w4, p4) = waits(&p);
+    if two.is_some() {
         assert!(w4 > w3, "short tasks are watched for again");
+    }
+
+    // The worker on the caller's CPU: woken for a task, it is queued behind the caller, which
+    // sleeps at once to give it the CPU rather than watch there.
+    if let Some((all, a, _)) = &two {
+        pin(Some(worker), a);
+        // (The first task after the move: the worker records the CPU it runs on.)
+        run(&p, "sleep:1");
+        let (w5, p5) = waits(&p);
+        for _ in 0..10 {
+            run(&p, "sleep:1");
+        }
+        let (w6, p6) = waits(&p);
+        assert_eq!(w6, w5, "no watch with the worker queued behind the caller");
+        assert!(p6 >= p5 + 10, "each wait slept: {} of 10", p6 - p5);
+        assert!(p5 > p4);
+        pin(Some(worker), all);
+        pin(None, all);
     }
     drop(p);
 
