@@ -148,7 +148,7 @@ impl SubmitterCore {
     /// A parked wait that began at `start` got its outcome: had it come within a watch, the
     /// next waits watch again; had it not, they park straight away, as after a watch that ran
     /// out — also when the watch stopped early for want of a CPU, so that whether the next
-    /// wait watches follows how long the tasks take, not how busy the machine was a moment.
+    /// wait watches follows how long the tasks take, not how busy the machine was for a moment.
     fn parked_until(&self, start: Instant) {
         let within = start.elapsed() < WATCH && !self.spin.is_zero();
         if self.watch_pays.load(Ordering::Relaxed) != within {
