@@ -97,10 +97,16 @@ fn a_caller_watches_while_a_cpu_is_free_and_sleeps_otherwise() {
     // sleeps at once to give it the CPU rather than watch there.
     if let Some((all, a, _)) = &two {
         pin(Some(worker), a);
-        // (The first task after the move: the worker records the CPU it runs on.)
+        // Each task finds the worker asleep (its idle spin spent), so that the submit wakes it
+        // and marks it busy: a worker still spinning is not marked, and could be caught by a
+        // watch once it runs. (The first task after the move: a worker woken from sleep
+        // records the CPU it runs on.)
+        let settle = || std::thread::sleep(Duration::from_millis(5));
+        settle();
         run(&p, "sleep:1");
         let (w5, p5) = waits(&p);
         for _ in 0..10 {
+            settle();
             run(&p, "sleep:1");
         }
         let (w6, p6) = waits(&p);
